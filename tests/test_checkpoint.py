@@ -1,0 +1,172 @@
+"""Unit tests for hpc.checkpoint.CheckpointStore (local filesystem, real torch files)."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import warnings
+
+import pytest
+import torch
+
+from hpc.checkpoint import CheckpointStore, snapshot
+
+
+def _state(step, n=8):
+    g = torch.Generator().manual_seed(step)
+    return {"model": {"w": torch.randn(n, generator=g)}, "step": step, "epoch": step // 10,
+            "per_rank": {"pos": step * 2}}
+
+
+def test_first_run_has_nothing_to_load(tmp_path):
+    store = CheckpointStore(tmp_path)
+    assert store.latest() is None
+    assert store.load() is None
+
+
+def test_roundtrip_and_keep_latest(tmp_path):
+    store = CheckpointStore(tmp_path, keep=2)
+    for step in (10, 20, 30):
+        store.save(step, _state(step))
+    store.close()
+    assert store.steps() == [20, 30]
+    assert store.latest() == 30
+    got = store.load()
+    assert got["step"] == 30 and got["per_rank"] == {"pos": 60}
+    assert torch.equal(got["model"]["w"], _state(30)["model"]["w"])
+    assert store.load(step=20)["step"] == 20
+
+
+def test_save_copies_before_returning(tmp_path):
+    """The caller may change its tensors right after save(): the checkpoint keeps the old values."""
+    store = CheckpointStore(tmp_path)
+    w = torch.zeros(1000)
+    store.save(1, {"w": w})
+    w.add_(1)
+    store.close()
+    assert torch.equal(store.load()["w"], torch.zeros(1000))
+
+
+def test_corrupted_newest_is_skipped_with_warning(tmp_path):
+    store = CheckpointStore(tmp_path)
+    store.save(1, _state(1), blocking=True)
+    store.save(2, _state(2), blocking=True)
+    shared = tmp_path / "step-2" / "shared.pt"
+    data = bytearray(shared.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shared.write_bytes(bytes(data))
+    with pytest.warns(RuntimeWarning, match=r"step-2.*sha256"):
+        got = store.load()
+    assert got["step"] == 1
+    assert store.latest() == 1
+
+
+def test_missing_marker_and_incomplete_tmp_are_skipped(tmp_path):
+    store = CheckpointStore(tmp_path)
+    store.save(1, _state(1), blocking=True)
+    store.save(2, _state(2), blocking=True)
+    (tmp_path / "step-2" / "COMPLETE.json").unlink()
+    (tmp_path / ".step-3.tmp").mkdir()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert store.load()["step"] == 1
+    text = " ".join(str(w.message) for w in caught)
+    assert "step-2" in text and "no completion marker" in text and ".step-3.tmp" in text
+
+
+def test_resaving_a_step_replaces_it(tmp_path):
+    store = CheckpointStore(tmp_path)
+    store.save(5, {"v": 1}, blocking=True)
+    store.save(5, {"v": 2}, blocking=True)
+    assert store.load()["v"] == 2
+
+
+class Evil:
+    def __reduce__(self):
+        return (os.system, ("echo pwned",))
+
+
+def test_loading_never_runs_pickled_code(tmp_path):
+    store = CheckpointStore(tmp_path)
+    store.save(1, {"x": Evil()}, blocking=True)
+    with pytest.raises(ValueError, match="weights_only.*HINT"):
+        store.load()
+
+
+def test_per_rank_state_two_ranks(tmp_path):
+    stores = [CheckpointStore(tmp_path, rank=r, world_size=2) for r in range(2)]
+
+    def run(r):
+        stores[r].save(7, {"model": torch.ones(3), "per_rank": {"rank": r}}, blocking=True)
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in (1, 0)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(p.name for p in (tmp_path / "step-7").iterdir()) == [
+        "COMPLETE.json", "rank-0.done", "rank-0.pt", "rank-1.done", "rank-1.pt", "shared.pt"]
+    assert [s.load()["per_rank"] for s in stores] == [{"rank": 0}, {"rank": 1}]
+    assert torch.equal(stores[1].load()["model"], torch.ones(3))
+
+
+def test_stale_rank_file_of_an_earlier_attempt_is_not_committed(tmp_path, monkeypatch):
+    import hpc.checkpoint as ck
+    monkeypatch.setattr(ck, "RANK_WAIT_S", 0.3)
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    CheckpointStore(tmp_path, rank=1, world_size=2).save(3, {"per_rank": {"old": 1}}, blocking=True)
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")  # requeued: rank 1 has not written yet
+    with pytest.raises(TimeoutError, match="rank 1"):
+        CheckpointStore(tmp_path, rank=0, world_size=2).save(3, {"per_rank": {}}, blocking=True)
+    assert not (tmp_path / "step-3").exists()
+
+
+def test_background_write_does_not_block_and_errors_surface(tmp_path):
+    store = CheckpointStore(tmp_path)
+    big = {"w": torch.zeros(16_000_000)}  # 64 MB
+    t0 = time.perf_counter()
+    store.save(1, big)
+    returned = time.perf_counter() - t0
+    store.wait()
+    total = time.perf_counter() - t0
+    assert store.stats["write_s"] > 0 and returned < total
+    (tmp_path / ".step-2.tmp").write_text("a file where a directory must go")
+    store.save(2, {"w": 1})
+    with pytest.raises(RuntimeError, match="background checkpoint write"):
+        store.wait()
+
+
+def test_snapshot_is_a_deep_cpu_copy():
+    src = {"a": [torch.ones(2), (torch.zeros(1), 3)], "b": "x"}
+    cp = snapshot(src)
+    src["a"][0].add_(1)
+    assert torch.equal(cp["a"][0], torch.ones(2)) and cp["a"][1][1] == 3 and cp["b"] == "x"
+
+
+WRITER = textwrap.dedent("""
+    import sys, torch
+    from hpc.checkpoint import CheckpointStore
+    store = CheckpointStore(sys.argv[1])
+    store.save(1, {"w": torch.ones(10)}, blocking=True)
+    print("saved", flush=True)
+    store.save(2, {"w": torch.zeros(100_000_000)}, blocking=True)  # 400 MB, killed during it
+""")
+
+
+def test_sigkill_during_write_leaves_previous_loadable(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path)], stdout=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout.readline().strip() == "saved"
+    deadline = time.monotonic() + 60
+    while not (tmp_path / ".step-2.tmp").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (tmp_path / "step-2").exists()
+    with pytest.warns(RuntimeWarning, match="incomplete"):
+        got = CheckpointStore(tmp_path).load()
+    assert torch.equal(got["w"], torch.ones(10))
