@@ -1,0 +1,94 @@
+"""Command line for the local cluster.
+
+    python -m hpc.cluster up [--dir DIR] [--nodes N] [--gpus-per-node G] [--cpus-per-node C] [--install]
+    python -m hpc.cluster env|status|down [--dir DIR]
+    python -m hpc.cluster preempt JOBID [--dir DIR]
+    python -m hpc.cluster install
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from hpc.cluster.daemons import ClusterError
+from hpc.cluster.install import install_packages
+from hpc.cluster.local import LocalCluster
+
+DEFAULT_DIR = os.environ.get("HPC_CLUSTER_DIR", str(Path.home() / ".hpc" / "cluster"))
+
+
+def _up(args: argparse.Namespace) -> None:
+    if args.install:
+        install_packages()
+    LocalCluster(args.dir, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
+                 cpus_per_node=args.cpus_per_node, port_base=args.port_base).up()
+
+
+def _down(args: argparse.Namespace) -> None:
+    LocalCluster(args.dir).down()
+
+
+def _env(args: argparse.Namespace) -> None:
+    cluster = LocalCluster(args.dir)
+    if not cluster.conf.exists():
+        raise ClusterError(f"no cluster in {cluster.dir}. HINT: python -m hpc.cluster up --dir {args.dir}")
+    for key, value in cluster.env().items():
+        print(f"export {key}={value}")
+
+
+def _status(args: argparse.Namespace) -> None:
+    print(LocalCluster(args.dir).status())
+
+
+def _preempt(args: argparse.Namespace) -> None:
+    from hpc.cluster.preempt import preempt
+    print(preempt(LocalCluster(args.dir), args.job_id, release=not args.no_release))
+
+
+def _install(args: argparse.Namespace) -> None:
+    install_packages()
+
+
+COMMANDS = {"up": _up, "down": _down, "env": _env, "status": _status, "preempt": _preempt,
+            "install": _install}
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m hpc.cluster",
+                                     description="A throwaway, real SLURM cluster on this machine.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--dir", default=DEFAULT_DIR,
+                        help=f"directory holding the cluster (default {DEFAULT_DIR}, or $HPC_CLUSTER_DIR)")
+    up = sub.add_parser("up", parents=[common], help="start the cluster (idempotent); returns when nodes are idle")
+    up.add_argument("--nodes", type=int, default=2)
+    up.add_argument("--gpus-per-node", type=int, default=4)
+    up.add_argument("--cpus-per-node", type=int, default=8)
+    up.add_argument("--port-base", type=int, default=None, help="first of 32 ports (default: from --dir)")
+    up.add_argument("--install", action="store_true", help="apt-get install the SLURM packages first (root)")
+    sub.add_parser("down", parents=[common], help="stop every process the cluster started")
+    sub.add_parser("env", parents=[common], help="print the export line to use the cluster from a shell")
+    sub.add_parser("status", parents=[common], help="daemons and sinfo")
+    pre = sub.add_parser("preempt", parents=[common], help="preempt a running job with a high-priority job")
+    pre.add_argument("job_id")
+    pre.add_argument("--no-release", action="store_true",
+                     help="leave the requeued job held until SLURM's own begin time (about 2 min)")
+    sub.add_parser("install", help="apt-get install slurm-wlm slurmdbd mariadb-server munge (root)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    try:
+        COMMANDS[args.command](args)
+    except (ClusterError, ValueError) as e:
+        print(f"hpc.cluster {args.command}: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

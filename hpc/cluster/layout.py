@@ -1,0 +1,219 @@
+"""The shape of a local cluster: its paths, ports and config files, computed without side effects.
+
+    layout = ClusterLayout.create("/tmp/hpc-cluster", nodes=2, gpus_per_node=4)
+    print(render_slurm_conf(layout))
+
+Everything here is pure so the generated files can be checked against golden copies; `daemons.py`
+does the acting.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import socket
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+# Each cluster takes a block of this many consecutive ports: ctld, dbd, mysql, then one per node.
+PORT_BLOCK = 32
+PORT_RANGE = (20000, 40000)
+MAX_NODES = PORT_BLOCK - 3
+
+STATE_FILE = "cluster.json"
+
+
+@dataclass(frozen=True)
+class ClusterLayout:
+    """Everything that identifies one local cluster; saved as cluster.json in its directory."""
+
+    dir: str  # absolute path holding every file of the cluster
+    name: str  # SLURM ClusterName (lowercase, unique per directory)
+    hostname: str  # this machine's hostname: every node runs here
+    port_base: int  # first port of the cluster's block
+    nodes: int = 2
+    gpus_per_node: int = 4
+    cpus_per_node: int = 8
+    mem_per_node_mb: int = 8000
+    grace_time_s: int = 10  # seconds a preempted job has between SIGTERM and SIGKILL
+    node_prefix: str = "n"
+    db_password: str = field(default="hpc-local-slurm", repr=False)
+
+    @classmethod
+    def create(cls, directory: str | Path, *, nodes: int = 2, gpus_per_node: int = 4,
+               cpus_per_node: int = 8, port_base: int | None = None) -> "ClusterLayout":
+        path = str(Path(directory).expanduser().resolve())
+        if not 1 <= nodes <= MAX_NODES:
+            raise ValueError(f"--nodes {nodes}: expected 1..{MAX_NODES}. HINT: pass a smaller --nodes.")
+        if gpus_per_node < 0 or cpus_per_node < 1:
+            raise ValueError(
+                f"--gpus-per-node {gpus_per_node} / --cpus-per-node {cpus_per_node}: expected GPUs >= 0 "
+                "and CPUs >= 1. HINT: e.g. --gpus-per-node 4 --cpus-per-node 8.")
+        digest = hashlib.sha1(path.encode()).hexdigest()
+        if port_base is None:
+            port_base = default_port_base(path)
+        return cls(dir=path, name="hpc" + digest[:8], hostname=socket.gethostname().split(".")[0],
+                   port_base=port_base, nodes=nodes, gpus_per_node=gpus_per_node,
+                   cpus_per_node=cpus_per_node)
+
+    # Ports ---------------------------------------------------------------------------------
+    @property
+    def ctld_port(self) -> int:
+        return self.port_base
+
+    @property
+    def dbd_port(self) -> int:
+        return self.port_base + 1
+
+    @property
+    def mysql_port(self) -> int:
+        return self.port_base + 2
+
+    def node_port(self, index: int) -> int:
+        return self.port_base + 3 + index
+
+    def all_ports(self) -> list[int]:
+        return [self.ctld_port, self.dbd_port, self.mysql_port] + [
+            self.node_port(i) for i in range(self.nodes)]
+
+    # Names and paths -----------------------------------------------------------------------
+    @property
+    def node_names(self) -> list[str]:
+        return [f"{self.node_prefix}{i + 1}" for i in range(self.nodes)]
+
+    @property
+    def nodelist(self) -> str:
+        return f"{self.node_prefix}[1-{self.nodes}]" if self.nodes > 1 else self.node_names[0]
+
+    def path(self, *parts: str) -> Path:
+        return Path(self.dir, *parts)
+
+    @property
+    def conf(self) -> Path:
+        return self.path("etc", "slurm.conf")
+
+    @property
+    def munge_socket(self) -> Path:
+        return self.path("munge", "munge.socket")
+
+    @property
+    def mysql_socket(self) -> Path:
+        return self.path("db", "mysqld.sock")
+
+    def env(self) -> dict[str, str]:
+        """Variables a shell or process needs to talk to this cluster."""
+        return {"SLURM_CONF": str(self.conf)}
+
+    # Persistence ---------------------------------------------------------------------------
+    def save(self) -> None:
+        data = {k: v for k, v in asdict(self).items() if k != "db_password"}
+        self.path(STATE_FILE).write_text(json.dumps(data, indent=2) + "\n")
+
+    @classmethod
+    def load(cls, directory: str | Path) -> "ClusterLayout | None":
+        state = Path(directory).expanduser().resolve() / STATE_FILE
+        if not state.exists():
+            return None
+        return cls(**json.loads(state.read_text()))
+
+
+def default_port_base(path: str) -> int:
+    """A port block derived from the directory, so two clusters in two directories differ."""
+    blocks = (PORT_RANGE[1] - PORT_RANGE[0]) // PORT_BLOCK
+    index = int(hashlib.sha1(path.encode()).hexdigest(), 16) % blocks
+    return PORT_RANGE[0] + index * PORT_BLOCK
+
+
+def render_slurm_conf(c: ClusterLayout) -> str:
+    d = c.dir
+    gres = f" Gres=gpu:{c.gpus_per_node}" if c.gpus_per_node else ""
+    nodes = "\n".join(
+        f"NodeName={n} NodeHostname={c.hostname} NodeAddr=127.0.0.1 Port={c.node_port(i)} "
+        f"CPUs={c.cpus_per_node} RealMemory={c.mem_per_node_mb}{gres} State=UNKNOWN"
+        for i, n in enumerate(c.node_names))
+    return f"""\
+# Local SLURM cluster generated by `python -m hpc.cluster up`; regenerated on every `up`.
+ClusterName={c.name}
+SlurmctldHost={c.hostname}(127.0.0.1)
+SlurmctldPort={c.ctld_port}
+SlurmdPort={c.node_port(0)}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+AuthInfo=socket={c.munge_socket}
+CredType=cred/munge
+MpiDefault=none
+# No cgroups on this machine: track processes through /proc and bind nothing.
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+# Nodes may declare more CPUs and memory than the machine has, so one host can stand in for many.
+SlurmdParameters=config_overrides
+ReturnToService=2
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+GresTypes=gpu
+StateSaveLocation={d}/state
+SlurmdSpoolDir={d}/spool/%n
+SlurmctldPidFile={d}/run/slurmctld.pid
+SlurmdPidFile={d}/run/slurmd-%n.pid
+SlurmctldLogFile={d}/log/slurmctld.log
+SlurmdLogFile={d}/log/slurmd-%n.log
+SlurmctldDebug=info
+SlurmdDebug=info
+# Short timers keep tests and rehearsals quick.
+KillWait=5
+MinJobAge=600
+InactiveLimit=0
+MessageTimeout=20
+SlurmdTimeout=300
+SchedulerParameters=sched_interval=5
+JobRequeue=1
+# Accounting through slurmdbd, so sacct answers.
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=127.0.0.1
+AccountingStoragePort={c.dbd_port}
+# Clients reach slurmdbd through this cluster's own munged, not the system one.
+AccountingStoragePass={c.munge_socket}
+AccountingStorageTRES=gres/gpu
+JobAcctGatherType=jobacct_gather/linux
+JobAcctGatherFrequency=30
+# A job in `low` that a `high` job needs the nodes of gets SIGTERM, GraceTime seconds, then requeue.
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
+{nodes}
+PartitionName=low Nodes={c.nodelist} Default=YES MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=REQUEUE GraceTime={c.grace_time_s}
+PartitionName=high Nodes={c.nodelist} MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF
+"""
+
+
+def render_gres_conf(c: ClusterLayout) -> str:
+    if not c.gpus_per_node:
+        return "# no GPUs\n"
+    last = c.gpus_per_node - 1
+    rng = f"[0-{last}]" if last else "0"
+    return "".join(f"NodeName={n} Name=gpu File={c.dir}/dev/{n}-gpu{rng}\n" for n in c.node_names)
+
+
+def render_slurmdbd_conf(c: ClusterLayout) -> str:
+    d = c.dir
+    return f"""\
+AuthType=auth/munge
+AuthInfo=socket={c.munge_socket}
+DbdHost=localhost
+DbdAddr=127.0.0.1
+DbdPort={c.dbd_port}
+SlurmUser=root
+LogFile={d}/log/slurmdbd.log
+PidFile={d}/run/slurmdbd.pid
+StorageType=accounting_storage/mysql
+StorageHost=127.0.0.1
+StoragePort={c.mysql_port}
+StorageUser=slurm
+StoragePass={c.db_password}
+StorageLoc=slurm_acct_db
+"""
+
+
+def fake_gpu_paths(c: ClusterLayout) -> list[Path]:
+    """Character devices standing in for GPUs (gres.conf rejects plain files)."""
+    return [c.path("dev", f"{n}-gpu{g}") for n in c.node_names for g in range(c.gpus_per_node)]

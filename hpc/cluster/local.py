@@ -1,0 +1,276 @@
+"""A throwaway, real SLURM cluster on this machine: munge, MariaDB, slurmdbd, slurmctld, N slurmd.
+
+    cluster = LocalCluster("/tmp/hpc-cluster")
+    cluster.up()            # idempotent; returns once every node is idle
+    os.environ.update(cluster.env())
+    cluster.down()          # stops exactly what up() started, and the jobs still running
+
+Nodes are several slurmd daemons on this host with fake GPUs (character devices); `low` is the
+default partition, preempted with requeue by jobs in `high`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+from hpc.cluster import layout as L
+from hpc.cluster.daemons import ClusterError, Daemon, job_processes, port_free, port_open, terminate
+
+REQUIRED = ["munged", "mariadbd", "mariadb-install-db", "mariadb", "slurmdbd", "slurmctld", "slurmd",
+            "sacctmgr", "sbatch", "scontrol", "sinfo"]
+SBIN = ["/usr/sbin", "/sbin", "/usr/bin", "/bin"]
+
+
+def find_binary(name: str) -> str | None:
+    path = os.environ.get("PATH", "") + os.pathsep + os.pathsep.join(SBIN)
+    return shutil.which(name, path=path)
+
+
+def missing_binaries() -> list[str]:
+    return [b for b in REQUIRED if find_binary(b) is None]
+
+
+class LocalCluster:
+    def __init__(self, directory: str | Path, *, nodes: int = 2, gpus_per_node: int = 4,
+                 cpus_per_node: int = 8, port_base: int | None = None):
+        existing = L.ClusterLayout.load(directory)
+        wanted = L.ClusterLayout.create(directory, nodes=nodes, gpus_per_node=gpus_per_node,
+                                        cpus_per_node=cpus_per_node, port_base=port_base)
+        if existing and port_base is None:
+            # Keep the ports already chosen for this directory (they may have been moved off a busy block).
+            wanted = L.ClusterLayout.create(directory, nodes=nodes, gpus_per_node=gpus_per_node,
+                                            cpus_per_node=cpus_per_node, port_base=existing.port_base)
+        self.layout = wanted
+
+    # Public API ---------------------------------------------------------------------------
+    @property
+    def dir(self) -> Path:
+        return Path(self.layout.dir)
+
+    @property
+    def conf(self) -> Path:
+        return self.layout.conf
+
+    @property
+    def nodes(self) -> list[str]:
+        return self.layout.node_names
+
+    def env(self) -> dict[str, str]:
+        return self.layout.env()
+
+    def up(self, timeout_s: float = 120.0, log=print) -> None:
+        missing = missing_binaries()
+        if missing:
+            raise ClusterError(f"missing programs: {', '.join(missing)}. HINT: run "
+                               "`python -m hpc.cluster install` (as root), or "
+                               "`apt-get install -y slurm-wlm slurmdbd mariadb-server munge`.")
+        daemons = self._daemons()
+        if all(d.pid() for d in daemons) and self._nodes_idle():
+            log(f"cluster {self.layout.name} already up in {self.dir}")
+            return
+        self._check_ports(daemons)
+        self._write_files()
+        env = self._daemon_env()
+        munged, mariadbd, slurmdbd, slurmctld, *slurmds = daemons
+        log("starting munged"); munged.start(env)
+        self._init_db(env)
+        log("starting mariadbd"); mariadbd.start(env)
+        self._grant_db(env)
+        log("starting slurmdbd"); slurmdbd.start(env)
+        self._register_cluster(env)
+        log("starting slurmctld"); slurmctld.start(env)
+        for d in slurmds:
+            log(f"starting {d.name}"); d.start(env)
+        self._wait_idle(timeout_s)
+        log(f"cluster {self.layout.name} up: nodes {self.layout.nodelist}, partitions low (default) "
+            f"and high. Use it with: export SLURM_CONF={self.conf}")
+
+    def down(self, log=print) -> None:
+        if L.ClusterLayout.load(self.dir) is None:
+            log(f"no cluster in {self.dir}")
+            return
+        daemons = self._daemons()
+        if daemons[3].pid():  # slurmctld: cancel jobs so their steps end cleanly first
+            self._cancel_all()
+        leftovers = job_processes(self.conf)
+        for d in reversed(daemons):
+            if d.stop():
+                log(f"stopped {d.name}")
+        leftovers += job_processes(self.conf)
+        if leftovers:
+            terminate(sorted(set(leftovers)), timeout_s=5)
+            log(f"stopped {len(set(leftovers))} leftover job processes")
+
+    def status(self) -> str:
+        lines = []
+        for d in self._daemons():
+            pid = d.pid()
+            lines.append(f"{d.name:12s} {'running pid ' + str(pid) if pid else 'stopped'}")
+        if self._daemons()[3].pid():
+            lines.append(self._run(["sinfo"], check=False).stdout.rstrip())
+        return "\n".join(lines)
+
+    def run(self, argv: list[str], check: bool = True) -> subprocess.CompletedProcess:
+        """Run a SLURM client command against this cluster."""
+        return self._run(argv, check=check)
+
+    # Internals ---------------------------------------------------------------------------
+    def _daemons(self) -> list[Daemon]:
+        c = self.layout
+        ms = str(c.munge_socket)
+        daemons = [
+            Daemon("munged", [find_binary("munged") or "munged", "-F", "--force", f"--socket={ms}",
+                              f"--key-file={c.path('munge', 'munge.key')}",
+                              f"--pid-file={c.path('munge', 'munged.pid')}",
+                              f"--seed-file={c.path('munge', 'munged.seed')}",
+                              f"--log-file={c.path('log', 'munged.log')}"],
+                   c, ready=lambda: c.munge_socket.exists()),
+            Daemon("mariadbd", [find_binary("mariadbd") or "mariadbd", "--no-defaults", "--user=root",
+                                f"--datadir={c.path('db', 'data')}", f"--socket={c.mysql_socket}",
+                                f"--port={c.mysql_port}", "--bind-address=127.0.0.1",
+                                f"--pid-file={c.path('db', 'mysqld.pid')}", "--skip-name-resolve",
+                                f"--log-error={c.path('log', 'mariadb.log')}",
+                                "--innodb-buffer-pool-size=32M"],
+                   c, ready=lambda: c.mysql_socket.exists() and port_open(c.mysql_port), start_timeout_s=60),
+            Daemon("slurmdbd", [find_binary("slurmdbd") or "slurmdbd", "-D"], c,
+                   ready=lambda: port_open(c.dbd_port)),
+            Daemon("slurmctld", [find_binary("slurmctld") or "slurmctld", "-D", "-i"], c,
+                   ready=lambda: self._run(["scontrol", "ping"], check=False).stdout.count("UP") > 0),
+        ]
+        for i, node in enumerate(c.node_names):
+            port = c.node_port(i)
+            daemons.append(Daemon(f"slurmd-{node}", [find_binary("slurmd") or "slurmd", "-D", "-N", node], c,
+                                  ready=lambda port=port: port_open(port)))
+        return daemons
+
+    def _check_ports(self, daemons: list[Daemon]) -> None:
+        if any(d.pid() for d in daemons):
+            return  # partly running: its ports are ours
+        busy = [p for p in self.layout.all_ports() if not port_free(p)]
+        if busy:
+            raise ClusterError(
+                f"ports {busy} are in use (this cluster's block starts at {self.layout.port_base}). "
+                f"HINT: stop what uses them, or pick another block with `--port-base N` "
+                f"(ports N..N+{L.PORT_BLOCK - 1}).")
+
+    def _write_files(self) -> None:
+        c = self.layout
+        for sub in ["etc", "state", "spool", "run", "log", "dev", "munge", "db"]:
+            c.path(sub).mkdir(parents=True, exist_ok=True)
+        for node in c.node_names:
+            c.path("spool", node).mkdir(exist_ok=True)
+        os.chmod(c.path("munge"), 0o700)
+        key = c.path("munge", "munge.key")
+        if not key.exists():
+            key.write_bytes(os.urandom(1024))
+        os.chmod(key, 0o400)
+        c.conf.write_text(L.render_slurm_conf(c))
+        c.path("etc", "gres.conf").write_text(L.render_gres_conf(c))
+        dbd = c.path("etc", "slurmdbd.conf")
+        dbd.write_text(L.render_slurmdbd_conf(c))
+        os.chmod(dbd, 0o600)  # slurmdbd refuses a readable config holding the DB password
+        for dev in L.fake_gpu_paths(c):
+            if not dev.exists():
+                os.mknod(dev, 0o666 | 0o020000, os.makedev(1, 3))  # char device like /dev/null
+        c.save()
+        _ensure_hosts(c.node_names)
+
+    def _daemon_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(self.env())
+        env["PATH"] = env.get("PATH", "") + os.pathsep + os.pathsep.join(SBIN)
+        return env
+
+    def _init_db(self, env: dict[str, str]) -> None:
+        data = self.layout.path("db", "data")
+        if (data / "mysql").exists():
+            return
+        out = subprocess.run([find_binary("mariadb-install-db") or "mariadb-install-db", "--no-defaults",
+                              "--user=root", f"--datadir={data}", "--auth-root-authentication-method=socket",
+                              "--skip-test-db"], env=env, capture_output=True, text=True)
+        if out.returncode:
+            raise ClusterError(f"mariadb-install-db failed: {out.stderr[-2000:]}\nHINT: remove {data} and retry.")
+
+    def _mysql(self, sql: str, env: dict[str, str]) -> None:
+        out = subprocess.run([find_binary("mariadb") or "mariadb", "--no-defaults",
+                              f"--socket={self.layout.mysql_socket}", "-uroot", "-e", sql],
+                             env=env, capture_output=True, text=True)
+        if out.returncode:
+            raise ClusterError(f"MariaDB statement failed: {out.stderr.strip()}. "
+                               f"HINT: read {self.layout.path('log', 'mariadb.log')}.")
+
+    def _grant_db(self, env: dict[str, str]) -> None:
+        pw = self.layout.db_password
+        self._mysql("CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY '%s'; "
+                    "CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY '%s'; "
+                    "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1'; "
+                    "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost'; FLUSH PRIVILEGES;" % (pw, pw), env)
+
+    def _register_cluster(self, env: dict[str, str]) -> None:
+        name = self.layout.name
+        listed = self._run(["sacctmgr", "-n", "-P", "list", "cluster", "format=Cluster"], check=False)
+        if name in listed.stdout.split():
+            return
+        # slurmdbd may still be creating its tables; retry briefly.
+        for _ in range(30):
+            out = self._run(["sacctmgr", "-i", "add", "cluster", name], check=False)
+            if out.returncode == 0 or "already exists" in out.stdout + out.stderr:
+                return
+            time.sleep(0.5)
+        raise ClusterError(f"sacctmgr could not register cluster {name}: {out.stderr.strip()}. "
+                           f"HINT: read {self.layout.path('log', 'slurmdbd.log')}.")
+
+    def _nodes_idle(self) -> bool:
+        out = self._run(["sinfo", "-h", "-N", "-o", "%N %t"], check=False)
+        states = dict(line.split() for line in out.stdout.splitlines() if line.strip())
+        return bool(states) and all(states.get(n, "").rstrip("*") in {"idle", "mix", "alloc"}
+                                    for n in self.nodes)
+
+    def _wait_idle(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._nodes_idle():
+                return
+            time.sleep(0.5)
+        states = self._run(["sinfo", "-N"], check=False).stdout
+        raise ClusterError(f"nodes not idle after {timeout_s:.0f} s:\n{states}\nHINT: read the slurmd logs "
+                           f"{self.layout.path('log')}/slurmd-*.log and slurmctld.log.")
+
+    def _cancel_all(self) -> None:
+        ids = self._run(["squeue", "-h", "-o", "%A"], check=False).stdout.split()
+        if ids:
+            self._run(["scancel", "--quiet", *sorted(set(ids))], check=False)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if not self._run(["squeue", "-h", "-t", "RUNNING,COMPLETING"], check=False).stdout.strip():
+                return
+            time.sleep(0.3)
+
+    def _run(self, argv: list[str], check: bool = True) -> subprocess.CompletedProcess:
+        out = subprocess.run(argv, env=self._daemon_env(), capture_output=True, text=True, timeout=60)
+        if check and out.returncode:
+            raise ClusterError(f"`{' '.join(argv)}` failed ({out.returncode}): {out.stderr.strip()}")
+        return out
+
+
+def _ensure_hosts(names: list[str]) -> None:
+    """Node names must resolve for a rendezvous at MASTER_ADDR=n1; map them to loopback."""
+    import socket
+    unresolved = []
+    for n in names:
+        try:
+            socket.gethostbyname(n)
+        except OSError:
+            unresolved.append(n)
+    if not unresolved:
+        return
+    try:
+        with open("/etc/hosts", "a") as f:
+            f.write(f"127.0.0.1 {' '.join(unresolved)}  # hpc local cluster nodes\n")
+    except PermissionError as e:
+        raise ClusterError(f"node names {unresolved} do not resolve and /etc/hosts is not writable. "
+                           f"HINT: add `127.0.0.1 {' '.join(unresolved)}` to /etc/hosts.") from e

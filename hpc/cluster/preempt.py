@@ -1,0 +1,53 @@
+"""A real preemption on the local cluster, to rehearse a job's resume.
+
+    python -m hpc.cluster preempt 42
+
+Submits a job to the high-priority partition that needs every CPU of the victim's nodes, so the
+scheduler (not us) preempts the victim: SIGTERM, GraceTime, requeue with the same job id. The
+preemptor ends at once; the requeued victim is then released from SLURM's begin-time hold.
+"""
+
+from __future__ import annotations
+
+import time
+
+from hpc.cluster.daemons import ClusterError
+from hpc.cluster.local import LocalCluster
+
+
+def job_field(cluster: LocalCluster, job_id: str, key: str) -> str:
+    out = cluster.run(["scontrol", "-o", "show", "job", str(job_id)], check=False)
+    if out.returncode:
+        raise ClusterError(f"job {job_id} not found: {out.stderr.strip()}. HINT: check the id with squeue.")
+    for token in out.stdout.split():
+        if token.startswith(key + "="):
+            return token.split("=", 1)[1]
+    return ""
+
+
+def preempt(cluster: LocalCluster, job_id: str | int, *, release: bool = True,
+            timeout_s: float = 60.0) -> str:
+    job_id = str(job_id)
+    state = job_field(cluster, job_id, "JobState")
+    if state != "RUNNING":
+        raise ClusterError(f"job {job_id} is {state}, expected RUNNING. HINT: wait until squeue shows it running.")
+    nodes = job_field(cluster, job_id, "NodeList")
+    restarts = int(job_field(cluster, job_id, "Restarts") or 0)
+    cpus = cluster.layout.cpus_per_node
+    n_nodes = len(cluster.run(["scontrol", "show", "hostnames", nodes]).stdout.split())
+    cluster.run(["sbatch", "--partition=high", f"--nodelist={nodes}", f"--nodes={n_nodes}",
+                 f"--ntasks-per-node={cpus}", "--cpus-per-task=1", "--job-name=hpc-preemptor",
+                 "--output=/dev/null", "--wrap=true"])
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        # A requeued job counts one more restart; it may already be pending again.
+        if int(job_field(cluster, job_id, "Restarts") or 0) > restarts:
+            break
+        time.sleep(0.2)
+    else:
+        raise ClusterError(f"job {job_id} was not preempted within {timeout_s:.0f} s. HINT: is it in "
+                           "partition `low`? Only `low` jobs are preemptible.")
+    if release:
+        # SLURM holds a requeued job back ~2 minutes (Reason=BeginTime); let it start at once.
+        cluster.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=False)
+    return f"job {job_id} preempted on {nodes} and requeued (restart {restarts + 1})"
