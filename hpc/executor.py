@@ -1,0 +1,100 @@
+"""The picklable stage job and the submitit executor that runs it.
+
+    executor = make_executor("slurm", "runs/x/rgb/logs/%j"); executor.submit(StageTask(...))
+
+StageTask is what submitit pickles: the run directory, the stage name, the array item and a
+"module:function" target; nothing heavy. In every task it builds a StageContext, calls the target,
+and rank 0 writes the done marker. On SIGUSR2 (time limit near) submitit calls checkpoint(), which
+resubmits the same task; it resumes from what the stage saved under its task directory.
+Preemption (SIGTERM, PreemptMode=REQUEUE) is requeued by SLURM itself with the same job id.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+from hpc.rundir import RunDir
+
+
+@dataclass
+class StageContext:
+    """What a stage callable receives."""
+
+    run_dir: Path
+    stage_dir: Path  # <run>/<stage>/[task-<item>/]: outputs, checkpoints/, tensorboard/ of this task
+    cfg: Dict[str, Any]  # the resolved run config as a plain dict
+    stage: str
+    task_index: Optional[int]  # position of `item` in the stage's item list
+    item: Any  # the array item (e.g. a feature level); None for a single job
+    env: Any = None  # hpc.env.DistEnv of this process
+
+
+class StageTask:
+    def __init__(self, run_dir: str, stage: str, target: str, item: Any = None,
+                 task_index: Optional[int] = None):
+        self.run_dir, self.stage, self.target = run_dir, stage, target
+        self.item, self.task_index = item, task_index
+
+    def __call__(self) -> Any:
+        from hpc import env as hpc_env  # at run time, in the task: keep the pickle small
+
+        run = RunDir(self.run_dir)
+        dist = _local_env(hpc_env) or hpc_env.from_environ()
+        if dist.source != "single":
+            dist.export()  # RANK/WORLD_SIZE/MASTER_* for torch.distributed and user code
+        stage_dir = run.task_dir(self.stage, self.item)
+        stage_dir.mkdir(parents=True, exist_ok=True)
+        os.environ.setdefault("HPC_CHECKPOINT_DIR", str(stage_dir / "checkpoints"))
+        print(f"[hpc] stage {self.stage} item {self.item} rank {dist.rank}/{dist.world_size} "
+              f"job {dist.job_id} restart {dist.restart_count}", flush=True)
+        module, _, name = self.target.partition(":")
+        func = getattr(importlib.import_module(module), name)
+        from omegaconf import OmegaConf
+
+        cfg = OmegaConf.to_container(OmegaConf.load(run.config_path), resolve=True)
+        ctx = StageContext(run.path, stage_dir, cfg, self.stage, self.task_index, self.item, dist)
+        result = func(ctx)
+        if dist.rank == 0:
+            run.mark_done(self.stage, self.item, {"finished": time.time(), "job_id": dist.job_id,
+                                                  "result": result})
+        print(f"[hpc] stage {self.stage} item {self.item} rank {dist.rank} finished", flush=True)
+        return result
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+        """Called by submitit on the time-limit signal: requeue a fresh copy of this task."""
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(StageTask(self.run_dir, self.stage, self.target,
+                                                            self.item, self.task_index))
+
+
+def _local_env(hpc_env: Any) -> Any:
+    """Under submitit's LocalExecutor, turn its SUBMITIT_LOCAL_* variables into torchrun-style ones."""
+    env = os.environ
+    if env.get("SUBMITIT_EXECUTOR") != "local" or "SUBMITIT_LOCAL_GLOBALID" not in env:
+        return None
+    world = env.get("SUBMITIT_LOCAL_NTASKS", "1")
+    if world == "1":
+        return None
+    job_id = env.get("SUBMITIT_LOCAL_JOB_ID", "0")
+    mapping = {"RANK": env["SUBMITIT_LOCAL_GLOBALID"], "LOCAL_RANK": env["SUBMITIT_LOCAL_LOCALID"],
+               "WORLD_SIZE": world, "LOCAL_WORLD_SIZE": world, "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(hpc_env.master_port_for(job_id if job_id.isdigit() else "0"))}
+    return hpc_env.from_environ(mapping)
+
+
+def make_executor(kind: str, folder: str, max_timeouts: int = 3) -> Any:
+    """A submitit executor for `kind` (slurm | local | debug)."""
+    import submitit
+
+    if kind == "slurm":
+        return submitit.SlurmExecutor(folder=folder, max_num_timeout=max_timeouts)
+    if kind == "local":
+        return submitit.LocalExecutor(folder=folder)
+    if kind == "debug":
+        return submitit.DebugExecutor(folder=folder)
+    raise ValueError(f"executor kind {kind!r}; expected slurm, local or debug")

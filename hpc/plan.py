@@ -1,0 +1,154 @@
+"""Pure planning: pipeline config -> job specs that render their own sbatch text.
+
+    python -m hpc.submit langsplat --levels 0 2 --dry-run
+
+Pipelines register in PIPELINES (name -> module exposing PIPELINE, a PipelineDef); modules are
+imported lazily so that planning never imports torch. make_plan() decides which stages and array
+items still need to run (no done marker, not already queued) and which stage each waits for.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
+
+from hpc import sbatch
+
+# name -> module path; the module defines PIPELINE. Tests and users may add entries.
+PIPELINES: Dict[str, str] = {
+    "langsplat": "jobs.langsplat.pipeline",
+    "run": "jobs.run",
+}
+
+TaskKey = Tuple[str, Any]  # (stage name, array item or None)
+
+
+@dataclass(frozen=True)
+class StageDef:
+    """One stage: `target` ("module:function") is called with a StageContext in every task."""
+
+    name: str
+    target: str
+    items: Tuple[Any, ...] = ()  # array items (one task each); () = a single job
+    after: Tuple[str, ...] = ()  # stages that must end successfully first (afterok)
+    resources: str = ""  # key under cfg.stages; default: the stage name
+
+
+@dataclass(frozen=True)
+class PipelineDef:
+    name: str
+    schema: type  # config dataclass checked by OmegaConf
+    stages: Callable[[Any], List[StageDef]]  # cfg -> stages, in submission order
+    validate: Callable[[Any], None] = lambda cfg: None  # pipeline-specific input checks
+
+
+def get_pipeline(name: str) -> PipelineDef:
+    if name not in PIPELINES:
+        from hpc.config import ConfigError
+
+        raise ConfigError(f"unknown pipeline {name!r}; expected one of {sorted(PIPELINES)}. "
+                          "HINT: register it in hpc.plan.PIPELINES.")
+    return importlib.import_module(PIPELINES[name]).PIPELINE
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One submission: a single job or one array over the items still to run."""
+
+    stage: str
+    target: str
+    items: Tuple[Any, ...]  # items submitted now; (None,) for a non-array stage
+    indices: Tuple[Any, ...]  # their positions in the stage's full item list (task_index)
+    is_array: bool
+    resources: Dict[str, Any] = field(hash=False)
+    after: Tuple[str, ...]
+    folder: str  # submitit folder (logs, pickles); %j is the job id
+    kind: str  # slurm | local | debug
+    ranks: int  # processes per job (array task) as it will actually run
+
+    def executor_parameters(self, dependency: Optional[str] = None, setup: Sequence[str] = ()) -> Dict[str, Any]:
+        if self.kind == "slurm":
+            return sbatch.slurm_parameters(self.resources, f"{self.stage}", dependency, setup)
+        return sbatch.local_parameters(self.resources)
+
+    def sbatch_text(self, python: Optional[str] = None, setup: Sequence[str] = ()) -> str:
+        dependency = ",".join(f"afterok:<{s}>" for s in self.after) or None
+        size = len(self.items) if self.is_array else None
+        params = sbatch.slurm_parameters(self.resources, self.stage, dependency, setup)
+        return sbatch.render(params, self.folder, size, python)
+
+
+@dataclass(frozen=True)
+class Plan:
+    pipeline: str
+    run_dir: str
+    kind: str
+    jobs: Tuple[JobSpec, ...]
+    skipped: Tuple[str, ...]  # "stage[item]: why" lines
+    notes: Tuple[str, ...]
+
+    def render(self, python: Optional[str] = None, setup: Sequence[str] = ()) -> str:
+        lines = [f"plan: pipeline {self.pipeline} -> {self.run_dir} (executor: {self.kind})"]
+        for job in self.jobs:
+            items = f" items {list(job.items)}" if job.is_array else ""
+            after = f" after {', '.join(job.after)} (afterok)" if job.after else ""
+            lines.append(f"  stage {job.stage}:{items} {job.ranks} rank(s) per job{after}")
+        lines += [f"  skip {s}" for s in self.skipped]
+        lines += [f"  note: {n}" for n in self.notes]
+        label = "sbatch script" if self.kind == "slurm" else f"sbatch script on SLURM (the {self.kind} executor runs no sbatch)"
+        for job in self.jobs:
+            lines += ["", f"# ---- {label}: stage {job.stage} ----", job.sbatch_text(python, setup)]
+        return "\n".join(lines)
+
+
+def make_plan(pipe: PipelineDef, cfg: Any, run_dir: str, kind: str,
+              finished: FrozenSet[TaskKey] = frozenset(), queued: FrozenSet[TaskKey] = frozenset()) -> Plan:
+    """Which jobs to submit now. `finished`: tasks with a done marker; `queued`: tasks still in the queue."""
+    jobs: List[JobSpec] = []
+    skipped: List[str] = []
+    notes: List[str] = []
+    for stage in pipe.stages(cfg):
+        keys = [(stage.name, item) for item in (stage.items or (None,))]
+        todo = tuple(item for (_, item) in keys if (stage.name, item) not in finished | queued)
+        for key in keys:
+            if key in finished:
+                skipped.append(f"{_label(key)}: done marker present")
+            elif key in queued:
+                skipped.append(f"{_label(key)}: already queued or running")
+        if not todo:
+            continue
+        res = dict(_plain(cfg.stages[stage.resources or stage.name]))
+        ranks, note = _ranks(stage.name, res, kind)
+        if note:
+            notes.append(note)
+        after = tuple(s for s in stage.after if any(j.stage == s for j in jobs))
+        jobs.append(JobSpec(stage=stage.name, target=stage.target, items=todo, is_array=bool(stage.items),
+                            indices=tuple(stage.items.index(i) if stage.items else None for i in todo),
+                            resources=res, after=after, folder=f"{run_dir}/{stage.name}/logs/%j",
+                            kind=kind, ranks=ranks))
+    if kind != "slurm" and len(jobs) > 1:
+        notes.append("the local executor has no afterok: stages run one after another, "
+                     "and submit waits for each before starting the next")
+    return Plan(pipe.name, run_dir, kind, tuple(jobs), tuple(skipped), tuple(notes))
+
+
+def _ranks(stage: str, res: Dict[str, Any], kind: str) -> Tuple[int, str]:
+    requested = res["nodes"] * res["tasks_per_node"]
+    if kind == "slurm":
+        return requested, ""
+    actual = res["local_tasks"]
+    if actual == requested:
+        return actual, ""
+    return actual, (f"stage {stage}: requested {res['nodes']} node(s) x {res['tasks_per_node']} task(s) "
+                    f"= {requested} rank(s); the {kind} executor runs {actual} process(es) on this machine's CPU")
+
+
+def _label(key: TaskKey) -> str:
+    return key[0] if key[1] is None else f"{key[0]}[{key[1]}]"
+
+
+def _plain(node: Any) -> Any:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(node, resolve=True) if not isinstance(node, dict) else node

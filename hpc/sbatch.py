@@ -1,0 +1,63 @@
+"""Resources -> submitit executor parameters, and the sbatch text they produce.
+
+    python -m hpc.submit langsplat --cluster slurm --dry-run    # prints what render() returns
+
+The dry-run text is made by submitit's own script builder from the very parameters the submitter
+passes to the executor, so what is printed is what sbatch receives. Every value goes through
+shlex.quote there; config values were already restricted to plain tokens in hpc.config.
+"""
+from __future__ import annotations
+
+import shlex
+import sys
+from typing import Any, Dict, Mapping, Optional, Sequence
+
+
+def slurm_parameters(res: Mapping[str, Any], job_name: str, dependency: Optional[str] = None,
+                     setup: Sequence[str] = ()) -> Dict[str, Any]:
+    """Parameters for submitit.SlurmExecutor.update_parameters()."""
+    params: Dict[str, Any] = {
+        "job_name": job_name,
+        "nodes": res["nodes"],
+        "ntasks_per_node": res["tasks_per_node"],
+        "cpus_per_task": res["cpus_per_task"],
+        "time": res["time_min"],
+        # SIGUSR2, not USR1: NCCL may catch USR1 (submitit's note); the stage checkpoints on it.
+        "signal_delay_s": res["signal_delay_s"],
+    }
+    if res["gpus_per_node"]:
+        params["gpus_per_node"] = res["gpus_per_node"]
+    for key in ("mem", "partition", "account", "qos", "constraint"):
+        if res.get(key) is not None:
+            params[key] = res[key]
+    # requeue: a preempted job (PreemptMode=REQUEUE) comes back with the same id and resumes.
+    extra: Dict[str, Any] = {"requeue": True, **dict(res.get("extra") or {})}
+    if dependency:
+        extra["dependency"] = dependency
+    params["additional_parameters"] = extra
+    if setup:
+        params["setup"] = list(setup)
+    return params
+
+
+def local_parameters(res: Mapping[str, Any]) -> Dict[str, Any]:
+    """Parameters for submitit.LocalExecutor: one machine, CPU processes, no scheduler."""
+    return {"timeout_min": res["time_min"], "tasks_per_node": res["local_tasks"], "nodes": 1,
+            "gpus_per_node": 0, "signal_delay_s": res["signal_delay_s"]}
+
+
+def submit_command(folder: str, python: Optional[str] = None) -> str:
+    """The command submitit runs in each task (mirrors SlurmExecutor._submitit_command_str)."""
+    python = python or shlex.quote(sys.executable)
+    return " ".join([python, "-u -m submitit.core._submit", shlex.quote(folder)])
+
+
+def render(params: Mapping[str, Any], folder: str, array_size: Optional[int] = None,
+           python: Optional[str] = None) -> str:
+    """The sbatch script submitit would write for these parameters."""
+    from submitit.slurm.slurm import _make_sbatch_string  # private, but it is the source of truth
+
+    params = dict(params)
+    if array_size:
+        params["map_count"] = array_size
+    return _make_sbatch_string(command=submit_command(folder, python), folder=folder, **params)

@@ -1,0 +1,141 @@
+"""Where a run stands, per stage and task.
+
+    python -m hpc.status runs/langsplat-20260101-120000 [--json]
+
+One batched scheduler query (sacct, squeue as fallback) for all the run's jobs; the done markers,
+last progress line of each task's rank-0 log and the task's outputs come from the run directory.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+from hpc import scheduler
+from hpc.rundir import DONE, RunDir, task_key
+
+# Local/debug jobs have no scheduler: their state is read from the run directory and submitit's files.
+LOCAL_STATES = {"done": "COMPLETED", "error": "FAILED", "result": "COMPLETED", "none": "UNKNOWN"}
+
+
+@dataclass
+class TaskStatus:
+    task: str
+    stage: str
+    item: Any
+    job_id: str
+    state: str
+    restarts: int
+    elapsed: str
+    progress: str
+    outputs: List[str]
+    why: str
+
+
+def collect(run: RunDir) -> List[TaskStatus]:
+    tasks = run.tasks()
+    kinds = {t["jobs"][-1]["executor"] for t in tasks if t.get("jobs")}
+    records = scheduler.query(t["job_id"] for t in tasks) if "slurm" in kinds else {}
+    rows = []
+    for t in tasks:
+        jid, stage, item = t["job_id"], t["stage"], t["item"]
+        rec = records.get(jid)
+        state = rec.state if rec else _local_state(run, stage, item, jid)
+        rows.append(TaskStatus(task_key(stage, item), stage, item, jid, state,
+                               rec.restarts if rec else 0, rec.elapsed if rec else "",
+                               last_progress(run.log_path(stage, jid)), outputs(run.task_dir(stage, item)), ""))
+    _explain(rows, records)
+    return rows
+
+
+def _local_state(run: RunDir, stage: str, item: Any, job_id: str) -> str:
+    if run.is_done(stage, item):
+        return LOCAL_STATES["done"]
+    result = run.path / stage / "logs" / job_id / f"{job_id}_0_result.pkl"
+    if not result.exists():
+        return LOCAL_STATES["none"]
+    import pickle
+
+    outcome = pickle.loads(result.read_bytes())[0]  # ("success" | "error", payload), written by submitit
+    return LOCAL_STATES["result" if outcome == "success" else "error"]
+
+
+def _explain(rows: List[TaskStatus], records: Dict[str, scheduler.JobRecord]) -> None:
+    """Say why a task will never run: SLURM keeps it pending with DependencyNeverSatisfied."""
+    failed = sorted({r.task for r in rows if r.state in ("FAILED", "CANCELLED", "TIMEOUT")})
+    for r in rows:
+        rec = records.get(r.job_id)
+        if rec and rec.orphaned:
+            r.state = "NEVER"
+            r.why = (f"{scheduler.NEVER}: an earlier stage did not succeed ({', '.join(failed) or 'see sacct'}); "
+                     "this job will never start. HINT: fix it and resubmit with --run-dir, "
+                     "or python -m hpc.cancel RUN_DIR")
+        elif rec and rec.state == "PENDING" and rec.reason not in ("", "None"):
+            r.why = rec.reason
+        elif r.state == "FAILED" and rec:
+            r.why = f"exit code {rec.exit_code}; see python -m hpc.logs RUN_DIR --stage {r.stage}"
+
+
+def last_progress(log: Path, tail_bytes: int = 4096) -> str:
+    """Last non-empty line of a log; tqdm redraws with \\r, so split on that too."""
+    if not log.exists():
+        return ""
+    with log.open("rb") as fh:
+        fh.seek(max(0, log.stat().st_size - tail_bytes))
+        text = fh.read().decode(errors="replace")
+    lines = [ln.strip() for ln in text.replace("\r", "\n").splitlines() if ln.strip()]
+    return lines[-1][:120] if lines else ""
+
+
+def outputs(task_dir: Path) -> List[str]:
+    if not task_dir.exists():
+        return []
+    skip = {"logs", DONE}
+    return sorted(p.name for p in task_dir.iterdir() if p.name not in skip and not p.name.startswith("task-"))
+
+
+def format_table(rows: List[TaskStatus]) -> str:
+    head = ("TASK", "JOB", "STATE", "RESTARTS", "ELAPSED", "PROGRESS / WHY")
+    body = [(r.task, r.job_id, r.state, str(r.restarts), r.elapsed, r.why or r.progress) for r in rows]
+    widths = [max(len(x) for x in col) for col in zip(head, *body)] if body else [len(h) for h in head]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in [head, *body]]
+    lines += [f"  {r.task} outputs: {', '.join(r.outputs)}" for r in rows if r.outputs]
+    return "\n".join(lines)
+
+
+def follow(run: RunDir, interval_s: float = 5.0, out=sys.stdout) -> int:
+    """Print the table whenever it changes until nothing is active; non-zero if anything failed."""
+    last = None
+    while True:
+        rows = collect(run)
+        table = format_table(rows)
+        if table != last:
+            print(time.strftime("%H:%M:%S"), file=out)
+            print(table, file=out, flush=True)
+            last = table
+        if not any(r.state in scheduler.ACTIVE for r in rows):
+            return 0 if rows and all(r.state == "COMPLETED" for r in rows) else 1
+        time.sleep(interval_s)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m hpc.status", description="state of a run's jobs")
+    p.add_argument("run_dir")
+    p.add_argument("--json", action="store_true", help="print the same as JSON")
+    args = p.parse_args(argv)
+    run = RunDir(args.run_dir)
+    if not run.manifest_path.exists():
+        print(f"error: {run.manifest_path} not found; expected a run directory made by python -m hpc.submit. "
+              "HINT: pass the 'run dir:' path printed at submission.", file=sys.stderr)
+        return 2
+    rows = collect(run)
+    print(json.dumps([asdict(r) for r in rows], indent=1) if args.json else format_table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

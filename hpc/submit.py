@@ -1,0 +1,175 @@
+"""Submit a pipeline.
+
+    python -m hpc.submit langsplat --levels 0 1 2 [--cluster auto|slurm|local|debug] [--profile sandbox]
+        [--run-dir DIR] [--dry-run] [--wait] [key=value ...]
+    python -m hpc.submit run --nodes 2 --gpus-per-node 8 -- python train.py --lr 1e-3
+
+Thin entry point: arguments -> config (hpc.config) -> plan (hpc.plan) -> submit_plan (submitit).
+Returns as soon as SLURM has the jobs (afterok chains the stages; nothing here stays alive),
+except with the local executor, which has no dependencies and so runs the stages in order.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from hpc import config as hconfig
+from hpc import plan as hplan
+from hpc import scheduler
+from hpc.rundir import RunDir
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    argv = list(argv)
+    command: List[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, command = argv[:cut], argv[cut + 1:]
+    p = argparse.ArgumentParser(prog="python -m hpc.submit", description=__doc__.split("\n\n")[0])
+    p.add_argument("pipeline", help=f"one of {sorted(hplan.PIPELINES)}")
+    p.add_argument("overrides", nargs="*", help="dotted key=value config overrides")
+    p.add_argument("--levels", nargs="+", help="langsplat feature levels (0 1 2)")
+    p.add_argument("--nodes", type=int, help="run: nodes per job")
+    p.add_argument("--gpus-per-node", type=int, help="run: GPUs (and ranks) per node")
+    p.add_argument("--cluster", choices=hconfig.CLUSTER_KINDS, help="where to run (default: config, auto)")
+    p.add_argument("--profile", help="cluster profile from templates/profiles/")
+    p.add_argument("--run-dir", help="run directory; an existing one resumes (done tasks are skipped)")
+    p.add_argument("--dry-run", action="store_true", help="print the plan and sbatch scripts only")
+    p.add_argument("--wait", action="store_true", help="follow the jobs until they end")
+    args = p.parse_args(argv)
+    args.command = command
+    return args
+
+
+def build(args: argparse.Namespace) -> Tuple[hplan.PipelineDef, Any, RunDir, str]:
+    """Config, run directory and executor kind from the arguments; validates everything."""
+    pipe = hplan.get_pipeline(args.pipeline)
+    run_dir = Path(args.run_dir) if args.run_dir else None
+    overrides = list(args.overrides) + pipe_flags(args)
+    saved = run_dir / "config.yaml" if run_dir else None
+    cfg = hconfig.load(pipe.schema, args.pipeline, args.profile, overrides, saved)
+    pipe.validate(cfg)
+    kind = scheduler.detect(cfg.cluster.kind)
+    if kind == "slurm":
+        check_partitions(cfg)
+    if run_dir is None:
+        name = cfg.run.name or f"{args.pipeline}-{time.strftime('%Y%m%d-%H%M%S')}"
+        run_dir = Path(cfg.run.run_dir or Path(cfg.run.root) / name)
+    return pipe, cfg, RunDir(run_dir), kind
+
+
+def pipe_flags(args: argparse.Namespace) -> List[str]:
+    """Convenience flags as dotted overrides (quoted as YAML flow values by OmegaConf)."""
+    out = []
+    if args.cluster:
+        out.append(f"cluster.kind={args.cluster}")
+    if args.levels:
+        out.append(f"langsplat.levels=[{','.join(args.levels)}]")
+    if args.nodes is not None:
+        out.append(f"stages.main.nodes={args.nodes}")
+    if args.gpus_per_node is not None:
+        out += [f"stages.main.gpus_per_node={args.gpus_per_node}",
+                f"stages.main.tasks_per_node={max(1, args.gpus_per_node)}"]
+    if args.command:
+        import json
+
+        out.append(f"script.command={json.dumps(args.command)}")  # JSON list: YAML reads it verbatim
+    return out
+
+
+def check_partitions(cfg: Any) -> None:
+    known = list(cfg.cluster.partitions or []) or scheduler.partitions()
+    for name, res in cfg.stages.items():
+        if res.partition is not None and res.partition not in known:
+            raise hconfig.ConfigError(
+                f"stages.{name}.partition={res.partition!r} is not a partition of this cluster; "
+                f"expected one of {known}. HINT: pass stages.{name}.partition=<one of those> or --profile.")
+
+
+def current_state(pipe: hplan.PipelineDef, cfg: Any, run: RunDir, kind: str):
+    """(finished, queued) task keys; orphans of a failed dependency are cancelled to be resubmitted."""
+    keys = [(s.name, i) for s in pipe.stages(cfg) for i in (s.items or (None,))]
+    finished = run.finished(keys)
+    tasks = {(t["stage"], t["item"]): t["job_id"] for t in run.tasks()}
+    if kind != "slurm" or not tasks:
+        return finished, frozenset()
+    records = scheduler.query(tasks.values())
+    orphans = [jid for jid, r in records.items() if r.orphaned]
+    scheduler.cancel(orphans)
+    queued = frozenset(k for k, jid in tasks.items()
+                       if jid in records and records[jid].state in scheduler.ACTIVE and jid not in orphans)
+    return finished, queued - finished
+
+
+def submit_plan(plan: hplan.Plan, run: RunDir, setup: Sequence[str] = ()) -> Dict[str, List[str]]:
+    """Submit every job of the plan through submitit; returns stage -> job ids."""
+    from hpc.executor import StageTask, make_executor
+
+    ids: Dict[str, List[str]] = {}
+    previous: List[Any] = []
+    for job in plan.jobs:
+        if plan.kind != "slurm" and not _wait_ok(previous):
+            print(f"stage {job.stage}: not started, an earlier stage failed (see python -m hpc.status {run.path})")
+            break
+        bases = sorted({i.split("_")[0] for s in job.after for i in ids.get(s, [])})
+        dependency = f"afterok:{':'.join(bases)}" if bases else None
+        executor = make_executor(plan.kind, job.folder, job.resources["max_timeouts"])
+        if plan.kind != "debug":
+            executor.update_parameters(**job.executor_parameters(dependency, setup))
+        tasks = [StageTask(str(run.path), job.stage, job.target, item, index)
+                 for item, index in zip(job.items, job.indices)]
+        with executor.batch():  # one sbatch --array for an array stage
+            submitted = [executor.submit(t) for t in tasks]
+        for item, sj in zip(job.items, submitted):
+            run.record(job.stage, item, str(sj.job_id), plan.kind)
+        ids[job.stage] = [str(sj.job_id) for sj in submitted]
+        previous = submitted
+    if plan.kind != "slurm":
+        _wait_ok(previous)
+    return ids
+
+
+def _wait_ok(jobs: List[Any]) -> bool:
+    ok = True
+    for job in jobs:
+        try:
+            job.result()
+        except Exception as err:  # submitit re-raises the task's exception with its traceback
+            print(f"job {job.job_id} failed: {str(err).strip().splitlines()[-1] if str(err).strip() else err}")
+            ok = False
+    return ok
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        pipe, cfg, run, kind = build(args)
+        finished, queued = current_state(pipe, cfg, run, kind)
+    except (hconfig.ConfigError, RuntimeError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    plan = hplan.make_plan(pipe, cfg, str(run.path), kind, finished, queued)
+    if args.dry_run:
+        print(plan.render(setup=list(cfg.cluster.setup)))
+        return 0
+    print("\n".join(plan.render().split("\n\n# ----")[0].splitlines()))
+    if not plan.jobs:
+        print(f"nothing to submit: every task of {run.path} is done or queued")
+        return 0
+    run.start(pipe.name, hconfig.to_yaml(cfg), kind)
+    ids = submit_plan(plan, run, list(cfg.cluster.setup))
+    print(f"run dir: {run.path}")
+    for stage, jids in ids.items():
+        print(f"  {stage}: {' '.join(jids)}")
+    if args.wait or kind != "slurm":
+        from hpc import status
+
+        return status.follow(run)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""The `run` pipeline: a user's torchrun-style script as one (multi-node) SLURM job.
+
+    python -m hpc.submit run --nodes 2 --gpus-per-node 8 -- python train.py --lr 1e-3
+
+Every task runs `python -m hpc.launch -- CMD`, which exports RANK, LOCAL_RANK, WORLD_SIZE,
+LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT from SLURM's variables. HPC_CHECKPOINT_DIR names
+<run>/main/checkpoints: after a preemption SLURM requeues the job and the script resumes from there.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from typing import Any, List
+
+from hpc.config import ConfigError, PipelineConfig, Resources
+from hpc.plan import PipelineDef, StageDef
+
+
+@dataclass
+class ScriptSection:
+    command: List[str] = field(default_factory=list)  # the program and its arguments (after `--`)
+
+
+@dataclass
+class RunStages:
+    main: Resources = field(default_factory=Resources)
+
+
+@dataclass
+class RunConfig(PipelineConfig):
+    stages: RunStages = field(default_factory=RunStages)
+    script: ScriptSection = field(default_factory=ScriptSection)
+
+
+def validate(cfg: Any) -> None:
+    if not cfg.script.command:
+        raise ConfigError("no command given; expected one after '--'. "
+                          "HINT: python -m hpc.submit run --nodes 1 --gpus-per-node 2 -- python train.py")
+
+
+def stages(cfg: Any) -> List[StageDef]:
+    return [StageDef("main", "jobs.run:run_command")]
+
+
+def run_command(ctx: Any) -> dict:
+    checkpoints = ctx.stage_dir / "checkpoints"
+    checkpoints.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "HPC_CHECKPOINT_DIR": str(checkpoints), "HPC_RUN_DIR": str(ctx.run_dir)}
+    cmd = [sys.executable, "-m", "hpc.launch", "--", *ctx.cfg["script"]["command"]]
+    code = subprocess.call(cmd, env=env)
+    if code != 0:
+        raise RuntimeError(f"command {cmd} exited with status {code} on rank {ctx.env.rank}")
+    return {"exit_code": code}
+
+
+PIPELINE = PipelineDef("run", RunConfig, stages, validate)
