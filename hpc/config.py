@@ -112,7 +112,11 @@ def _parse_overrides(overrides: Sequence[str]) -> DictConfig:
     if bad:
         raise ConfigError(f"cannot read override(s) {bad}; expected dotted key=value "
                           "(e.g. stages.features.nodes=2). HINT: options go before '--'.")
-    return OmegaConf.from_dotlist(list(overrides))
+    try:
+        return OmegaConf.from_dotlist(list(overrides))
+    except Exception as err:  # yaml's parser errors: the value is not valid YAML
+        raise ConfigError(f"cannot parse overrides {list(overrides)}: {str(err).splitlines()[0]}. "
+                          "HINT: quote lists as key=[a,b] and values with spaces as key='a b'.") from None
 
 
 def _merge(cfg: DictConfig, layer: Any, origin: str) -> DictConfig:

@@ -92,7 +92,8 @@ class Plan:
         lines = [f"plan: pipeline {self.pipeline} -> {self.run_dir} (executor: {self.kind})"]
         for job in self.jobs:
             items = f" items {list(job.items)}" if job.is_array else ""
-            after = f" after {', '.join(job.after)} (afterok)" if job.after else ""
+            how = "afterok" if self.kind == "slurm" else "submitted when it has ended"
+            after = f" after {', '.join(job.after)} ({how})" if job.after else ""
             lines.append(f"  stage {job.stage}:{items} {job.ranks} rank(s) per job{after}")
         lines += [f"  skip {s}" for s in self.skipped]
         lines += [f"  note: {n}" for n in self.notes]

@@ -1,0 +1,62 @@
+"""A tiny two-stage pipeline for testing the pipeline machinery (no torch, seconds per task).
+
+    hpc.plan.PIPELINES["tiny"] = "tests.tiny_pipeline"; python -m hpc.submit tiny ...
+
+Stage `first` (one task) writes first.txt; stage `second` (an array over tiny.parts) writes
+out-<item>.txt. Tasks fail on demand (tiny.fail_first, tiny.fail_items) to exercise afterok,
+status and resubmission.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, List
+
+from hpc.config import PipelineConfig, Resources
+from hpc.plan import PipelineDef, StageDef
+
+
+@dataclass
+class TinySection:
+    parts: List[int] = field(default_factory=lambda: [0, 1, 2])  # array items of stage `second`
+    fail_first: bool = False  # stage `first` raises
+    fail_items: List[int] = field(default_factory=list)  # these items of `second` raise
+    sleep_s: float = 0.0  # time each task spends working
+
+
+@dataclass
+class TinyStages:
+    first: Resources = field(default_factory=lambda: Resources(cpus_per_task=1, time_min=5))
+    second: Resources = field(default_factory=lambda: Resources(cpus_per_task=1, time_min=5))
+
+
+@dataclass
+class TinyConfig(PipelineConfig):
+    stages: TinyStages = field(default_factory=TinyStages)
+    tiny: TinySection = field(default_factory=TinySection)
+
+
+def stages(cfg: Any) -> List[StageDef]:
+    return [StageDef("first", "tests.tiny_pipeline:first"),
+            StageDef("second", "tests.tiny_pipeline:second", items=tuple(cfg.tiny.parts), after=("first",))]
+
+
+def first(ctx: Any) -> dict:
+    time.sleep(ctx.cfg["tiny"]["sleep_s"])
+    if ctx.cfg["tiny"]["fail_first"]:
+        raise RuntimeError("first: failing on request (tiny.fail_first=true)")
+    (ctx.stage_dir / "first.txt").write_text(f"rank {ctx.env.rank}\n")
+    return {"ok": True}
+
+
+def second(ctx: Any) -> dict:
+    assert (ctx.run_dir / "first" / "first.txt").exists(), "second started before first finished"
+    print(f"progress: item {ctx.item} working", flush=True)
+    time.sleep(ctx.cfg["tiny"]["sleep_s"])
+    if ctx.item in ctx.cfg["tiny"]["fail_items"]:
+        raise RuntimeError(f"second: item {ctx.item} failing on request (tiny.fail_items)")
+    (ctx.stage_dir / f"out-{ctx.item}.txt").write_text(f"{ctx.item} rank {ctx.env.rank}\n")
+    return {"item": ctx.item}
+
+
+PIPELINE = PipelineDef("tiny", TinyConfig, stages)
