@@ -1,0 +1,114 @@
+"""The local cluster behaves like a real multi-node SLURM: ranks, GPUs, accounting, preemption."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from hpc.cluster import ClusterError, LocalCluster
+from hpc.cluster.preempt import job_field, preempt
+
+pytestmark = pytest.mark.slurm
+
+
+def sbatch(cluster: LocalCluster, *args: str) -> str:
+    return cluster.run(["sbatch", "--parsable", *args]).stdout.strip().split(";")[0]
+
+
+def wait_state(cluster: LocalCluster, job_id: str, states: set[str], timeout_s: float = 60) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        state = job_field(cluster, job_id, "JobState")
+        if state in states:
+            return state
+        time.sleep(0.3)
+    raise AssertionError(f"job {job_id} is {state}, never reached {states}")
+
+
+def sacct_state(cluster: LocalCluster, job_id: str, timeout_s: float = 30) -> str:
+    """The job's final state in the accounting database (written shortly after it ends)."""
+    deadline = time.monotonic() + timeout_s
+    state = ""
+    while time.monotonic() < deadline:
+        out = cluster.run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"], check=False).stdout.split()
+        state = out[0] if out else ""
+        if state and state not in {"PENDING", "RUNNING", "REQUEUED"}:
+            return state
+        time.sleep(0.5)
+    return state
+
+
+def test_two_nodes_two_tasks_see_their_ranks_and_gpus(slurm_cluster, job_dir):
+    out = job_dir / "ranks.txt"
+    jid = sbatch(slurm_cluster, "--nodes=2", "--ntasks-per-node=2", "--gres=gpu:2", f"--output={out}",
+                 "--wrap", "srun bash -c 'echo $SLURM_PROCID $SLURM_LOCALID $SLURM_NODEID $SLURMD_NODENAME "
+                           "$SLURM_NTASKS $CUDA_VISIBLE_DEVICES'")
+    assert wait_state(slurm_cluster, jid, {"COMPLETED", "FAILED", "CANCELLED"}) == "COMPLETED"
+    rows = sorted(tuple(line.split()) for line in out.read_text().splitlines())
+    assert rows == [("0", "0", "0", "n1", "4", "0,1"), ("1", "1", "0", "n1", "4", "0,1"),
+                    ("2", "0", "1", "n2", "4", "0,1"), ("3", "1", "1", "n2", "4", "0,1")]
+    assert sacct_state(slurm_cluster, jid) == "COMPLETED"
+
+
+def test_preempted_low_job_is_requeued_and_sees_restart_count(slurm_cluster, job_dir):
+    out = job_dir / "restarts.txt"
+    jid = sbatch(slurm_cluster, "--partition=low", "--requeue", "--nodes=1", f"--output={out}",
+                 "--open-mode=append", "--wrap", "echo restart=${SLURM_RESTART_COUNT:-0}; sleep 300")
+    wait_state(slurm_cluster, jid, {"RUNNING"})
+    deadline = time.monotonic() + 10
+    while "restart=0" not in (out.read_text() if out.exists() else "") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    preempt(slurm_cluster, jid)
+    wait_state(slurm_cluster, jid, {"RUNNING"})
+    deadline = time.monotonic() + 20
+    while "restart=1" not in out.read_text() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    slurm_cluster.run(["scancel", jid])
+    lines = out.read_text().splitlines()
+    assert [ln for ln in lines if ln.startswith("restart=")] == ["restart=0", "restart=1"]
+    assert any("PREEMPTION" in ln for ln in lines)  # SLURM's own word for why the first run ended
+
+
+def test_preempting_a_job_that_is_not_running_says_so(slurm_cluster):
+    jid = sbatch(slurm_cluster, "--hold", "--wrap", "true")
+    try:
+        with pytest.raises(ClusterError, match="expected RUNNING"):
+            preempt(slurm_cluster, jid)
+    finally:
+        slurm_cluster.run(["scancel", jid])
+
+
+def test_second_cluster_does_not_collide_and_down_leaves_nothing(slurm_cluster, tmp_path):
+    other = LocalCluster(tmp_path / "second", nodes=1, gpus_per_node=0, cpus_per_node=2)
+    assert not set(other.layout.all_ports()) & set(slurm_cluster.layout.all_ports())
+    other.up(log=lambda m: None)
+    try:
+        other.up(log=lambda m: None)  # idempotent
+        pids = [d.pid() for d in other._daemons()]
+        assert all(pids)
+        pidfile = tmp_path / "job.pids"
+        jid = sbatch(other, "--output=/dev/null", "--wrap", f"echo $$ > {pidfile}; sleep 300 & echo $! >> {pidfile}; wait")
+        wait_state(other, jid, {"RUNNING"})
+        deadline = time.monotonic() + 10
+        while len(pidfile.read_text().split() if pidfile.exists() else []) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        pids += [int(p) for p in pidfile.read_text().split()]
+        assert len(pids) == len(other._daemons()) + 2
+    finally:
+        other.down(log=lambda m: None)
+    assert not [p for p in pids if Path(f"/proc/{p}").exists() and _not_zombie(p)]
+    conf = str(other.conf)
+    leftovers = subprocess.run(["pgrep", "-f", str(other.dir)], capture_output=True, text=True).stdout.split()
+    assert leftovers == [], f"processes still running for {conf}: {leftovers}"
+    # The session cluster is untouched.
+    assert "idle" in slurm_cluster.run(["sinfo", "-h", "-o", "%t"]).stdout
+
+
+def _not_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -1,0 +1,62 @@
+"""Pure checks of the local cluster's layout and generated configuration."""
+
+from pathlib import Path
+
+import pytest
+
+from hpc.cluster import layout as L
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def fixed_layout(**kw) -> L.ClusterLayout:
+    base = dict(dir="/srv/hpc-cluster", name="hpctest", hostname="host1", port_base=20000)
+    base.update(kw)
+    return L.ClusterLayout(**base)
+
+
+def test_slurm_conf_matches_golden():
+    assert L.render_slurm_conf(fixed_layout()) == (GOLDEN / "slurm.conf").read_text()
+
+
+def test_gres_conf_matches_golden():
+    assert L.render_gres_conf(fixed_layout()) == (GOLDEN / "gres.conf").read_text()
+
+
+def test_two_directories_get_disjoint_port_blocks():
+    a = L.ClusterLayout.create("/tmp/cluster-a")
+    b = L.ClusterLayout.create("/tmp/cluster-b")
+    assert a.name != b.name
+    assert not set(a.all_ports()) & set(b.all_ports())
+    assert all(L.PORT_RANGE[0] <= p < L.PORT_RANGE[1] + L.PORT_BLOCK for p in a.all_ports())
+
+
+def test_ports_are_distinct_within_a_cluster():
+    c = fixed_layout(nodes=5)
+    assert len(set(c.all_ports())) == 3 + 5
+    assert max(c.all_ports()) < c.port_base + L.PORT_BLOCK
+
+
+def test_node_names_and_nodelist():
+    assert fixed_layout(nodes=3).node_names == ["n1", "n2", "n3"]
+    assert fixed_layout(nodes=3).nodelist == "n[1-3]"
+    assert fixed_layout(nodes=1).nodelist == "n1"
+
+
+def test_no_gpus_means_no_gres():
+    c = fixed_layout(gpus_per_node=0)
+    assert "Gres=" not in L.render_slurm_conf(c)
+    assert L.fake_gpu_paths(c) == []
+
+
+@pytest.mark.parametrize("kw", [dict(nodes=0), dict(nodes=L.MAX_NODES + 1), dict(gpus_per_node=-1),
+                                dict(cpus_per_node=0)])
+def test_bad_sizes_are_refused_with_a_hint(kw):
+    with pytest.raises(ValueError, match="HINT"):
+        L.ClusterLayout.create("/tmp/x", **kw)
+
+
+def test_layout_round_trips_through_its_state_file(tmp_path):
+    c = L.ClusterLayout.create(tmp_path, nodes=3, gpus_per_node=2)
+    c.save()
+    assert L.ClusterLayout.load(tmp_path) == c
