@@ -1,0 +1,208 @@
+"""One DDP session per task: init from SLURM's variables, helpers, cleanup in finally.
+
+    with hpc.ddp.session(timeout_s=300) as s:
+        model = s.wrap(Net())
+        for epoch in range(3):
+            s.set_epoch(epoch)
+            for x, y in s.progress(s.loader(data, batch_size=16, seed=0)): ...
+
+Backend: nccl when this task has a CUDA device, gloo otherwise. Device binding follows
+hpc.env.device_index (one GPU per task -> cuda:0, all node GPUs -> cuda:local_rank).
+Rank 0 is named once (is_main); other ranks get a writer that does nothing and no progress
+bar. The process group has a timeout so a rank that dies fails the others instead of
+leaving them blocked in a collective.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+from typing import Iterable, Iterator
+
+import torch
+import torch.distributed as dist
+
+from hpc.batching import BatchPlan, plan_batch
+from hpc.env import DistEnv, device_index, from_environ
+from hpc.sharding import round_robin
+
+__all__ = ["Session", "session", "NullWriter"]
+
+log = logging.getLogger(__name__)
+
+
+class NullWriter:
+    """Stands in for SummaryWriter on ranks other than 0: every call does nothing."""
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class Session:
+    """What a training task needs to know and do about the other tasks."""
+
+    def __init__(self, env: DistEnv, device: torch.device, bf16: bool = False):
+        self.env = env
+        self.rank, self.local_rank, self.world_size = env.rank, env.local_rank, env.world_size
+        self.device = device
+        self.is_main = env.rank == 0
+        self.bf16 = bf16 and device.type == "cuda"
+        self._samplers: list = []
+        self._wrapped: list[torch.nn.Module] = []
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1 and dist.is_available() and dist.is_initialized()
+
+    # -- models and data -------------------------------------------------------------------
+    def wrap(self, model: torch.nn.Module, **ddp_kwargs) -> torch.nn.Module:
+        """Move to this task's device; DistributedDataParallel only when there are peers."""
+        model = model.to(self.device)
+        if not self.distributed:
+            return model
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        wrapped = DistributedDataParallel(model, device_ids=ids, **ddp_kwargs)
+        self._wrapped.append(wrapped)
+        return wrapped
+
+    def loader(self, dataset, batch_size: int, shuffle: bool = True, seed: int = 0,
+               drop_last: bool = True, **loader_kwargs) -> torch.utils.data.DataLoader:
+        """DataLoader over this rank's share; set_epoch() reshuffles all of them."""
+        from torch.utils.data import DataLoader, DistributedSampler
+
+        # drop_last keeps per-rank step counts equal: an extra step on one rank would
+        # wait forever for the gradient all-reduce of the others.
+        sampler = DistributedSampler(dataset, num_replicas=self.world_size, rank=self.rank,
+                                     shuffle=shuffle, seed=seed, drop_last=drop_last)
+        self._samplers.append(sampler)
+        pin = self.device.type == "cuda"
+        return DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=drop_last,
+                          pin_memory=loader_kwargs.pop("pin_memory", pin), **loader_kwargs)
+
+    def set_epoch(self, epoch: int) -> None:
+        for sampler in self._samplers:
+            sampler.set_epoch(epoch)
+
+    def shard(self, n_items: int, epoch: int, seed: int = 0) -> list[int]:
+        """This rank's indices of a list (LangSplat's cameras), reshuffled per epoch."""
+        return round_robin(n_items, self.rank, self.world_size, epoch, seed)
+
+    def plan_batch(self, global_batch: int, per_device_max: int) -> BatchPlan:
+        return plan_batch(global_batch, per_device_max, self.world_size)
+
+    def no_sync_if(self, cond: bool, model: torch.nn.Module | None = None):
+        """Skip DDP's gradient all-reduce (accumulation micro-steps) when cond is true."""
+        models = [model] if model is not None else self._wrapped
+        stack = contextlib.ExitStack()
+        if cond:
+            for m in models:
+                if hasattr(m, "no_sync"):
+                    stack.enter_context(m.no_sync())
+        return stack
+
+    def autocast(self):
+        """bf16 autocast on CUDA when the session asked for it; nothing otherwise."""
+        if self.bf16:
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    # -- collectives -----------------------------------------------------------------------
+    def all_reduce_mean(self, value):
+        """Mean over ranks; a float comes back as a float, a tensor as a new tensor."""
+        return self._reduce(value, mean=True)
+
+    def all_reduce_sum(self, value):
+        return self._reduce(value, mean=False)
+
+    def _reduce(self, value, mean: bool):
+        is_tensor = torch.is_tensor(value)
+        t = value.detach().clone() if is_tensor else torch.tensor(float(value), dtype=torch.float64)
+        if self.distributed:
+            original = t.device
+            t = t.to(self.device)  # nccl reduces only CUDA tensors, gloo only CPU ones
+            dist.all_reduce(t, op=dist.ReduceOp.SUM)
+            if mean:
+                t = t / self.world_size
+            t = t.to(original)
+        return t if is_tensor else t.item()
+
+    def barrier(self) -> None:
+        if not self.distributed:
+            return
+        if self.device.type == "cuda":
+            dist.barrier(device_ids=[self.device.index])
+        else:
+            dist.barrier()
+
+    # -- rank 0 only -----------------------------------------------------------------------
+    def writer(self, logdir):
+        """TensorBoard SummaryWriter on rank 0, a NullWriter elsewhere."""
+        if not self.is_main:
+            return NullWriter()
+        from torch.utils.tensorboard import SummaryWriter
+
+        return SummaryWriter(log_dir=str(logdir))
+
+    def progress(self, iterable: Iterable, **tqdm_kwargs) -> Iterable:
+        if not self.is_main:
+            return iterable
+        from tqdm import tqdm
+
+        return tqdm(iterable, **tqdm_kwargs)
+
+
+def _pick_device(env: DistEnv) -> torch.device:
+    index = device_index(env)  # raises with a HINT on tasks/GPU mismatches
+    if index is None:
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        # GPUs allocated by SLURM but no CUDA here (a test cluster with fake gres): run on CPU.
+        log.warning("CUDA_VISIBLE_DEVICES=%s but CUDA is not available; using the CPU",
+                    ",".join(env.visible_devices))
+        return torch.device("cpu")
+    return torch.device("cuda", index)
+
+
+def _set_precision(device: torch.device, tf32: bool) -> None:
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
+
+
+@contextlib.contextmanager
+def session(timeout_s: float = 600, backend: str | None = None, env: DistEnv | None = None,
+            tf32: bool = True, bf16: bool = False) -> Iterator[Session]:
+    """Initialise torch.distributed from the environment; always clean up.
+
+    timeout_s bounds the rendezvous and every collective: a peer that died makes the others
+    raise after timeout_s instead of blocking until the job's time limit.
+    """
+    env = env or from_environ()
+    device = _pick_device(env)
+    _set_precision(device, tf32)
+    backend = backend or ("nccl" if device.type == "cuda" else "gloo")
+    owns_group = False
+    try:
+        if env.world_size > 1 and not dist.is_initialized():
+            if device.type == "cuda":
+                torch.cuda.set_device(device)  # before init, or NCCL puts every rank on GPU 0
+            # tcp:// with explicit rank and size: no os.environ writes needed.
+            dist.init_process_group(
+                backend, init_method=f"tcp://{env.master_addr}:{env.master_port}",
+                rank=env.rank, world_size=env.world_size,
+                timeout=datetime.timedelta(seconds=timeout_s),
+            )
+            owns_group = True
+        yield Session(env, device, bf16=bf16)
+    finally:
+        if owns_group and dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,81 @@
+"""Run an unmodified torchrun-style script as one SLURM task: no torchrun needed.
+
+    srun --nodes=2 --ntasks-per-node=2 python -m hpc.launch -- python train.py --lr 1e-3
+
+The script reads RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT
+as torchrun would set them; this module derives them from SLURM's variables (hpc.env),
+exports them and replaces itself with the command (exec: signals from SLURM, such as the
+SIGTERM of a preemption, reach the script directly, and its exit status is the task's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+
+from hpc.env import DistEnv, EnvError, device_index, from_environ
+
+__all__ = ["prepare", "main"]
+
+
+def check_devices(env: DistEnv) -> None:
+    """torchrun scripts call set_device(LOCAL_RANK): every task must see all node GPUs."""
+    index = device_index(env)  # raises on tasks/GPUs mismatches
+    if index == 0 and env.local_world_size > 1 and env.local_rank != 0:
+        raise EnvError(
+            f"task {env.rank} sees one GPU ({env.visible_devices[0]}) but has LOCAL_RANK="
+            f"{env.local_rank}: a torchrun-style script would ask for cuda:{env.local_rank}, "
+            "which does not exist. HINT: request GPUs per node (--gpus-per-node or --gres) "
+            "without --gpus-per-task, so that every task sees all GPUs of its node"
+        )
+
+
+def prepare(environ: dict[str, str]) -> dict[str, str]:
+    """The environment the command runs in: the torchrun variables added to `environ`."""
+    env = from_environ(environ)
+    if env.source == "single" and environ.get("SLURM_JOB_ID"):
+        # One task: fine, but say that nothing was distributed in case that is a surprise.
+        print("hpc.launch: single task (world size 1)", file=sys.stderr)
+    check_devices(env)
+    child = dict(environ)
+    env.export(child)
+    child["GROUP_RANK"] = str(env.node_rank)  # torchrun's name for the node rank
+    return child
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m hpc.launch", description="run a torchrun-style command under srun",
+        usage="python -m hpc.launch [--print] -- COMMAND [ARGS...]")
+    parser.add_argument("--print", action="store_true",
+                        help="print the exported variables and the command instead of running it")
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("no command given. HINT: python -m hpc.launch -- python train.py ...")
+    try:
+        child = prepare(dict(os.environ))
+    except EnvError as err:
+        print(f"hpc.launch: {err}", file=sys.stderr)
+        return 2
+    if args.print:
+        for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                     "MASTER_PORT", "GROUP_RANK"):
+            print(f"{name}={child[name]}")
+        print(shlex.join(command))
+        return 0
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execvpe(command[0], command, child)
+    except OSError as err:
+        print(f"hpc.launch: cannot run {command[0]!r}: {err}. HINT: check the command and PATH",
+              file=sys.stderr)
+        return 127
+
+
+if __name__ == "__main__":
+    sys.exit(main())

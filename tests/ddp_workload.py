@@ -1,0 +1,100 @@
+"""Workloads the DDP tests run in every task, locally or under srun.
+
+    srun -N2 --ntasks-per-node=2 python tests/ddp_workload.py allreduce OUT_DIR
+    python tests/ddp_workload.py train OUT_DIR --global-batch 16 --per-device-max 4
+
+Each task writes OUT_DIR/rank-<r>.json (and rank 0 the trained weights) so the test can
+check what every rank saw.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import hpc.ddp
+
+
+def allreduce(s, args):
+    total = s.all_reduce_sum(float(s.rank + 1))
+    mean = s.all_reduce_mean(torch.tensor([float(s.rank), 1.0]))
+    s.barrier()
+    return {"sum": total, "mean": mean.tolist()}
+
+
+def train(s, args):
+    """A tiny regression; each optimizer step sees the same global batch at any world size."""
+    plan = s.plan_batch(args.global_batch, args.per_device_max)
+    gen = torch.Generator().manual_seed(1)
+    n = args.global_batch * args.steps
+    x = torch.randn(n, 8, generator=gen, dtype=torch.float64)
+    y = x @ torch.randn(8, 1, generator=gen, dtype=torch.float64) + 0.1
+    torch.manual_seed(0)
+    model = s.wrap(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(),
+                                       torch.nn.Linear(16, 1)).double())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    share = args.global_batch // s.world_size
+    for step in range(args.steps):
+        rows = torch.arange(step * args.global_batch, (step + 1) * args.global_batch)
+        mine = rows[s.rank * share:(s.rank + 1) * share]
+        for micro in range(plan.accum_steps):
+            idx = mine[micro * plan.micro_batch:(micro + 1) * plan.micro_batch]
+            with s.no_sync_if(not plan.sync_step(micro)):
+                loss = torch.nn.functional.mse_loss(model(x[idx]), y[idx]) / plan.accum_steps
+                loss.backward()
+        opt.step()
+        opt.zero_grad()
+    if s.is_main:
+        weights = getattr(model, "module", model).state_dict()
+        torch.save(weights, Path(args.out) / "weights.pt")
+    return {"micro_batch": plan.micro_batch, "accum_steps": plan.accum_steps}
+
+
+def fail(s, args):
+    """Rank 1 raises; the others block in a collective until the session's timeout or error."""
+    if s.rank == 1:
+        raise RuntimeError("rank 1 fails on purpose")
+    started = time.monotonic()
+    try:
+        s.all_reduce_sum(1.0)
+    finally:
+        Path(args.out, f"rank-{s.rank}.elapsed").write_text(f"{time.monotonic() - started:.2f}")
+    return {}
+
+
+def hang(s, args):
+    """Rank 1 stays alive but never joins: only the session timeout can end the others."""
+    if s.rank == 1:
+        time.sleep(args.timeout * 10)
+    return fail(s, args)
+
+
+WORKLOADS = {"allreduce": allreduce, "train": train, "fail": fail, "hang": hang}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("workload", choices=sorted(WORKLOADS))
+    parser.add_argument("out")
+    parser.add_argument("--global-batch", type=int, default=16)
+    parser.add_argument("--per-device-max", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--timeout", type=float, default=60)
+    args = parser.parse_args()
+    with hpc.ddp.session(timeout_s=args.timeout) as s:
+        result = WORKLOADS[args.workload](s, args)
+        result.update(rank=s.rank, local_rank=s.local_rank, world_size=s.world_size,
+                      device=str(s.device), host=os.environ.get("SLURMD_NODENAME", ""),
+                      source=s.env.source, master=f"{s.env.master_addr}:{s.env.master_port}")
+        Path(args.out, f"rank-{s.rank}.json").write_text(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

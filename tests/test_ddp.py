@@ -1,0 +1,134 @@
+"""DDP session tests with real gloo process groups on this machine (torchrun-style variables).
+
+The same workloads run under srun on the local cluster in tests/slurm/test_ddp.py.
+"""
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import hpc.ddp
+from hpc.env import from_environ
+
+WORKLOAD = Path(__file__).with_name("ddp_workload.py")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_local(workload, world, out, *extra, stderr=subprocess.PIPE):
+    """Start `world` processes as torchrun would (same variables, one port)."""
+    out.mkdir(parents=True, exist_ok=True)
+    port = str(free_port())
+    procs = []
+    for rank in range(world):
+        env = {"PATH": "/usr/bin:/bin", "RANK": str(rank), "LOCAL_RANK": str(rank),
+               "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "OMP_NUM_THREADS": "1"}
+        cmd = [sys.executable, str(WORKLOAD), workload, str(out), *extra]
+        procs.append(subprocess.Popen(cmd, env=env, stderr=stderr, text=True))
+    return procs
+
+
+def run_local(workload, world, out, *extra, timeout=120):
+    """Run to the end; return the exit codes, the elapsed time and each rank's stderr."""
+    started = time.monotonic()
+    procs = start_local(workload, world, out, *extra)
+    codes = [p.wait(timeout=timeout) for p in procs]
+    errors = [p.stderr.read() for p in procs]
+    return codes, time.monotonic() - started, errors
+
+
+def results(out, world):
+    return [json.loads((out / f"rank-{r}.json").read_text()) for r in range(world)]
+
+
+def test_single_process_session_needs_no_process_group(tmp_path):
+    with hpc.ddp.session(env=from_environ({})) as s:
+        assert (s.rank, s.world_size, s.is_main, str(s.device)) == (0, 1, True, "cpu")
+        assert s.all_reduce_mean(3.5) == 3.5
+        model = s.wrap(torch.nn.Linear(2, 2))
+        assert isinstance(model, torch.nn.Linear)  # no DDP wrapper for one process
+        with s.writer(tmp_path / "tb") as w:
+            w.add_scalar("loss", 1.0, 0)
+        assert any((tmp_path / "tb").iterdir())
+        assert list(s.progress(range(3), disable=True)) == [0, 1, 2]
+        loader = s.loader(list(range(10)), batch_size=5, seed=3)
+        s.set_epoch(0)
+        first = [b.tolist() for b in loader]
+        s.set_epoch(1)
+        assert first != [b.tolist() for b in loader] and len(first) == 2
+
+
+def test_other_ranks_get_a_writer_that_does_nothing(tmp_path):
+    env = from_environ({"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "x",
+                        "MASTER_PORT": "29999"})
+    s = hpc.ddp.Session(env, torch.device("cpu"))
+    with s.writer(tmp_path / "tb") as w:
+        w.add_scalar("loss", 1.0, 0)
+        w.flush()
+    assert not (tmp_path / "tb").exists()
+    assert s.progress([1, 2]) == [1, 2] and not s.is_main
+
+
+def test_four_ranks_agree_on_all_reduce(tmp_path):
+    codes, _, errors = run_local("allreduce", 4, tmp_path)
+    assert codes == [0] * 4, errors
+    for r in results(tmp_path, 4):
+        assert r["sum"] == 10.0 and r["mean"] == [1.5, 1.0] and r["source"] == "torchrun"
+
+
+def test_accumulation_matches_more_devices(tmp_path):
+    weights = {}
+    for world in (1, 2, 4):
+        out = tmp_path / f"w{world}"
+        codes, _, errors = run_local("train", world, out, "--global-batch", "16",
+                                     "--per-device-max", "4")
+        assert codes == [0] * world, errors
+        assert results(out, world)[0]["accum_steps"] == 4 // world
+        weights[world] = torch.load(out / "weights.pt", weights_only=True)
+    for world in (2, 4):
+        for name, tensor in weights[1].items():
+            assert torch.allclose(tensor, weights[world][name], atol=1e-6, rtol=0), name
+    # and training really moved the weights: equal only because the maths is equal
+    torch.manual_seed(0)
+    fresh = torch.nn.Linear(8, 16).double()
+    assert not torch.allclose(fresh.weight, weights[1]["0.weight"])
+
+
+def test_failing_rank_fails_the_others_within_timeout(tmp_path):
+    codes, elapsed, errors = run_local("fail", 3, tmp_path, "--timeout", "20")
+    assert all(code != 0 for code in codes), codes
+    assert "rank 1 fails on purpose" in errors[1]
+    assert elapsed < 20 + 15, elapsed
+    assert all((tmp_path / f"rank-{r}.elapsed").exists() for r in (0, 2))
+
+
+def test_hung_rank_times_out_the_others(tmp_path):
+    out = tmp_path
+    procs = start_local("hang", 3, out, "--timeout", "4", stderr=subprocess.DEVNULL)
+    try:
+        codes = [procs[r].wait(timeout=60) for r in (0, 2)]
+    finally:
+        procs[1].kill()
+        procs[1].wait()
+    assert all(code != 0 for code in codes), codes
+    waited = [float((out / f"rank-{r}.elapsed").read_text()) for r in (0, 2)]
+    assert all(3.5 < w < 15 for w in waited), waited
+
+
+def test_mismatched_gpus_refused_before_init():
+    env = from_environ({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "x",
+                        "MASTER_PORT": "29999", "CUDA_VISIBLE_DEVICES": "0,1"})
+    with pytest.raises(Exception, match="only GPU 0 would do any work"):
+        with hpc.ddp.session(env=env):
+            pass

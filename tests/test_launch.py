@@ -1,0 +1,44 @@
+import subprocess
+import sys
+
+import pytest
+
+from hpc.env import EnvError
+from hpc.launch import prepare
+from test_env import srun_task
+
+
+def test_exports_torchrun_variables_from_slurm():
+    child = prepare(srun_task(3, CUDA_VISIBLE_DEVICES="0,1"))
+    assert {k: child[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                                  "MASTER_ADDR", "GROUP_RANK")} == {
+        "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2",
+        "MASTER_ADDR": "n1", "GROUP_RANK": "1"}
+    assert child["SLURM_JOB_ID"] == "1234"  # the rest of the environment is kept
+
+
+def test_one_gpu_per_task_breaks_local_rank_indexing():
+    with pytest.raises(EnvError, match="cuda:1, which does not exist.*HINT"):
+        prepare(srun_task(1, CUDA_VISIBLE_DEVICES="5"))
+
+
+def test_execs_the_command_with_the_variables():
+    code = "import os; print(os.environ['RANK'], os.environ['WORLD_SIZE'], os.environ['MASTER_PORT'])"
+    out = subprocess.run([sys.executable, "-m", "hpc.launch", "--", sys.executable, "-c", code],
+                         env=srun_task(2, PATH="/usr/bin:/bin", MASTER_PORT="23456"),
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["2", "4", "23456"]
+
+
+def test_exit_status_is_the_commands():
+    out = subprocess.run([sys.executable, "-m", "hpc.launch", "--", "false"],
+                         env=srun_task(0, PATH="/usr/bin:/bin"), capture_output=True, timeout=60)
+    assert out.returncode == 1
+
+
+def test_batch_script_refused_with_hint():
+    env = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "5", "SLURM_NTASKS": "4"}
+    out = subprocess.run([sys.executable, "-m", "hpc.launch", "--", "true"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "HINT: start the program with `srun" in out.stderr
