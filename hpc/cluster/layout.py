@@ -17,7 +17,8 @@ from pathlib import Path
 
 # Each cluster takes a block of this many consecutive ports: ctld, dbd, mysql, then one per node.
 PORT_BLOCK = 32
-PORT_RANGE = (20000, 40000)
+# Below the range hpc.env derives MASTER_PORT from (20000+), so a rendezvous never lands on a daemon.
+PORT_RANGE = (10000, 20000)
 MAX_NODES = PORT_BLOCK - 3
 
 STATE_FILE = "cluster.json"
