@@ -1,0 +1,272 @@
+"""Stop signals, a stop step all ranks agree on, and the requeue decision read from SLURM.
+
+Usage (what hpc.trainloop does for you)::
+
+    flag = preemption.install()                    # USR2 = time limit near, TERM = preempted
+    for step in ...:
+        train_step()
+        request = preemption.should_stop(device=s.device)   # collective: every rank, every step
+        if request:
+            store.save(step, state, blocking=True)
+            decision = preemption.handle_stop(request, history=ckpt_dir / "requeue.json")
+            preemption.exit_for(decision)          # SystemExit after a requeue, error if none
+
+Submit with ``--signal=USR2@<seconds>`` (submitit: ``slurm_signal_delay_s``) and ``--requeue``.
+USR2, not USR1: NCCL may catch USR1. Handlers only set a flag; the work happens at the next step
+boundary, where a MAX all-reduce makes every rank stop at the same step (Lightning deadlocked when
+only some ranks saw SIGTERM). Whether the job was preempted or is timing out is read from SLURM's
+job state, not guessed from elapsed time as submitit does.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+log = logging.getLogger(__name__)
+
+# Which signal means what. The pre-timeout signal is configurable (HPC_TIMEOUT_SIGNAL or install()).
+DEFAULT_TIMEOUT_SIGNAL = os.environ.get("HPC_TIMEOUT_SIGNAL", "USR2")
+PREEMPT_SIGNAL = "TERM"
+# Stop reasons as all-reduce codes: MAX across ranks, so a preemption seen anywhere wins.
+REASON_CODES = {None: 0, "timeout": 1, "preempt": 2}
+CODE_REASONS = {v: k for k, v in REASON_CODES.items()}
+DEFAULT_MAX_TIMEOUTS = 3
+
+
+@dataclass(frozen=True)
+class StopRequest:
+    """Why this process should stop at the current step: 'timeout' or 'preempt'."""
+
+    reason: str
+    signal: str | None = None  # the signal this rank saw itself, None if only another rank did
+
+    def __bool__(self) -> bool:
+        return True
+
+
+class StopFlag:
+    """Signal handlers that record the first stop signal and do nothing else."""
+
+    def __init__(self, timeout_signal: str = DEFAULT_TIMEOUT_SIGNAL) -> None:
+        self.kinds = {_signum(timeout_signal): "timeout", _signum(PREEMPT_SIGNAL): "preempt"}
+        if len(self.kinds) != 2:
+            raise ValueError(f"timeout signal {timeout_signal} is the preemption signal TERM. "
+                             "HINT: use USR2 (the default) or another USR signal.")
+        self.reason: str | None = None
+        self.signal: str | None = None
+        self.received_at: float | None = None
+        self._previous: dict[int, Any] = {}
+
+    def install(self) -> "StopFlag":
+        # Replaces submitit's handlers, which would requeue from inside the handler on rank 0
+        # only, guessing timeout vs preemption from elapsed time.
+        for signum in self.kinds:
+            self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def uninstall(self) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        kind = self.kinds[signum]
+        # A preemption outranks a timeout (it always requeues); otherwise keep the first signal.
+        if self.reason is None or REASON_CODES[kind] > REASON_CODES[self.reason]:
+            self.reason, self.signal = kind, signal.Signals(signum).name
+            self.received_at = time.time()
+
+    def local(self) -> StopRequest | None:
+        return StopRequest(self.reason, self.signal) if self.reason else None
+
+
+_FLAG: StopFlag | None = None
+
+
+def install(timeout_signal: str = DEFAULT_TIMEOUT_SIGNAL) -> StopFlag:
+    """Install the flag-setting handlers (main thread only) and return the flag."""
+    global _FLAG
+    if _FLAG is not None:
+        _FLAG.uninstall()
+    _FLAG = StopFlag(timeout_signal).install()
+    return _FLAG
+
+
+def _signum(name: str) -> int:
+    sig = getattr(signal, "SIG" + name.upper().removeprefix("SIG"), None)
+    if sig is None:
+        raise ValueError(f"unknown signal {name!r}; expected a name such as USR2 or TERM. "
+                         "HINT: set HPC_TIMEOUT_SIGNAL=USR2.")
+    return int(sig)
+
+
+def should_stop(session: Any = None, device: Any = None, flag: StopFlag | None = None) -> StopRequest | None:
+    """The stop request agreed by all ranks; a collective when torch.distributed is initialised.
+
+    Call it at the same step boundaries on every rank. `device` (or `session.device`) is where the
+    flag tensor lives: NCCL needs a CUDA tensor, gloo a CPU one.
+    """
+    flag = flag or _FLAG
+    mine = flag.local() if flag else None
+    code = REASON_CODES[mine.reason if mine else None]
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        import torch
+
+        device = device if device is not None else getattr(session, "device", "cpu")
+        t = torch.tensor([code], dtype=torch.int32, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        code = int(t.item())
+    reason = CODE_REASONS[code]
+    if reason is None:
+        return None
+    return StopRequest(reason, mine.signal if mine else None)
+
+
+# ------------------------------------------------------------------ what SLURM says about the job
+@dataclass(frozen=True)
+class Decision:
+    """Outcome of a stop: requeue or not, who requeues ('hpc' runs scontrol, 'slurm' already did),
+    and why, in words for the log and the error."""
+
+    requeue: bool
+    by: str | None
+    why: str
+    kind: str  # 'preempt' | 'timeout' | 'cancelled' | 'finished'
+
+
+# SLURM job state -> what happened to the job. Any other state (RUNNING, COMPLETING) falls through
+# to the fields below and finally to the signal seen.
+STATE_KINDS = {
+    "PREEMPTED": "preempt", "REQUEUED": "preempt", "REQUEUE_HOLD": "preempt",
+    "REQUEUE_FED": "preempt", "PENDING": "preempt",
+    "TIMEOUT": "timeout", "DEADLINE": "timeout",
+    "CANCELLED": "cancelled",
+    "COMPLETED": "finished", "FAILED": "finished", "NODE_FAIL": "finished", "OUT_OF_MEMORY": "finished",
+}
+# States in which SLURM has already queued the job again: running `scontrol requeue` is redundant.
+REQUEUED_BY_SLURM = {"REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "PENDING"}
+_UNSET = {"", "None", "Unknown", "(null)"}
+
+
+def job_info(job_id: str, runner: Callable[..., Any] = subprocess.run,
+             what: str = "job") -> dict[str, str]:
+    """`scontrol -o show job|partition` as a dict (JobState, PreemptTime, ...); {} if unreachable."""
+    try:
+        out = runner(["scontrol", "-o", "show", what, str(job_id)], capture_output=True, text=True,
+                     timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        log.warning("could not ask SLURM about %s %s: %s", what, job_id, err)
+        return {}
+    if out.returncode:
+        log.warning("scontrol show %s %s failed: %s", what, job_id, out.stderr.strip())
+        return {}
+    return dict(tok.split("=", 1) for tok in out.stdout.split() if "=" in tok)
+
+
+def classify(info: dict[str, str], signal_kind: str, restart_count: int = 0) -> tuple[str, bool]:
+    """(what happened, whether SLURM requeues the job itself) from `scontrol show job` fields.
+
+    During GraceTime a preempted job still reads JobState=RUNNING; SLURM marks it by setting
+    PreemptTime (and EndTime = PreemptTime + GraceTime). After GraceTime it reads COMPLETING with
+    Restarts already incremented. Only when SLURM shows none of these does the signal decide:
+    the time-limit signal (--signal=USR2@N) leaves the job RUNNING with PreemptTime=None.
+    """
+    state = info.get("JobState", "UNKNOWN").split("+")[0].upper()
+    if state in STATE_KINDS:
+        return STATE_KINDS[state], state in REQUEUED_BY_SLURM
+    if info.get("PreemptTime", "None") not in _UNSET or "preempt" in info.get("Reason", "").lower():
+        return "preempt", False  # whether SLURM requeues depends on PreemptMode: see handle_stop
+    if int(info.get("Restarts", 0) or 0) > restart_count:
+        return "preempt", True
+    return signal_kind, False
+
+
+def decide(kind: str, state: str, timeouts_done: int, max_timeouts: int,
+           by: str = "hpc") -> Decision:
+    """Requeue table: preemption always, timeout up to `max_timeouts` times, never otherwise."""
+    if kind == "preempt":
+        return Decision(True, by, f"preempted (SLURM JobState={state})", kind)
+    if kind == "timeout":
+        if timeouts_done < max_timeouts:
+            return Decision(True, by, f"time limit near: requeue {timeouts_done + 1} of at most "
+                                      f"{max_timeouts} for timeouts", kind)
+        return Decision(False, None, f"timed out {timeouts_done + 1} times, more than max_timeouts="
+                        f"{max_timeouts}. HINT: raise max_timeouts or the time limit (--time), or "
+                        "resubmit into the same run directory to continue from the checkpoint", kind)
+    if kind == "cancelled":
+        return Decision(False, None, f"cancelled (SLURM JobState={state}); not requeued", kind)
+    return Decision(False, None, f"job is {state}; a finished job is never requeued", kind)
+
+
+def _slurm_requeues_preempted(info: dict[str, str], runner: Callable[..., Any]) -> bool:
+    """True when the job's partition preempts by requeueing (PreemptMode=REQUEUE)."""
+    part = job_info(info.get("Partition", ""), runner, what="partition") if info.get("Partition") else {}
+    return "REQUEUE" in part.get("PreemptMode", "").upper()
+
+
+def load_history(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        return {"timeouts": 0, "preemptions": 0, "events": []}
+
+
+def _record(path: Path, history: dict[str, Any], decision: Decision, info: dict[str, str]) -> None:
+    history["timeouts" if decision.kind == "timeout" else "preemptions"] += decision.kind in (
+        "timeout", "preempt")
+    history["events"].append({"time": time.time(), "restart": info.get("Restarts"),
+                              "state": info.get("JobState"), **asdict(decision)})
+    tmp = Path(path).with_suffix(".tmp")
+    tmp.write_text(json.dumps(history, indent=1))
+    os.replace(tmp, path)
+
+
+def handle_stop(request: StopRequest, history: str | os.PathLike, job_id: str | None = None,
+                max_timeouts: int = DEFAULT_MAX_TIMEOUTS,
+                runner: Callable[..., Any] = subprocess.run) -> Decision:
+    """On rank 0 only: read SLURM's verdict, record it in `history`, requeue if the table says so."""
+    job_id = job_id or os.environ.get("SLURM_JOB_ID")
+    if not job_id:
+        return Decision(False, None, "not running under SLURM; nothing to requeue", request.reason)
+    info = job_info(job_id, runner)
+    state = info.get("JobState", "UNKNOWN")
+    restarts = int(os.environ.get("SLURM_RESTART_COUNT", 0) or 0)
+    kind, by_slurm = classify(info, request.reason, restarts)
+    if kind == "preempt" and not by_slurm:
+        by_slurm = _slurm_requeues_preempted(info, runner)
+    past = load_history(Path(history))
+    decision = decide(kind, state, past["timeouts"], max_timeouts, "slurm" if by_slurm else "hpc")
+    _record(Path(history), past, decision, info)
+    log.warning("stop at SLURM JobState=%s Reason=%s: %s", state, info.get("Reason"), decision.why)
+    if decision.requeue and decision.by == "hpc":
+        out = runner(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
+        if out.returncode:
+            return Decision(False, None, f"scontrol requeue {job_id} failed: {out.stderr.strip()}. "
+                            "HINT: submit with --requeue and check JobRequeue in slurm.conf", kind)
+    return decision
+
+
+class JobNotRequeued(RuntimeError):
+    """The job stopped early and will not run again; the message says why."""
+
+
+def exit_for(decision: Decision) -> None:
+    """End this process after a stop: SystemExit when requeued, JobNotRequeued otherwise.
+
+    SystemExit is not an Exception, so submitit writes no result for a requeued job (its client
+    keeps waiting for the rerun); JobNotRequeued becomes the job's error result, with the reason.
+    """
+    if decision.requeue:
+        log.warning("exiting for requeue (%s)", decision.why)
+        raise SystemExit(-1)
+    raise JobNotRequeued(f"job stopped and not requeued: {decision.why}")

@@ -1,0 +1,185 @@
+"""Resume for free: a training loop helper tying DDP session, checkpoint store and stop handling.
+
+Usage::
+
+    with hpc.ddp.session() as s:
+        model = s.wrap(Net()); opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        loop = TrainLoop(s, out_dir, save_every=100)
+        loop.resume({"model": model, "optimizer": opt})   # no-op on a first run
+        for step in loop.steps(1000):                     # continues after the resumed step
+            loss = train_step(batch_for(step))
+            loop.log("loss", loss)                        # rank 0, no duplicated points
+        loop.finish()                                     # synchronous final checkpoint
+
+A requeued job (SLURM_RESTART_COUNT > 0) or a resubmission into the same `out_dir` continues from
+the newest valid checkpoint in ``out_dir/checkpoints``. Checkpoints hold every registered object's
+state_dict, ``loop.extra`` (shared) and, per rank, the RNG states, so a run that was stopped and
+resumed ends bitwise identical to one that was not, provided the data for a step is a function of
+the step (e.g. hpc.sharding.round_robin with epoch = step // steps_per_epoch).
+
+On the pre-timeout signal or preemption every rank stops at the same step, the checkpoint is
+written, rank 0 asks SLURM what happened and requeues (hpc.preemption), and every process exits.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+
+from hpc import preemption, rng
+from hpc.checkpoint import CheckpointStore
+
+log = logging.getLogger(__name__)
+
+
+def _unwrap(obj: Any) -> Any:
+    # DDP prefixes keys with "module."; saving the inner module lets a run resume with or without DDP.
+    return obj.module if isinstance(obj, torch.nn.parallel.DistributedDataParallel) else obj
+
+
+class TrainLoop:
+    """Step counter with periodic background checkpoints, agreed stops and resume."""
+
+    def __init__(self, session: Any, out_dir: str | os.PathLike, save_every: int = 100,
+                 keep: int = 3, max_timeouts: int = preemption.DEFAULT_MAX_TIMEOUTS,
+                 timeout_signal: str = preemption.DEFAULT_TIMEOUT_SIGNAL, check_every: int = 1,
+                 tensorboard: bool = True) -> None:
+        if save_every < 1 or check_every < 1:
+            raise ValueError(f"save_every={save_every}, check_every={check_every}; expected >= 1. "
+                             "HINT: save_every=100 saves every 100 steps.")
+        self.s, self.out_dir = session, Path(out_dir)
+        self.save_every, self.check_every, self.max_timeouts = save_every, check_every, max_timeouts
+        self.store = CheckpointStore(self.out_dir / "checkpoints", keep=keep, rank=session.rank,
+                                     world_size=session.world_size)
+        self.flag = preemption.install(timeout_signal)
+        self.objects: dict[str, Any] = {}
+        self.extra: dict[str, Any] = {}  # small plain values saved with every checkpoint
+        self.step = 0  # last completed step
+        self.current = 0  # step being run inside the loop body
+        self.resumed_step = 0
+        self._saved_step: int | None = None
+        self._tb = tensorboard
+        self._writer: Any = None
+
+    # ---------------------------------------------------------------- resume
+    def resume(self, objects: dict[str, Any]) -> int:
+        """Register stateful objects (state_dict/load_state_dict) and load the newest checkpoint.
+
+        Returns the step to continue after (0 on a first run).
+        """
+        self.objects = dict(objects)
+        state = self.store.load()
+        step = self._agree(state["step"] if state else -1)
+        if step < 0:
+            log.info("no checkpoint in %s: starting fresh", self.store.directory)
+            return 0
+        for name, obj in self.objects.items():
+            _unwrap(obj).load_state_dict(state["objects"][name])
+        self.extra = dict(state.get("extra", {}))
+        if state.get("per_rank") is not None:
+            rng.restore(state["per_rank"]["rng"])
+        self.step = self.current = self.resumed_step = self._saved_step = step
+        log.info("resumed from step %d (SLURM_RESTART_COUNT=%s)", step,
+                 os.environ.get("SLURM_RESTART_COUNT", "0"))
+        return step
+
+    def _agree(self, step: int) -> int:
+        """Every rank must resume from the same step; a mismatch would deadlock the first step."""
+        if not self.s.distributed:
+            return step
+        t = torch.tensor([step, -step], dtype=torch.int64, device=self.s.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        if int(t[0]) != -int(t[1]):
+            raise RuntimeError(
+                f"ranks found different newest checkpoints (steps {-int(t[1])}..{int(t[0])}) in "
+                f"{self.store.directory}. HINT: every rank must see the same shared filesystem path.")
+        return step
+
+    # ------------------------------------------------------------------ loop
+    def steps(self, total: int) -> Iterator[int]:
+        """Yield steps resumed+1 .. total; after each: periodic save and the agreed stop check."""
+        for step in range(self.step + 1, total + 1):
+            self.current = step
+            yield step
+            self.step = step
+            if step == total:  # done: finish() writes the final checkpoint, no stop needed
+                break
+            if step % self.save_every == 0:
+                self.save()
+            if step % self.check_every == 0:
+                request = preemption.should_stop(self.s, flag=self.flag)
+                if request:
+                    self._stop(request)
+
+    def state(self) -> dict[str, Any]:
+        return {"step": self.step, "extra": dict(self.extra),
+                "objects": {k: _unwrap(o).state_dict() for k, o in self.objects.items()},
+                "per_rank": {"rng": rng.capture()}}
+
+    def save(self, blocking: bool = False) -> None:
+        if self._saved_step == self.step:
+            self.store.wait() if blocking else None
+            return
+        self.store.save(self.step, self.state(), blocking=blocking)
+        self._saved_step = self.step
+
+    def _stop(self, request: preemption.StopRequest) -> None:
+        log.warning("stopping at step %d: %s (signal %s on this rank)", self.step, request.reason,
+                    request.signal)
+        self.save(blocking=True)
+        self.s.barrier()  # rank 0 has committed the checkpoint before anyone is requeued
+        decision = None
+        if self.s.is_main:
+            decision = preemption.handle_stop(request, self.store.directory / "requeue.json",
+                                              max_timeouts=self.max_timeouts)
+        decision = self._broadcast(decision)
+        self.close_writer()
+        preemption.exit_for(decision)
+
+    def _broadcast(self, obj: Any) -> Any:
+        if not self.s.distributed:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0, device=self.s.device)
+        return box[0]
+
+    def finish(self) -> None:
+        """Synchronous final checkpoint; every rank returns after rank 0 committed it."""
+        self.save(blocking=True)
+        self.s.barrier()
+        self.store.close()
+        self.close_writer()
+        self.flag.uninstall()
+
+    # --------------------------------------------------------------- logging
+    @property
+    def writer(self) -> Any:
+        """TensorBoard writer continuing the same run: points after the checkpoint are purged."""
+        if self._writer is None:
+            if self.s.is_main and self._tb:
+                from torch.utils.tensorboard import SummaryWriter
+
+                # purge_step drops events at or after it, logged by the attempt that was stopped
+                # after its last checkpoint; they are logged again, once, by this attempt.
+                purge = self.resumed_step + 1 if self.resumed_step else None
+                self._writer = SummaryWriter(str(self.out_dir / "tensorboard"), purge_step=purge)
+            else:
+                from hpc.ddp import NullWriter
+
+                self._writer = NullWriter()
+        return self._writer
+
+    def log(self, tag: str, value: Any, step: int | None = None) -> None:
+        """Scalar on rank 0 at `step` (default: the current step); steps <= resumed are skipped."""
+        step = self.current if step is None else step
+        if step > self.resumed_step:
+            self.writer.add_scalar(tag, float(value), step)
+
+    def close_writer(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
