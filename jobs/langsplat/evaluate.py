@@ -1,0 +1,60 @@
+"""Held-out evaluation and images of a trained feature level.
+
+    from jobs.langsplat.evaluate import evaluate_features
+    evaluate_features(cfg, scene, geometry, features, level)   # {"accuracy", "miou", "per_view"}
+
+Rendered features are decoded to the nearest segment embedding of the level and compared with
+the ground-truth segment of every foreground pixel of the held-out views.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from .metrics import confusion, decode, relevancy, scores_from_confusion
+from .outputs import feature_basis, features_to_rgb, heatmap, write_png
+from .render import blend_weights, composite
+
+
+@torch.no_grad()
+def render_features(geometry: dict, features: torch.Tensor, cam) -> torch.Tensor:
+    """(H, W, D) feature map of a view."""
+    w = blend_weights(geometry, cam.to(features.device))
+    return composite(w, features, None, cam.height, cam.width).cpu()
+
+
+@torch.no_grad()
+def evaluate_features(cfg: dict, scene, geometry: dict, features: torch.Tensor, level: int) -> dict:
+    emb = scene.embeddings[level]
+    n = emb.shape[0]
+    total = torch.zeros(n, n, dtype=torch.long)
+    per_view = []
+    for v in scene.test_views:
+        pred = decode(render_features(geometry, features, scene.cameras[v]), emb).reshape(-1)
+        conf = confusion(pred, scene.level_labels(v, level), n)
+        per_view.append(scores_from_confusion(conf)["accuracy"])
+        total += conf
+    return {**scores_from_confusion(total), "accuracy_per_view": per_view, "segments": n}
+
+
+@torch.no_grad()
+def write_feature_outputs(cfg: dict, scene, geometry: dict, features: torch.Tensor, level: int,
+                          out_dir: Path, tb, metrics: dict) -> None:
+    """PNGs (rendered | ground-truth features as colours, relevancy of the query segment) and
+    the same images plus final scalars in TensorBoard."""
+    emb = scene.embeddings[level]
+    basis = feature_basis(emb)
+    query = int(cfg["query_segment"]) % emb.shape[0]
+    for v in scene.test_views[:4]:
+        pred = render_features(geometry, features, scene.cameras[v])
+        pair = torch.cat([features_to_rgb(pred, basis),
+                          features_to_rgb(scene.feature_map(v, level), basis)], dim=1)
+        rel = heatmap(relevancy(pred, emb, query))
+        write_png(Path(out_dir) / "renders" / f"features-view{v:03d}.png", pair)
+        write_png(Path(out_dir) / "renders" / f"relevancy-seg{query}-view{v:03d}.png", rel)
+        tb.add_image(f"features/view{v:03d}", pair, dataformats="HWC")
+        tb.add_image(f"relevancy/seg{query}-view{v:03d}", rel, dataformats="HWC")
+    step = int(cfg["feature_iterations"])
+    tb.add_scalar("feature/test_accuracy", metrics["accuracy"], step)
+    tb.add_scalar("feature/test_miou", metrics["miou"], step)
