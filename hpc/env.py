@@ -193,7 +193,8 @@ def _single(env: Mapping[str, str]) -> DistEnv:
         # A batch script runs once, on the first node: it is not rank 0 of N.
         raise EnvError(
             f"inside SLURM job {env['SLURM_JOB_ID']} with {ntasks} tasks but not in a task "
-            "(SLURM_PROCID is unset): this is the batch script, not one of the tasks. "
+            "(no SLURM_STEP_ID: not started by srun): this is the batch script, "
+            "not one of the tasks. "
             "HINT: start the program with `srun python ...` so every task runs it"
         )
     return DistEnv(source="single", rank=0, local_rank=0, world_size=1, local_world_size=1,

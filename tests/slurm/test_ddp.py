@@ -1,0 +1,182 @@
+"""DDP from SLURM's variables on the real local cluster: 2 nodes x 2 tasks, gres gpu:2 per node.
+
+    python -m pytest tests/slurm/test_ddp.py -m slurm
+
+The fake GPUs are character devices, not CUDA: every task gets CUDA_VISIBLE_DEVICES from
+SLURM, passes the device-binding checks, and then trains on the CPU with gloo.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from hpc.hostlist import expand
+
+pytestmark = pytest.mark.slurm
+
+WORKLOAD = Path(__file__).parent.parent / "ddp_workload.py"
+TWO_BY_TWO = ("--nodes=2", "--ntasks-per-node=2", "--gres=gpu:2")
+
+
+def job_state(job_id: str) -> tuple[str, str]:
+    """(JobState, ExitCode) as scontrol reports them."""
+    line = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True,
+                          text=True, check=True).stdout
+    fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+    return fields["JobState"], fields["ExitCode"]
+
+
+def submit(out: Path, *options: str, command: str) -> str:
+    out.mkdir(parents=True, exist_ok=True)
+    return subprocess.run(
+        ["sbatch", "--parsable", f"--output={out}/slurm-%j.out", *options, "--wrap", command],
+        capture_output=True, text=True, check=True).stdout.strip().split(";")[0]
+
+
+def wait_end(job_id: str, timeout: float = 180) -> tuple[str, float]:
+    # Polled here: `sbatch --wait` backs off to half-minute polls and would blur the timings.
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        state, _ = job_state(job_id)
+        if state not in {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING"}:
+            return state, time.monotonic() - started
+        time.sleep(0.25)
+    raise AssertionError(f"job {job_id} still {state} after {timeout} s")
+
+
+def sbatch_wait(out: Path, *options: str, command: str, timeout: float = 180):
+    """Submit, wait for the end; return (job id, final state, seconds from submission)."""
+    job_id = submit(out, *options, command=command)
+    state, elapsed = wait_end(job_id, timeout)
+    return job_id, state, elapsed
+
+
+def job_log(out: Path, job_id: str) -> str:
+    return (out / f"slurm-{job_id}.out").read_text()
+
+
+def rank_results(out: Path, world: int) -> list[dict]:
+    return [json.loads((out / f"rank-{r}.json").read_text()) for r in range(world)]
+
+
+def workload(name: str, out: Path, *args: str) -> str:
+    return f"{sys.executable} {WORKLOAD} {name} {out} {' '.join(args)}"
+
+
+def test_two_nodes_two_tasks_agree_on_all_reduce(slurm_cluster, tmp_path):
+    job, state, _ = sbatch_wait(tmp_path, *TWO_BY_TWO, command="srun " + workload("allreduce", tmp_path))
+    assert state == "COMPLETED", job_log(tmp_path, job)
+    rows = rank_results(tmp_path, 4)
+    assert [r["sum"] for r in rows] == [10.0] * 4 and all(r["mean"] == [1.5, 1.0] for r in rows)
+    assert [(r["host"], r["local_rank"]) for r in rows] == [("n1", 0), ("n1", 1), ("n2", 0), ("n2", 1)]
+    assert {r["source"] for r in rows} == {"slurm"} and len({r["master"] for r in rows}) == 1
+    assert rows[0]["master"].startswith("n1:")
+
+
+def test_accumulation_equals_more_devices(slurm_cluster, tmp_path):
+    """world 4 x accum 1 == world 2 x accum 2 == world 1 x accum 4 on the same global batch."""
+    layouts = {4: TWO_BY_TWO, 2: ("--nodes=2", "--ntasks-per-node=1", "--gres=gpu:1"),
+               1: ("--nodes=1", "--ntasks=1", "--gres=gpu:1")}
+    # Submit all three at once: they fit side by side on the two nodes.
+    jobs = {}
+    for world, options in layouts.items():
+        out = tmp_path / f"world{world}"
+        cmd = "srun " + workload("train", out, "--global-batch", "16", "--per-device-max", "4")
+        jobs[world] = submit(out, *options, command=cmd)
+    for world, job in jobs.items():
+        state, _ = wait_end(job, timeout=240)
+        assert state == "COMPLETED", job_log(tmp_path / f"world{world}", job)
+    weights = {w: torch.load(tmp_path / f"world{w}/weights.pt", weights_only=True) for w in layouts}
+    for world in (2, 4):
+        assert rank_results(tmp_path / f"world{world}", world)[0]["accum_steps"] == 4 // world
+        for name, tensor in weights[1].items():
+            diff = (tensor - weights[world][name]).abs().max().item()
+            assert diff < 1e-6, (world, name, diff)
+
+
+def random_hostlist(rng: random.Random) -> str:
+    """One expression in the grammar scontrol accepts: items with 0-2 bracket groups."""
+    items = []
+    for _ in range(rng.randint(1, 3)):
+        item = ""
+        for _ in range(rng.choice([0, 1, 1, 2])):
+            item += rng.choice(["n", "gpu-a", "node", "r", "x-", "ib"])
+            ranges = []
+            for _ in range(rng.randint(1, 3)):
+                width = rng.choice([1, 1, 2, 3])
+                lo = rng.randint(0, 20)
+                hi = lo + rng.choice([0, 0, 1, 3, 12])
+                text = str(lo).zfill(width)
+                ranges.append(text if hi == lo else f"{text}-{str(hi).zfill(rng.choice([1, width]))}")
+            item += "[" + ",".join(ranges) + "]"
+        if not item:
+            item = rng.choice(["login", "n7", "gpu-b07", "a1"])
+        items.append(item)
+    return ",".join(items)
+
+
+def test_hostlist_matches_scontrol(slurm_cluster):
+    rng = random.Random(20240501)
+    exprs = [random_hostlist(rng) for _ in range(300)]
+    for expr in exprs:
+        want = subprocess.run(["scontrol", "show", "hostnames", expr], capture_output=True,
+                              text=True, check=True).stdout.split()
+        assert expand(expr) == want, expr
+    assert sum("[" in e for e in exprs) > 200  # mostly real ranges, not plain names
+
+
+def leftovers(marker: str) -> list[str]:
+    ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [line for line in ps.splitlines() if marker in line and "ps -eo" not in line]
+
+
+def test_raising_rank_fails_the_job_within_timeout(slurm_cluster, tmp_path):
+    job, state, elapsed = sbatch_wait(tmp_path, *TWO_BY_TWO,
+                                      command="srun " + workload("fail", tmp_path, "--timeout", "20"))
+    log = job_log(tmp_path, job)
+    assert state == "FAILED" and "rank 1 fails on purpose" in log
+    assert elapsed < 20 + 20, elapsed
+    assert not leftovers(str(tmp_path))
+
+
+def test_hung_rank_ends_with_the_timeout_under_kill_on_bad_exit(slurm_cluster, tmp_path):
+    # Rank 1 sleeps without dying; the others give up after the session timeout (8 s) and exit
+    # non-zero; srun --kill-on-bad-exit then ends the sleeper too.
+    cmd = "srun --kill-on-bad-exit=1 " + workload("hang", tmp_path, "--timeout", "8")
+    job, state, elapsed = sbatch_wait(tmp_path, *TWO_BY_TWO, command=cmd)
+    assert state == "FAILED", job_log(tmp_path, job)
+    waited = [float((tmp_path / f"rank-{r}.elapsed").read_text()) for r in (0, 2, 3)]
+    assert all(7 < w < 30 for w in waited), waited
+    assert elapsed < 8 * 10, elapsed  # well before the sleeper would have woken up
+    assert not leftovers(str(tmp_path))
+
+
+TORCHRUN_SCRIPT = """\
+import os, sys
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")  # env:// : reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+t = torch.tensor([float(os.environ["RANK"])])
+dist.all_reduce(t)
+print("RESULT", os.environ["RANK"], os.environ["LOCAL_RANK"], os.environ["WORLD_SIZE"],
+      os.environ["LOCAL_WORLD_SIZE"], int(t.item()), sys.argv[1], flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_torchrun_style_script_runs_unchanged(slurm_cluster, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(TORCHRUN_SCRIPT)
+    cmd = f"srun {sys.executable} -m hpc.launch -- {sys.executable} {script} --lr=1e-3"
+    job, state, _ = sbatch_wait(tmp_path, *TWO_BY_TWO, command=cmd)
+    log = job_log(tmp_path, job)
+    assert state == "COMPLETED", log
+    rows = sorted(line.split()[1:] for line in log.splitlines() if line.startswith("RESULT"))
+    assert rows == [[str(r), str(r % 2), "4", "2", "6", "--lr=1e-3"] for r in range(4)]
