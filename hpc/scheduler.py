@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Dict, Iterable, List, Optional
 
 # SLURM state (first word of sacct's State) -> hpc state
@@ -68,15 +68,23 @@ def partitions() -> List[str]:
 
 
 def query(job_ids: Iterable[str]) -> Dict[str, JobRecord]:
-    """State of all `job_ids` ("123" or "123_4") in one sacct call; squeue if accounting is off."""
+    """State of all `job_ids` ("123" or "123_4"): one sacct call for the whole run, plus one squeue
+    call when some job pends (sacct does not know why a job pends, e.g. DependencyNeverSatisfied,
+    and does not list a pending array's tasks when asked for them by task id)."""
     ids = sorted(set(job_ids))
     if not ids:
         return {}
+    bases = ",".join(sorted({i.split("_")[0] for i in ids}))
     try:
-        out = _run(["sacct", "-X", "-D", "-P", "-n", "-o", ",".join(SACCT_FIELDS), "-j", ",".join(ids)])
+        out = _run(["sacct", "-X", "-D", "-P", "-n", "-o", ",".join(SACCT_FIELDS), "-j", bases])
     except RuntimeError:
-        return _query_squeue(ids)
-    return parse_sacct(out, ids)
+        return _query_squeue(ids)  # accounting disabled: only queued jobs are known
+    records = parse_sacct(out, ids)
+    pending = [i for i, r in records.items() if r.state == "PENDING"]
+    if pending:
+        live = _query_squeue(pending)
+        records.update({i: replace(records[i], reason=r.reason) for i, r in live.items() if i in records})
+    return records
 
 
 def parse_sacct(text: str, wanted: Iterable[str]) -> Dict[str, JobRecord]:
@@ -110,15 +118,16 @@ def expand_array_id(job_id: str) -> List[str]:
 
 
 def _query_squeue(ids: List[str]) -> Dict[str, JobRecord]:
-    out = _run(["squeue", "-h", "-o", "%i|%T|%r|%M|%S|%e|%N|%Q", "-j", ",".join(ids)])
+    bases = ",".join(sorted({i.split("_")[0] for i in ids}))
+    out = _run(["squeue", "-h", "-o", "%i|%T|%r|%M|%S|%e|%N", "-j", bases])
     result = {}
     for line in out.splitlines():
         cols = line.split("|")
-        for jid in expand_array_id(cols[0]) if len(cols) >= 7 else []:
+        for jid in expand_array_id(cols[0]) if len(cols) == 7 else []:
             word = cols[1].split()[0]
             result[jid] = JobRecord(jid, STATES.get(word, "UNKNOWN"), cols[1], cols[2],
                                     cols[3], cols[4], cols[5], "", cols[6], 0)
-    return result
+    return {i: r for i, r in result.items() if i in ids}
 
 
 def cancel(job_ids: Iterable[str]) -> List[str]:

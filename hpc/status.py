@@ -34,6 +34,7 @@ class TaskStatus:
     progress: str
     outputs: List[str]
     why: str
+    error: str = ""  # last line of the rank-0 stderr log (the exception of a failed task)
 
 
 def collect(run: RunDir) -> List[TaskStatus]:
@@ -44,10 +45,13 @@ def collect(run: RunDir) -> List[TaskStatus]:
     for t in tasks:
         jid, stage, item = t["job_id"], t["stage"], t["item"]
         rec = records.get(jid)
-        state = rec.state if rec else _local_state(run, stage, item, jid)
+        slurm = t["jobs"][-1]["executor"] == "slurm"
+        # just submitted: sacct may not list the job for a moment
+        state = rec.state if rec else "PENDING" if slurm else _local_state(run, stage, item, jid)
         rows.append(TaskStatus(task_key(stage, item), stage, item, jid, state,
                                rec.restarts if rec else 0, rec.elapsed if rec else "",
-                               last_progress(run.log_path(stage, jid)), outputs(run.task_dir(stage, item)), ""))
+                               last_progress(run.log_path(stage, jid)), outputs(run.task_dir(stage, item)), "",
+                               last_progress(run.log_path(stage, jid, stream="err"))))
     _explain(rows, records)
     return rows
 
@@ -77,7 +81,7 @@ def _explain(rows: List[TaskStatus], records: Dict[str, scheduler.JobRecord]) ->
         elif rec and rec.state == "PENDING" and rec.reason not in ("", "None"):
             r.why = rec.reason
         elif r.state == "FAILED" and rec:
-            r.why = f"exit code {rec.exit_code}; see python -m hpc.logs RUN_DIR --stage {r.stage}"
+            r.why = f"exit code {rec.exit_code}: {r.error or '?'} (python -m hpc.logs RUN_DIR --stage {r.stage} --err)"
 
 
 def last_progress(log: Path, tail_bytes: int = 4096) -> str:
@@ -87,7 +91,9 @@ def last_progress(log: Path, tail_bytes: int = 4096) -> str:
     with log.open("rb") as fh:
         fh.seek(max(0, log.stat().st_size - tail_bytes))
         text = fh.read().decode(errors="replace")
-    lines = [ln.strip() for ln in text.replace("\r", "\n").splitlines() if ln.strip()]
+    # submitit's own bookkeeping lines are not progress
+    lines = [ln.strip() for ln in text.replace("\r", "\n").splitlines()
+             if ln.strip() and not ln.startswith(("submitit ", "srun: "))]
     return lines[-1][:120] if lines else ""
 
 
@@ -118,6 +124,9 @@ def follow(run: RunDir, interval_s: float = 5.0, out=sys.stdout) -> int:
             print(table, file=out, flush=True)
             last = table
         if not any(r.state in scheduler.ACTIVE for r in rows):
+            orphans = [r.job_id for r in rows if r.state == "NEVER"]
+            if orphans:  # they would pend forever: cancel them, a resubmission replaces them
+                print(f"cancelling jobs that can never start: {' '.join(scheduler.cancel(orphans))}", file=out)
             return 0 if rows and all(r.state == "COMPLETED" for r in rows) else 1
         time.sleep(interval_s)
 
@@ -132,7 +141,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"error: {run.manifest_path} not found; expected a run directory made by python -m hpc.submit. "
               "HINT: pass the 'run dir:' path printed at submission.", file=sys.stderr)
         return 2
-    rows = collect(run)
+    try:
+        rows = collect(run)
+    except RuntimeError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     print(json.dumps([asdict(r) for r in rows], indent=1) if args.json else format_table(rows))
     return 0
 

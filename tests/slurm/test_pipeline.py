@@ -1,0 +1,128 @@
+"""Pipelines on the real local SLURM cluster: afterok ordering, failed dependencies, resubmission,
+the `run` pipeline. Uses the tiny test pipeline (tests/tiny_pipeline.py), not the LangSplat trainer.
+
+    python -m pytest tests/slurm/test_pipeline.py -m slurm
+"""
+import json
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from hpc import plan, scheduler, status, submit
+from hpc.rundir import RunDir
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slurm
+
+
+@pytest.fixture(autouse=True)
+def tiny(monkeypatch):
+    monkeypatch.setitem(plan.PIPELINES, "tiny", "tests.tiny_pipeline")
+    monkeypatch.chdir(ROOT)  # jobs import tests.tiny_pipeline from the submission directory
+
+
+def run_tiny(run_dir, *overrides):
+    code = submit.main(["tiny", "--cluster", "slurm", "--run-dir", str(run_dir), "stages.first.partition=low",
+                        "stages.second.nodes=2", "stages.second.tasks_per_node=2", *overrides])
+    assert code == 0
+    return RunDir(run_dir)
+
+
+def wait_until(pred, timeout_s=120, what="condition"):
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(1)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+def job_ids(run):
+    return {(t["stage"], t["item"]): t["job_id"] for t in run.tasks()}
+
+
+def ended(run):
+    ids = set(job_ids(run).values())
+    records = scheduler.query(ids)  # a just-submitted job may not be in sacct yet: wait for all
+    return records if set(records) == ids and all(r.state not in scheduler.ACTIVE for r in records.values()) else None
+
+
+def test_stage2_array_tasks_start_after_stage1_ends(slurm_cluster, tmp_path):
+    run = run_tiny(tmp_path / "run", "tiny.sleep_s=2")
+    records = wait_until(lambda: ended(run), what="all jobs to end")
+    ids = job_ids(run)
+    first = records[ids[("first", None)]]
+    assert first.state == "COMPLETED"
+    for item in (0, 1, 2):
+        task = records[ids[("second", item)]]
+        assert task.state == "COMPLETED", task
+        assert datetime.fromisoformat(task.start) >= datetime.fromisoformat(first.end), (task, first)
+        assert (run.task_dir("second", item) / f"out-{item}.txt").exists()
+    rows = status.collect(run)
+    assert [r.state for r in rows] == ["COMPLETED"] * 4
+    assert all(r.outputs for r in rows)
+
+
+def test_stage1_failure_means_stage2_never_runs_and_status_says_why(slurm_cluster, tmp_path, capsys):
+    run = run_tiny(tmp_path / "run", "tiny.fail_first=true")
+    ids = job_ids(run)
+
+    def orphaned():
+        rows = {r.task: r for r in status.collect(run)}
+        return rows if rows["first"].state == "FAILED" and all(
+            rows[f"second[{i}]"].state == "NEVER" for i in (0, 1, 2)) else None
+
+    rows = wait_until(orphaned, what="stage 2 to be marked DependencyNeverSatisfied")
+    assert scheduler.NEVER in rows["second[0]"].why and "first" in rows["second[0]"].why
+    assert not (run.task_dir("second", 0) / "done").exists()
+    from hpc import cancel
+
+    assert cancel.main([str(run.path)]) == 0
+    assert ids[("second", 1)] in capsys.readouterr().out
+    records = wait_until(lambda: ended(run), what="orphans to be cancelled")
+    assert {records[ids[("second", i)]].state for i in (0, 1, 2)} == {"CANCELLED"}
+    assert all(records[ids[("second", i)]].start in ("", "None", "Unknown") for i in (0, 1, 2))
+
+
+def test_resubmission_reruns_only_the_failed_array_task(slurm_cluster, tmp_path, capsys):
+    run = run_tiny(tmp_path / "run", "tiny.fail_items=[1]")
+    wait_until(lambda: ended(run), what="first attempt to end")
+    before = job_ids(run)
+    states = {r.task: r.state for r in status.collect(run)}
+    assert states == {"first": "COMPLETED", "second[0]": "COMPLETED", "second[1]": "FAILED",
+                      "second[2]": "COMPLETED"}
+    capsys.readouterr()
+    assert submit.main(["tiny", "--cluster", "slurm", "--run-dir", str(run.path), "tiny.fail_items=[]"]) == 0
+    out = capsys.readouterr().out
+    assert "second: items [1]" in out and "skip first: done" in out
+    after = job_ids(run)
+    changed = {k for k in after if after[k] != before[k]}
+    assert changed == {("second", 1)}
+    wait_until(lambda: ended(run), what="the resubmitted task to end")
+    assert (run.task_dir("second", 1) / "out-1.txt").exists()
+    manifest = json.loads(run.manifest_path.read_text())
+    assert len(manifest["tasks"]["second[1]"]["jobs"]) == 2  # both attempts are kept
+
+
+def test_run_pipeline_exports_torchrun_variables_and_checkpoint_dir(slurm_cluster, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import json, os, pathlib\n"
+        "keys = ['RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT']\n"
+        "out = pathlib.Path(os.environ['HPC_CHECKPOINT_DIR']) / f\"rank-{os.environ['RANK']}.json\"\n"
+        "out.write_text(json.dumps({k: os.environ[k] for k in keys}))\n")
+    run_dir = tmp_path / "run"
+    assert submit.main(["run", "--cluster", "slurm", "--run-dir", str(run_dir), "--nodes", "2",
+                        "--gpus-per-node", "2", "stages.main.cpus_per_task=1", "--",
+                        sys.executable, str(script)]) == 0
+    run = RunDir(run_dir)
+    records = wait_until(lambda: ended(run), what="the run job to end")
+    assert [r.state for r in records.values()] == ["COMPLETED"]
+    seen = [json.loads(p.read_text()) for p in sorted((run_dir / "main" / "checkpoints").glob("rank-*.json"))]
+    assert sorted(int(s["RANK"]) for s in seen) == [0, 1, 2, 3]
+    assert {s["WORLD_SIZE"] for s in seen} == {"4"} and {s["LOCAL_WORLD_SIZE"] for s in seen} == {"2"}
+    assert len({(s["MASTER_ADDR"], s["MASTER_PORT"]) for s in seen}) == 1
