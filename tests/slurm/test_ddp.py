@@ -180,3 +180,31 @@ def test_torchrun_style_script_runs_unchanged(slurm_cluster, tmp_path):
     assert state == "COMPLETED", log
     rows = sorted(line.split()[1:] for line in log.splitlines() if line.startswith("RESULT"))
     assert rows == [[str(r), str(r % 2), "4", "2", "6", "--lr=1e-3"] for r in range(4)]
+
+
+def _submitit_task() -> dict:
+    """Runs in every task of a submitit job: the path the pipeline's stages take."""
+    import hpc.ddp
+
+    with hpc.ddp.session(timeout_s=60) as s:
+        model = s.wrap(torch.nn.Linear(2, 1))
+        return {"rank": s.rank, "sum": s.all_reduce_sum(float(s.rank)),
+                "ddp": type(model).__name__, "plan": s.plan_batch(8, 2).accum_steps}
+
+
+def test_submitit_tasks_open_a_session(slurm_cluster, tmp_path):
+    import cloudpickle
+    import submitit
+
+    # The job imports this function by value: tests/slurm is not on the job's sys.path.
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    try:
+        executor = submitit.SlurmExecutor(folder=tmp_path)
+        executor.update_parameters(nodes=2, ntasks_per_node=2, gres="gpu:2", time=5)
+        job = executor.submit(_submitit_task)
+        rows = job.results()
+    finally:
+        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+    assert [r["rank"] for r in rows] == [0, 1, 2, 3]
+    assert all(r["sum"] == 6.0 and r["ddp"] == "DistributedDataParallel" for r in rows)
+    assert {r["plan"] for r in rows} == {1}  # global 8, max 2 per device, 4 devices: no accumulation
