@@ -1,0 +1,85 @@
+"""Run the benchmarks and write BENCHMARKS.md at the repository root.
+
+    python -m bench                              # everything (about 15 minutes on 2 cores)
+    python -m bench --only checkpoint status     # some of them
+    python -m bench --quick                      # smaller sizes: a smoke test, not figures to keep
+    python -m bench --list
+
+A benchmark that cannot run (a module missing, no SLURM here) is reported as "not measured" with
+the reason; the others still run.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+from bench.common import REPO, Context
+from bench.report import Section, machine, render
+
+# name -> (module, title, target): the order of the report.
+BENCHMARKS = {
+    "submission": ("bench.submission", "Submission wall time", "a real submission within 0.5 s"),
+    "checkpoint": ("bench.checkpoint_stall", "Checkpoint stall per save",
+                   "training blocked per background save <= 10% of a synchronous torch.save"),
+    "preemption": ("bench.preempt_safe", "Preemption to safe",
+                   "signal -> checkpoint durable <= 2 x fsync'd write of the same bytes + 0.5 s"),
+    "resume": ("bench.resume", "Resume: job start to first step", "resuming <= 1.2 x a fresh start"),
+    "ddp": ("bench.ddp_overhead", "DDP overhead (gloo, 2 ranks)",
+            "hpc session step time <= 1.02 x hand-written torch DDP"),
+    "status": ("bench.status_calls", "Status: scheduler calls per poll",
+               "one scheduler call per poll, whatever the job count"),
+    "langsplat": ("bench.langsplat_cams", "LangSplat stage 2 throughput", "cameras per second at 1 and 2 ranks"),
+}
+
+
+def run_one(name: str, ctx: Context, command: str) -> Section:
+    module, title, target = BENCHMARKS[name]
+    t0 = time.perf_counter()
+    try:
+        section = importlib.import_module(module).run(ctx)
+    except Exception as err:  # one broken piece must not hide the others' figures
+        traceback.print_exc()
+        reason = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+        section = Section(name, title, target, command, not_measured=f"{type(err).__name__}: {reason}")
+    section.seconds = time.perf_counter() - t0
+    return section
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench", description="measure what users pay for")
+    p.add_argument("--only", nargs="+", metavar="NAME", help=f"some of: {' '.join(BENCHMARKS)}")
+    p.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke test")
+    p.add_argument("--out", default=str(REPO / "BENCHMARKS.md"), help="report path (default: %(default)s)")
+    p.add_argument("--keep", action="store_true", help="keep the scratch directory (and cluster files)")
+    p.add_argument("--list", action="store_true", help="list the benchmarks and exit")
+    args = p.parse_args(argv)
+    if args.list:
+        print("\n".join(f"{k:12s} {v[1]}: {v[2]}" for k, v in BENCHMARKS.items()))
+        return 0
+    names: List[str] = args.only or list(BENCHMARKS)
+    unknown = [n for n in names if n not in BENCHMARKS]
+    if unknown:
+        p.error(f"unknown benchmark(s) {unknown}; expected some of {list(BENCHMARKS)}. "
+                "HINT: python -m bench --list")
+    command = "python -m bench" + (f" --only {' '.join(names)}" if args.only else "") + \
+        (" --quick" if args.quick else "")
+    started, info = time.time(), machine()
+    sections = []
+    with Context(quick=args.quick, keep=args.keep) as ctx:
+        for name in names:
+            print(f"[bench] {name} ...", file=sys.stderr, flush=True)
+            s = run_one(name, ctx, command)
+            print(f"[bench] {name}: {s.outcome} ({s.seconds:.0f} s)", file=sys.stderr, flush=True)
+            sections.append(s)
+    Path(args.out).write_text(render(sections, command, started, info))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
