@@ -80,8 +80,9 @@ def _explain(rows: List[TaskStatus], records: Dict[str, scheduler.JobRecord]) ->
                      "or python -m hpc.cancel RUN_DIR")
         elif rec and rec.state == "PENDING" and rec.reason not in ("", "None"):
             r.why = rec.reason
-        elif r.state == "FAILED" and rec:
-            r.why = f"exit code {rec.exit_code}: {r.error or '?'} (python -m hpc.logs RUN_DIR --stage {r.stage} --err)"
+        elif r.state == "FAILED":
+            code = f"exit code {rec.exit_code}: " if rec else ""
+            r.why = f"{code}{r.error or '?'} (python -m hpc.logs RUN_DIR --stage {r.stage} --err)"
 
 
 def last_progress(log: Path, tail_bytes: int = 4096) -> str:
@@ -113,8 +114,9 @@ def format_table(rows: List[TaskStatus]) -> str:
     return "\n".join(lines)
 
 
-def follow(run: RunDir, interval_s: float = 5.0, out=sys.stdout) -> int:
+def follow(run: RunDir, interval_s: float = 5.0, out=None) -> int:
     """Print the table whenever it changes until nothing is active; non-zero if anything failed."""
+    out = out or sys.stdout
     last = None
     while True:
         rows = collect(run)

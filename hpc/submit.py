@@ -142,9 +142,9 @@ def _wait_ok(jobs: List[Any]) -> bool:
     ok = True
     for job in jobs:
         try:
-            job.result()
-        except Exception as err:  # submitit re-raises the task's exception with its traceback
-            print(f"job {job.job_id} failed: {str(err).strip().splitlines()[-1] if str(err).strip() else err}")
+            job.results()  # every rank's result: a failure on any rank fails the task
+        except Exception:  # submitit re-raises the task's exception; status shows its last line
+            print(f"job {job.job_id} failed")
             ok = False
     return ok
 

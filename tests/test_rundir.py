@@ -1,0 +1,44 @@
+"""Run directory: manifest history, done markers, status helpers that read it."""
+import json
+
+from hpc import status
+from hpc.rundir import RunDir
+
+
+def test_manifest_keeps_every_attempt_and_config(tmp_path):
+    run = RunDir(tmp_path / "r")
+    run.start("tiny", "a: 1\n", "slurm")
+    run.record("second", 1, "10_1", "slurm")
+    run.record("second", 1, "12_0", "slurm")
+    run.start("tiny", "a: 2\n", "slurm")  # a resubmission keeps the history
+    data = json.loads(run.manifest_path.read_text())
+    task = data["tasks"]["second[1]"]
+    assert task["job_id"] == "12_0" and [j["job_id"] for j in task["jobs"]] == ["10_1", "12_0"]
+    assert len(data["submissions"]) == 2 and "git_commit" in data
+    assert run.config_path.read_text() == "a: 2\n"
+
+
+def test_done_markers_per_task(tmp_path):
+    run = RunDir(tmp_path)
+    run.mark_done("features", 2, {"result": {"loss": 0.1}})
+    assert run.is_done("features", 2) and not run.is_done("features", 1) and not run.is_done("rgb")
+    assert run.finished([("features", 2), ("features", 1)]) == frozenset({("features", 2)})
+    assert (tmp_path / "features" / "task-2" / "done").exists()
+
+
+def test_last_progress_reads_tqdm_redraws_and_skips_bookkeeping(tmp_path):
+    log = tmp_path / "x.out"
+    log.write_text("start\nstep 1/10\rstep 5/10\rstep 9/10\nsubmitit INFO (x) - Exiting\n")
+    assert status.last_progress(log) == "step 9/10"
+    assert status.last_progress(tmp_path / "missing") == ""
+
+
+def test_status_table_lists_outputs(tmp_path):
+    run = RunDir(tmp_path)
+    run.start("tiny", "", "local")
+    run.record("first", None, "123", "local")
+    run.mark_done("first", None, {})
+    (run.task_dir("first") / "model.pt").write_text("x")
+    rows = status.collect(run)
+    assert [(r.task, r.state, r.outputs) for r in rows] == [("first", "COMPLETED", ["model.pt"])]
+    assert "first outputs: model.pt" in status.format_table(rows)

@@ -1,0 +1,37 @@
+"""End to end through submitit's LocalExecutor (the default without SLURM), tiny test pipeline."""
+import pytest
+
+from hpc import plan, submit
+from hpc.rundir import RunDir
+
+
+@pytest.fixture(autouse=True)
+def tiny(monkeypatch):
+    monkeypatch.setitem(plan.PIPELINES, "tiny", "tests.tiny_pipeline")
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+
+
+def test_local_run_resubmission_reruns_only_the_failed_task(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    args = ["tiny", "--cluster", "local", "--run-dir", str(run_dir), "stages.second.local_tasks=2"]
+    assert submit.main([*args, "tiny.fail_items=[2]", "tiny.parts=[1,2]"]) == 1  # item 2 fails
+    run = RunDir(run_dir)
+    assert run.is_done("first") and run.is_done("second", 1) and not run.is_done("second", 2)
+    assert (run_dir / "second" / "task-1" / "out-1.txt").read_text() in ("1 rank 0\n", "1 rank 1\n")
+    first_ids = {t["item"]: t["job_id"] for t in run.tasks()}
+    capsys.readouterr()
+    assert submit.main([*args, "tiny.fail_items=[]"]) == 0
+    out = capsys.readouterr().out
+    assert "stage second: items [2] 2 rank(s)" in out and "skip second[1]: done marker present" in out
+    assert "2 process(es)" in out  # the reduced world size is stated in the plan
+    ids = {t["item"]: t["job_id"] for t in run.tasks()}
+    assert ids[1] == first_ids[1] and ids[2] != first_ids[2]
+    assert run.is_done("second", 2)
+
+
+def test_failed_first_stage_stops_the_pipeline_locally(tmp_path, capsys):
+    assert submit.main(["tiny", "--cluster", "local", "--run-dir", str(tmp_path), "tiny.fail_first=true"]) == 1
+    out = capsys.readouterr().out
+    assert "stage second: not started, an earlier stage failed" in out
+    assert [t["stage"] for t in RunDir(tmp_path).tasks()] == ["first"]
+    assert "failing on request" in out  # status shows the task's error line
