@@ -56,6 +56,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke test")
     p.add_argument("--out", default=str(REPO / "BENCHMARKS.md"), help="report path (default: %(default)s)")
     p.add_argument("--keep", action="store_true", help="keep the scratch directory (and cluster files)")
+    p.add_argument("--cluster-dir", help="use (and leave up) this local cluster instead of a fresh one")
     p.add_argument("--list", action="store_true", help="list the benchmarks and exit")
     args = p.parse_args(argv)
     if args.list:
@@ -70,7 +71,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         (" --quick" if args.quick else "")
     started, info = time.time(), machine()
     sections = []
-    with Context(quick=args.quick, keep=args.keep) as ctx:
+    with Context(quick=args.quick, keep=args.keep, cluster_dir=args.cluster_dir) as ctx:
         for name in names:
             print(f"[bench] {name} ...", file=sys.stderr, flush=True)
             s = run_one(name, ctx, command)

@@ -97,10 +97,12 @@ def free_port() -> int:
 class Context:
     """Options of this run, a scratch directory, and the cluster (started on first use)."""
 
-    def __init__(self, quick: bool = False, keep: bool = False):
+    def __init__(self, quick: bool = False, keep: bool = False, cluster_dir: Optional[str] = None):
         self.quick = quick
         self.keep = keep
         self.tmp = Path(tempfile.mkdtemp(prefix="hpc-bench-"))
+        # A cluster directory given by the caller is used as is (started if needed) and left up.
+        self.cluster_dir = Path(cluster_dir) if cluster_dir else None
         self._cluster: Any = None
         self._cluster_error: Optional[str] = None
 
@@ -115,7 +117,7 @@ class Context:
             try:
                 from hpc.cluster import LocalCluster
 
-                c = LocalCluster(self.tmp / "cluster")
+                c = LocalCluster(self.cluster_dir or self.tmp / "cluster")
                 c.up(log=lambda msg: None)
                 self._cluster = c
             except Exception as err:  # ImportError, ClusterError, missing binaries
@@ -133,7 +135,7 @@ class Context:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        if self._cluster is not None:
+        if self._cluster is not None and self.cluster_dir is None:
             self._cluster.down(log=lambda msg: None)
         if not self.keep:
             shutil.rmtree(self.tmp, ignore_errors=True)

@@ -1,0 +1,144 @@
+"""Submission wall time: `python -m hpc.submit langsplat --levels 0 1 2`, dry-run and real, against
+the same two jobs (rgb, then a 3-task features array after it) submitted with bare sbatch calls
+and with plain submitit, all on the benchmark's local SLURM cluster.
+
+    python -m bench --only submission
+    python -m bench.submission --submitit FOLDER      # the plain-submitit comparison, one run
+
+Each figure is the wall time of the whole command, interpreter start included, as a user sees it;
+the variants are interleaved and the median of the repeats is kept. The nodes are drained while
+this runs so that the submitted jobs stay pending (they are cancelled afterwards) and no training
+competes with the measurement.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List
+
+from bench.common import Context, best_effort, emit, fmt_s, median, timed
+from bench.report import Section
+
+TARGET_S = 0.5
+LEVELS = ["0", "1", "2"]
+# The sandbox profile's resources (templates/profiles/sandbox.yaml), spelled as sbatch options.
+RGB_OPTS = ["-p", "low", "-N", "1", "--ntasks-per-node=1", "--cpus-per-task=1", "--gpus-per-node=1",
+            "-t", "20", "--requeue", "--signal=USR2@90"]
+FEATURES_OPTS = ["-p", "low", "-N", "2", "--ntasks-per-node=2", "--cpus-per-task=1", "--gpus-per-node=2",
+                 "-t", "20", "--requeue", "--signal=USR2@90"]
+
+
+def noop() -> int:
+    return 0
+
+
+def submit_with_submitit(folder: str) -> Dict[str, List[str]]:
+    """rgb, then a 3-task features array with afterok, through submitit's SlurmExecutor."""
+    import submitit
+
+    ex = submitit.SlurmExecutor(folder=f"{folder}/rgb/%j")
+    ex.update_parameters(job_name="rgb", partition="low", nodes=1, ntasks_per_node=1, cpus_per_task=1,
+                         gpus_per_node=1, time=20, signal_delay_s=90, additional_parameters={"requeue": True})
+    rgb = ex.submit(noop)
+    ex = submitit.SlurmExecutor(folder=f"{folder}/features/%j")
+    ex.update_parameters(job_name="features", partition="low", nodes=2, ntasks_per_node=2, cpus_per_task=1,
+                         gpus_per_node=2, time=20, signal_delay_s=90,
+                         additional_parameters={"requeue": True, "dependency": f"afterok:{rgb.job_id}"})
+    with ex.batch():
+        feats = [ex.submit(noop) for _ in LEVELS]
+    return {"rgb": [rgb.job_id], "features": [j.job_id for j in feats]}
+
+
+def bare_sbatch_script(folder: Path) -> str:
+    """The same two submissions as a shell script of sbatch calls (--wrap: no script file)."""
+    rgb = " ".join(["sbatch", "--parsable", "-J", "rgb", "-o", f"{folder}/rgb-%j.out", *RGB_OPTS])
+    feats = " ".join(["sbatch", "--parsable", "-J", "features", f"--array=0-{len(LEVELS) - 1}",
+                      "-o", f"{folder}/features-%A_%a.out", *FEATURES_OPTS])
+    return (f"set -e\njid=$({rgb} --wrap 'python3 -c pass')\n"
+            f"{feats} --dependency=afterok:$jid --wrap 'srun python3 -c pass'\n")
+
+
+def _cancel_all(cluster) -> None:
+    ids = cluster.run(["squeue", "-h", "-o", "%A"], check=False).stdout.split()
+    if ids:
+        cluster.run(["scancel", *sorted(set(ids))], check=False)
+
+
+def run(ctx: Context) -> Section:
+    sec = Section("submission", "Submission wall time", f"a real submission within {TARGET_S} s",
+                  "python -m bench --only submission" + (" --quick" if ctx.quick else ""),
+                  headers=["variant", "command", "median wall", "runs"])
+    cluster = ctx.cluster()
+    env = ctx.slurm_env()
+    nodes = ",".join(cluster.nodes)
+    cluster.run(["scontrol", "update", f"NodeName={nodes}", "State=DRAIN", "Reason=bench-submission"])
+    try:
+        times = _measure(ctx, env, cluster, repeats=3 if ctx.quick else 5)
+    finally:
+        _cancel_all(cluster)
+        best_effort(lambda: cluster.run(["scontrol", "update", f"NodeName={nodes}", "State=RESUME"]))
+    hpc = "python -m hpc.submit langsplat --levels 0 1 2 --profile sandbox --run-dir R"
+    labels = {
+        "hpc real": f"`{hpc}`",
+        "hpc dry-run": f"`{hpc} --dry-run`",
+        "bare sbatch": "`bash -c 'sbatch ...; sbatch --array=0-2 --dependency=afterok:...'` (2 sbatch calls)",
+        "plain submitit": "`python -m bench.submission --submitit F` (SlurmExecutor, executor.batch())",
+        "python start": "`python -c pass` (interpreter start alone)",
+    }
+    for name, label in labels.items():
+        sec.rows.append([name, label, fmt_s(median(times[name])), str(len(times[name]))])
+    real = median(times["hpc real"])
+    sec.verdicts.append((f"real submission of 2 jobs (1 + array of 3) took {fmt_s(real)} "
+                         f"(target {TARGET_S} s); plain submitit {fmt_s(median(times['plain submitit']))}, "
+                         f"bare sbatch {fmt_s(median(times['bare sbatch']))}", real <= TARGET_S))
+    sec.notes += [
+        "wall time of the whole command including the Python interpreter start; the nodes are drained "
+        "so the submitted jobs stay pending and are cancelled after each round",
+        "hpc real also creates the run directory (manifest.json, config.yaml) and loads the YAML config; "
+        "the dry-run renders the sbatch scripts through submitit without calling sbatch"]
+    return sec
+
+
+def _measure(ctx: Context, env: Dict[str, str], cluster, repeats: int) -> Dict[str, List[float]]:
+    times: Dict[str, List[float]] = {k: [] for k in
+                                     ("hpc real", "hpc dry-run", "bare sbatch", "plain submitit", "python start")}
+    base = ctx.scratch("submission")
+    hpc = [sys.executable, "-m", "hpc.submit", "langsplat", "--levels", *LEVELS, "--profile", "sandbox"]
+    for i in range(repeats):  # interleaved: a busy moment on the machine hits every variant
+        times["hpc dry-run"].append(timed([*hpc, "--run-dir", str(base / f"dry-{i}"), "--dry-run"], env=env))
+        times["hpc real"].append(timed([*hpc, "--run-dir", str(base / f"real-{i}")], env=env))
+        folder = base / f"sbatch-{i}"
+        folder.mkdir()
+        times["bare sbatch"].append(timed(["bash", "-c", bare_sbatch_script(folder)], env=env))
+        times["plain submitit"].append(
+            timed([sys.executable, "-m", "bench.submission", "--submitit", str(base / f"submitit-{i}")], env=env))
+        times["python start"].append(timed([sys.executable, "-c", "pass"], env=env))
+        _cancel_all(cluster)
+    _check_submitted(base, repeats)
+    return times
+
+
+def _check_submitted(base: Path, repeats: int) -> None:
+    """The real submissions must have recorded 4 tasks each, or the timing measured a failure."""
+    for i in range(repeats):
+        manifest = json.loads((base / f"real-{i}" / "manifest.json").read_text())
+        if len(manifest.get("tasks", {})) != 1 + len(LEVELS):
+            raise RuntimeError(f"hpc.submit run {i} recorded {len(manifest.get('tasks', {}))} tasks, "
+                               f"expected {1 + len(LEVELS)}; see {base / f'real-{i}'}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.submission")
+    p.add_argument("--submitit", metavar="FOLDER", required=True)
+    a = p.parse_args()
+    t0 = time.perf_counter()
+    ids = submit_with_submitit(a.submitit)
+    emit({"ids": ids, "seconds": time.perf_counter() - t0})
+
+
+if __name__ == "__main__":
+    main()
