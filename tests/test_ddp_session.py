@@ -132,3 +132,13 @@ def test_mismatched_gpus_refused_before_init():
     with pytest.raises(Exception, match="only GPU 0 would do any work"):
         with hpc.ddp.session(env=env):
             pass
+
+
+def test_env_probe_falls_back_to_cpu_without_cuda():
+    from hpc.env import describe
+
+    env = from_environ({"CUDA_VISIBLE_DEVICES": "3"})
+    assert describe(env)["device"] == "cuda:0"  # what SLURM's allocation implies
+    probed = describe(env, probe_torch=True)
+    expected = "cuda:0" if torch.cuda.is_available() else "cpu"
+    assert (probed["device"], probed["backend"]) == (expected, "nccl" if expected != "cpu" else "gloo")
