@@ -48,7 +48,8 @@ class StageTask:
             dist.export()  # RANK/WORLD_SIZE/MASTER_* for torch.distributed and user code
         stage_dir = run.task_dir(self.stage, self.item)
         stage_dir.mkdir(parents=True, exist_ok=True)
-        os.environ.setdefault("HPC_CHECKPOINT_DIR", str(stage_dir / "checkpoints"))
+        # set, not setdefault: sbatch exports the submitting shell's environment, which may carry one
+        os.environ["HPC_CHECKPOINT_DIR"] = str(stage_dir / "checkpoints")
         print(f"[hpc] stage {self.stage} item {self.item} rank {dist.rank}/{dist.world_size} "
               f"job {dist.job_id} restart {dist.restart_count}", flush=True)
         module, _, name = self.target.partition(":")

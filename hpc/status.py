@@ -120,11 +120,11 @@ def follow(run: RunDir, interval_s: float = 5.0, out=None) -> int:
     last = None
     while True:
         rows = collect(run)
-        table = format_table(rows)
-        if table != last:
+        seen = [(r.task, r.state, r.why or r.progress) for r in rows]  # not elapsed: it always moves
+        if seen != last:
             print(time.strftime("%H:%M:%S"), file=out)
-            print(table, file=out, flush=True)
-            last = table
+            print(format_table(rows), file=out, flush=True)
+            last = seen
         if not any(r.state in scheduler.ACTIVE for r in rows):
             orphans = [r.job_id for r in rows if r.state == "NEVER"]
             if orphans:  # they would pend forever: cancel them, a resubmission replaces them

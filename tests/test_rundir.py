@@ -42,3 +42,20 @@ def test_status_table_lists_outputs(tmp_path):
     rows = status.collect(run)
     assert [(r.task, r.state, r.outputs) for r in rows] == [("first", "COMPLETED", ["model.pt"])]
     assert "first outputs: model.pt" in status.format_table(rows)
+
+
+def test_logs_select_by_stage_task_rank_and_names_choices(tmp_path):
+    import pytest
+
+    from hpc import logs
+
+    run = RunDir(tmp_path)
+    run.start("langsplat", "", "slurm")
+    run.record("rgb", None, "7", "slurm")
+    run.record("features", 2, "8_2", "slurm")
+    assert logs.select(run, "features", "2", 3, "out") == [tmp_path / "features/logs/8_2/8_2_3_log.out"]
+    assert len(logs.select(run, None, None, 0, "err")) == 2
+    with pytest.raises(ValueError, match=r"expected one of \['features', 'rgb'\]"):
+        logs.select(run, "nosuch", None, 0, "out")
+    with pytest.raises(ValueError, match=r"expected one of \['2'\]"):
+        logs.select(run, "features", "5", 0, "out")
