@@ -70,7 +70,8 @@ def quat_to_rotmat(q: torch.Tensor) -> torch.Tensor:
 def project(means, log_scales, quats, cam: Camera):
     """Project gaussians: returns pixel centres (N, 2), conics (N, 3) = inverse 2D covariance
     (a, b, c), depths (N,) and a visibility mask (N,) for gaussians in front of the near plane."""
-    p = means @ cam.R.T + cam.t
+    R = cam.R.to(means)
+    p = means @ R.T + cam.t.to(means)
     z = p[:, 2]
     visible = z > NEAR
     zs = z.clamp(min=NEAR)
@@ -80,7 +81,7 @@ def project(means, log_scales, quats, cam: Camera):
     J = torch.stack([cam.fx / zs, zero, -cam.fx * p[:, 0] / zs**2,
                      zero, cam.fy / zs, -cam.fy * p[:, 1] / zs**2], dim=-1).reshape(-1, 2, 3)
     M = quat_to_rotmat(quats) * torch.exp(log_scales)[:, None, :]  # R_q diag(s)
-    T = J @ cam.R @ M  # (N, 2, 3): 2D covariance = T T^T
+    T = J @ R @ M  # (N, 2, 3): 2D covariance = T T^T
     cov = T @ T.transpose(1, 2)
     a = cov[:, 0, 0] + DILATION
     b = cov[:, 0, 1]
@@ -90,14 +91,13 @@ def project(means, log_scales, quats, cam: Camera):
     return torch.stack([u, v], dim=-1), conic, z, visible
 
 
-def pixel_terms(cam: Camera, device) -> torch.Tensor:
+def pixel_terms(cam: Camera, like: torch.Tensor) -> torch.Tensor:
     """(H*W, 6) monomials [x^2, y^2, xy, x, y, 1] of pixel centres relative to the image centre.
     The gaussian exponent is a quadratic in (x, y), so for all pixels and gaussians at once it is
     one matmul of these terms with per-gaussian coefficients instead of many (P, N) operations."""
-    ys, xs = torch.meshgrid(torch.arange(cam.height, device=device, dtype=torch.float32)
-                            + 0.5 - cam.height / 2,
-                            torch.arange(cam.width, device=device, dtype=torch.float32)
-                            + 0.5 - cam.width / 2, indexing="ij")
+    kw = {"device": like.device, "dtype": like.dtype}
+    ys, xs = torch.meshgrid(torch.arange(cam.height, **kw) + 0.5 - cam.height / 2,
+                            torch.arange(cam.width, **kw) + 0.5 - cam.width / 2, indexing="ij")
     x, y = xs.reshape(-1), ys.reshape(-1)
     return torch.stack([x * x, y * y, x * y, x, y, torch.ones_like(x)], dim=-1)
 
@@ -128,7 +128,7 @@ def blend_weights(params: dict, cam: Camera) -> Blend:
     # Depth order; stable so that equal depths composite identically on every run and device.
     order = torch.sort(depth, stable=True).indices
     centred = uv[order] - uv.new_tensor([cam.width / 2, cam.height / 2])
-    power = pixel_terms(cam, means.device) @ _exponent_coefficients(centred, conic[order])
+    power = pixel_terms(cam, means) @ _exponent_coefficients(centred, conic[order])
     opacity = (torch.sigmoid(params["opacity"]).reshape(-1) * visible)[order]
     alpha = (opacity * torch.exp(power.clamp(max=0.0))).clamp(max=MAX_ALPHA)
     log_keep = torch.log1p(-alpha)

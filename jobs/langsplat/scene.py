@@ -79,15 +79,21 @@ def _objects(cfg: dict, g: torch.Generator):
     for o in range(n_obj):
         ang = 2 * math.pi * o / n_obj
         centre = torch.tensor([0.9 * math.cos(ang), 0.9 * math.sin(ang), 0.0])
-        for _ in range(PARTS_PER_OBJECT * SUBPARTS_PER_PART):
-            sub_centre = centre + 0.35 * (torch.rand(3, generator=g) - 0.5) * 2
-            extent = 0.12 + 0.12 * torch.rand(3, generator=g)
-            colour = 0.15 + 0.7 * torch.rand(3, generator=g)
-            means.append(sub_centre + extent * torch.randn(per, 3, generator=g).clamp(-1.5, 1.5))
-            scales.append(extent * (0.5 + 0.3 * torch.rand(per, 3, generator=g)))
-            colors.append(colour + 0.05 * torch.randn(per, 3, generator=g))
-            subpart.append(torch.full((per,), sid))
-            sid += 1
+        # Parts side by side along one axis, subparts along a perpendicular one: segments overlap
+        # a little (occlusion and blending at their borders) but each has its own region.
+        axis = torch.nn.functional.normalize(torch.randn(3, generator=g), dim=0)
+        across = torch.nn.functional.normalize(torch.linalg.cross(axis, torch.randn(3, generator=g)), dim=0)
+        for p in range(PARTS_PER_OBJECT):
+            for q in range(SUBPARTS_PER_PART):
+                sub_centre = (centre + (p - 0.5) * 0.6 * axis + (q - 0.5) * 0.32 * across
+                              + 0.03 * torch.randn(3, generator=g))
+                extent = 0.08 + 0.06 * torch.rand(3, generator=g)
+                colour = 0.15 + 0.7 * torch.rand(3, generator=g)
+                means.append(sub_centre + extent * torch.randn(per, 3, generator=g).clamp(-1.5, 1.5))
+                scales.append(extent * (0.5 + 0.3 * torch.rand(per, 3, generator=g)))
+                colors.append(colour + 0.05 * torch.randn(per, 3, generator=g))
+                subpart.append(torch.full((per,), sid))
+                sid += 1
     n = per * sid
     quats = torch.randn(n, 4, generator=g)
     gt = {"means": torch.cat(means), "log_scales": torch.log(torch.cat(scales)), "quats": quats,
