@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
 MET, NOT_MET, NOT_MEASURED = "met", "NOT met", "not measured"
+MEASURED = "measured (no numeric target)"
 
 
 @dataclass
@@ -32,8 +33,10 @@ class Section:
 
     @property
     def outcome(self) -> str:
-        if self.not_measured is not None or not self.verdicts:
+        if self.not_measured is not None or not (self.verdicts or self.rows):
             return NOT_MEASURED
+        if not self.verdicts:
+            return MEASURED
         return MET if all(ok for _, ok in self.verdicts) else NOT_MET
 
 
