@@ -45,14 +45,36 @@ def stages(cfg: Any) -> List[StageDef]:
 
 
 def run_command(ctx: Any) -> dict:
+    from hpc import preemption
+
     checkpoints = ctx.stage_dir / "checkpoints"
     checkpoints.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "HPC_CHECKPOINT_DIR": str(checkpoints), "HPC_RUN_DIR": str(ctx.run_dir)}
     cmd = [sys.executable, "-m", "hpc.launch", "--", *ctx.cfg["script"]["command"]]
+    # SLURM signals every process of the step: the script gets SIGTERM/SIGUSR2 itself (and may
+    # checkpoint); this wrapper only notes it, and requeues once the script has exited.
+    flag = preemption.install()
     code = subprocess.call(cmd, env=env)
+    if flag.reason:
+        requeue_after_stop(ctx, flag, checkpoints)
     if code != 0:
         raise RuntimeError(f"command {cmd} exited with status {code} on rank {ctx.env.rank}")
     return {"exit_code": code}
+
+
+def requeue_after_stop(ctx: Any, flag: Any, checkpoints: Any) -> None:
+    """A job that ends within GraceTime is not requeued by SLURM 22.05: rank 0 asks for it."""
+    import time
+
+    from hpc import preemption
+
+    if ctx.env.rank != 0:
+        time.sleep(30)  # rank 0's requeue ends this task; leaving first could end the job as FAILED
+        raise SystemExit(-1)
+    max_timeouts = ctx.cfg["stages"]["main"]["max_timeouts"]
+    decision = preemption.handle_stop(flag.local(), history=checkpoints / "requeue.json",
+                                      max_timeouts=max_timeouts)
+    preemption.exit_for(decision)
 
 
 PIPELINE = PipelineDef("run", RunConfig, stages, validate)

@@ -4,6 +4,7 @@ the `run` pipeline. Uses the tiny test pipeline (tests/tiny_pipeline.py), not th
     python -m pytest tests/slurm/test_pipeline.py -m slurm
 """
 import json
+import subprocess
 import sys
 import time
 from datetime import datetime
@@ -126,3 +127,47 @@ def test_run_pipeline_exports_torchrun_variables_and_checkpoint_dir(slurm_cluste
     assert sorted(int(s["RANK"]) for s in seen) == [0, 1, 2, 3]
     assert {s["WORLD_SIZE"] for s in seen} == {"4"} and {s["LOCAL_WORLD_SIZE"] for s in seen} == {"2"}
     assert len({(s["MASTER_ADDR"], s["MASTER_PORT"]) for s in seen}) == 1
+
+
+RESUMABLE = """\
+import os, pathlib, sys, time
+ckpt = pathlib.Path(os.environ["HPC_CHECKPOINT_DIR"]) / f"step-rank{os.environ['RANK']}"
+step = int(ckpt.read_text()) if ckpt.exists() else 0
+print(f"resumed from step {step} restart {os.environ.get('SLURM_RESTART_COUNT', '0')}", flush=True)
+while step < int(sys.argv[1]):
+    time.sleep(0.5)
+    step += 1
+    tmp = ckpt.with_suffix(".tmp"); tmp.write_text(str(step)); os.replace(tmp, ckpt)
+print(f"finished at step {step}", flush=True)
+"""
+
+
+def test_run_pipeline_is_requeued_on_preemption_and_resumes(slurm_cluster, tmp_path):
+    from hpc.cluster.preempt import preempt
+
+    script = tmp_path / "resumable.py"
+    script.write_text(RESUMABLE)
+    run_dir = tmp_path / "run"
+    assert submit.main(["run", "--cluster", "slurm", "--run-dir", str(run_dir), "--nodes", "1",
+                        "--gpus-per-node", "2", "stages.main.cpus_per_task=1", "stages.main.partition=low",
+                        "--", sys.executable, str(script), "30"]) == 0
+    run = RunDir(run_dir)
+    job_id = job_ids(run)[("main", None)]
+    ckpt = run_dir / "main" / "checkpoints" / "step-rank0"
+    wait_until(lambda: ckpt.exists() and int(ckpt.read_text()) >= 4, what="the script to make progress")
+    preempt(slurm_cluster, job_id)
+
+    def released_and_ended():
+        # SLURM holds a requeued job ~2 min (BeginTime); release it again if preempt's release raced
+        if scheduler.query([job_id]).get(job_id, None) and scheduler.query([job_id])[job_id].reason == "BeginTime":
+            subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=False)
+        return ended(run)
+
+    records = wait_until(released_and_ended, timeout_s=180, what="the requeued job to finish")
+    assert records[job_id].state == "COMPLETED" and records[job_id].restarts >= 1
+    log = run.log_path("main", job_id).read_text()
+    resumed = [int(line.split()[3]) for line in log.splitlines() if line.startswith("resumed from step")]
+    assert resumed[0] == 0 and resumed[-1] >= 4, log  # the second start continued, not restarted
+    assert int(ckpt.read_text()) == 30 and run.is_done("main")
+    row = status.collect(run)[0]
+    assert row.state == "COMPLETED" and row.restarts >= 1
