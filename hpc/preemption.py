@@ -185,7 +185,7 @@ def classify(info: dict[str, str], signal_kind: str, restart_count: int = 0) -> 
     if state in STATE_KINDS:
         return STATE_KINDS[state], state in REQUEUED_BY_SLURM
     if info.get("PreemptTime", "None") not in _UNSET or "preempt" in info.get("Reason", "").lower():
-        return "preempt", False  # whether SLURM requeues depends on PreemptMode: see handle_stop
+        return "preempt", False
     if int(info.get("Restarts", 0) or 0) > restart_count:
         return "preempt", True
     return signal_kind, False
@@ -193,7 +193,10 @@ def classify(info: dict[str, str], signal_kind: str, restart_count: int = 0) -> 
 
 def decide(kind: str, state: str, timeouts_done: int, max_timeouts: int,
            by: str = "hpc") -> Decision:
-    """Requeue table: preemption always, timeout up to `max_timeouts` times, never otherwise."""
+    """Requeue table: preemption always, timeout up to `max_timeouts` times, never otherwise.
+
+    `state` is what SLURM showed (for the message), `by` who requeues ('hpc' or 'slurm').
+    """
     if kind == "preempt":
         return Decision(True, by, f"preempted (SLURM JobState={state})", kind)
     if kind == "timeout":
@@ -206,12 +209,6 @@ def decide(kind: str, state: str, timeouts_done: int, max_timeouts: int,
     if kind == "cancelled":
         return Decision(False, None, f"cancelled (SLURM JobState={state}); not requeued", kind)
     return Decision(False, None, f"job is {state}; a finished job is never requeued", kind)
-
-
-def _slurm_requeues_preempted(info: dict[str, str], runner: Callable[..., Any]) -> bool:
-    """True when the job's partition preempts by requeueing (PreemptMode=REQUEUE)."""
-    part = job_info(info.get("Partition", ""), runner, what="partition") if info.get("Partition") else {}
-    return "REQUEUE" in part.get("PreemptMode", "").upper()
 
 
 def load_history(path: Path) -> dict[str, Any]:
@@ -241,11 +238,12 @@ def handle_stop(request: StopRequest, history: str | os.PathLike, job_id: str | 
     info = job_info(job_id, runner)
     state = info.get("JobState", "UNKNOWN")
     restarts = int(os.environ.get("SLURM_RESTART_COUNT", 0) or 0)
+    # A job that exits during GraceTime is not requeued by SLURM, even with PreemptMode=REQUEUE
+    # (seen on Slurm 22.05): unless SLURM already queued it again, hpc runs scontrol requeue.
     kind, by_slurm = classify(info, request.reason, restarts)
-    if kind == "preempt" and not by_slurm:
-        by_slurm = _slurm_requeues_preempted(info, runner)
+    evidence = f"{state}, PreemptTime={info.get('PreemptTime', '?')}"
     past = load_history(Path(history))
-    decision = decide(kind, state, past["timeouts"], max_timeouts, "slurm" if by_slurm else "hpc")
+    decision = decide(kind, evidence, past["timeouts"], max_timeouts, "slurm" if by_slurm else "hpc")
     _record(Path(history), past, decision, info)
     log.warning("stop at SLURM JobState=%s Reason=%s: %s", state, info.get("Reason"), decision.why)
     if decision.requeue and decision.by == "hpc":
