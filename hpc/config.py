@@ -75,12 +75,13 @@ class PipelineConfig:
 
 def load(schema: type, pipeline: str, profile: Optional[str] = None,
          overrides: Sequence[str] = (), saved: Optional[Path] = None,
-         templates: Path = TEMPLATES) -> DictConfig:
-    """Build the resolved config for `pipeline`, checked against `schema` (a dataclass)."""
+         templates: Path = TEMPLATES, extra: Sequence[str] = ()) -> DictConfig:
+    """Build the resolved config for `pipeline`, checked against `schema` (a dataclass).
+    `extra`: further template files of the pipeline, merged after <pipeline>.yaml."""
     cfg = OmegaConf.structured(schema)
-    base = templates / f"{pipeline}.yaml"
-    if base.exists():
-        cfg = _merge(cfg, OmegaConf.load(base), str(base))
+    for base in [templates / f"{pipeline}.yaml", *(templates / name for name in extra)]:
+        if base.exists():
+            cfg = _merge(cfg, OmegaConf.load(base), str(base))
     if profile:
         path = _profile_path(profile, templates)
         cfg = _merge(cfg, _for_stages(OmegaConf.load(path), cfg), str(path))

@@ -41,6 +41,7 @@ class PipelineDef:
     schema: type  # config dataclass checked by OmegaConf
     stages: Callable[[Any], List[StageDef]]  # cfg -> stages, in submission order
     validate: Callable[[Any], None] = lambda cfg: None  # pipeline-specific input checks
+    templates: Tuple[str, ...] = ()  # template files merged after templates/<name>.yaml
 
 
 def get_pipeline(name: str) -> PipelineDef:

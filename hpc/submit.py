@@ -30,7 +30,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         argv, command = argv[:cut], argv[cut + 1:]
     p = argparse.ArgumentParser(prog="python -m hpc.submit", description=__doc__.split("\n\n")[0])
     p.add_argument("pipeline", help=f"one of {sorted(hplan.PIPELINES)}")
-    p.add_argument("overrides", nargs="*", help="dotted key=value config overrides")
+    p.add_argument("overrides", nargs="*", help="dotted key=value config overrides, anywhere before --")
     p.add_argument("--levels", nargs="+", type=int, help="langsplat feature levels (0 1 2)")
     p.add_argument("--nodes", type=int, help="run: nodes per job")
     p.add_argument("--gpus-per-node", type=int, help="run: GPUs (and ranks) per node")
@@ -39,7 +39,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--run-dir", help="run directory; an existing one resumes (done tasks are skipped)")
     p.add_argument("--dry-run", action="store_true", help="print the plan and sbatch scripts only")
     p.add_argument("--wait", action="store_true", help="follow the jobs until they end")
-    args = p.parse_intermixed_args(argv)  # key=value may come before or after options
+    # key=value tokens are taken out first, so `--levels 0 1 a.b=c` does not read a.b=c as a level
+    overrides = [a for a in argv if "=" in a and not a.startswith("-")]
+    args = p.parse_args([a for a in argv if a not in overrides])
+    args.overrides = args.overrides + overrides
     args.command = command
     return args
 
@@ -50,7 +53,7 @@ def build(args: argparse.Namespace) -> Tuple[hplan.PipelineDef, Any, RunDir, str
     run_dir = Path(args.run_dir) if args.run_dir else None
     overrides = list(args.overrides) + pipe_flags(args)
     saved = run_dir / "config.yaml" if run_dir else None
-    cfg = hconfig.load(pipe.schema, args.pipeline, args.profile, overrides, saved)
+    cfg = hconfig.load(pipe.schema, args.pipeline, args.profile, overrides, saved, extra=pipe.templates)
     pipe.validate(cfg)
     kind = scheduler.detect(cfg.cluster.kind)
     if kind == "slurm":

@@ -45,24 +45,29 @@ def stages(cfg: Any) -> List[StageDef]:
 
 
 def run_command(ctx: Any) -> dict:
+    return run_argv(ctx, list(ctx.cfg["script"]["command"]), ctx.cfg["stages"]["main"]["max_timeouts"])
+
+
+def run_argv(ctx: Any, argv: List[str], max_timeouts: int, launch: bool = True) -> dict:
+    """Run argv (no shell) in this task, under `python -m hpc.launch --` for torchrun-style variables."""
     from hpc import preemption
 
     checkpoints = ctx.stage_dir / "checkpoints"
     checkpoints.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "HPC_CHECKPOINT_DIR": str(checkpoints), "HPC_RUN_DIR": str(ctx.run_dir)}
-    cmd = [sys.executable, "-m", "hpc.launch", "--", *ctx.cfg["script"]["command"]]
+    cmd = [sys.executable, "-m", "hpc.launch", "--", *argv] if launch else argv
     # SLURM signals every process of the step: the script gets SIGTERM/SIGUSR2 itself (and may
     # checkpoint); this wrapper only notes it, and requeues once the script has exited.
     flag = preemption.install()
     code = subprocess.call(cmd, env=env)
     if flag.reason:
-        requeue_after_stop(ctx, flag, checkpoints)
+        requeue_after_stop(ctx, flag, checkpoints, max_timeouts)
     if code != 0:
         raise RuntimeError(f"command {cmd} exited with status {code} on rank {ctx.env.rank}")
     return {"exit_code": code}
 
 
-def requeue_after_stop(ctx: Any, flag: Any, checkpoints: Any) -> None:
+def requeue_after_stop(ctx: Any, flag: Any, checkpoints: Any, max_timeouts: int) -> None:
     """A job that ends within GraceTime is not requeued by SLURM 22.05: rank 0 asks for it."""
     import time
 
@@ -71,7 +76,6 @@ def requeue_after_stop(ctx: Any, flag: Any, checkpoints: Any) -> None:
     if ctx.env.rank != 0:
         time.sleep(30)  # rank 0's requeue ends this task; leaving first could end the job as FAILED
         raise SystemExit(-1)
-    max_timeouts = ctx.cfg["stages"]["main"]["max_timeouts"]
     decision = preemption.handle_stop(flag.local(), history=checkpoints / "requeue.json",
                                       max_timeouts=max_timeouts)
     preemption.exit_for(decision)
