@@ -36,6 +36,7 @@ def _train(out_dir, stop_at=None, save_every=5, crash_at=None):
             loop.log("loss", loss.item())
             if step == crash_at:
                 loop.writer.flush()
+                loop.store.wait()  # the step-5 checkpoint is on disk before the crash
                 raise Crash(step)
             if step == stop_at:
                 os.kill(os.getpid(), signal.SIGUSR2)  # handled at the step boundary
