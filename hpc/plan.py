@@ -124,7 +124,8 @@ def make_plan(pipe: PipelineDef, cfg: Any, run_dir: str, kind: str,
         ranks, note = _ranks(stage.name, res, kind)
         if note:
             notes.append(note)
-        after = tuple(s for s in stage.after if any(j.stage == s for j in jobs))
+        # wait for what is submitted now or still queued from an earlier submission
+        after = tuple(s for s in stage.after if any(j.stage == s for j in jobs) or any(k[0] == s for k in queued))
         jobs.append(JobSpec(stage=stage.name, target=stage.target, items=todo, is_array=bool(stage.items),
                             indices=tuple(stage.items.index(i) if stage.items else None for i in todo),
                             resources=res, after=after, folder=f"{run_dir}/{stage.name}/logs/%j",

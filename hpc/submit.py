@@ -123,7 +123,11 @@ def submit_plan(plan: hplan.Plan, run: RunDir, setup: Sequence[str] = ()) -> Dic
         if plan.kind != "slurm" and not _wait_ok(previous):
             print(f"stage {job.stage}: not started, an earlier stage failed (see python -m hpc.status {run.path})")
             break
-        bases = sorted({i.split("_")[0] for s in job.after for i in ids.get(s, [])})
+        earlier = {}  # stage -> job ids still queued from an earlier submission into this run
+        for t in run.tasks():
+            if not run.is_done(t["stage"], t["item"]):  # a long-finished job may be purged: no afterok on it
+                earlier.setdefault(t["stage"], []).append(t["job_id"])
+        bases = sorted({i.split("_")[0] for s in job.after for i in ids.get(s) or earlier.get(s, [])})
         dependency = f"afterok:{':'.join(bases)}" if bases else None
         executor = make_executor(plan.kind, job.folder, job.resources["max_timeouts"])
         if plan.kind != "debug":

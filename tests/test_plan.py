@@ -125,3 +125,9 @@ def test_precedence_defaults_template_profile_saved_command_line(tmp_path):
     assert cfg.stages.features.nodes == 2 and cfg.cluster.partitions == ["low", "high"]  # profile
     assert cfg.stages.rgb.time_min == 7  # the run directory's saved config
     assert cfg.stages.rgb.cpus_per_task == 5  # command line wins
+
+
+def test_plan_waits_for_a_stage_still_queued_from_an_earlier_submission(tmp_path):
+    pipe, cfg = load()
+    p = plan.make_plan(pipe, cfg, str(tmp_path), "slurm", frozenset(), frozenset({("first", None)}))
+    assert [(j.stage, j.after) for j in p.jobs] == [("second", ("first",))]

@@ -39,3 +39,9 @@ def test_orphaned_means_pending_on_a_dependency_that_failed():
     rec = scheduler.parse_sacct("4|PENDING|DependencyNeverSatisfied|0|a|b|0:0|n1\n", ["4"])["4"]
     assert rec.orphaned
     assert not scheduler.parse_sacct("4|PENDING|Dependency|0|a|b|0:0|n1\n", ["4"])["4"].orphaned
+
+
+def test_auto_falls_back_to_local_when_no_controller_answers(monkeypatch, tmp_path):
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "missing.conf"))
+    assert scheduler.detect("auto") == "local"
+    assert scheduler.detect("debug") == "debug"

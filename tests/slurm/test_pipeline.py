@@ -171,3 +171,13 @@ def test_run_pipeline_is_requeued_on_preemption_and_resumes(slurm_cluster, tmp_p
     assert int(ckpt.read_text()) == 30 and run.is_done("main")
     row = status.collect(run)[0]
     assert row.state == "COMPLETED" and row.restarts >= 1
+
+
+def test_auto_picks_slurm_and_partitions_come_from_the_cluster(slurm_cluster, tmp_path, capsys):
+    assert scheduler.detect("auto") == "slurm"
+    assert scheduler.partitions() == ["high", "low"]
+    code = submit.main(["tiny", "--dry-run", "--run-dir", str(tmp_path), "stages.first.partition=gpu"])
+    assert code == 2
+    assert "expected one of ['high', 'low']" in capsys.readouterr().err
+    assert submit.main(["tiny", "--dry-run", "--run-dir", str(tmp_path), "stages.first.partition=high"]) == 0
+    assert "(executor: slurm)" in capsys.readouterr().out
