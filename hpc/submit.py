@@ -123,15 +123,9 @@ def submit_plan(plan: hplan.Plan, run: RunDir, setup: Sequence[str] = ()) -> Dic
         if plan.kind != "slurm" and not _wait_ok(previous):
             print(f"stage {job.stage}: not started, an earlier stage failed (see python -m hpc.status {run.path})")
             break
-        earlier = {}  # stage -> job ids still queued from an earlier submission into this run
-        for t in run.tasks():
-            if not run.is_done(t["stage"], t["item"]):  # a long-finished job may be purged: no afterok on it
-                earlier.setdefault(t["stage"], []).append(t["job_id"])
-        bases = sorted({i.split("_")[0] for s in job.after for i in ids.get(s) or earlier.get(s, [])})
-        dependency = f"afterok:{':'.join(bases)}" if bases else None
         executor = make_executor(plan.kind, job.folder, job.resources["max_timeouts"])
         if plan.kind != "debug":
-            executor.update_parameters(**job.executor_parameters(dependency, setup))
+            executor.update_parameters(**job.executor_parameters(_dependency(job, ids, run), setup))
         tasks = [StageTask(str(run.path), job.stage, job.target, item, index)
                  for item, index in zip(job.items, job.indices)]
         with executor.batch():  # one sbatch --array for an array stage
@@ -143,6 +137,17 @@ def submit_plan(plan: hplan.Plan, run: RunDir, setup: Sequence[str] = ()) -> Dic
     if plan.kind != "slurm":
         _wait_ok(previous)
     return ids
+
+
+def _dependency(job: hplan.JobSpec, ids: Dict[str, List[str]], run: RunDir) -> Optional[str]:
+    """afterok on the jobs of the stages `job` waits for: submitted now, or queued earlier."""
+    earlier: Dict[str, List[str]] = {}
+    for t in run.tasks():
+        if not run.is_done(t["stage"], t["item"]):  # a long-finished job may be purged: no afterok on it
+            earlier.setdefault(t["stage"], []).append(t["job_id"])
+    # afterok on an array's base id waits for all of its tasks
+    bases = sorted({i.split("_")[0] for s in job.after for i in ids.get(s) or earlier.get(s, [])})
+    return f"afterok:{':'.join(bases)}" if bases else None
 
 
 def _wait_ok(jobs: List[Any]) -> bool:
