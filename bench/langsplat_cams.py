@@ -89,7 +89,8 @@ def run(ctx: Context) -> Section:
         "(jobs/langsplat/defaults.py), fresh output directory per run",
         "CPU only (gloo): the node's 2 torch threads are split between the ranks (1 rank x 2 threads "
         "vs 2 ranks x 1 thread); each rank builds the blend-weight cache of its own cameras only, "
-        "which dominates the first epoch; this is CPU scaling on a shared 2-core machine, not GPU scaling"]
+        "and 2 ranks add a gloo all-reduce of the feature gradient per step; this is CPU scaling on a "
+        "shared 2-core machine, not GPU scaling, and it varies from run to run"]
     return sec
 
 
