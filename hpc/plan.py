@@ -33,6 +33,7 @@ class StageDef:
     items: Tuple[Any, ...] = ()  # array items (one task each); () = a single job
     after: Tuple[str, ...] = ()  # stages that must end successfully first (afterok)
     resources: str = ""  # key under cfg.stages; default: the stage name
+    describe: str = ""  # what each task runs, for the plan output (default: the target)
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,7 @@ class JobSpec:
     folder: str  # submitit folder (logs, pickles); %j is the job id
     kind: str  # slurm | local | debug
     ranks: int  # processes per job (array task) as it will actually run
+    describe: str = ""  # what each task runs
 
     def executor_parameters(self, dependency: Optional[str] = None, setup: Sequence[str] = ()) -> Dict[str, Any]:
         if self.kind == "slurm":
@@ -96,6 +98,7 @@ class Plan:
             how = "afterok" if self.kind == "slurm" else "submitted when it has ended"
             after = f" after {', '.join(job.after)} ({how})" if job.after else ""
             lines.append(f"  stage {job.stage}:{items} {job.ranks} rank(s) per job{after}")
+            lines.append(f"    each task runs {job.describe}")
         lines += [f"  skip {s}" for s in self.skipped]
         lines += [f"  note: {n}" for n in self.notes]
         label = "sbatch script" if self.kind == "slurm" else f"sbatch script on SLURM (the {self.kind} executor runs no sbatch)"
@@ -129,7 +132,7 @@ def make_plan(pipe: PipelineDef, cfg: Any, run_dir: str, kind: str,
         jobs.append(JobSpec(stage=stage.name, target=stage.target, items=todo, is_array=bool(stage.items),
                             indices=tuple(stage.items.index(i) if stage.items else None for i in todo),
                             resources=res, after=after, folder=f"{run_dir}/{stage.name}/logs/%j",
-                            kind=kind, ranks=ranks))
+                            kind=kind, ranks=ranks, describe=stage.describe or stage.target))
     if kind != "slurm" and len(jobs) > 1:
         notes.append("the local executor has no afterok: stages run one after another, "
                      "and submit waits for each before starting the next")

@@ -41,7 +41,10 @@ def validate(cfg: Any) -> None:
 
 
 def stages(cfg: Any) -> List[StageDef]:
-    return [StageDef("main", "jobs.run:run_command")]
+    import shlex
+
+    command = shlex.join(["python", "-m", "hpc.launch", "--", *cfg.script.command])
+    return [StageDef("main", "jobs.run:run_command", describe=f"{command}  (argv, no shell)")]
 
 
 def run_command(ctx: Any) -> dict:

@@ -59,7 +59,9 @@ def test_dry_run_imports_no_torch_and_is_fast():
 def test_command_is_not_interpreted_by_a_shell():
     out = dry_run(["run", "--cluster", "slurm", "--profile", "sandbox", "--", "python", "t.py", "$(touch /tmp/pwned)"])
     assert out.returncode == 0, out.stderr
-    assert "$(touch" not in out.stdout  # the command travels in submitit's pickle, not in the script
+    summary, scripts = out.stdout.split("# ---- sbatch script", 1)
+    assert "$(touch" not in scripts  # the command travels in submitit's pickle, not in the script
+    assert "python t.py '$(touch /tmp/pwned)'" in summary  # shown shell-quoted: one argument
 
 
 def test_unsafe_sbatch_value_is_refused():
