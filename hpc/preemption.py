@@ -188,6 +188,8 @@ def classify(info: dict[str, str], signal_kind: str, restart_count: int = 0) -> 
         return "preempt", False
     if int(info.get("Restarts", 0) or 0) > restart_count:
         return "preempt", True
+    if state == "COMPLETING":  # ending with no preemption recorded: scancel (its SIGTERM) or failure
+        return "cancelled", False
     return signal_kind, False
 
 

@@ -17,6 +17,7 @@ RUNNING = {"JobState": "RUNNING", "Reason": "None", "PreemptTime": "None", "Rest
     ({**RUNNING, "PreemptTime": "2026-11-22T02:55:43"}, "timeout", ("preempt", False)),  # GraceTime
     ({**RUNNING, "JobState": "COMPLETING", "Restarts": "1"}, "preempt", ("preempt", True)),
     ({**RUNNING, "JobState": "PENDING", "Reason": "BeginTime"}, "preempt", ("preempt", True)),
+    ({**RUNNING, "JobState": "COMPLETING"}, "preempt", ("cancelled", False)),  # scancel's SIGTERM
     ({**RUNNING, "JobState": "CANCELLED"}, "preempt", ("cancelled", False)),
     ({**RUNNING, "JobState": "TIMEOUT"}, "preempt", ("timeout", False)),
     ({**RUNNING, "JobState": "COMPLETED"}, "timeout", ("finished", False)),
