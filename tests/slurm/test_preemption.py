@@ -1,0 +1,171 @@
+"""Preemption, time-limit signals and resume on the real local cluster, through submitit.
+
+    python -m pytest tests/slurm/test_preemption.py -m slurm
+
+The reference run goes first: a preemptor takes every CPU of the victim's nodes, and would
+preempt any other `low` job running there too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import cloudpickle
+import pytest
+import submitit
+import torch
+
+import tests.preemption_workload as workload
+from hpc.cluster.preempt import job_field, preempt
+
+pytestmark = pytest.mark.slurm
+TOTAL = 70  # steps of 0.15 s: about 10 s of training per uninterrupted run
+# The workload module is not importable inside the job; ship its code in the pickle.
+cloudpickle.register_pickle_by_value(workload)
+
+
+def executor(folder: Path, nodes: int = 2, tasks: int = 2) -> submitit.AutoExecutor:
+    ex = submitit.AutoExecutor(folder=folder, cluster="slurm")
+    ex.update_parameters(slurm_partition="low", nodes=nodes, tasks_per_node=tasks, cpus_per_task=1,
+                         timeout_min=10, slurm_signal_delay_s=30,
+                         slurm_additional_parameters={"requeue": True})
+    return ex
+
+
+def progress(out: Path) -> dict:
+    try:
+        return json.loads((out / "progress.json").read_text())
+    except (FileNotFoundError, ValueError):
+        return {"step": 0, "restart": -1}
+
+
+def wait_for(cond, what: str, timeout: float = 240):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def attempts(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "attempts.jsonl").read_text().splitlines()]
+
+
+def release(cluster, job_id: str) -> None:
+    """A requeued job waits ~2 min (Reason=BeginTime); let it start now.
+
+    The update only sticks once the job is PENDING again (not while it is still COMPLETING), so
+    repeat it until SLURM no longer holds the job for its begin time. Wait 2 s first: a job
+    restarted within the second of its requeue is refused by slurmd ("Job credential revoked",
+    credential times have one-second resolution) and ends FAILED.
+    """
+    time.sleep(2)
+    def started() -> bool:
+        state = job_field(cluster, job_id, "JobState")
+        if state != "PENDING":
+            return state == "RUNNING"  # preempt() returned after the requeue: this is the rerun
+        if job_field(cluster, job_id, "Reason") != "BeginTime":
+            return True
+        subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], capture_output=True)
+        return False
+    wait_for(started, f"job {job_id} pending without the begin-time hold", timeout=120)
+
+
+def test_preempted_twice_ends_bitwise_identical(slurm_cluster, tmp_path):
+    ref_dir, cut_dir = tmp_path / "reference", tmp_path / "preempted"
+    ref_dir.mkdir(), cut_dir.mkdir()
+    ref = executor(tmp_path / "ref-logs").submit(workload.train, str(ref_dir), total=TOTAL)
+    assert [r["step"] for r in ref.results()] == [TOTAL] * 4
+
+    job = executor(tmp_path / "cut-logs").submit(workload.train, str(cut_dir), total=TOTAL)
+    # Early enough that the scheduler (sched_interval=5 s) preempts before the run ends.
+    targets = sorted(random.Random().sample(range(3, 30), 2))
+    for restart, target in enumerate(targets):
+        wait_for(lambda: progress(cut_dir)["restart"] == restart and progress(cut_dir)["step"] >= target,
+                 f"step {target} of attempt {restart}")
+        preempt(slurm_cluster, job.job_id, release=False)
+        release(slurm_cluster, job.job_id)
+    results = job.results()  # submitit sees one job that finished, not three
+    assert [r["step"] for r in results] == [TOTAL] * 4
+    runs = attempts(cut_dir)
+    assert [a["restart"] for a in runs] == ["0", "1", "2"], runs
+    assert runs[0]["resumed_from"] == 0 and all(a["resumed_from"] > 0 for a in runs[1:]), (targets, runs)
+    history = json.loads((cut_dir / "checkpoints" / "requeue.json").read_text())
+    assert history["preemptions"] == 2 and history["timeouts"] == 0
+    a = torch.load(ref_dir / "weights.pt", weights_only=True)
+    b = torch.load(cut_dir / "weights.pt", weights_only=True)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), targets
+
+
+def time_limit_signal(job_id: str) -> None:
+    """What --signal=USR2@N delivers near the time limit: USR2 to every task of every step."""
+    subprocess.run(["scancel", "--signal=USR2", job_id], check=True)
+
+
+def test_time_limit_signal_requeues_until_max_timeouts(slurm_cluster, tmp_path):
+    """Job A gets the time-limit signal once and finishes; job B gets it twice with
+    max_timeouts=1: the second time it is not requeued and its error says why."""
+    dirs = {name: tmp_path / name for name in "AB"}
+    jobs = {}
+    for name, out in dirs.items():
+        out.mkdir()
+        jobs[name] = executor(tmp_path / f"{name}-logs", nodes=1).submit(
+            workload.train, str(out), total=TOTAL, step_s=0.1, max_timeouts=1)
+    for name, job in jobs.items():  # both get the signal while they train
+        wait_for(lambda: progress(dirs[name])["step"] >= 5, f"job {name} at step 5")
+        time_limit_signal(job.job_id)
+    for name, job in jobs.items():
+        wait_for(lambda: int(job_field(slurm_cluster, job.job_id, "Restarts") or 0) == 1,
+                 f"job {name} requeued")
+        release(slurm_cluster, job.job_id)
+    wait_for(lambda: progress(dirs["B"])["restart"] == 1, "job B running again")
+    time_limit_signal(jobs["B"].job_id)
+
+    assert [r["step"] for r in jobs["A"].results()] == [TOTAL, TOTAL]
+    assert [a["resumed_from"] for a in attempts(dirs["A"])][0] == 0
+    assert attempts(dirs["A"])[1]["resumed_from"] >= 5
+    history = json.loads((dirs["A"] / "checkpoints" / "requeue.json").read_text())
+    assert (history["timeouts"], history["preemptions"]) == (1, 0)
+
+    with pytest.raises(submitit.core.utils.FailedJobError) as err:
+        jobs["B"].result()
+    assert "not requeued" in str(err.value) and "max_timeouts=1" in str(err.value)
+    assert len(attempts(dirs["B"])) == 2
+    assert job_field(slurm_cluster, jobs["B"].job_id, "Restarts") == "1"
+    # The checkpoint of the step it stopped at is there for a resubmission into the same directory.
+    assert progress(dirs["B"])["step"] < TOTAL
+    from hpc.checkpoint import CheckpointStore
+    assert CheckpointStore(dirs["B"] / "checkpoints").latest() == progress(dirs["B"])["step"]
+
+
+def test_sigkill_during_checkpoint_write_resumes_from_previous(slurm_cluster, tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    job = executor(tmp_path / "logs", nodes=1).submit(workload.train, str(out), total=TOTAL,
+                                                      step_s=0.1, ballast_mb=150)
+    ckpt = out / "checkpoints"
+    wait_for(lambda: (ckpt / "step-5").is_dir(), "the first checkpoint")
+    partial = ckpt / ".step-10.tmp" / "shared.pt.part"
+    deadline = time.monotonic() + 120
+    while not partial.exists():  # a fine poll: the write lasts a fraction of a second
+        assert time.monotonic() < deadline, "never saw the step-10 write in progress"
+        time.sleep(0.002)
+    # SIGKILL the ranks themselves (scancel --signal=KILL would cancel the job with SIGTERM first).
+    for rank in (0, 1):
+        os.kill(int((out / f"pid-{rank}").read_text()), signal.SIGKILL)
+    wait_for(lambda: job_field(slurm_cluster, job.job_id, "JobState") in {"FAILED", "CANCELLED"},
+             "the killed job to end")
+    assert not (ckpt / "step-10").exists()
+    subprocess.run(["scontrol", "requeue", job.job_id], check=True)
+    release(slurm_cluster, job.job_id)
+    assert [r["step"] for r in job.results()] == [TOTAL, TOTAL]
+    assert [a["resumed_from"] for a in attempts(out)] == [0, 5]
+    log = (tmp_path / "logs" / f"{job.job_id}_0_log.err").read_text()
+    assert "skipping incomplete checkpoint" in log and ".step-10.tmp" in log
