@@ -66,6 +66,23 @@ def test_resume_after_stop_is_exact(tmp_path, rgb_dir):
     assert straight["accuracy"] == resumed["accuracy"]
 
 
+def test_rgb_resume_after_stop_is_exact(tmp_path, rgb_dir):
+    # Stop at step 30, between the densifications at 20 and 40: the checkpoint holds gaussians
+    # of a size the initial point cloud does not have, and the rerun must densify from them.
+    short = {"trainer": {**MINI["trainer"], "rgb_iterations": 30, "checkpoint_every": 7}}
+    stopped = train_rgb(short, tmp_path / "rgb")
+    assert stopped["resumed_from"] == 0
+    resumed = train_rgb(MINI, tmp_path / "rgb")
+    assert resumed["resumed_from"] == 30
+    assert 12 < stopped["gaussians"] < resumed["gaussians"]  # densified before and after the stop
+    a = torch.load(rgb_dir / "gaussians.pt", weights_only=True)
+    b = torch.load(tmp_path / "rgb" / "gaussians.pt", weights_only=True)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert resumed["psnr"] == json.loads((rgb_dir / "metrics.json").read_text())["psnr"]
+    steps = sorted(int(p.name.split("-")[1]) for p in (tmp_path / "rgb" / "checkpoints").glob("step-*"))
+    assert steps == [48, 56, 60]  # the rerun's periodic (every 8) and final saves; keep=3
+
+
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

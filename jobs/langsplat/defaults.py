@@ -40,7 +40,7 @@ TRAINER = {
     "cameras_per_step": 4,      # GLOBAL camera batch per step, shared round-robin by the ranks;
                                 # fixed so 1 and N ranks take the same steps (must divide by N)
     "per_device_cameras": 4,    # most cameras one rank renders at once (accumulates beyond)
-    "checkpoint_every": 100,    # feature-stage checkpoint interval (steps)
+    "checkpoint_every": 100,    # checkpoint interval of both stages (steps); a stopped job resumes there
     "log_every": 25,            # TensorBoard scalar interval (steps)
     "threads": 2,               # torch threads per node, split among the node's ranks
     "query_segment": 0,         # segment whose relevancy map is rendered

@@ -33,38 +33,32 @@ def _setup(cfg: dict, ranks_on_node: int = 1) -> None:
     torch.manual_seed(int(cfg["seed"]))
 
 
-def _device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
 def train_rgb(section: dict, out_dir: Path) -> dict:
-    """Stage 1: fit geometry and colour with densification; write gaussians.pt and PSNR."""
-    from torch.utils.tensorboard import SummaryWriter
+    """Stage 1: fit geometry and colour with densification; write gaussians.pt and PSNR.
+    Resumes from out_dir/checkpoints when a previous attempt was stopped."""
+    import hpc.ddp
 
     from .rgb import evaluate_rgb, fit_geometry
     from .scene import make_scene
 
     cfg = trainer_config(section)
-    _setup(cfg)
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    scene = make_scene(cfg)
-    with SummaryWriter(str(out_dir / "tensorboard")) as tb:
-        def log(step, scalars):
-            for k, v in scalars.items():
-                tb.add_scalar(f"rgb/{k}", v, step)
-
-        params, _ = fit_geometry(cfg, scene, log=log, device=_device())
+    with hpc.ddp.session() as s:  # one process: no process group, but device, rank and stop flag
+        _setup(cfg)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        scene = make_scene(cfg)
+        params, loop = fit_geometry(s, cfg, scene, out_dir)
         params = {k: v.cpu().contiguous() for k, v in params.items()}
-        torch.save(params, out_dir / GEOMETRY_FILE)
         result = evaluate_rgb(params, scene)
         train = evaluate_rgb(params, scene, scene.train_views)
-        tb.add_scalar("rgb/test_psnr", result["psnr"], cfg["rgb_iterations"])
-        _write_rgb_renders(params, scene, out_dir, tb)
+        loop.log("rgb/test_psnr", result["psnr"], cfg["rgb_iterations"])
+        _write_rgb_renders(params, scene, out_dir, loop.writer)
+        loop.finish()
+        torch.save(params, out_dir / GEOMETRY_FILE)
     metrics = {"stage": "rgb", "psnr": result["psnr"], "psnr_per_view": result["per_view"],
                "train_psnr": train["psnr"], "gaussians": len(params["means"]),
-               "seconds": time.perf_counter() - t0}
+               "resumed_from": loop.resumed_step, "seconds": time.perf_counter() - t0}
     write_metrics(out_dir / "metrics.json", metrics)
     return metrics
 
