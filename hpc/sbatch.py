@@ -35,6 +35,9 @@ def slurm_parameters(res: Mapping[str, Any], job_name: str, dependency: Optional
     if dependency:
         extra["dependency"] = dependency
     params["additional_parameters"] = extra
+    # a rank that dies takes the whole step down at once; otherwise its peers block in the next
+    # collective until their NCCL/gloo timeout or the job's time limit.
+    params["srun_args"] = ["--kill-on-bad-exit=1"]
     if setup:
         params["setup"] = list(setup)
     return params

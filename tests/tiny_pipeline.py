@@ -22,6 +22,7 @@ class TinySection:
     fail_first: bool = False  # stage `first` raises
     fail_items: List[int] = field(default_factory=list)  # these items of `second` raise
     sleep_s: float = 0.0  # time each task spends working
+    fail_rank: int = -1  # this rank of every `second` task raises at once; the others hang (-1: none)
 
 
 @dataclass
@@ -52,6 +53,10 @@ def first(ctx: Any) -> dict:
 def second(ctx: Any) -> dict:
     assert (ctx.run_dir / "first" / "first.txt").exists(), "second started before first finished"
     print(f"progress: item {ctx.item} working", flush=True)
+    if ctx.env.rank == ctx.cfg["tiny"]["fail_rank"]:
+        raise RuntimeError(f"second: rank {ctx.env.rank} failing on request (tiny.fail_rank)")
+    if ctx.cfg["tiny"]["fail_rank"] >= 0:
+        time.sleep(600)  # a peer that would wait forever in a collective: srun must end it
     time.sleep(ctx.cfg["tiny"]["sleep_s"])
     if ctx.item in ctx.cfg["tiny"]["fail_items"]:
         raise RuntimeError(f"second: item {ctx.item} failing on request (tiny.fail_items)")

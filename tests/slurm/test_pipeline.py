@@ -68,7 +68,23 @@ def test_stage2_array_tasks_start_after_stage1_ends(slurm_cluster, tmp_path):
     assert all(r.outputs for r in rows)
 
 
+def counting_path(tmp_path):
+    """PATH with wrappers for SLURM's clients that log each call, then run the real one."""
+    import os
+    import shutil
+
+    shims, log = tmp_path / "shims", tmp_path / "calls.log"
+    shims.mkdir()
+    for name in ("sacct", "squeue", "scontrol", "sinfo", "sbatch", "scancel"):
+        real = shutil.which(name)
+        (shims / name).write_text(f"#!/bin/sh\necho {name} >> {log}\nexec {real} \"$@\"\n")
+        (shims / name).chmod(0o755)
+    return f"{shims}{os.pathsep}{os.environ['PATH']}", log
+
+
 def test_stage1_failure_means_stage2_never_runs_and_status_says_why(slurm_cluster, tmp_path, capsys):
+    import os
+
     run = run_tiny(tmp_path / "run", "tiny.fail_first=true")
     ids = job_ids(run)
 
@@ -77,9 +93,16 @@ def test_stage1_failure_means_stage2_never_runs_and_status_says_why(slurm_cluste
         return rows if rows["first"].state == "FAILED" and all(
             rows[f"second[{i}]"].state == "NEVER" for i in (0, 1, 2)) else None
 
-    rows = wait_until(orphaned, what="stage 2 to be marked DependencyNeverSatisfied")
-    assert scheduler.NEVER in rows["second[0]"].why and "first" in rows["second[0]"].why
+    rows = wait_until(orphaned, what="stage 2 to be recognised as never starting")
+    assert rows["second[0]"].why.startswith("never: waits on stage first which FAILED (afterok)")
     assert not (run.task_dir("second", 0) / "done").exists()
+    # the command line says the same from exactly one scheduler call
+    path, log = counting_path(tmp_path)
+    out = subprocess.run([sys.executable, "-m", "hpc.status", str(run.path)], capture_output=True, text=True,
+                         env={**os.environ, "PATH": path}, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert log.read_text().split() == ["sacct"]
+    assert out.stdout.count("never: waits on stage first which FAILED (afterok)") == 3, out.stdout
     from hpc import cancel
 
     assert cancel.main([str(run.path)]) == 0
@@ -87,6 +110,17 @@ def test_stage1_failure_means_stage2_never_runs_and_status_says_why(slurm_cluste
     records = wait_until(lambda: ended(run), what="orphans to be cancelled")
     assert {records[ids[("second", i)]].state for i in (0, 1, 2)} == {"CANCELLED"}
     assert all(records[ids[("second", i)]].start in ("", "None", "Unknown") for i in (0, 1, 2))
+
+
+def test_a_failing_rank_ends_its_task_at_once(slurm_cluster, tmp_path):
+    # srun --kill-on-bad-exit=1: rank 1 raises, rank 0 would sleep 600 s (beyond the 5 min time
+    # limit); the step must end within seconds
+    run = run_tiny(tmp_path / "run", "tiny.parts=[0]", "tiny.fail_rank=1")
+    wait_until(lambda: ended(run), timeout_s=90, what="the failing task to end")
+    states = {r.task: r.state for r in status.collect(run)}
+    assert states == {"first": "COMPLETED", "second[0]": "FAILED"}
+    err = run.log_path("second", job_ids(run)[("second", 0)], rank=1, stream="err").read_text()
+    assert "failing on request (tiny.fail_rank)" in err
 
 
 def test_resubmission_reruns_only_the_failed_array_task(slurm_cluster, tmp_path, capsys):
