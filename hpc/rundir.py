@@ -3,7 +3,8 @@
     python -m hpc.status runs/langsplat-20260101-120000     # reads what this module writes
 
 Layout:
-    <run>/manifest.json        pipeline, git commit, submissions (time, job ids per stage and task)
+    <run>/manifest.json        pipeline, git commit, submissions (time, job ids per stage and task,
+                               the job ids each job waits for)
     <run>/config.yaml          the resolved config
     <run>/<stage>/logs/<jobid>/<jobid>_<rank>_log.{out,err}   submitit's per-rank logs
     <run>/<stage>/[task-<item>/]  done, checkpoints/, tensorboard/, outputs
@@ -15,7 +16,7 @@ import os
 import subprocess
 import time
 from pathlib import Path
-from typing import Any, Dict, FrozenSet, List, Optional, Tuple
+from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 DONE = "done"
 
@@ -59,17 +60,26 @@ class RunDir:
         data.update(pipeline=pipeline, executor=kind, git_commit=git_commit(), updated=_now())
         self._write(data)
 
-    def record(self, stage: str, item: Any, job_id: str, kind: str) -> None:
-        """Remember the job that runs (stage, item); older attempts stay in the history."""
+    def record(self, stage: str, item: Any, job_id: str, kind: str, after: Sequence[str] = ()) -> None:
+        """Remember the job that runs (stage, item); older attempts stay in the history.
+        `after`: the job ids it waits for (afterok), so status can tell when it never will start."""
         data = self.manifest()
         entry = data["tasks"].setdefault(task_key(stage, item), {"stage": stage, "item": item, "jobs": []})
-        entry["jobs"].append({"job_id": job_id, "executor": kind, "submitted": _now()})
+        entry["jobs"].append({"job_id": job_id, "executor": kind, "submitted": _now(), "after": list(after)})
         entry["job_id"] = job_id
         data["submissions"].append({"time": _now(), "stage": stage, "item": item, "job_id": job_id})
         self._write(data)
 
     def tasks(self) -> List[Dict[str, Any]]:
         return list(self.manifest().get("tasks", {}).values())
+
+    def dependencies(self) -> Dict[str, List[str]]:
+        """Latest job of each task -> the job ids it waits for (afterok)."""
+        return {t["job_id"]: t["jobs"][-1].get("after", []) for t in self.tasks()}
+
+    def job_tasks(self) -> Dict[str, str]:
+        """Every job id ever recorded (all attempts) -> its task key, e.g. 'second[1]'."""
+        return {j["job_id"]: task_key(t["stage"], t["item"]) for t in self.tasks() for j in t["jobs"]}
 
     def _write(self, data: Dict[str, Any]) -> None:
         _atomic_write(self.manifest_path, json.dumps(data, indent=1, default=str))

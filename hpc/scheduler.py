@@ -2,16 +2,18 @@
 
     python -c "from hpc import scheduler; print(scheduler.detect('auto'), scheduler.partitions())"
 
-One sacct call answers for every job of a run (array tasks included); squeue is the fallback when
-accounting is disabled. SLURM states map to hpc states through a table, not branches.
+One sacct call answers for every job of a run (array tasks included), however many there are; squeue
+is only the fallback when accounting is disabled. SLURM states map to hpc states through a table,
+not branches. Why a pending job will never start is inferred from its upstream jobs' states in that
+same answer (never_starts), not asked of squeue.
 """
 from __future__ import annotations
 
 import os
 import shutil
 import subprocess
-from dataclasses import dataclass, replace
-from typing import Dict, Iterable, List, Optional
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence
 
 # SLURM state (first word of sacct's State) -> hpc state
 STATES: Dict[str, str] = {
@@ -25,7 +27,11 @@ STATES: Dict[str, str] = {
     "REVOKED": "CANCELLED", "SPECIAL_EXIT": "FAILED",
 }
 ACTIVE = frozenset({"PENDING", "RUNNING", "PREEMPTED"})
-# A pending job whose afterok dependency failed: SLURM keeps it forever with this reason.
+# A record that ends in one of these SLURM states puts the job back in the queue: a restart follows.
+REQUEUED = frozenset({"REQUEUED", "PREEMPTED", "REQUEUE_HOLD", "REQUEUE_FED"})
+# hpc states of an upstream job after which an afterok dependency can never be satisfied.
+BREAKS_AFTEROK = frozenset({"FAILED", "CANCELLED", "TIMEOUT"})
+# SLURM's reason for such a job (squeue shows it at once; sacct's Reason may still say Dependency).
 NEVER = "DependencyNeverSatisfied"
 SACCT_FIELDS = ("JobID", "State", "Reason", "Elapsed", "Start", "End", "ExitCode", "NodeList")
 
@@ -41,11 +47,7 @@ class JobRecord:
     end: str
     exit_code: str
     nodes: str
-    restarts: int  # earlier records of the same id (requeues after preemption or timeout)
-
-    @property
-    def orphaned(self) -> bool:
-        return self.state == "PENDING" and NEVER in self.reason
+    restarts: int  # requeues after preemption or time limit (see parse_sacct)
 
 
 def detect(kind: str) -> str:
@@ -71,9 +73,8 @@ def partitions() -> List[str]:
 
 
 def query(job_ids: Iterable[str]) -> Dict[str, JobRecord]:
-    """State of all `job_ids` ("123" or "123_4"): one sacct call for the whole run, plus one squeue
-    call when some job pends (sacct does not know why a job pends, e.g. DependencyNeverSatisfied,
-    and does not list a pending array's tasks when asked for them by task id)."""
+    """State of all `job_ids` ("123" or "123_4") from one sacct call, whatever their number.
+    Pass the upstream job ids too: never_starts() reads their states from the same answer."""
     ids = sorted(set(job_ids))
     if not ids:
         return {}
@@ -82,30 +83,51 @@ def query(job_ids: Iterable[str]) -> Dict[str, JobRecord]:
         out = _run(["sacct", "-X", "-D", "-P", "-n", "-o", ",".join(SACCT_FIELDS), "-j", bases])
     except RuntimeError:
         return _query_squeue(ids)  # accounting disabled: only queued jobs are known
-    records = parse_sacct(out, ids)
-    pending = [i for i, r in records.items() if r.state == "PENDING"]
-    if pending:
-        live = _query_squeue(pending)
-        records.update({i: replace(records[i], reason=r.reason) for i, r in live.items() if i in records})
-    return records
+    return parse_sacct(out, ids)
 
 
 def parse_sacct(text: str, wanted: Iterable[str]) -> Dict[str, JobRecord]:
-    """Last record per job id wins; the ones before it count as restarts (-D lists requeues)."""
+    """Records of the `wanted` job ids in `sacct -X -D -P` output.
+
+    A pending array is one row (12_[0-2%4]): it stands for those of its tasks that are wanted and
+    have no row of their own. sacct has no restart count (scontrol's Restarts= would cost a call per
+    job); -D lists one record per start instead, so the records before the last are restarts, and a
+    last record that ended in a requeue (PREEMPTED, REQUEUED) counts as one more.
+    """
+    wanted = set(wanted)
     rows: Dict[str, List[List[str]]] = {}
+    arrays: List[List[str]] = []
     for line in text.splitlines():
         cols = line.split("|")
         if len(cols) == len(SACCT_FIELDS):
-            for jid in expand_array_id(cols[0]):  # a pending array is one line: 12_[0-2%4]
-                rows.setdefault(jid, []).append([jid, *cols[1:]])
-    result = {}
-    for job_id in wanted:
-        if job_id in rows:
-            jid, state, reason, elapsed, start, end, code, nodes = rows[job_id][-1]
-            word = state.split()[0] if state else "UNKNOWN"
-            result[job_id] = JobRecord(jid, STATES.get(word, "UNKNOWN"), state, reason, elapsed,
-                                       start, end, code, nodes, len(rows[job_id]) - 1)
-    return result
+            (arrays if "_[" in cols[0] else rows.setdefault(cols[0], [])).append(cols)
+    for cols in arrays:
+        for jid in expand_array_id(cols[0]):
+            if jid in wanted and jid not in rows:
+                rows[jid] = [[jid, *cols[1:]]]
+    return {jid: _record(rows[jid]) for jid in sorted(wanted) if jid in rows}
+
+
+def _record(rows: List[List[str]]) -> JobRecord:
+    jid, state, reason, elapsed, start, end, code, nodes = rows[-1]
+    word = state.split()[0] if state else "UNKNOWN"  # "CANCELLED by 0"
+    restarts = len(rows) - 1 + (word in REQUEUED)
+    return JobRecord(jid, STATES.get(word, "UNKNOWN"), state, reason, elapsed, start, end, code, nodes, restarts)
+
+
+def never_starts(records: Mapping[str, JobRecord],
+                 after: Mapping[str, Sequence[str]]) -> Dict[str, Optional[JobRecord]]:
+    """Pending jobs whose afterok can never be satisfied -> the upstream record that broke it
+    (None when only SLURM's reason says so, e.g. the upstream job is no longer in sacct).
+    `after`: job id -> the job ids it waits for. SLURM keeps such jobs pending forever."""
+    out: Dict[str, Optional[JobRecord]] = {}
+    for jid, rec in records.items():
+        if rec.state != "PENDING":
+            continue
+        broken = [records[u] for u in after.get(jid, ()) if u in records and records[u].state in BREAKS_AFTEROK]
+        if broken or NEVER in rec.reason:
+            out[jid] = broken[0] if broken else None
+    return out
 
 
 def expand_array_id(job_id: str) -> List[str]:

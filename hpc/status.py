@@ -2,8 +2,10 @@
 
     python -m hpc.status runs/langsplat-20260101-120000 [--json]
 
-One batched scheduler query (sacct, squeue as fallback) for all the run's jobs; the done markers,
-last progress line of each task's rank-0 log and the task's outputs come from the run directory.
+Exactly one scheduler call per poll (sacct; squeue only where accounting is disabled), whatever the
+number of jobs: a task that will never start is recognised from the state of the job it waits for
+(the manifest records each job's afterok ids) in that same answer. Done markers, the last progress
+line of each task's rank-0 log and the task's outputs come from the run directory.
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from hpc import scheduler
 from hpc.rundir import DONE, RunDir, task_key
@@ -39,8 +41,7 @@ class TaskStatus:
 
 def collect(run: RunDir) -> List[TaskStatus]:
     tasks = run.tasks()
-    kinds = {t["jobs"][-1]["executor"] for t in tasks if t.get("jobs")}
-    records = scheduler.query(t["job_id"] for t in tasks) if "slurm" in kinds else {}
+    records, never = query_run(run)
     rows = []
     for t in tasks:
         jid, stage, item = t["job_id"], t["stage"], t["item"]
@@ -52,8 +53,18 @@ def collect(run: RunDir) -> List[TaskStatus]:
                                rec.restarts if rec else 0, rec.elapsed if rec else "",
                                last_progress(run.log_path(stage, jid)), outputs(run.task_dir(stage, item)), "",
                                last_progress(run.log_path(stage, jid, stream="err"))))
-    _explain(rows, records)
+    _explain(rows, records, never, run.job_tasks())
     return rows
+
+
+def query_run(run: RunDir) -> Tuple[Dict[str, scheduler.JobRecord], Dict[str, Optional[scheduler.JobRecord]]]:
+    """One scheduler call for the SLURM jobs of a run and the jobs they wait for: (records, the
+    pending jobs that can never start -> the upstream record that failed)."""
+    tasks = [t for t in run.tasks() if t["jobs"][-1]["executor"] == "slurm"]
+    after = run.dependencies()
+    ids = [t["job_id"] for t in tasks]
+    records = scheduler.query(ids + [u for jid in ids for u in after.get(jid, [])])
+    return records, scheduler.never_starts(records, after)
 
 
 def _local_state(run: RunDir, stage: str, item: Any, job_id: str) -> str:
@@ -68,21 +79,27 @@ def _local_state(run: RunDir, stage: str, item: Any, job_id: str) -> str:
     return LOCAL_STATES["result" if outcome == "success" else "error"]
 
 
-def _explain(rows: List[TaskStatus], records: Dict[str, scheduler.JobRecord]) -> None:
-    """Say why a task will never run: SLURM keeps it pending with DependencyNeverSatisfied."""
-    failed = sorted({r.task for r in rows if r.state in ("FAILED", "CANCELLED", "TIMEOUT")})
+def _explain(rows: List[TaskStatus], records: Dict[str, scheduler.JobRecord],
+             never: Dict[str, Optional[scheduler.JobRecord]], job_tasks: Dict[str, str]) -> None:
+    """Fill in `why`: the reason a task waits, will never run, or failed."""
     for r in rows:
         rec = records.get(r.job_id)
-        if rec and rec.orphaned:
+        if r.job_id in never:
+            upstream = never[r.job_id]
+            cause = (f"waits on {_name(upstream.job_id, job_tasks)} which "
+                     f"{upstream.state} (afterok)" if upstream else f"SLURM reports {scheduler.NEVER}")
             r.state = "NEVER"
-            r.why = (f"{scheduler.NEVER}: an earlier stage did not succeed ({', '.join(failed) or 'see sacct'}); "
-                     "this job will never start. HINT: fix it and resubmit with --run-dir, "
+            r.why = (f"never: {cause}. HINT: fix it and resubmit with --run-dir, "
                      "or python -m hpc.cancel RUN_DIR")
         elif rec and rec.state == "PENDING" and rec.reason not in ("", "None"):
             r.why = rec.reason
         elif r.state == "FAILED":
             code = f"exit code {rec.exit_code}: " if rec else ""
             r.why = f"{code}{r.error or '?'} (python -m hpc.logs RUN_DIR --stage {r.stage} --err)"
+
+
+def _name(job_id: str, job_tasks: Dict[str, str]) -> str:
+    return f"stage {job_tasks[job_id]}" if job_id in job_tasks else f"job {job_id}"
 
 
 def last_progress(log: Path, tail_bytes: int = 4096) -> str:

@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from hpc import config as hconfig
 from hpc import plan as hplan
-from hpc import scheduler
+from hpc import scheduler, status
 from hpc.rundir import RunDir
 
 
@@ -99,17 +99,17 @@ def check_partitions(cfg: Any, dry_run: bool = False) -> None:
 
 
 def current_state(pipe: hplan.PipelineDef, cfg: Any, run: RunDir, kind: str):
-    """(finished, queued) task keys; orphans of a failed dependency are cancelled to be resubmitted."""
+    """(finished, queued) task keys; jobs that can never start (an upstream job failed) are
+    cancelled so that the plan submits them again."""
     keys = [(s.name, i) for s in pipe.stages(cfg) for i in (s.items or (None,))]
     finished = run.finished(keys)
     tasks = {(t["stage"], t["item"]): t["job_id"] for t in run.tasks()}
     if kind != "slurm" or not tasks:
         return finished, frozenset()
-    records = scheduler.query(tasks.values())
-    orphans = [jid for jid, r in records.items() if r.orphaned]
-    scheduler.cancel(orphans)
+    records, never = status.query_run(run)
+    scheduler.cancel(never)
     queued = frozenset(k for k, jid in tasks.items()
-                       if jid in records and records[jid].state in scheduler.ACTIVE and jid not in orphans)
+                       if jid in records and records[jid].state in scheduler.ACTIVE and jid not in never)
     return finished, queued - finished
 
 
@@ -124,14 +124,15 @@ def submit_plan(plan: hplan.Plan, run: RunDir, setup: Sequence[str] = ()) -> Dic
             print(f"stage {job.stage}: not started, an earlier stage failed (see python -m hpc.status {run.path})")
             break
         executor = make_executor(plan.kind, job.folder, job.resources["max_timeouts"])
+        upstream = _upstream(job, ids, run) if plan.kind == "slurm" else []
         if plan.kind != "debug":
-            executor.update_parameters(**job.executor_parameters(_dependency(job, ids, run), setup))
+            executor.update_parameters(**job.executor_parameters(afterok(upstream), setup))
         tasks = [StageTask(str(run.path), job.stage, job.target, item, index)
                  for item, index in zip(job.items, job.indices)]
         with executor.batch():  # one sbatch --array for an array stage
             submitted = [executor.submit(t) for t in tasks]
         for item, sj in zip(job.items, submitted):
-            run.record(job.stage, item, str(sj.job_id), plan.kind)
+            run.record(job.stage, item, str(sj.job_id), plan.kind, upstream)
         ids[job.stage] = [str(sj.job_id) for sj in submitted]
         previous = submitted
     if plan.kind != "slurm":
@@ -139,14 +140,18 @@ def submit_plan(plan: hplan.Plan, run: RunDir, setup: Sequence[str] = ()) -> Dic
     return ids
 
 
-def _dependency(job: hplan.JobSpec, ids: Dict[str, List[str]], run: RunDir) -> Optional[str]:
-    """afterok on the jobs of the stages `job` waits for: submitted now, or queued earlier."""
+def _upstream(job: hplan.JobSpec, ids: Dict[str, List[str]], run: RunDir) -> List[str]:
+    """Job ids of the stages `job` waits for: submitted now, or queued by an earlier submission."""
     earlier: Dict[str, List[str]] = {}
     for t in run.tasks():
         if not run.is_done(t["stage"], t["item"]):  # a long-finished job may be purged: no afterok on it
             earlier.setdefault(t["stage"], []).append(t["job_id"])
-    # afterok on an array's base id waits for all of its tasks
-    bases = sorted({i.split("_")[0] for s in job.after for i in ids.get(s) or earlier.get(s, [])})
+    return sorted(i for s in job.after for i in ids.get(s) or earlier.get(s, []))
+
+
+def afterok(job_ids: Sequence[str]) -> Optional[str]:
+    """sbatch --dependency value; afterok on an array's base id waits for all of its tasks."""
+    bases = sorted({i.split("_")[0] for i in job_ids})
     return f"afterok:{':'.join(bases)}" if bases else None
 
 
@@ -183,8 +188,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for stage, jids in ids.items():
         print(f"  {stage}: {' '.join(jids)}")
     if args.wait or kind != "slurm":
-        from hpc import status
-
         return status.follow(run)
     return 0
 

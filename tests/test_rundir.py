@@ -18,6 +18,17 @@ def test_manifest_keeps_every_attempt_and_config(tmp_path):
     assert run.config_path.read_text() == "a: 2\n"
 
 
+def test_manifest_records_what_each_job_waits_for(tmp_path):
+    run = RunDir(tmp_path)
+    run.start("tiny", "", "slurm")
+    run.record("first", None, "4", "slurm")
+    run.record("second", 0, "5_0", "slurm", ["4"])
+    run.record("first", None, "6", "slurm")  # resubmitted: the newest attempt counts
+    run.record("second", 0, "7_0", "slurm", ["6"])
+    assert run.dependencies() == {"6": [], "7_0": ["6"]}
+    assert run.job_tasks() == {"4": "first", "6": "first", "5_0": "second[0]", "7_0": "second[0]"}
+
+
 def test_done_markers_per_task(tmp_path):
     run = RunDir(tmp_path)
     run.mark_done("features", 2, {"result": {"loss": 0.1}})
