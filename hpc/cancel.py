@@ -20,8 +20,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("run_dir")
     p.add_argument("--stage", help="only this stage")
     args = p.parse_args(argv)
-    tasks = [t for t in RunDir(args.run_dir).tasks() if args.stage in (None, t["stage"])]
-    slurm_ids = [t["job_id"] for t in tasks if t["jobs"][-1]["executor"] == "slurm"]
+    slurm_ids = RunDir(args.run_dir).slurm_jobs(args.stage)
     if not slurm_ids:
         print("no SLURM jobs recorded in this run (local jobs end with their submitting process)")
         return 0

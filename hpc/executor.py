@@ -98,4 +98,5 @@ def make_executor(kind: str, folder: str, max_timeouts: int = 3) -> Any:
         return submitit.LocalExecutor(folder=folder)
     if kind == "debug":
         return submitit.DebugExecutor(folder=folder)
-    raise ValueError(f"executor kind {kind!r}; expected slurm, local or debug")
+    raise ValueError(f"executor kind {kind!r}; expected slurm, local or debug. "
+                     "HINT: resolve 'auto' with hpc.scheduler.detect() first.")

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 from hpc import sbatch
+from hpc.rundir import task_key
 
 # name -> module path; the module defines PIPELINE. Tests and users may add entries.
 PIPELINES: Dict[str, str] = {
@@ -92,6 +93,16 @@ class Plan:
     notes: Tuple[str, ...]
 
     def render(self, python: Optional[str] = None, setup: Sequence[str] = ()) -> str:
+        """The summary, then the sbatch script of every job (the dry-run output)."""
+        label = "sbatch script" + ("" if self.kind == "slurm"
+                                   else f" on SLURM (the {self.kind} executor runs no sbatch)")
+        lines = [self.summary()]
+        for job in self.jobs:
+            lines += ["", f"# ---- {label}: stage {job.stage} ----", job.sbatch_text(python, setup)]
+        return "\n".join(lines)
+
+    def summary(self) -> str:
+        """Which stages and items run, how many ranks, after what; what is skipped and why."""
         lines = [f"plan: pipeline {self.pipeline} -> {self.run_dir} (executor: {self.kind})"]
         for job in self.jobs:
             items = f" items {list(job.items)}" if job.is_array else ""
@@ -101,9 +112,6 @@ class Plan:
             lines.append(f"    each task runs {job.describe}")
         lines += [f"  skip {s}" for s in self.skipped]
         lines += [f"  note: {n}" for n in self.notes]
-        label = "sbatch script" if self.kind == "slurm" else f"sbatch script on SLURM (the {self.kind} executor runs no sbatch)"
-        for job in self.jobs:
-            lines += ["", f"# ---- {label}: stage {job.stage} ----", job.sbatch_text(python, setup)]
         return "\n".join(lines)
 
 
@@ -118,9 +126,9 @@ def make_plan(pipe: PipelineDef, cfg: Any, run_dir: str, kind: str,
         todo = tuple(item for (_, item) in keys if (stage.name, item) not in finished | queued)
         for key in keys:
             if key in finished:
-                skipped.append(f"{_label(key)}: done marker present")
+                skipped.append(f"{task_key(*key)}: done marker present")
             elif key in queued:
-                skipped.append(f"{_label(key)}: already queued or running")
+                skipped.append(f"{task_key(*key)}: already queued or running")
         if not todo:
             continue
         res = dict(_plain(cfg.stages[stage.resources or stage.name]))
@@ -148,10 +156,6 @@ def _ranks(stage: str, res: Dict[str, Any], kind: str) -> Tuple[int, str]:
         return actual, ""
     return actual, (f"stage {stage}: requested {res['nodes']} node(s) x {res['tasks_per_node']} task(s) "
                     f"= {requested} rank(s); the {kind} executor runs {actual} process(es) on this machine's CPU")
-
-
-def _label(key: TaskKey) -> str:
-    return key[0] if key[1] is None else f"{key[0]}[{key[1]}]"
 
 
 def _plain(node: Any) -> Any:

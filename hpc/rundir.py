@@ -73,6 +73,11 @@ class RunDir:
     def tasks(self) -> List[Dict[str, Any]]:
         return list(self.manifest().get("tasks", {}).values())
 
+    def slurm_jobs(self, stage: Optional[str] = None) -> List[str]:
+        """Latest job id of each task that went to SLURM (local jobs have no scheduler to ask)."""
+        return [t["job_id"] for t in self.tasks()
+                if t["jobs"][-1]["executor"] == "slurm" and stage in (None, t["stage"])]
+
     def dependencies(self) -> Dict[str, List[str]]:
         """Latest job of each task -> the job ids it waits for (afterok)."""
         return {t["job_id"]: t["jobs"][-1].get("after", []) for t in self.tasks()}
@@ -100,7 +105,7 @@ def git_commit(cwd: Optional[Path] = None) -> Optional[str]:
                              capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
+    return (out.stdout.strip() or None) if out.returncode == 0 else None
 
 
 def _now() -> str:

@@ -60,9 +60,8 @@ def collect(run: RunDir) -> List[TaskStatus]:
 def query_run(run: RunDir) -> Tuple[Dict[str, scheduler.JobRecord], Dict[str, Optional[scheduler.JobRecord]]]:
     """One scheduler call for the SLURM jobs of a run and the jobs they wait for: (records, the
     pending jobs that can never start -> the upstream record that failed)."""
-    tasks = [t for t in run.tasks() if t["jobs"][-1]["executor"] == "slurm"]
     after = run.dependencies()
-    ids = [t["job_id"] for t in tasks]
+    ids = run.slurm_jobs()
     records = scheduler.query(ids + [u for jid in ids for u in after.get(jid, [])])
     return records, scheduler.never_starts(records, after)
 

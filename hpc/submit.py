@@ -11,6 +11,7 @@ except with the local executor, which has no dependencies and so runs the stages
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -77,8 +78,6 @@ def pipe_flags(args: argparse.Namespace) -> List[str]:
         out += [f"stages.main.gpus_per_node={args.gpus_per_node}",
                 f"stages.main.tasks_per_node={max(1, args.gpus_per_node)}"]
     if args.command:
-        import json
-
         out.append(f"script.command={json.dumps(args.command)}")  # JSON list: YAML reads it verbatim
     return out
 
@@ -178,7 +177,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.dry_run:
         print(plan.render(setup=list(cfg.cluster.setup)))
         return 0
-    print("\n".join(plan.render().split("\n\n# ----")[0].splitlines()))
+    print(plan.summary())
     if not plan.jobs:
         print(f"nothing to submit: every task of {run.path} is done or queued")
         return 0
