@@ -40,13 +40,16 @@ def slurm_cluster():
         pytest.fail(f"SLURM programs missing: {', '.join(missing)}. HINT: python -m hpc.cluster install")
     directory = os.environ.get("HPC_TEST_CLUSTER_DIR") or tempfile.mkdtemp(prefix="hpc-test-cluster-")
     cluster = LocalCluster(directory)
+    # A cluster already running in HPC_TEST_CLUSTER_DIR belongs to whoever started it: reuse, leave up.
+    owned = not cluster.is_up()
     cluster.up(log=lambda msg: None)
     saved = os.environ.get("SLURM_CONF")
     os.environ.update(cluster.env())
     try:
         yield cluster
     finally:
-        cluster.down(log=lambda msg: None)
+        if owned:
+            cluster.down(log=lambda msg: None)
         if saved is None:
             os.environ.pop("SLURM_CONF", None)
         else:

@@ -69,7 +69,7 @@ class LocalCluster:
                                "`python -m hpc.cluster install` (as root), or "
                                "`apt-get install -y slurm-wlm slurmdbd mariadb-server munge`.")
         daemons = self._daemons()
-        if all(d.pid() for d in daemons) and self._nodes_idle():
+        if self.is_up():
             log(f"cluster {self.layout.name} already up in {self.dir}")
             return
         self._check_ports(daemons)
@@ -88,6 +88,11 @@ class LocalCluster:
         self._wait_idle(timeout_s)
         log(f"cluster {self.layout.name} up: nodes {self.layout.nodelist}, partitions low (default) "
             f"and high. Use it with: export SLURM_CONF={self.conf}")
+
+    def is_up(self) -> bool:
+        """Every daemon of this cluster runs and every node answers."""
+        return (L.ClusterLayout.load(self.dir) is not None and all(d.pid() for d in self._daemons())
+                and self._nodes_idle())
 
     def down(self, log=print) -> None:
         if L.ClusterLayout.load(self.dir) is None:

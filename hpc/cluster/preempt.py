@@ -14,6 +14,9 @@ import time
 from hpc.cluster.daemons import ClusterError
 from hpc.cluster.local import LocalCluster
 
+# Seconds between a requeue and releasing the job's hold (see release_hold).
+REQUEUE_SETTLE_S = 2.0
+
 
 def job_field(cluster: LocalCluster, job_id: str, key: str) -> str:
     out = cluster.run(["scontrol", "-o", "show", "job", str(job_id)], check=False)
@@ -48,6 +51,23 @@ def preempt(cluster: LocalCluster, job_id: str | int, *, release: bool = True,
         raise ClusterError(f"job {job_id} was not preempted within {timeout_s:.0f} s. HINT: is it in "
                            "partition `low`? Only `low` jobs are preemptible.")
     if release:
-        # SLURM holds a requeued job back ~2 minutes (Reason=BeginTime); let it start at once.
-        cluster.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=False)
+        release_hold(cluster, job_id, time.monotonic() + 30)
     return f"job {job_id} preempted on {nodes} and requeued (restart {restarts + 1})"
+
+
+def release_hold(cluster: LocalCluster, job_id: str, deadline: float) -> None:
+    """Start a requeued job now instead of after SLURM's ~2 minute begin-time hold.
+
+    StartTime=now is ignored while the job is still COMPLETING, and a start within the same second
+    as the requeue can fail with "Job credential revoked": wait for PENDING, then a little more.
+    """
+    while job_field(cluster, job_id, "JobState") != "PENDING":
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.2)
+    time.sleep(REQUEUE_SETTLE_S)
+    while time.monotonic() < deadline:
+        if job_field(cluster, job_id, "Reason") != "BeginTime":
+            return
+        cluster.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=False)
+        time.sleep(0.5)
