@@ -47,12 +47,22 @@ class PipelineDef:
 
 
 def get_pipeline(name: str) -> PipelineDef:
-    if name not in PIPELINES:
-        from hpc.config import ConfigError
+    """A registered name, or a user's own `package.module[:ATTR]` defining a PipelineDef (ATTR: PIPELINE)."""
+    from hpc.config import ConfigError
 
-        raise ConfigError(f"unknown pipeline {name!r}; expected one of {sorted(PIPELINES)}. "
-                          "HINT: register it in hpc.plan.PIPELINES.")
-    return importlib.import_module(PIPELINES[name]).PIPELINE
+    module, _, attr = PIPELINES.get(name, name).partition(":")
+    if name not in PIPELINES and "." not in module and not attr:
+        raise ConfigError(f"unknown pipeline {name!r}; expected one of {sorted(PIPELINES)} or a module "
+                          "path such as mypkg.pipelines:PIPELINE. HINT: register it in hpc.plan.PIPELINES.")
+    try:
+        found = getattr(importlib.import_module(module), attr or "PIPELINE")
+    except (ImportError, AttributeError) as err:
+        raise ConfigError(f"pipeline {name!r} could not be loaded ({err}). HINT: the module must be "
+                          "importable from the current directory and define PIPELINE "
+                          "(a hpc.plan.PipelineDef).") from err
+    if not isinstance(found, PipelineDef):
+        raise ConfigError(f"{name!r} is a {type(found).__name__}, expected a hpc.plan.PipelineDef.")
+    return found
 
 
 @dataclass(frozen=True)
