@@ -3,8 +3,10 @@
     from jobs.langsplat.defaults import trainer_config
     cfg = trainer_config({"trainer": {"rgb_iterations": 200}})   # defaults < given section
 
-Each key is documented where it is defined. Sizes are chosen so that on a 2-core CPU the RGB stage
-takes about a minute and each feature level well under one.
+Each key is documented where it is defined. Sizes are chosen so that on a quiet 2-core CPU the
+whole pipeline (rgb, then levels 0 1 2 side by side) takes about 40 s with the local executor, with
+a wide margin over the quality targets (held-out PSNR 38.6 dB against 25; accuracy >= 0.949
+against 0.9); 500 RGB and 300 feature steps bought only +3 dB and +0.006 for 20 % more time.
 """
 from __future__ import annotations
 
@@ -23,11 +25,11 @@ TRAINER = {
     "init_noise": 0.05,         # std of the noise on those points
     # stage 1: geometry + colour
     "seed": 0,                  # training seed (initial colours, split sampling, feature init)
-    "rgb_iterations": 500,      # optimisation steps, one training view each
+    "rgb_iterations": 300,      # optimisation steps, one training view each
     "rgb_lr": {"means": 0.004, "log_scales": 0.01, "quats": 0.01, "opacity": 0.05, "colors": 0.05},
     "init_scale": 0.1,          # initial gaussian scale
     "densify_from": 100,        # first step that densifies
-    "densify_until": 300,       # last step that densifies
+    "densify_until": 200,       # last step that densifies
     "densify_every": 100,       # densification interval
     "opacity_reset_every": 0,   # 0 disables 3DGS's periodic opacity reset
     "densify_grad": 1.5e-3,      # mean positional gradient norm that triggers clone/split
@@ -35,7 +37,7 @@ TRAINER = {
     "prune_opacity": 0.01,      # gaussians less opaque than this are dropped
     "max_gaussians": 300,       # densification stops adding beyond this
     # stage 2: language features (geometry frozen)
-    "feature_iterations": 300,  # optimisation steps
+    "feature_iterations": 200,  # optimisation steps
     "feature_lr": 0.05,         # Adam learning rate of the per-gaussian feature
     "cameras_per_step": 4,      # GLOBAL camera batch per step, shared round-robin by the ranks;
                                 # fixed so 1 and N ranks take the same steps (must divide by N)
