@@ -12,31 +12,34 @@ Layout of one checkpoint (every rank calls ``save``; rank 0 commits)::
 
     step-120/shared.pt        state minus "per_rank", written by rank 0
     step-120/rank-R.pt        state["per_rank"] of rank R (RNG, sampler position, ...)
-    step-120/COMPLETE.json    marker: step, files and their sha256; written last
+    step-120/COMPLETE.json    marker: step, files with their crc32 and size; written last
 
 Files are written into ``.step-N.tmp/`` (temporary name, fsync, rename), then rank 0 writes the
 marker and renames the directory. A directory counts only with a marker whose checksums match, so a
 process killed mid-write leaves the previous checkpoint as the newest valid one. Loading uses
 ``torch.load(weights_only=True)``: a checkpoint can never run pickled code.
+
+Costs (hpc.checkpoint_io, hpc.background): a background save forks a copy-on-write writer
+(``mode="fork"``, the default on Linux) after copying accelerator tensors to reused CPU buffers;
+``mode="thread"`` copies every tensor into reused buffers and writes from a thread. A blocking
+save (the final one, the one on a stop signal) streams the live state to disk in one pass.
 """
 
 from __future__ import annotations
 
-import hashlib
-import io
 import json
 import logging
 import os
-import pickle
 import re
 import shutil
-import threading
 import time
 import warnings
 from pathlib import Path
 from typing import Any
 
-import torch
+from hpc import background
+from hpc.checkpoint_io import (Staging, fsync_dir, load_file, verify, write_atomic,
+                               write_bytes_atomic)
 
 log = logging.getLogger(__name__)
 
@@ -49,47 +52,12 @@ _TMP_DIR = re.compile(r"^\.step-(\d+)\.tmp$")
 RANK_WAIT_S = 600.0
 
 
-def snapshot(obj: Any) -> Any:
-    """Deep copy of `obj` with every tensor detached and copied to CPU (the in-memory copy)."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
-    if isinstance(obj, dict):
-        return type(obj)((k, snapshot(v)) for k, v in obj.items())
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(snapshot(v) for v in obj)
-    return obj
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_atomic(path: Path, data: bytes) -> str:
-    """Write `data` to `path` via a temporary name + fsync + rename; return its sha256."""
-    part = path.with_name(path.name + ".part")
-    with open(part, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(part, path)
-    return hashlib.sha256(data).hexdigest()
-
-
-def _serialise(obj: Any) -> bytes:
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    return buf.getvalue()
-
-
 def _generation() -> str:
     """Identifies this attempt of the job, identical on every rank without communication.
 
     Stale rank files left in a temporary directory by a killed earlier attempt carry another
-    generation, so rank 0 never commits them.
+    generation, so rank 0 never commits them. Computed in the training process, never in a
+    forked writer (whose parent pid is the training process).
     """
     env = os.environ
     job = env.get("SLURM_JOB_ID") or env.get("TORCHELASTIC_RUN_ID") or f"pid{os.getppid()}"
@@ -100,85 +68,84 @@ class CheckpointStore:
     """Keeps the latest `keep` checkpoints of one run in `directory` (see module docstring)."""
 
     def __init__(self, directory: str | os.PathLike, keep: int = 3, rank: int = 0,
-                 world_size: int = 1) -> None:
+                 world_size: int = 1, mode: str | None = None) -> None:
         if keep < 1:
             raise ValueError(f"keep={keep}; expected at least 1. HINT: keep=1 keeps only the newest.")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank={rank} with world_size={world_size}; expected 0 <= rank < world_size.")
+        self.mode = mode or os.environ.get("HPC_CHECKPOINT_MODE") or background.default_mode()
+        if self.mode not in background.MODES:
+            raise ValueError(f"checkpoint mode {self.mode!r}; expected one of {background.MODES}. "
+                             "HINT: mode='thread' (or HPC_CHECKPOINT_MODE=thread) where fork fails.")
         self.directory = Path(directory)
         self.keep, self.rank, self.world_size = keep, rank, world_size
         self.directory.mkdir(parents=True, exist_ok=True)
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
+        self._job: Any = None
+        # Thread mode reads the buffers while training goes on: pinned for fast device copies.
+        self._staging = Staging(pin=self.mode == "thread")
         self.stats = {"saves": 0, "copy_s": 0.0, "waited_s": 0.0, "write_s": 0.0}
 
     # ---------------------------------------------------------------- saving
     def save(self, step: int, state: dict[str, Any], blocking: bool = False) -> None:
         """Checkpoint `state` as step `step`; every rank calls this with the same step.
 
-        The caller pays for the in-memory copy only. A save that is due while the previous write
-        still runs waits for it first: never two writes at once, and every rank saves the same
-        steps (skipping would let ranks disagree about which checkpoints exist).
+        Background (default): the caller pays for copying accelerator tensors to CPU and a fork
+        (thread mode: copying every tensor). A save that is due while the previous write still
+        runs waits for it first: never two writes at once, and every rank saves the same steps
+        (skipping would let ranks disagree about which checkpoints exist). Blocking: written
+        straight from the live state, one pass, no copy; returns when committed (rank 0).
         """
         t0 = time.perf_counter()
-        self.wait()
+        self.wait()  # a stop's blocking save lets the running write finish: it may be the newest
         t1 = time.perf_counter()
         own = {k: v for k, v in state.items() if k != PER_RANK_KEY} if self.rank == 0 else None
-        copy = (snapshot(own), snapshot(state.get(PER_RANK_KEY)))
-        t2 = time.perf_counter()
+        args = [int(step), own, state.get(PER_RANK_KEY), _generation()]
         self.stats["saves"] += 1
         self.stats["waited_s"] += t1 - t0
-        self.stats["copy_s"] += t2 - t1
-        args = (int(step), copy[0], copy[1], _generation())
         if blocking:
             self._write(*args)
+            self.stats["write_s"] += time.perf_counter() - t1
             return
-        self._thread = threading.Thread(target=self._write_guarded, args=args,
-                                        name=f"checkpoint-step-{step}", daemon=True)
-        self._thread.start()
+        # Fork: CPU tensors reach the child copy-on-write, only device tensors need a copy first.
+        args[1:3] = self._staging.stage(tuple(args[1:3]), cpu_too=self.mode == "thread")
+        self._job = background.start(self._write, tuple(args), self.mode)
+        self.stats["copy_s"] += time.perf_counter() - t1
 
     def wait(self) -> None:
         """Block until the background write finishes; re-raise its error here, in the caller."""
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        if self._error is not None:
-            err, self._error = self._error, None
+        job, self._job = self._job, None
+        if job is None:
+            return
+        try:
+            self.stats["write_s"] += job.wait()
+        except BaseException as err:
             raise RuntimeError(f"background checkpoint write in {self.directory} failed") from err
 
     def close(self) -> None:
         self.wait()
 
-    def _write_guarded(self, *args: Any) -> None:
-        try:
-            self._write(*args)
-        except BaseException as err:  # surfaced by wait() in the training thread
-            self._error = err
-
     def _write(self, step: int, shared: Any, per_rank: Any, generation: str) -> None:
-        t0 = time.perf_counter()
         tmp = self.directory / f".step-{step}.tmp"
         tmp.mkdir(exist_ok=True)
         if per_rank is not None:
-            digest = _write_atomic(tmp / f"rank-{self.rank}.pt", _serialise(per_rank))
-            _write_atomic(tmp / f"rank-{self.rank}.done", json.dumps(
-                {"generation": generation, "sha256": digest}).encode())
+            info = write_atomic(tmp / f"rank-{self.rank}.pt", per_rank)
+            write_bytes_atomic(tmp / f"rank-{self.rank}.done", json.dumps(
+                {"generation": generation, "file": info}).encode())
         if self.rank == 0:
-            files = {SHARED: _write_atomic(tmp / SHARED, _serialise(shared))}
+            files = {SHARED: write_atomic(tmp / SHARED, shared)}
             if per_rank is not None:
                 files.update(self._collect_ranks(tmp, generation))
             self._commit(step, tmp, files)
-        self.stats["write_s"] += time.perf_counter() - t0
 
     def _collect_ranks(self, tmp: Path, generation: str) -> dict[str, str]:
-        """Wait for every rank's file of this generation; return name -> sha256."""
+        """Wait for every rank's file of this generation; return name -> checksum info."""
         files, deadline = {}, time.monotonic() + RANK_WAIT_S
         for r in range(self.world_size):
             done = tmp / f"rank-{r}.done"
             while True:
                 info = json.loads(done.read_text()) if done.exists() else {}
                 if info.get("generation") == generation:
-                    files[f"rank-{r}.pt"] = info["sha256"]
+                    files[f"rank-{r}.pt"] = info["file"]
                     break
                 if time.monotonic() > deadline:
                     raise TimeoutError(
@@ -189,7 +156,7 @@ class CheckpointStore:
 
     def _commit(self, step: int, tmp: Path, files: dict[str, str]) -> None:
         marker = {"step": step, "world_size": self.world_size, "files": files, "time": time.time()}
-        _write_atomic(tmp / MARKER, json.dumps(marker, indent=1).encode())
+        write_bytes_atomic(tmp / MARKER, json.dumps(marker, indent=1).encode())
         final = self.directory / f"step-{step}"
         if final.exists():  # the same step saved again after resuming from an older one
             old = self.directory / f".step-{step}.old"
@@ -199,7 +166,7 @@ class CheckpointStore:
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, final)
-        _fsync_dir(self.directory)
+        fsync_dir(self.directory)
         self._prune()
 
     def _prune(self) -> None:
@@ -223,9 +190,9 @@ class CheckpointStore:
         return sorted(int(m.group(1)) for m in found if m)
 
     def latest(self) -> int | None:
-        """Newest step whose checkpoint is complete and passes its checksums."""
+        """Newest step whose checkpoint is complete and passes its checksums (nothing loaded)."""
         for step in reversed(self.steps()):
-            if self._read(step, "cpu", warn=False) is not None:
+            if not self._verify(self.directory / f"step-{step}")[0]:
                 return step
         return None
 
@@ -251,48 +218,36 @@ class CheckpointStore:
 
     def _read(self, step: int, map_location: Any, warn: bool) -> dict[str, Any] | None:
         path = self.directory / f"step-{step}"
-        problem, blobs = self._verify(path)
+        problem, names = self._verify(path)
         if problem:
             if warn:
                 _warn(f"skipping checkpoint {path}: {problem}")
             return None
-        state = _load_safe(path / SHARED, blobs[SHARED], map_location)
+        state = load_file(path / SHARED, map_location)
         own = f"rank-{self.rank}.pt"
-        state[PER_RANK_KEY] = _load_safe(path / own, blobs[own], map_location) if own in blobs else None
+        state[PER_RANK_KEY] = load_file(path / own, map_location) if own in names else None
         return state
 
-    def _verify(self, path: Path) -> tuple[str, dict[str, bytes]]:
-        """('', file bytes) when `path` is complete and intact, else (what is wrong, {})."""
+    def _verify(self, path: Path) -> tuple[str, set[str]]:
+        """('', names of the files) when `path` is complete and intact, else (what is wrong, {}).
+
+        Every rank checks every file, not only its own: a corrupt file of one rank must make all
+        ranks skip the checkpoint alike, or they would resume from different steps.
+        """
         try:
             marker = json.loads((path / MARKER).read_text())
         except FileNotFoundError:
-            return "no completion marker", {}
+            return "no completion marker", set()
         except ValueError as err:
-            return f"unreadable completion marker ({err})", {}
-        wanted = {SHARED, f"rank-{self.rank}.pt"}
-        blobs = {}
-        for name, digest in marker.get("files", {}).items():
-            try:
-                data = (path / name).read_bytes()
-            except FileNotFoundError:
-                return f"{name} is missing", {}
-            if hashlib.sha256(data).hexdigest() != digest:
-                return f"{name} does not match its sha256 checksum (corrupted)", {}
-            if name in wanted:
-                blobs[name] = data
-        if SHARED not in blobs:
-            return f"marker lists no {SHARED}", {}
-        return "", blobs
-
-
-def _load_safe(path: Path, data: bytes, map_location: Any) -> Any:
-    try:
-        return torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as err:
-        raise ValueError(
-            f"{path} holds objects that weights_only loading refuses ({err}). Loading never runs "
-            "pickled code. HINT: save only tensors, numbers, strings and containers of them, e.g. "
-            "model.state_dict() instead of the model.") from None
+            return f"unreadable completion marker ({err})", set()
+        files = marker.get("files", {})
+        for name, expected in files.items():
+            problem = verify(path / name, expected)
+            if problem:
+                return problem, set()
+        if SHARED not in files:
+            return f"marker lists no {SHARED}", set()
+        return "", set(files)
 
 
 def _warn(message: str) -> None:

@@ -12,7 +12,10 @@ import warnings
 import pytest
 import torch
 
-from hpc.checkpoint import CheckpointStore, snapshot
+from hpc.checkpoint import CheckpointStore
+from hpc.checkpoint_io import Staging
+
+MODES = pytest.mark.parametrize("mode", ["fork", "thread"])
 
 
 def _state(step, n=8):
@@ -27,8 +30,9 @@ def test_first_run_has_nothing_to_load(tmp_path):
     assert store.load() is None
 
 
-def test_roundtrip_and_keep_latest(tmp_path):
-    store = CheckpointStore(tmp_path, keep=2)
+@MODES
+def test_roundtrip_and_keep_latest(tmp_path, mode):
+    store = CheckpointStore(tmp_path, keep=2, mode=mode)
     for step in (10, 20, 30):
         store.save(step, _state(step))
     store.close()
@@ -40,14 +44,19 @@ def test_roundtrip_and_keep_latest(tmp_path):
     assert store.load(step=20)["step"] == 20
 
 
-def test_save_copies_before_returning(tmp_path):
-    """The caller may change its tensors right after save(): the checkpoint keeps the old values."""
-    store = CheckpointStore(tmp_path)
-    w = torch.zeros(1000)
-    store.save(1, {"w": w})
-    w.add_(1)
+@MODES
+def test_save_copies_before_returning(tmp_path, mode):
+    """The caller may change its tensors right after save(): the checkpoint keeps the old values,
+    also for the second save (thread mode reuses its buffers)."""
+    store = CheckpointStore(tmp_path, mode=mode)
+    w = torch.zeros(4_000_000)
+    for step in (1, 2):
+        store.save(step, {"w": w, "per_rank": {"v": w[:3]}})
+        w.add_(1)
     store.close()
-    assert torch.equal(store.load()["w"], torch.zeros(1000))
+    assert torch.equal(store.load(step=1)["w"], torch.zeros(4_000_000))
+    got = store.load(step=2)
+    assert torch.equal(got["w"], torch.ones(4_000_000)) and torch.equal(got["per_rank"]["v"], torch.ones(3))
 
 
 def test_corrupted_newest_is_skipped_with_warning(tmp_path):
@@ -58,7 +67,7 @@ def test_corrupted_newest_is_skipped_with_warning(tmp_path):
     data = bytearray(shared.read_bytes())
     data[len(data) // 2] ^= 0xFF
     shared.write_bytes(bytes(data))
-    with pytest.warns(RuntimeWarning, match=r"step-2.*sha256"):
+    with pytest.warns(RuntimeWarning, match=r"step-2.*crc32 checksum"):
         got = store.load()
     assert got["step"] == 1
     assert store.latest() == 1
@@ -125,8 +134,9 @@ def test_stale_rank_file_of_an_earlier_attempt_is_not_committed(tmp_path, monkey
     assert not (tmp_path / "step-3").exists()
 
 
-def test_background_write_does_not_block_and_errors_surface(tmp_path):
-    store = CheckpointStore(tmp_path)
+@MODES
+def test_background_write_does_not_block_and_errors_surface(tmp_path, mode):
+    store = CheckpointStore(tmp_path, mode=mode)
     big = {"w": torch.zeros(16_000_000)}  # 64 MB
     t0 = time.perf_counter()
     store.save(1, big)
@@ -140,11 +150,62 @@ def test_background_write_does_not_block_and_errors_surface(tmp_path):
         store.wait()
 
 
-def test_snapshot_is_a_deep_cpu_copy():
+def test_staging_copies_into_reused_buffers():
+    staging = Staging()
     src = {"a": [torch.ones(2), (torch.zeros(1), 3)], "b": "x"}
-    cp = snapshot(src)
+    cp = staging.stage(src, cpu_too=True)
     src["a"][0].add_(1)
     assert torch.equal(cp["a"][0], torch.ones(2)) and cp["a"][1][1] == 3 and cp["b"] == "x"
+    again = staging.stage(src, cpu_too=True)
+    assert again["a"][0] is cp["a"][0] and torch.equal(again["a"][0], 2 * torch.ones(2))
+    src["a"][0] = torch.ones(5)  # another shape: a new buffer
+    assert staging.stage(src, cpu_too=True)["a"][0].shape == (5,)
+    assert staging.stage(src, cpu_too=False)["a"][0] is src["a"][0]  # CPU tensors pass through
+
+
+def test_truncated_file_is_skipped(tmp_path):
+    store = CheckpointStore(tmp_path)
+    store.save(1, _state(1), blocking=True)
+    store.save(2, _state(2), blocking=True)
+    shared = tmp_path / "step-2" / "shared.pt"
+    shared.write_bytes(shared.read_bytes()[:-10])
+    with pytest.warns(RuntimeWarning, match=r"step-2.*truncated"):
+        assert store.load()["step"] == 1
+
+
+def test_marker_of_the_sha256_format_still_loads(tmp_path):
+    """Checkpoints written before the crc32 markers (sha256 hex per file) stay resumable."""
+    import hashlib
+    import json
+
+    store = CheckpointStore(tmp_path)
+    store.save(1, _state(1), blocking=True)
+    marker_path = tmp_path / "step-1" / "COMPLETE.json"
+    marker = json.loads(marker_path.read_text())
+    marker["files"] = {n: hashlib.sha256((tmp_path / "step-1" / n).read_bytes()).hexdigest()
+                       for n in marker["files"]}
+    marker_path.write_text(json.dumps(marker))
+    assert store.load()["step"] == 1
+    marker["files"]["shared.pt"] = "0" * 64
+    marker_path.write_text(json.dumps(marker))
+    with pytest.warns(RuntimeWarning, match="sha256"):
+        assert store.load() is None
+
+
+def test_forked_writer_survives_sigterm_and_reports_failures(tmp_path):
+    """A preemption's SIGTERM reaches every process of the job: the writer must finish anyway."""
+    store = CheckpointStore(tmp_path, mode="fork")
+    store.save(1, {"w": torch.zeros(50_000_000)})  # 200 MB: still writing when the signal comes
+    os.kill(store._job.pid, signal.SIGTERM)
+    os.kill(store._job.pid, signal.SIGUSR2)
+    store.wait()
+    assert store.latest() == 1
+    store.save(2, {"w": torch.zeros(50_000_000)})
+    os.kill(store._job.pid, signal.SIGKILL)
+    with pytest.raises(RuntimeError, match="background checkpoint write") as info:
+        store.wait()
+    assert "killed by signal 9" in str(info.value.__cause__)
+    assert store.latest() == 1
 
 
 WRITER = textwrap.dedent("""

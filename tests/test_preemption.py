@@ -36,6 +36,7 @@ def test_decide_table():
 
 
 def test_handlers_only_set_a_flag_and_preemption_wins():
+    before = signal.getsignal(signal.SIGUSR2)  # a TrainLoop of an earlier test leaves its own
     flag = pre.StopFlag("USR2").install()
     try:
         assert flag.local() is None
@@ -48,7 +49,7 @@ def test_handlers_only_set_a_flag_and_preemption_wins():
         assert pre.should_stop(flag=flag).reason == "preempt"  # no process group: local flag
     finally:
         flag.uninstall()
-    assert signal.getsignal(signal.SIGUSR2) is signal.SIG_DFL
+    assert signal.getsignal(signal.SIGUSR2) is before
 
 
 def test_bad_timeout_signal_names_say_how_to_fix():
