@@ -28,6 +28,9 @@ MINI = {"image_size": 16, "n_views": 10, "gaussians_per_subpart": 3, "n_objects"
 # Long enough (about 15 s on 4 ranks sharing 2 cores) that a preemption lands mid-training, with a
 # checkpoint every 100 steps to resume from.
 LONG = {**MINI, "feature_iterations": 2000, "checkpoint_every": 100, "log_every": 100}
+# The same for stage 1 (about 8 s in one process at ~2 ms a step); stage 2 kept short.
+LONG_RGB = {**MINI, "rgb_iterations": 4000, "feature_iterations": 20, "checkpoint_every": 100,
+            "log_every": 100}
 
 
 @pytest.fixture(autouse=True)
@@ -115,3 +118,24 @@ def test_preempted_feature_task_resumes_bitwise(slurm_cluster, tmp_path):
     assert metrics["accuracy"] == ref_metrics["accuracy"] and ref_metrics["resumed_from"] == 0
     # TensorBoard continues the run: every logged step once, with the uninterrupted run's values.
     assert scalars(features_dir(run), "feature/loss") == scalars(features_dir(reference), "feature/loss")
+
+
+def test_preempted_rgb_stage_resumes_bitwise(slurm_cluster, tmp_path):
+    from hpc.cluster.preempt import preempt
+    from jobs.langsplat.stages import train_rgb
+
+    run = submit_langsplat(tmp_path / "preempted", LONG_RGB)
+    job_id = job_ids(run)[("rgb", None)]
+    checkpoints = run.task_dir("rgb") / "checkpoints"
+    wait_until(lambda: list(checkpoints.glob("step-*/")), timeout_s=120, what="a first rgb checkpoint")
+    preempt(slurm_cluster, job_id)
+    reference = train_rgb({"trainer": LONG_RGB}, tmp_path / "reference")  # while the job resumes
+    records = finished(run)
+    assert records[job_id].restarts >= 1
+    metrics = json.loads((run.task_dir("rgb") / "metrics.json").read_text())
+    assert 0 < metrics["resumed_from"] < LONG_RGB["rgb_iterations"], metrics
+    a = torch.load(run.task_dir("rgb") / "gaussians.pt", weights_only=True)
+    b = torch.load(tmp_path / "reference" / "gaussians.pt", weights_only=True)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert metrics["psnr"] == reference["psnr"] and metrics["gaussians"] == reference["gaussians"]
+    assert scalars(run.task_dir("rgb"), "rgb/loss") == scalars(tmp_path / "reference", "rgb/loss")
