@@ -76,17 +76,19 @@ class Session:
 
     def loader(self, dataset, batch_size: int, shuffle: bool = True, seed: int = 0,
                drop_last: bool = True, **loader_kwargs) -> torch.utils.data.DataLoader:
-        """DataLoader over this rank's share; set_epoch() reshuffles all of them."""
-        from torch.utils.data import DataLoader, DistributedSampler
+        """DataLoader over this rank's share; set_epoch() reshuffles all of them. Its position
+        is resumable state (hpc.sampler): register it with TrainLoop.resume."""
+        from hpc.sampler import ResumableLoader, ResumableSampler
 
         # drop_last keeps per-rank step counts equal: an extra step on one rank would
         # wait forever for the gradient all-reduce of the others.
-        sampler = DistributedSampler(dataset, num_replicas=self.world_size, rank=self.rank,
-                                     shuffle=shuffle, seed=seed, drop_last=drop_last)
-        self._samplers.append(sampler)
+        sampler = ResumableSampler(dataset, num_replicas=self.world_size, rank=self.rank,
+                                   shuffle=shuffle, seed=seed, drop_last=drop_last)
         pin = self.device.type == "cuda"
-        return DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=drop_last,
-                          pin_memory=loader_kwargs.pop("pin_memory", pin), **loader_kwargs)
+        loader = ResumableLoader(dataset, sampler, batch_size=batch_size, drop_last=drop_last,
+                                 pin_memory=loader_kwargs.pop("pin_memory", pin), **loader_kwargs)
+        self._samplers.append(loader)  # its set_epoch also resets the position
+        return loader
 
     def set_epoch(self, epoch: int) -> None:
         for sampler in self._samplers:

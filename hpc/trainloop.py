@@ -4,18 +4,21 @@ Usage::
 
     with hpc.ddp.session() as s:
         model = s.wrap(Net()); opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = s.loader(dataset, batch_size=32)          # position saved per rank
         loop = TrainLoop(s, out_dir, save_every=100)
-        loop.resume({"model": model, "optimizer": opt})   # no-op on a first run
+        loop.resume({"model": model, "optimizer": opt, "data": loader})   # no-op on a first run
+        batches = loader.batches()
         for step in loop.steps(1000):                     # continues after the resumed step
-            loss = train_step(batch_for(step))
+            loss = train_step(next(batches))
             loop.log("loss", loss)                        # rank 0, no duplicated points
         loop.finish()                                     # synchronous final checkpoint
 
 A requeued job (SLURM_RESTART_COUNT > 0) or a resubmission into the same `out_dir` continues from
 the newest valid checkpoint in ``out_dir/checkpoints``. Checkpoints hold every registered object's
-state_dict, ``loop.extra`` (shared) and, per rank, the RNG states, so a run that was stopped and
-resumed ends bitwise identical to one that was not, provided the data for a step is a function of
-the step (e.g. hpc.sharding.round_robin with epoch = step // steps_per_epoch).
+state_dict, ``loop.extra`` (shared) and, per rank, the RNG states and the position of registered
+data loaders (``s.loader(...)``, hpc.sampler), so a run that was stopped and resumed ends bitwise
+identical to one that was not, provided its data comes from such a loader or is a function of the
+step (e.g. hpc.sharding.round_robin with epoch = step // steps_per_epoch).
 
 On the pre-timeout signal or preemption every rank stops at the same step, the checkpoint is
 written, rank 0 asks SLURM what happened and requeues (hpc.preemption), and every process exits.
@@ -40,6 +43,10 @@ log = logging.getLogger(__name__)
 def _unwrap(obj: Any) -> Any:
     # DDP prefixes keys with "module."; saving the inner module lets a run resume with or without DDP.
     return obj.module if isinstance(obj, torch.nn.parallel.DistributedDataParallel) else obj
+
+
+def _per_rank(obj: Any) -> bool:
+    return bool(getattr(obj, "per_rank_state", False))  # hpc.sampler.ResumableLoader
 
 
 def bitwise_ddp_kwargs() -> dict[str, Any]:
@@ -90,11 +97,16 @@ class TrainLoop:
         if step < 0:
             log.info("no checkpoint in %s: starting fresh", self.store.directory)
             return 0
+        mine = state.get("per_rank") or {}
         for name, obj in self.objects.items():
-            _unwrap(obj).load_state_dict(state["objects"][name])
+            saved = (mine.get("objects", {}) if _per_rank(obj) else state["objects"]).get(name)
+            if saved is None:  # e.g. a data loader registered after this checkpoint was written
+                log.warning("checkpoint step %d has no state for %r: it starts fresh", step, name)
+                continue
+            _unwrap(obj).load_state_dict(saved)
         self.extra = dict(state.get("extra", {}))
-        if state.get("per_rank") is not None:
-            rng.restore(state["per_rank"]["rng"])
+        if mine:
+            rng.restore(mine["rng"])
         self.step = self.current = self.resumed_step = self._saved_step = step
         log.info("resumed from step %d (SLURM_RESTART_COUNT=%s)", step,
                  os.environ.get("SLURM_RESTART_COUNT", "0"))
@@ -129,9 +141,13 @@ class TrainLoop:
                     self._stop(request)
 
     def state(self) -> dict[str, Any]:
-        return {"step": self.step, "extra": dict(self.extra),
-                "objects": {k: _unwrap(o).state_dict() for k, o in self.objects.items()},
-                "per_rank": {"rng": rng.capture()}}
+        """Shared objects (model, optimizer: equal on every rank) go in rank 0's file; objects
+        marked ``per_rank_state`` (data loader positions) and the RNGs in each rank's own."""
+        split = {True: {}, False: {}}
+        for k, o in self.objects.items():
+            split[_per_rank(o)][k] = _unwrap(o).state_dict()
+        return {"step": self.step, "extra": dict(self.extra), "objects": split[False],
+                "per_rank": {"rng": rng.capture(), "objects": split[True]}}
 
     def save(self, blocking: bool = False) -> None:
         if self._saved_step == self.step:

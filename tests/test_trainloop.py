@@ -75,3 +75,40 @@ def test_tensorboard_has_no_duplicated_points_after_a_crash(tmp_path):
     acc = EventAccumulator(str(tmp_path / "tensorboard"))
     acc.Reload()
     assert [e.step for e in acc.Scalars("loss")] == list(range(1, TOTAL + 1))
+
+
+def _train_on_loader(out_dir, stop_at=None):
+    """Batches from s.loader (5 per epoch): the resumed run must continue mid-epoch."""
+    seen = []
+    with ddp.session(env=None) as s:
+        rng.seed_all(0)
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        loader = s.loader(torch.randn(20, 4), batch_size=4, seed=1)
+        loop = TrainLoop(s, out_dir, save_every=100)
+        loop.resume({"model": model, "optimizer": opt, "data": loader})
+        batches = loader.batches()
+        for step in loop.steps(TOTAL):
+            x = next(batches)
+            seen.append(x.clone())
+            loss = (model(x) - x.sum(1, keepdim=True)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if step == stop_at:
+                os.kill(os.getpid(), signal.SIGUSR2)
+        loop.finish()
+        return seen, [p.detach().clone() for p in model.parameters()]
+
+
+def test_loader_position_resumes_mid_epoch(tmp_path):
+    clean_batches, clean = _train_on_loader(tmp_path / "clean")
+    cut = tmp_path / "cut"
+    with pytest.raises(JobNotRequeued):
+        _train_on_loader(cut, stop_at=7)  # epoch 1, after its 2nd batch
+    head = torch.load(cut / "checkpoints" / "step-7" / "rank-0.pt", weights_only=True)
+    assert head["objects"]["data"] == {"epoch": 1, "consumed": 8, "num_samples": 20}
+    rest, resumed = _train_on_loader(cut)
+    assert len(rest) == TOTAL - 7
+    assert all(torch.equal(a, b) for a, b in zip(rest, clean_batches[7:]))
+    assert all(torch.equal(a, b) for a, b in zip(clean, resumed))
