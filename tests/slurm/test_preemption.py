@@ -157,9 +157,15 @@ def test_sigkill_during_checkpoint_write_resumes_from_previous(slurm_cluster, tm
     while not partial.exists():  # a fine poll: the write lasts a fraction of a second
         assert time.monotonic() < deadline, "never saw the step-10 write in progress"
         time.sleep(0.002)
-    # SIGKILL the ranks themselves (scancel --signal=KILL would cancel the job with SIGTERM first).
+    # SIGKILL the ranks themselves (scancel --signal=KILL would cancel the job with SIGTERM first),
+    # writers first: a forked checkpoint writer outlives its rank, and a real SIGKILL (OOM killer,
+    # the end of GraceTime) takes every process of the job.
     for rank in (0, 1):
-        os.kill(int((out / f"pid-{rank}").read_text()), signal.SIGKILL)
+        pid = int((out / f"pid-{rank}").read_text())
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        for child in children:
+            os.kill(int(child), signal.SIGKILL)
+        os.kill(pid, signal.SIGKILL)
     wait_for(lambda: job_field(slurm_cluster, job.job_id, "JobState") in {"FAILED", "CANCELLED"},
              "the killed job to end")
     assert not (ckpt / "step-10").exists()
