@@ -152,17 +152,21 @@ def run(ctx: Context) -> Section:
                              f"{ratio:.1%} of a synchronous save ({fmt_s(r['stall_sync_s'])})",
                              ratio <= 0.10))
     sec.notes += [
-        "blocked/save = time the training loop spends inside the save call (for hpc: the in-memory "
-        "copy, plus any part of the previous write still running when the next save is due); medians "
+        "blocked/save = time the training loop spends inside the save call (for hpc: copying device "
+        "tensors to CPU and forking the writer, plus any part of the previous write still running "
+        "when the next save is due); medians "
         f"over interleaved saves",
         "segment = one save and the training steps up to the next save (median); segment hpc minus "
         "segment no-save is the full cost including the writer thread competing with training for "
         "the CPU, which the blocked time does not show; on this 2-core shared machine that "
         "competition is real, on a GPU node the training step leaves the CPU to the writer",
-        "background write = serialise + sha256 + write + fsync on the writer thread, per save",
+        "background write = torch.save streamed with crc32 + fsync + commit in the forked writer, per "
+        "save; pages the training steps change while it runs are copied by the kernel (copy-on-write), "
+        "a cost that shows in the segment time, not in blocked/save",
         "step = one 768x768 matmul on one torch thread plus a strided in-place update of the state; "
         f"saves spaced {SPACING:g}x the longer of one synchronous save and one background write",
-        "peak RSS is of the whole child process: the state itself (1x) plus the copies made while saving"]
+        "peak RSS is of the benchmark process: the state itself (1x) plus the copy-on-write copies made "
+        "while a writer runs; the forked writer's own pages are mostly shared and not counted"]
     return sec
 
 

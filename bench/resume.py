@@ -54,6 +54,6 @@ def run(ctx: Context) -> Section:
     sec.verdicts.append((f"resume {fmt_s(r)} vs fresh {fmt_s(f)}: {ratio:.2f}x (target {TARGET}x)", ratio <= TARGET))
     sec.notes += [
         "both include interpreter start, `import torch`, building the model and the session; resume adds "
-        "finding the newest valid checkpoint, verifying its sha256 and loading it with weights_only",
+        "finding the newest valid checkpoint, verifying its crc32 and loading it (weights_only, mmap)",
         f"python: {sys.version.split()[0]}; torch on CPU, one thread"]
     return sec

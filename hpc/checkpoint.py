@@ -20,9 +20,11 @@ process killed mid-write leaves the previous checkpoint as the newest valid one.
 ``torch.load(weights_only=True)``: a checkpoint can never run pickled code.
 
 Costs (hpc.checkpoint_io, hpc.background): a background save forks a copy-on-write writer
-(``mode="fork"``, the default on Linux) after copying accelerator tensors to reused CPU buffers;
-``mode="thread"`` copies every tensor into reused buffers and writes from a thread. A blocking
-save (the final one, the one on a stop signal) streams the live state to disk in one pass.
+(``mode="fork"``) after copying accelerator tensors to reused CPU buffers; ``mode="thread"``
+copies every tensor into reused buffers and writes from a thread; ``mode="auto"`` (default, or
+HPC_CHECKPOINT_MODE) forks for states of 32 MiB and more, where the fork is the cheaper of the
+two. A blocking save (the final one, the one on a stop signal) streams the live state to disk in
+one pass, without any copy.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from hpc import background
 from hpc.checkpoint_io import (Staging, fsync_dir, load_file, verify, write_atomic,
                                write_bytes_atomic)
@@ -50,6 +54,18 @@ _STEP_DIR = re.compile(r"^step-(\d+)$")
 _TMP_DIR = re.compile(r"^\.step-(\d+)\.tmp$")
 # How long rank 0 waits for the other ranks' files before giving up on a checkpoint.
 RANK_WAIT_S = 600.0
+# mode="auto": CPU state of at least this size is written by a forked writer, smaller by a thread.
+AUTO_FORK_BYTES = 32 * 2**20
+
+
+def _cpu_bytes(obj: Any) -> int:
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size() if obj.device.type == "cpu" else 0
+    if isinstance(obj, dict):
+        return sum(_cpu_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_cpu_bytes(v) for v in obj)
+    return 0
 
 
 def _generation() -> str:
@@ -73,9 +89,9 @@ class CheckpointStore:
             raise ValueError(f"keep={keep}; expected at least 1. HINT: keep=1 keeps only the newest.")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank={rank} with world_size={world_size}; expected 0 <= rank < world_size.")
-        self.mode = mode or os.environ.get("HPC_CHECKPOINT_MODE") or background.default_mode()
-        if self.mode not in background.MODES:
-            raise ValueError(f"checkpoint mode {self.mode!r}; expected one of {background.MODES}. "
+        self.mode = mode or os.environ.get("HPC_CHECKPOINT_MODE") or "auto"
+        if self.mode not in background.MODES + ("auto",):
+            raise ValueError(f"checkpoint mode {self.mode!r}; expected auto, fork or thread. "
                              "HINT: mode='thread' (or HPC_CHECKPOINT_MODE=thread) where fork fails.")
         self.directory = Path(directory)
         self.keep, self.rank, self.world_size = keep, rank, world_size
@@ -106,10 +122,20 @@ class CheckpointStore:
             self._write(*args)
             self.stats["write_s"] += time.perf_counter() - t1
             return
+        mode = self._mode_for(args[1:3])
         # Fork: CPU tensors reach the child copy-on-write, only device tensors need a copy first.
-        args[1:3] = self._staging.stage(tuple(args[1:3]), cpu_too=self.mode == "thread")
-        self._job = background.start(self._write, tuple(args), self.mode)
+        args[1:3] = self._staging.stage(tuple(args[1:3]), cpu_too=mode == "thread")
+        self._job = background.start(self._write, tuple(args), mode)
         self.stats["copy_s"] += time.perf_counter() - t1
+
+    def _mode_for(self, state: Any) -> str:
+        """'auto': fork for large states; a thread with a buffer copy below AUTO_FORK_BYTES, where
+        copying (~0.2 ms/MB into reused buffers) is cheaper than a fork (~3-7 ms with torch loaded)."""
+        if self.mode != "auto":
+            return self.mode
+        if background.default_mode() == "thread" or _cpu_bytes(state) < AUTO_FORK_BYTES:
+            return "thread"
+        return "fork"
 
     def wait(self) -> None:
         """Block until the background write finishes; re-raise its error here, in the caller."""

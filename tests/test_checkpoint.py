@@ -231,3 +231,15 @@ def test_sigkill_during_write_leaves_previous_loadable(tmp_path):
     with pytest.warns(RuntimeWarning, match="incomplete"):
         got = CheckpointStore(tmp_path).load()
     assert torch.equal(got["w"], torch.ones(10))
+
+
+def test_auto_mode_forks_only_for_large_states(tmp_path):
+    from hpc.background import ForkJob, ThreadJob
+
+    store = CheckpointStore(tmp_path)
+    store.save(1, {"w": torch.zeros(1000)})
+    assert isinstance(store._job, ThreadJob)
+    store.save(2, {"w": torch.zeros(10_000_000)})  # 40 MB >= AUTO_FORK_BYTES
+    assert isinstance(store._job, ForkJob)
+    store.close()
+    assert store.steps() == [1, 2] and torch.equal(store.load()["w"], torch.zeros(10_000_000))
