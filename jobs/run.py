@@ -63,11 +63,30 @@ def run_argv(ctx: Any, argv: List[str], max_timeouts: int, launch: bool = True) 
     # checkpoint); this wrapper only notes it, and requeues once the script has exited.
     flag = preemption.install()
     code = subprocess.call(cmd, env=env)
+    if _killed_by_stop_signal(code, flag):
+        _await_own_signal(flag)
     if flag.reason:
         requeue_after_stop(ctx, flag, checkpoints, max_timeouts)
     if code != 0:
         raise RuntimeError(f"command {cmd} exited with status {code} on rank {ctx.env.rank}")
     return {"exit_code": code}
+
+
+def _killed_by_stop_signal(code: int, flag: Any) -> bool:
+    """Did the script die of a signal that also means a stop for this wrapper?"""
+    signum = -code if code < 0 else code - 128 if code > 128 else 0
+    return signum in flag.kinds
+
+
+def _await_own_signal(flag: Any, timeout_s: float = 5.0) -> None:
+    """SLURM signals the step's processes one by one: the script may die of its SIGTERM before this
+    wrapper's own copy has arrived and run its handler. Give it a moment rather than mistake a
+    preemption for a failure (the sleep is cut short by the signal, and the handler runs)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while flag.reason is None and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def requeue_after_stop(ctx: Any, flag: Any, checkpoints: Any, max_timeouts: int) -> None:
