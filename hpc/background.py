@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import threading
 import time
@@ -33,6 +34,10 @@ MODES = ("fork", "thread")
 # job killed after GraceTime loses the write in progress, and the previous checkpoint stays valid.
 CHILD_BLOCKS = {signal.SIGTERM, signal.SIGUSR2, signal.SIGUSR1, signal.SIGINT}
 _MESSAGE_MAX = 16_000  # bytes of traceback sent back: well below a pipe's 64 KiB buffer
+# A forked writer still running after this long is taken for hung (rank 0's writer may wait up to
+# 10 minutes for the other ranks' files): it is killed and the save fails loudly instead of the
+# training process blocking forever at its next save. The previous checkpoint stays valid.
+WRITER_TIMEOUT_S = float(os.environ.get("HPC_CHECKPOINT_WRITER_TIMEOUT_S", 1800))
 
 
 def default_mode() -> str:
@@ -70,7 +75,8 @@ class ThreadJob:
 
 
 class ForkJob:
-    def __init__(self, fn: Callable[..., Any], args: tuple) -> None:
+    def __init__(self, fn: Callable[..., Any], args: tuple, timeout_s: float | None = None) -> None:
+        self._deadline = time.monotonic() + (WRITER_TIMEOUT_S if timeout_s is None else timeout_s)
         read, write = os.pipe()
         previous = signal.pthread_sigmask(signal.SIG_BLOCK, CHILD_BLOCKS)
         try:
@@ -91,8 +97,16 @@ class ForkJob:
         return self._result
 
     def _reap(self) -> float | BaseException:
-        chunks = []
-        while chunk := os.read(self._read, 65536):  # EOF when the child has exited
+        chunks, hung = [], False
+        while True:
+            ready, _, _ = select.select([self._read], [], [], max(0.0, self._deadline - time.monotonic()))
+            if not ready:
+                hung = True
+                os.kill(self.pid, signal.SIGKILL)
+                break
+            chunk = os.read(self._read, 65536)
+            if not chunk:  # EOF: the child has exited
+                break
             chunks.append(chunk)
         os.close(self._read)
         try:
@@ -103,6 +117,10 @@ class ForkJob:
             report = json.loads(b"".join(chunks) or b"{}")
         except ValueError:
             report = {}
+        if hung:
+            return RuntimeError(f"checkpoint writer process {self.pid} was still running at its deadline "
+                                "and was killed. HINT: the previous complete checkpoint is still valid; "
+                                "raise HPC_CHECKPOINT_WRITER_TIMEOUT_S if writes are this slow.")
         if report.get("ok"):
             return float(report["seconds"])
         if report.get("error"):

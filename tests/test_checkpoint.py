@@ -243,3 +243,15 @@ def test_auto_mode_forks_only_for_large_states(tmp_path):
     assert isinstance(store._job, ForkJob)
     store.close()
     assert store.steps() == [1, 2] and torch.equal(store.load()["w"], torch.zeros(10_000_000))
+
+
+def test_a_hung_forked_writer_is_killed_at_its_deadline():
+    import time
+
+    from hpc import background
+
+    t0 = time.monotonic()
+    job = background.ForkJob(time.sleep, (60,), timeout_s=0.5)
+    with pytest.raises(RuntimeError, match="killed"):
+        job.wait()
+    assert time.monotonic() - t0 < 10
