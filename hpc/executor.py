@@ -42,6 +42,7 @@ class StageTask:
     def __call__(self) -> Any:
         from hpc import env as hpc_env  # at run time, in the task: keep the pickle small
 
+        started = time.time()
         run = RunDir(self.run_dir)
         dist = _local_env(hpc_env) or hpc_env.from_environ()
         if dist.source != "single":
@@ -60,7 +61,7 @@ class StageTask:
         ctx = StageContext(run.path, stage_dir, cfg, self.stage, self.task_index, self.item, dist)
         result = func(ctx)
         if dist.rank == 0:
-            run.mark_done(self.stage, self.item, {"finished": time.time(), "job_id": dist.job_id,
+            run.mark_done(self.stage, self.item, {"started": started, "finished": time.time(), "job_id": dist.job_id,
                                                   "result": result})
         print(f"[hpc] stage {self.stage} item {self.item} rank {dist.rank} finished", flush=True)
         return result

@@ -50,7 +50,8 @@ def collect(run: RunDir) -> List[TaskStatus]:
         # just submitted: sacct may not list the job for a moment
         state = rec.state if rec else "PENDING" if slurm else _local_state(run, stage, item, jid)
         rows.append(TaskStatus(task_key(stage, item), stage, item, jid, state,
-                               rec.restarts if rec else 0, rec.elapsed if rec else "",
+                               rec.restarts if rec else 0,
+                               rec.elapsed if rec else "" if slurm else _local_elapsed(run, stage, item),
                                last_progress(run.log_path(stage, jid)), outputs(run.task_dir(stage, item)), "",
                                last_progress(run.log_path(stage, jid, stream="err"))))
     _explain(rows, records, never, run.job_tasks())
@@ -64,6 +65,18 @@ def query_run(run: RunDir) -> Tuple[Dict[str, scheduler.JobRecord], Dict[str, Op
     ids = run.slurm_jobs()
     records = scheduler.query(ids + [u for jid in ids for u in after.get(jid, [])])
     return records, scheduler.never_starts(records, after)
+
+
+def _local_elapsed(run: RunDir, stage: str, item: Any) -> str:
+    """A finished local task's run time from its done marker (no scheduler to ask), as sacct writes it."""
+    import json
+
+    try:
+        info = json.loads((run.task_dir(stage, item) / "done").read_text())
+        seconds = int(info["finished"] - info["started"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+    return f"{seconds // 3600:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
 def _local_state(run: RunDir, stage: str, item: Any, job_id: str) -> str:

@@ -35,3 +35,16 @@ def test_failed_first_stage_stops_the_pipeline_locally(tmp_path, capsys):
     assert "stage second: not started, an earlier stage failed" in out
     assert [t["stage"] for t in RunDir(tmp_path).tasks()] == ["first"]
     assert "failing on request" in out  # status shows the task's error line
+
+
+def test_local_status_shows_elapsed_time_of_finished_tasks(tmp_path):
+    import re
+
+    from hpc.status import collect
+
+    run_dir = tmp_path / "run"
+    assert submit.main(["tiny", "--cluster", "local", "--run-dir", str(run_dir), "tiny.parts=[0]",
+                        "tiny.sleep_s=1.2"]) == 0
+    rows = {r.task: r for r in collect(RunDir(run_dir))}
+    assert rows["first"].state == "COMPLETED"
+    assert re.fullmatch(r"00:00:0[1-9]", rows["first"].elapsed), rows["first"].elapsed
