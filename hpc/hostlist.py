@@ -12,6 +12,7 @@ Pure: no SLURM, no torch.
 from __future__ import annotations
 
 import itertools
+import math
 import re
 
 __all__ = ["expand", "HostlistError"]
@@ -86,6 +87,9 @@ def _expand_item(expr: str, item: str) -> list[str]:
         raise _fail(expr, f"text after the last ']' in {item!r}",
                     "put every suffix before a bracket group, e.g. n[1-2]-ib[0]")
     choices = [[text + n for n in _expand_group(expr, group)] for text, group in pieces]
+    # Each group is bounded on its own; their product must be too, before it is built.
+    if math.prod(len(c) for c in choices) > MAX_HOSTS:
+        raise _fail(expr, f"more than {MAX_HOSTS} hosts", "check the range bounds")
     # Row-major product: the last group varies fastest (matches scontrol for 1 and 2 groups).
     return ["".join(combo) for combo in itertools.product(*choices)]
 

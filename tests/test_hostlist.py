@@ -37,6 +37,7 @@ def test_matches_scontrol(expr):
     ("a]", "without"),
     ("a[1[2]]", "nested"),
     ("n[1-99999999]", "more than"),
+    ("n[1-1000]x[1-1000]y[1-1000]", "more than"),  # refused before the product is built
 ])
 def test_rejects_what_slurm_rejects(expr, words):
     with pytest.raises(HostlistError, match="HINT") as info:
