@@ -91,8 +91,13 @@ def _missing(env: Mapping[str, str], names) -> list[str]:
     return [n for n in names if not env.get(n)]
 
 
+def _first_name(env: Mapping[str, str], names) -> str | None:
+    return next((n for n in names if env.get(n)), None)
+
+
 def _first(env: Mapping[str, str], names) -> str | None:
-    return next((env[n] for n in names if env.get(n)), None)
+    name = _first_name(env, names)
+    return env[name] if name else None
 
 
 def parse_tasks_per_node(text: str) -> list[int]:
@@ -130,14 +135,13 @@ def _port_override(env: Mapping[str, str]) -> int | None:
 
 def _job_fields(env: Mapping[str, str]) -> dict:
     """Job metadata, read whatever the launcher: ids, restarts, GPUs."""
-    array_task = env.get("SLURM_ARRAY_TASK_ID")
-    restarts = env.get("SLURM_RESTART_COUNT") or env.get("TORCHELASTIC_RESTART_COUNT") or "0"
+    restarts = _first_name(env, ("SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT"))
     devices = env.get("CUDA_VISIBLE_DEVICES", "")
     return {
         "job_id": env.get("SLURM_JOB_ID") or None,
         "array_job_id": env.get("SLURM_ARRAY_JOB_ID") or None,
-        "array_task_id": int(array_task) if array_task else None,
-        "restart_count": int(restarts),
+        "array_task_id": _int(env, "SLURM_ARRAY_TASK_ID") if env.get("SLURM_ARRAY_TASK_ID") else None,
+        "restart_count": _int(env, restarts) if restarts else 0,
         "visible_devices": tuple(d.strip() for d in devices.split(",") if d.strip()),
     }
 
@@ -160,7 +164,7 @@ def _from_slurm(env: Mapping[str, str]) -> DistEnv:
     return DistEnv(
         source="slurm", rank=_int(env, "SLURM_PROCID"), local_rank=_int(env, "SLURM_LOCALID"),
         world_size=_int(env, "SLURM_NTASKS"), local_world_size=local_world, node_rank=node_rank,
-        num_nodes=int(_first(env, SLURM_ALTERNATIVES["num_nodes"])),
+        num_nodes=_int(env, _first_name(env, SLURM_ALTERNATIVES["num_nodes"])),
         master_addr=env.get("HPC_MASTER_ADDR") or hosts[0], master_port=port,
         hosts=hosts, **jobs,
     )

@@ -72,6 +72,12 @@ def test_bad_port_override():
         from_environ(srun_task(0, HPC_MASTER_PORT="80"))
 
 
+@pytest.mark.parametrize("name", ["SLURM_ARRAY_TASK_ID", "SLURM_RESTART_COUNT", "SLURM_STEP_NUM_NODES"])
+def test_non_integer_job_field_names_the_variable(name):
+    with pytest.raises(EnvError, match=f"{name}='x' is not an integer.*HINT"):
+        from_environ(srun_task(0, **{name: "x"}))
+
+
 def test_partial_slurm_names_missing():
     env = srun_task(0)
     del env["SLURM_LOCALID"], env["SLURM_STEP_TASKS_PER_NODE"], env["SLURM_TASKS_PER_NODE"]
