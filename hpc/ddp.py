@@ -146,13 +146,13 @@ class Session:
             dist.barrier()
 
     # -- rank 0 only -----------------------------------------------------------------------
-    def writer(self, logdir):
+    def writer(self, logdir, **writer_kwargs):
         """TensorBoard SummaryWriter on rank 0, a NullWriter elsewhere."""
         if not self.is_main:
             return NullWriter()
         from torch.utils.tensorboard import SummaryWriter
 
-        return SummaryWriter(log_dir=str(logdir))
+        return SummaryWriter(log_dir=str(logdir), **writer_kwargs)
 
     def progress(self, iterable: Iterable, **tqdm_kwargs) -> Iterable:
         if not self.is_main:

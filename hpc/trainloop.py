@@ -190,13 +190,11 @@ class TrainLoop:
     def writer(self) -> Any:
         """TensorBoard writer continuing the same run: points after the checkpoint are purged."""
         if self._writer is None:
-            if self.s.is_main and self._tb:
-                from torch.utils.tensorboard import SummaryWriter
-
+            if self._tb:
                 # purge_step drops events at or after it, logged by the attempt that was stopped
                 # after its last checkpoint; they are logged again, once, by this attempt.
                 purge = self.resumed_step + 1 if self.resumed_step else None
-                self._writer = SummaryWriter(str(self.out_dir / "tensorboard"), purge_step=purge)
+                self._writer = self.s.writer(self.out_dir / "tensorboard", purge_step=purge)
             else:
                 from hpc.ddp import NullWriter
 
