@@ -78,9 +78,8 @@ def query(job_ids: Iterable[str]) -> Dict[str, JobRecord]:
     ids = sorted(set(job_ids))
     if not ids:
         return {}
-    bases = ",".join(sorted({i.split("_")[0] for i in ids}))
     try:
-        out = _run(["sacct", "-X", "-D", "-P", "-n", "-o", ",".join(SACCT_FIELDS), "-j", bases])
+        out = _run(["sacct", "-X", "-D", "-P", "-n", "-o", ",".join(SACCT_FIELDS), "-j", ",".join(base_ids(ids))])
     except RuntimeError:
         return _query_squeue(ids)  # accounting disabled: only queued jobs are known
     return parse_sacct(out, ids)
@@ -130,6 +129,11 @@ def never_starts(records: Mapping[str, JobRecord],
     return out
 
 
+def base_ids(job_ids: Iterable[str]) -> List[str]:
+    """'12_3' -> '12': the distinct job ids that name whole arrays, sorted (sacct/squeue -j, afterok)."""
+    return sorted({i.split("_")[0] for i in job_ids})
+
+
 def expand_array_id(job_id: str) -> List[str]:
     """'12_[0-2,5%4]' -> ['12_0', '12_1', '12_2', '12_5']; other ids unchanged."""
     base, sep, rest = job_id.partition("_[")
@@ -143,8 +147,7 @@ def expand_array_id(job_id: str) -> List[str]:
 
 
 def _query_squeue(ids: List[str]) -> Dict[str, JobRecord]:
-    bases = ",".join(sorted({i.split("_")[0] for i in ids}))
-    out = _run(["squeue", "-h", "-o", "%i|%T|%r|%M|%S|%e|%N", "-j", bases])
+    out = _run(["squeue", "-h", "-o", "%i|%T|%r|%M|%S|%e|%N", "-j", ",".join(base_ids(ids))])
     result = {}
     for line in out.splitlines():
         cols = line.split("|")

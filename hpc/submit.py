@@ -150,7 +150,7 @@ def _upstream(job: hplan.JobSpec, ids: Dict[str, List[str]], run: RunDir) -> Lis
 
 def afterok(job_ids: Sequence[str]) -> Optional[str]:
     """sbatch --dependency value; afterok on an array's base id waits for all of its tasks."""
-    bases = sorted({i.split("_")[0] for i in job_ids})
+    bases = scheduler.base_ids(job_ids)
     return f"afterok:{':'.join(bases)}" if bases else None
 
 
