@@ -155,8 +155,9 @@ def check_resources(cfg: DictConfig) -> None:
                                   f"HINT: set stages.{name}.{key}=1 or more.")
         for key in ("gpus_per_node", "signal_delay_s", "max_timeouts"):
             if res[key] < 0:
-                raise ConfigError(f"stages.{name}.{key}={res[key]}; expected an integer >= 0 "
-                                  f"(a GPU count cannot be negative). HINT: set stages.{name}.{key}=0 or more.")
+                why = " (a GPU count cannot be negative)" if key == "gpus_per_node" else ""
+                raise ConfigError(f"stages.{name}.{key}={res[key]}; expected an integer >= 0{why}. "
+                                  f"HINT: set stages.{name}.{key}=0 or more.")
         values = {k: res[k] for k in ("mem", "partition", "account", "qos", "constraint")}
         values.update({f"extra.{k}": v for k, v in res.extra.items()})
         for key, value in values.items():
