@@ -69,10 +69,8 @@ def query_run(run: RunDir) -> Tuple[Dict[str, scheduler.JobRecord], Dict[str, Op
 
 def _local_elapsed(run: RunDir, stage: str, item: Any) -> str:
     """A finished local task's run time from its done marker (no scheduler to ask), as sacct writes it."""
-    import json
-
     try:
-        info = json.loads((run.task_dir(stage, item) / "done").read_text())
+        info = json.loads((run.task_dir(stage, item) / DONE).read_text())
         seconds = int(info["finished"] - info["started"])
     except (OSError, ValueError, KeyError, TypeError):
         return ""
