@@ -83,7 +83,7 @@ class JobSpec:
 
     def executor_parameters(self, dependency: Optional[str] = None, setup: Sequence[str] = ()) -> Dict[str, Any]:
         if self.kind == "slurm":
-            return sbatch.slurm_parameters(self.resources, f"{self.stage}", dependency, setup)
+            return sbatch.slurm_parameters(self.resources, self.stage, dependency, setup)
         return sbatch.local_parameters(self.resources)
 
     def sbatch_text(self, python: Optional[str] = None, setup: Sequence[str] = ()) -> str:
@@ -131,9 +131,10 @@ def make_plan(pipe: PipelineDef, cfg: Any, run_dir: str, kind: str,
     jobs: List[JobSpec] = []
     skipped: List[str] = []
     notes: List[str] = []
+    not_todo = finished | queued
     for stage in pipe.stages(cfg):
         keys = [(stage.name, item) for item in (stage.items or (None,))]
-        todo = tuple(item for (_, item) in keys if (stage.name, item) not in finished | queued)
+        todo = tuple(item for (_, item) in keys if (stage.name, item) not in not_todo)
         for key in keys:
             if key in finished:
                 skipped.append(f"{task_key(*key)}: done marker present")
