@@ -94,9 +94,10 @@ _FLAG: StopFlag | None = None
 def install(timeout_signal: str = DEFAULT_TIMEOUT_SIGNAL) -> StopFlag:
     """Install the flag-setting handlers (main thread only) and return the flag."""
     global _FLAG
+    flag = StopFlag(timeout_signal)  # a bad signal name raises here, with the old handlers in place
     if _FLAG is not None:
         _FLAG.uninstall()
-    _FLAG = StopFlag(timeout_signal).install()
+    _FLAG = flag.install()
     return _FLAG
 
 

@@ -59,6 +59,17 @@ def test_bad_timeout_signal_names_say_how_to_fix():
         pre.StopFlag("TERM")
 
 
+def test_install_with_a_bad_signal_keeps_the_installed_flag():
+    flag = pre.install("USR2")
+    try:
+        with pytest.raises(ValueError, match="HINT"):
+            pre.install("NOPE")
+        assert signal.getsignal(signal.SIGUSR2) == flag._handle
+        assert pre.should_stop() is None  # the module flag still answers
+    finally:
+        flag.uninstall()
+
+
 def test_exit_for():
     with pytest.raises(SystemExit):
         pre.exit_for(pre.Decision(True, "hpc", "preempted", "preempt"))
