@@ -38,13 +38,11 @@ class LocalCluster:
     def __init__(self, directory: str | Path, *, nodes: int = 2, gpus_per_node: int = 4,
                  cpus_per_node: int = 8, port_base: int | None = None):
         existing = L.ClusterLayout.load(directory)
-        wanted = L.ClusterLayout.create(directory, nodes=nodes, gpus_per_node=gpus_per_node,
-                                        cpus_per_node=cpus_per_node, port_base=port_base)
         if existing and port_base is None:
             # Keep the ports already chosen for this directory (they may have been moved off a busy block).
-            wanted = L.ClusterLayout.create(directory, nodes=nodes, gpus_per_node=gpus_per_node,
-                                            cpus_per_node=cpus_per_node, port_base=existing.port_base)
-        self.layout = wanted
+            port_base = existing.port_base
+        self.layout = L.ClusterLayout.create(directory, nodes=nodes, gpus_per_node=gpus_per_node,
+                                             cpus_per_node=cpus_per_node, port_base=port_base)
 
     # Public API ---------------------------------------------------------------------------
     @property
