@@ -141,10 +141,9 @@ def job_processes(conf: Path) -> list[int]:
 def _runs(pid: int, program: str) -> bool:
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
+    except OSError:
         return False
-    return state != "Z" and os.path.basename(cmdline) == os.path.basename(program)
+    return _alive(pid) and os.path.basename(cmdline) == os.path.basename(program)
 
 
 def _alive(pid: int) -> bool:

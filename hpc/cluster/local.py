@@ -97,7 +97,7 @@ class LocalCluster:
             log(f"no cluster in {self.dir}")
             return
         daemons = self._daemons()
-        if daemons[3].pid():  # slurmctld: cancel jobs so their steps end cleanly first
+        if self._slurmctld(daemons).pid():  # cancel jobs first so their steps end cleanly
             self._cancel_all()
         leftovers = job_processes(self.conf)
         for d in reversed(daemons):
@@ -109,11 +109,11 @@ class LocalCluster:
             log(f"stopped {len(set(leftovers))} leftover job processes")
 
     def status(self) -> str:
-        lines = []
-        for d in self._daemons():
+        lines, daemons = [], self._daemons()
+        for d in daemons:
             pid = d.pid()
             lines.append(f"{d.name:12s} {'running pid ' + str(pid) if pid else 'stopped'}")
-        if self._daemons()[3].pid():
+        if self._slurmctld(daemons).pid():
             lines.append(self._run(["sinfo"], check=False).stdout.rstrip())
         return "\n".join(lines)
 
@@ -149,6 +149,10 @@ class LocalCluster:
             daemons.append(Daemon(f"slurmd-{node}", [find_binary("slurmd") or "slurmd", "-D", "-N", node], c,
                                   ready=lambda port=port: port_open(port)))
         return daemons
+
+    @staticmethod
+    def _slurmctld(daemons: list[Daemon]) -> Daemon:
+        return next(d for d in daemons if d.name == "slurmctld")
 
     def _check_ports(self, daemons: list[Daemon]) -> None:
         if any(d.pid() for d in daemons):
