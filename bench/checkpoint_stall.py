@@ -139,7 +139,7 @@ def run(ctx: Context) -> Section:
                            "blocked/save: sync torch.save+fsync", "ratio", "segment: no save",
                            "segment: hpc", "segment: sync", "background write", "peak RSS"])
     for size in sizes:
-        saves = 3 if size >= 1000 else 5
+        saves = 3 if size >= 1000 else 5 if size >= 100 else 15  # small sizes: cheap, noisier
         d = ctx.scratch(f"checkpoint-{size}")
         r = run_child("checkpoint_stall", ["--size-mb", str(size), "--dir", str(d), "--saves", str(saves)])
         ratio = r["stall_bg_s"] / r["stall_sync_s"]
@@ -152,16 +152,17 @@ def run(ctx: Context) -> Section:
                              f"{ratio:.1%} of a synchronous save ({fmt_s(r['stall_sync_s'])})",
                              ratio <= 0.10))
     sec.notes += [
-        "blocked/save = time the training loop spends inside the save call (for hpc: copying device "
-        "tensors to CPU and forking the writer, plus any part of the previous write still running "
-        "when the next save is due); medians "
-        f"over interleaved saves",
+        "blocked/save = time the training loop spends inside the save call, plus any part of the "
+        "previous write still running when the next save is due; medians over interleaved saves. "
+        "For hpc below 32 MiB: copying the state into reused buffers (CPU copies split across the "
+        "job's cores, up to 4) and handing it to the writer thread; from 32 MiB: copying device "
+        "tensors (none here) and forking the writer",
         "segment = one save and the training steps up to the next save (median); segment hpc minus "
         "segment no-save is the full cost including the writer thread competing with training for "
         "the CPU, which the blocked time does not show; on this 2-core shared machine that "
         "competition is real, on a GPU node the training step leaves the CPU to the writer",
-        "background write = torch.save streamed with crc32 + fsync + commit in the forked writer, per "
-        "save; pages the training steps change while it runs are copied by the kernel (copy-on-write), "
+        "background write = torch.save streamed with crc32 + fsync + commit in the writer (thread or "
+        "forked process), per save; with a forked writer, pages the training steps change while it runs are copied by the kernel (copy-on-write), "
         "a cost that shows in the segment time, not in blocked/save",
         "step = one 768x768 matmul on one torch thread plus a strided in-place update of the state; "
         f"saves spaced {SPACING:g}x the longer of one synchronous save and one background write",

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import select
 import signal
 import threading
@@ -38,6 +39,7 @@ _MESSAGE_MAX = 16_000  # bytes of traceback sent back: well below a pipe's 64 Ki
 # 10 minutes for the other ranks' files): it is killed and the save fails loudly instead of the
 # training process blocking forever at its next save. The previous checkpoint stays valid.
 WRITER_TIMEOUT_S = float(os.environ.get("HPC_CHECKPOINT_WRITER_TIMEOUT_S", 1800))
+_queue_lock = threading.Lock()
 
 
 def default_mode() -> str:
@@ -52,26 +54,55 @@ def start(fn: Callable[..., Any], args: tuple, mode: str) -> "ForkJob | ThreadJo
 
 
 class ThreadJob:
+    """A write run by the process's one writer thread (started on first use, kept for later saves).
+
+    Starting a thread per save would cost the caller ~1-2 ms: Thread.start() waits until the new
+    thread runs, and that thread then holds the GIL while it pickles. Handing the job to a thread
+    already waiting on a queue returns at once.
+    """
+
     def __init__(self, fn: Callable[..., Any], args: tuple) -> None:
+        self._fn, self._args = fn, args
         self._error: BaseException | None = None
         self._seconds = 0.0
-        self._thread = threading.Thread(target=self._run, args=(fn, args), daemon=True,
-                                        name="checkpoint-writer")
-        self._thread.start()
+        self._done = threading.Event()
+        _writer_queue().put(self)
 
-    def _run(self, fn: Callable[..., Any], args: tuple) -> None:
+    def run(self) -> None:
         t0 = time.perf_counter()
         try:
-            fn(*args)
+            self._fn(*self._args)
         except BaseException as err:  # re-raised by wait() in the training thread
             self._error = err
-        self._seconds = time.perf_counter() - t0
+        finally:
+            self._fn = self._args = None  # drop the references to the state staged for this write
+            self._seconds = time.perf_counter() - t0
+            self._done.set()
 
     def wait(self) -> float:
-        self._thread.join()
+        self._done.wait()
         if self._error is not None:
             raise self._error
         return self._seconds
+
+
+_queue: "queue.SimpleQueue[ThreadJob] | None" = None
+_queue_pid = 0
+
+
+def _writer_queue() -> "queue.SimpleQueue[ThreadJob]":
+    """The writer thread's queue; a new thread in a forked child (threads do not survive fork)."""
+    global _queue, _queue_pid
+    with _queue_lock:
+        if _queue is None or _queue_pid != os.getpid():
+            _queue, _queue_pid = queue.SimpleQueue(), os.getpid()
+            threading.Thread(target=_serve, args=(_queue,), daemon=True, name="checkpoint-writer").start()
+        return _queue
+
+
+def _serve(jobs: "queue.SimpleQueue[ThreadJob]") -> None:
+    while True:
+        jobs.get().run()
 
 
 class ForkJob:

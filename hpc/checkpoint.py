@@ -24,7 +24,7 @@ Costs (hpc.checkpoint_io, hpc.background): a background save forks a copy-on-wri
 copies every tensor into reused buffers and writes from a thread; ``mode="auto"`` (default, or
 HPC_CHECKPOINT_MODE) forks for states of 32 MiB and more, where the fork is the cheaper of the
 two. A blocking save (the final one, the one on a stop signal) streams the live state to disk in
-one pass, without any copy.
+one pass, without any copy, its checksum computed on a second thread alongside the write.
 """
 
 from __future__ import annotations
@@ -97,8 +97,7 @@ class CheckpointStore:
         self.keep, self.rank, self.world_size = keep, rank, world_size
         self.directory.mkdir(parents=True, exist_ok=True)
         self._job: Any = None
-        # Thread mode reads the buffers while training goes on: pinned for fast device copies.
-        self._staging = Staging(pin=self.mode == "thread")
+        self._staging = Staging()
         self.stats = {"saves": 0, "copy_s": 0.0, "waited_s": 0.0, "write_s": 0.0}
 
     # ---------------------------------------------------------------- saving
@@ -119,12 +118,14 @@ class CheckpointStore:
         self.stats["saves"] += 1
         self.stats["waited_s"] += t1 - t0
         if blocking:
-            self._write(*args)
+            self._write(*args, overlap=True)
             self.stats["write_s"] += time.perf_counter() - t1
             return
         mode = self._mode_for(args[1:3])
         # Fork: CPU tensors reach the child copy-on-write, only device tensors need a copy first.
-        args[1:3] = self._staging.stage(tuple(args[1:3]), cpu_too=mode == "thread")
+        # The thread writer reads pinned buffers (full-speed device copies); a forked writer must
+        # get pageable ones (see Staging).
+        args[1:3] = self._staging.stage(tuple(args[1:3]), cpu_too=mode == "thread", pin=mode == "thread")
         self._job = background.start(self._write, tuple(args), mode)
         self.stats["copy_s"] += time.perf_counter() - t1
 
@@ -150,15 +151,16 @@ class CheckpointStore:
     def close(self) -> None:
         self.wait()
 
-    def _write(self, step: int, shared: Any, per_rank: Any, generation: str) -> None:
+    def _write(self, step: int, shared: Any, per_rank: Any, generation: str,
+               overlap: bool = False) -> None:
         tmp = self.directory / f".step-{step}.tmp"
         tmp.mkdir(exist_ok=True)
         if per_rank is not None:
-            info = write_atomic(tmp / f"rank-{self.rank}.pt", per_rank)
+            info = write_atomic(tmp / f"rank-{self.rank}.pt", per_rank, overlap)
             write_bytes_atomic(tmp / f"rank-{self.rank}.done", json.dumps(
                 {"generation": generation, "file": info}).encode())
         if self.rank == 0:
-            files = {SHARED: write_atomic(tmp / SHARED, shared)}
+            files = {SHARED: write_atomic(tmp / SHARED, shared, overlap)}
             if per_rank is not None:
                 files.update(self._collect_ranks(tmp, generation))
             self._commit(step, tmp, files)

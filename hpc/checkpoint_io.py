@@ -5,7 +5,8 @@
     state = load_file(Path("step-5/shared.pt"))            # weights_only, memory-mapped
 
 Writing is one pass over the bytes: torch.save writes each tensor's storage straight from memory
-into the file object (a memoryview, no copy) and the wrapper updates the checksum on the way.
+into the file object (a memoryview, no copy) and the wrapper updates the checksum on the way (for
+blocking saves on a second thread, at the same time as the write).
 
 Checksum: crc32 (zlib), not sha256. It guards against torn and corrupted files, not against an
 adversary (weights_only loading is what keeps a hostile file from running code), and on the
@@ -21,6 +22,7 @@ import hashlib
 import os
 import pickle
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -30,22 +32,49 @@ CHUNK = 8 * 2**20  # read size while verifying: large enough for full-speed read
 
 
 class ChecksumWriter:
-    """File-object wrapper for torch.save: forwards write() and keeps a running crc32 and size."""
+    """File-object wrapper for torch.save: forwards write() and keeps a running crc32 and size.
 
-    def __init__(self, raw: Any) -> None:
+    With `overlap=True`, the checksum of a large write runs on a helper thread while this thread
+    writes the same bytes to the file (zlib and file writes both release the GIL): a blocking save
+    then costs the longer of the two passes instead of their sum. Each write() returns only when
+    both are done: torch.save may reuse or free the buffer it passed (zip headers, the CPU copy
+    of an accelerator tensor) as soon as write() returns.
+    """
+
+    OVERLAP_MIN = 2**20  # smaller writes (pickled structure, zip headers): checksummed in line
+
+    def __init__(self, raw: Any, overlap: bool = False) -> None:
         self.raw, self.crc, self.size = raw, 0, 0
+        self.overlap = overlap
 
     def write(self, data: Any) -> int:
         view = memoryview(data)
-        self.crc = zlib.crc32(view, self.crc)
         self.size += view.nbytes
-        return self.raw.write(view)
+        if not self.overlap or view.nbytes < self.OVERLAP_MIN:
+            self.crc = zlib.crc32(view, self.crc)
+            return self.raw.write(view)
+        pending = _crc_pool().submit(zlib.crc32, view, self.crc)
+        try:
+            written = self.raw.write(view)
+        finally:
+            self.crc = pending.result()  # also on a failed write: the buffer must not be freed early
+        return written
 
     def flush(self) -> None:
         self.raw.flush()
 
     def info(self) -> dict[str, Any]:
         return {"crc32": f"{self.crc:08x}", "bytes": self.size}
+
+
+_crc_executor: ThreadPoolExecutor | None = None
+
+
+def _crc_pool() -> ThreadPoolExecutor:
+    global _crc_executor
+    if _crc_executor is None:
+        _crc_executor = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-crc")
+    return _crc_executor
 
 
 @contextlib.contextmanager
@@ -68,11 +97,13 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: Path, obj: Any) -> dict[str, Any]:
-    """torch.save `obj` to `path` via a temporary name + fsync + rename; return its checksum info."""
+def write_atomic(path: Path, obj: Any, overlap: bool = False) -> dict[str, Any]:
+    """torch.save `obj` to `path` via a temporary name + fsync + rename; return its checksum info.
+    `overlap`: checksum on a helper thread alongside the writes (for saves the caller waits on;
+    a forked writer stays single-threaded)."""
     part = path.with_name(path.name + ".part")
     with open(part, "wb") as f, _no_record_crc():
-        out = ChecksumWriter(f)
+        out = ChecksumWriter(f, overlap)
         torch.save(obj, out)
         f.flush()
         os.fsync(f.fileno())
@@ -134,37 +165,106 @@ class Staging:
     buffer of the same shape and dtype (the usual case: a model's state has fixed shapes) is a
     plain memcpy. Buffers are keyed by their position in the state. With `cpu_too=False` only
     accelerator tensors are copied (the forked writer gets CPU tensors copy-on-write).
+
+    CPU-to-CPU copies of PARALLEL_MIN_BYTES and more are cut into equal byte ranges copied by
+    `threads` threads at once (torch's copy_ releases the GIL): one core does not saturate the
+    memory bus, and the training loop is blocked for the whole copy. Device-to-host copies stay on
+    the calling thread: they are asynchronous DMA on the current stream.
+
     `pin=True` pins the buffers of device tensors for full-speed copies. The forked writer asks
     for pageable buffers: drivers may mark pinned host memory MADV_DONTFORK (ROCm does; CUDA is
     not documented either way), and a child reading such pages would crash.
     """
 
-    def __init__(self, pin: bool = True) -> None:
-        self._buffers: dict[tuple, torch.Tensor] = {}
-        self._device_copies = False
-        self.pin = pin
+    PARALLEL_MIN_BYTES = 4 * 2**20  # below this, handing work to threads costs more than it saves
 
-    def stage(self, obj: Any, cpu_too: bool) -> Any:
-        self._device_copies = False
-        out = self._copy(obj, (), cpu_too)
-        if self._device_copies and torch.cuda.is_available():
+    def __init__(self, threads: int | None = None) -> None:
+        self._buffers: dict[tuple, torch.Tensor] = {}
+        self.threads = max(1, threads if threads is not None else min(4, _usable_cpus()))
+        self._pool: ThreadPoolExecutor | None = None
+
+    def stage(self, obj: Any, cpu_too: bool, pin: bool = False) -> Any:
+        device_copies: list[tuple[torch.Tensor, torch.Tensor]] = []
+        host_copies: list[tuple[torch.Tensor, torch.Tensor]] = []
+        out = self._plan(obj, (), cpu_too, pin, device_copies, host_copies)
+        for dst, src in device_copies:
+            dst.copy_(src, non_blocking=True)
+        self._copy_host(host_copies)
+        if device_copies and torch.cuda.is_available():
             torch.cuda.synchronize()  # the non_blocking copies must land before anyone reads them
         return out
 
-    def _copy(self, obj: Any, key: tuple, cpu_too: bool) -> Any:
+    def _plan(self, obj: Any, key: tuple, cpu_too: bool, pin: bool,
+              device_copies: list, host_copies: list) -> Any:
+        """The copy of `obj` with fresh-or-reused buffers in place of its tensors; the copies
+        into them are listed, not yet made."""
         if isinstance(obj, torch.Tensor):
-            return self._tensor(obj.detach(), key) if cpu_too or obj.device.type != "cpu" else obj
+            on_device = obj.device.type != "cpu"
+            if not (cpu_too or on_device):
+                return obj
+            src = obj.detach()
+            dst = self._buffer(src, key, pin and on_device)
+            (device_copies if on_device else host_copies).append((dst, src))
+            return dst
         if isinstance(obj, dict):
-            return type(obj)((k, self._copy(v, key + (k,), cpu_too)) for k, v in obj.items())
+            return type(obj)((k, self._plan(v, key + (k,), cpu_too, pin, device_copies, host_copies))
+                             for k, v in obj.items())
         if isinstance(obj, (list, tuple)):
-            return type(obj)(self._copy(v, key + (i,), cpu_too) for i, v in enumerate(obj))
+            return type(obj)(self._plan(v, key + (i,), cpu_too, pin, device_copies, host_copies)
+                             for i, v in enumerate(obj))
         return obj
 
-    def _tensor(self, t: torch.Tensor, key: tuple) -> torch.Tensor:
+    def _buffer(self, t: torch.Tensor, key: tuple, pin: bool) -> torch.Tensor:
         buf = self._buffers.get(key)
-        if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
-            pin = self.pin and t.device.type == "cuda"
+        if buf is None or buf.shape != t.shape or buf.dtype != t.dtype or buf.is_pinned() != pin:
             buf = self._buffers[key] = torch.empty(t.shape, dtype=t.dtype, pin_memory=pin)
-        on_device = t.device.type != "cpu"
-        self._device_copies |= on_device
-        return buf.copy_(t, non_blocking=on_device)
+        return buf
+
+    def _copy_host(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        total = sum(dst.nbytes for dst, _ in pairs)
+        if self.threads == 1 or total < self.PARALLEL_MIN_BYTES:
+            for dst, src in pairs:
+                dst.copy_(src)
+            return
+        shares = _split(pairs, self.threads)
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.threads - 1, thread_name_prefix="checkpoint-stage")
+        futures = [self._pool.submit(_copy_pieces, share) for share in shares[1:]]
+        _copy_pieces(shares[0])
+        for f in futures:
+            f.result()
+
+
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))  # the job's allocation, not the node's core count
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def _copy_pieces(pieces: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    for dst, src in pieces:
+        dst.copy_(src)
+
+
+def _split(pairs: list[tuple[torch.Tensor, torch.Tensor]], n: int) -> list[list]:
+    """Cut the copies into `n` shares of (nearly) equal bytes. Contiguous tensors are cut into
+    flat ranges; a non-contiguous one goes whole into the share where it starts."""
+    total = sum(dst.nbytes for dst, _ in pairs)
+    quota = max(1, -(-total // n))
+    shares: list[list] = [[] for _ in range(n)]
+    offset = 0  # bytes assigned so far
+    for dst, src in pairs:
+        if not (src.is_contiguous() and dst.is_contiguous()) or dst.dtype != src.dtype or dst.numel() == 0:
+            shares[min(n - 1, offset // quota)].append((dst, src))
+            offset += dst.nbytes
+            continue
+        flat_dst, flat_src, size = dst.view(-1), src.view(-1), dst.element_size()
+        start = 0
+        while start < dst.numel():
+            share = min(n - 1, (offset + start * size) // quota)
+            end = dst.numel() if share == n - 1 else min(dst.numel(), -(-((share + 1) * quota - offset) // size))
+            shares[share].append((flat_dst[start:end], flat_src[start:end]))
+            start = end
+        offset += dst.nbytes
+    return shares

@@ -1,0 +1,111 @@
+"""The save path's pieces: parallel staging copies, the overlapped checksum, the writer thread."""
+import os
+import zlib
+
+import torch
+from hypothesis import given, settings, strategies as st
+
+from hpc import background
+from hpc.checkpoint_io import ChecksumWriter, Staging, _split, write_atomic, verify
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 300), st.booleans()), min_size=1, max_size=6),
+       st.integers(1, 5))
+def test_split_covers_every_byte_once_in_balanced_shares(specs, n):
+    pairs = []
+    for numel, strided in specs:
+        src = torch.randn(numel, 2)[:, 0] if strided else torch.randn(numel)
+        pairs.append((torch.full(src.shape, float("nan")), src))
+    shares = _split(pairs, n)
+    assert len(shares) == n
+    for share in shares:
+        for dst, src in share:
+            dst.copy_(src)
+    assert all(torch.equal(dst, src) for dst, src in pairs)
+    total = sum(dst.nbytes for dst, _ in pairs)
+    quota = max(1, -(-total // n))
+    if all(not strided for _, strided in specs):  # cut anywhere: no share over its quota + one element
+        assert all(sum(d.nbytes for d, _ in share) <= quota + 4 for share in shares)
+
+
+def test_parallel_staging_copies_exactly_and_reuses_buffers():
+    staging = Staging(threads=3)
+    state = {"big": torch.randn(3_000_000), "odd": torch.randn(2000, 1000)[:, ::3],
+             "small": [torch.arange(5), 7]}
+    first = staging.stage(state, cpu_too=True)
+    assert staging._pool is not None  # 12 MB and more: the parallel path ran
+    for key in ("big", "odd"):
+        assert torch.equal(first[key], state[key]) and first[key].data_ptr() != state[key].data_ptr()
+    assert torch.equal(first["small"][0], state["small"][0]) and first["small"][1] == 7
+    state["big"].add_(1)
+    again = staging.stage(state, cpu_too=True)
+    assert again["big"] is first["big"] and torch.equal(again["big"], state["big"])
+
+
+class _ReusingWriter:
+    """Stands for torch.save's zip writer: scribbles over its buffer once write() returns."""
+
+    def __init__(self, out):
+        self.out = out
+
+    def write_all(self, chunks):
+        for chunk in chunks:
+            buf = bytearray(chunk)
+            self.out.write(buf)
+            buf[:] = b"\0" * len(buf)
+
+
+def test_overlapped_checksum_matches_the_bytes_written(tmp_path):
+    chunks = [os.urandom(n) for n in (10, 3 << 20, 100, (1 << 20) + 1, 5)]
+    expected = zlib.crc32(b"".join(chunks))
+    for overlap in (False, True):
+        path = tmp_path / f"f{overlap}"
+        with open(path, "wb") as f:
+            out = ChecksumWriter(f, overlap=overlap)
+            _ReusingWriter(out).write_all(chunks)
+        assert out.info() == {"crc32": f"{expected:08x}", "bytes": sum(map(len, chunks))}
+        assert path.read_bytes() == b"".join(chunks)
+
+
+def test_overlapped_write_atomic_verifies(tmp_path):
+    state = {"w": torch.randn(1_000_000), "b": torch.randn(10)}
+    info = write_atomic(tmp_path / "a.pt", state, overlap=True)
+    assert info == write_atomic(tmp_path / "b.pt", state, overlap=False)
+    assert verify(tmp_path / "a.pt", info) == ""
+
+
+def test_writer_thread_runs_jobs_in_order_and_reports_errors():
+    done = []
+    jobs = [background.start(done.append, (i,), "thread") for i in range(5)]
+    assert [j.wait() >= 0 for j in jobs] == [True] * 5 and done == list(range(5))
+
+    def fail():
+        raise OSError("disk full")
+
+    job = background.start(fail, (), "thread")
+    try:
+        job.wait()
+    except OSError as err:
+        assert "disk full" in str(err)
+    else:
+        raise AssertionError("the writer's error did not reach wait()")
+    assert background.start(done.append, (9,), "thread").wait() >= 0 and done[-1] == 9
+
+
+def test_writer_thread_is_restarted_in_a_forked_child():
+    background.start(lambda: None, (), "thread").wait()  # the parent's thread exists
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: the parent's writer thread did not survive the fork
+        ok = False
+        try:
+            out = []
+            background.start(out.append, (1,), "thread").wait()
+            ok = out == [1]
+        finally:
+            os.write(write, b"ok" if ok else b"no")
+            os._exit(0)
+    os.close(write)
+    assert os.read(read, 2) == b"ok"
+    os.waitpid(pid, 0)
