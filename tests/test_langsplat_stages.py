@@ -111,3 +111,27 @@ def test_two_gloo_ranks_match_one_process(tmp_path, rgb_dir):
     assert torch.allclose(a, b, atol=1e-5)
     assert two["accuracy"] == pytest.approx(single["accuracy"], abs=1e-3)
     assert two["miou"] == pytest.approx(single["miou"], abs=1e-3)
+
+
+def test_sharded_evaluation_equals_one_process(rgb_dir):
+    """Each of 3 ranks renders its share of the held-out views; summed, the metrics are exactly
+    those of one process rendering all of them."""
+    from jobs.langsplat.evaluate import evaluate_features
+    from jobs.langsplat.stages import load_geometry, trainer_config
+    from jobs.langsplat.scene import make_scene
+
+    cfg = trainer_config({"trainer": {**MINI["trainer"], "n_views": 15}})  # 3 held-out views
+    scene, geometry = make_scene(cfg), load_geometry(rgb_dir)
+    features = torch.randn(len(geometry["means"]), cfg["feature_dim"], generator=torch.Generator().manual_seed(0))
+    whole = evaluate_features(cfg, scene, geometry, features, 2)
+    parts = []  # what each rank hands to the all-reduce
+    for rank in range(3):
+        evaluate_features(cfg, scene, geometry, features, 2, rank, 3, lambda t: parts.append(t) or t)
+    summed = lambda i: sum(parts[i::2][1:], parts[i::2][0].clone())  # noqa: E731
+    from jobs.langsplat.metrics import scores_from_confusion
+
+    assert {**scores_from_confusion(summed(0)), "accuracy_per_view": summed(1).tolist()} == \
+        {k: whole[k] for k in ("accuracy", "miou", "accuracy_per_view")}
+    assert sum(a > 0 for a in summed(1).tolist()) == len(scene.test_views) == 3
+    with pytest.raises(ValueError, match="reduce_sum"):
+        evaluate_features(cfg, scene, geometry, features, 2, 0, 2)

@@ -1,7 +1,8 @@
 """Held-out evaluation and images of a trained feature level.
 
     from jobs.langsplat.evaluate import evaluate_features
-    evaluate_features(cfg, scene, geometry, features, level)   # {"accuracy", "miou", "per_view"}
+    evaluate_features(cfg, scene, geometry, features, level)   # {"accuracy", "miou", "accuracy_per_view"}
+    evaluate_features(..., rank=s.rank, world=s.world_size, reduce_sum=s.all_reduce_sum)  # under DDP
 
 Rendered features are decoded to the nearest segment embedding of the level and compared with
 the ground-truth segment of every foreground pixel of the held-out views.
@@ -9,6 +10,7 @@ the ground-truth segment of every foreground pixel of the held-out views.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -25,17 +27,28 @@ def render_features(geometry: dict, features: torch.Tensor, cam) -> torch.Tensor
 
 
 @torch.no_grad()
-def evaluate_features(cfg: dict, scene, geometry: dict, features: torch.Tensor, level: int) -> dict:
+def evaluate_features(cfg: dict, scene, geometry: dict, features: torch.Tensor, level: int,
+                      rank: int = 0, world: int = 1, reduce_sum: Callable | None = None) -> dict:
+    """Held-out metrics of one level. Under DDP each rank renders every `world`-th held-out view
+    from `rank` on, and `reduce_sum` (hpc's ``s.all_reduce_sum``) adds the confusion counts and
+    per-view accuracies of all ranks: every rank returns the metrics of all views, exactly the
+    single-process ones (integer counts, and each view's accuracy added to zeros)."""
     emb = scene.embeddings[level]
     n = emb.shape[0]
     total = torch.zeros(n, n, dtype=torch.long)
-    per_view = []
-    for v in scene.test_views:
+    per_view = torch.zeros(len(scene.test_views), dtype=torch.float64)
+    for j in range(rank, len(scene.test_views), world):
+        v = scene.test_views[j]
         pred = decode(render_features(geometry, features, scene.cameras[v]), emb).reshape(-1)
         conf = confusion(pred, scene.level_labels(v, level), n)
-        per_view.append(scores_from_confusion(conf)["accuracy"])
+        per_view[j] = scores_from_confusion(conf)["accuracy"]
         total += conf
-    return {**scores_from_confusion(total), "accuracy_per_view": per_view, "segments": n}
+    if world > 1:
+        if reduce_sum is None:
+            raise ValueError(f"evaluate_features with world={world} needs reduce_sum "
+                             "(HINT: reduce_sum=s.all_reduce_sum) to add the other ranks' views")
+        total, per_view = reduce_sum(total), reduce_sum(per_view)
+    return {**scores_from_confusion(total), "accuracy_per_view": per_view.tolist(), "segments": n}
 
 
 @torch.no_grad()

@@ -106,7 +106,8 @@ def train_features(section: dict, out_dir: Path, level: int, rgb_dir: Path) -> d
         field = FeatureField.init(len(geometry["means"]), cfg["feature_dim"],
                                   int(cfg["seed"]) + 1000 * level).to(s.device)
         loop = fit_features(s, cfg, scene, geometry, field, level, out_dir)
-        metrics = evaluate_features(cfg, scene, geometry, field.features.detach(), level)
+        metrics = evaluate_features(cfg, scene, geometry, field.features.detach(), level,
+                                    s.rank, s.world_size, s.all_reduce_sum)
         metrics.update(stage="features", level=level, level_name=LEVEL_NAMES[level],
                        world_size=s.world_size, resumed_from=loop.resumed_step,
                        seconds=time.perf_counter() - t0)
