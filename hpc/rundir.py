@@ -41,7 +41,7 @@ class RunDir:
         return (self.task_dir(stage, item) / DONE).exists()
 
     def mark_done(self, stage: str, item: Any, info: Dict[str, Any]) -> None:
-        _atomic_write(self.task_dir(stage, item) / DONE, json.dumps(info, default=str, indent=1))
+        atomic_write_text(self.task_dir(stage, item) / DONE, json.dumps(info, default=str, indent=1))
 
     def finished(self, keys: List[Tuple[str, Any]]) -> FrozenSet[Tuple[str, Any]]:
         return frozenset(k for k in keys if self.is_done(*k))
@@ -55,7 +55,7 @@ class RunDir:
     def start(self, pipeline: str, config_yaml: str, kind: str) -> None:
         """Create the directory (or reopen it) and save config.yaml; keeps earlier submissions."""
         self.path.mkdir(parents=True, exist_ok=True)
-        _atomic_write(self.config_path, config_yaml)
+        atomic_write_text(self.config_path, config_yaml)
         data = self.manifest() or {"pipeline": pipeline, "submissions": [], "tasks": {}}
         data.update(pipeline=pipeline, executor=kind, git_commit=git_commit(), updated=_now())
         self._write(data)
@@ -63,11 +63,17 @@ class RunDir:
     def record(self, stage: str, item: Any, job_id: str, kind: str, after: Sequence[str] = ()) -> None:
         """Remember the job that runs (stage, item); older attempts stay in the history.
         `after`: the job ids it waits for (afterok), so status can tell when it never will start."""
+        self.record_all(stage, [(item, job_id)], kind, after)
+
+    def record_all(self, stage: str, jobs: Sequence[Tuple[Any, str]], kind: str,
+                   after: Sequence[str] = ()) -> None:
+        """record() for every (item, job_id) of one submission (an array): one manifest write."""
         data = self.manifest()
-        entry = data["tasks"].setdefault(task_key(stage, item), {"stage": stage, "item": item, "jobs": []})
-        entry["jobs"].append({"job_id": job_id, "executor": kind, "submitted": _now(), "after": list(after)})
-        entry["job_id"] = job_id
-        data["submissions"].append({"time": _now(), "stage": stage, "item": item, "job_id": job_id})
+        for item, job_id in jobs:
+            entry = data["tasks"].setdefault(task_key(stage, item), {"stage": stage, "item": item, "jobs": []})
+            entry["jobs"].append({"job_id": job_id, "executor": kind, "submitted": _now(), "after": list(after)})
+            entry["job_id"] = job_id
+            data["submissions"].append({"time": _now(), "stage": stage, "item": item, "job_id": job_id})
         self._write(data)
 
     def tasks(self) -> List[Dict[str, Any]]:
@@ -87,7 +93,7 @@ class RunDir:
         return {j["job_id"]: task_key(t["stage"], t["item"]) for t in self.tasks() for j in t["jobs"]}
 
     def _write(self, data: Dict[str, Any]) -> None:
-        _atomic_write(self.manifest_path, json.dumps(data, indent=1, default=str))
+        atomic_write_text(self.manifest_path, json.dumps(data, indent=1, default=str))
 
     # ---- logs
     def log_path(self, stage: str, job_id: str, rank: int = 0, stream: str = "out") -> Path:
@@ -112,7 +118,7 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
 
-def _atomic_write(path: Path, text: str) -> None:
+def atomic_write_text(path: Path, text: str) -> None:
     # tmp name + rename: a reader (status, a resubmission) never sees half a manifest.
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")

@@ -130,8 +130,8 @@ def submit_plan(plan: hplan.Plan, run: RunDir, setup: Sequence[str] = ()) -> Dic
                  for item, index in zip(job.items, job.indices)]
         with executor.batch():  # one sbatch --array for an array stage
             submitted = [executor.submit(t) for t in tasks]
-        for item, sj in zip(job.items, submitted):
-            run.record(job.stage, item, str(sj.job_id), plan.kind, upstream)
+        run.record_all(job.stage, [(item, str(sj.job_id)) for item, sj in zip(job.items, submitted)],
+                       plan.kind, upstream)
         ids[job.stage] = [str(sj.job_id) for sj in submitted]
         previous = submitted
     if plan.kind != "slurm":
@@ -140,18 +140,24 @@ def submit_plan(plan: hplan.Plan, run: RunDir, setup: Sequence[str] = ()) -> Dic
 
 
 def _upstream(job: hplan.JobSpec, ids: Dict[str, List[str]], run: RunDir) -> List[str]:
-    """Job ids of the stages `job` waits for: submitted now, or queued by an earlier submission."""
-    earlier: Dict[str, List[str]] = {}
+    """Job ids of the stages `job` waits for: submitted now, and those of the same stages still
+    queued or running from an earlier submission (after a partial resubmission of an array stage,
+    both). The manifest already holds this submission's ids as the tasks' latest jobs."""
+    waiting: Dict[str, set] = {s: set(ids.get(s, [])) for s in job.after}
     for t in run.tasks():
-        if not run.is_done(t["stage"], t["item"]):  # a long-finished job may be purged: no afterok on it
-            earlier.setdefault(t["stage"], []).append(t["job_id"])
-    return sorted(i for s in job.after for i in ids.get(s) or earlier.get(s, []))
+        # a finished task needs no afterok (its job may be purged from SLURM already); every other
+        # task not resubmitted now was found queued or running by current_state
+        if t["stage"] in waiting and not run.is_done(t["stage"], t["item"]):
+            waiting[t["stage"]].add(t["job_id"])
+    return sorted(i for s in job.after for i in waiting[s])
 
 
 def afterok(job_ids: Sequence[str]) -> Optional[str]:
-    """sbatch --dependency value; afterok on an array's base id waits for all of its tasks."""
-    bases = scheduler.base_ids(job_ids)
-    return f"afterok:{':'.join(bases)}" if bases else None
+    """sbatch --dependency value naming each array task ('12_3'), not the array ('12'): after a
+    partial resubmission the old array also holds the failed task, and afterok on the whole array
+    would never be satisfied."""
+    ids = sorted(set(job_ids), key=lambda i: [int(p) if p.isdigit() else p for p in i.split("_")])
+    return f"afterok:{':'.join(ids)}" if ids else None
 
 
 def _wait_ok(jobs: List[Any]) -> bool:

@@ -48,3 +48,22 @@ def test_local_status_shows_elapsed_time_of_finished_tasks(tmp_path):
     rows = {r.task: r for r in collect(RunDir(run_dir))}
     assert rows["first"].state == "COMPLETED"
     assert re.fullmatch(r"00:00:0[1-9]", rows["first"].elapsed), rows["first"].elapsed
+
+
+def test_upstream_after_a_partial_resubmission_keeps_the_earlier_queued_tasks(tmp_path):
+    """A later stage waits for the array tasks submitted now and for those of the same stage
+    still queued from before; finished tasks (whose jobs SLURM may have purged) are left out."""
+    from types import SimpleNamespace
+
+    run = RunDir(tmp_path)
+    run.start("tiny", "{}", "slurm")
+    for item, jid in ((0, "10_0"), (1, "10_1"), (2, "10_2")):
+        run.record("second", item, jid, "slurm")
+    run.mark_done("second", 0, {})
+    run.record("second", 1, "20_0", "slurm")  # item 1 failed and is resubmitted now; 2 still queued
+    run.record("other", None, "30", "slurm")
+    job = SimpleNamespace(after=["second"])
+    assert submit._upstream(job, {"second": ["20_0"]}, run) == ["10_2", "20_0"]
+    # the failed 10_1 is in the old array: the dependency names tasks, never the array 10
+    assert submit.afterok(submit._upstream(job, {"second": ["20_0"]}, run)) == "afterok:10_2:20_0"
+    assert submit.afterok(["9_10", "9_2", "9_2", "7"]) == "afterok:7:9_2:9_10" and submit.afterok([]) is None

@@ -1,10 +1,10 @@
-"""A tiny two-stage pipeline for testing the pipeline machinery (no torch, seconds per task).
+"""A tiny two- (or three-) stage pipeline for testing the pipeline machinery (no torch, seconds per task).
 
     hpc.plan.PIPELINES["tiny"] = "tests.tiny_pipeline"; python -m hpc.submit tiny ...
 
 Stage `first` (one task) writes first.txt; stage `second` (an array over tiny.parts) writes
-out-<item>.txt. Tasks fail on demand (tiny.fail_first, tiny.fail_items) to exercise afterok,
-status and resubmission.
+out-<item>.txt; stage `third` (tiny.third=true) checks them all. Tasks fail on demand
+(tiny.fail_first, tiny.fail_items) to exercise afterok, status and resubmission.
 """
 from __future__ import annotations
 
@@ -23,12 +23,16 @@ class TinySection:
     fail_items: List[int] = field(default_factory=list)  # these items of `second` raise
     sleep_s: float = 0.0  # time each task spends working
     fail_rank: int = -1  # this rank of every `second` task raises at once; the others hang (-1: none)
+    slow_items: List[int] = field(default_factory=list)  # these items of `second` work slow_s longer
+    slow_s: float = 20.0
+    third: bool = False  # add stage `third`, after `second`: it checks that every item's output exists
 
 
 @dataclass
 class TinyStages:
     first: Resources = field(default_factory=lambda: Resources(cpus_per_task=1, time_min=5))
     second: Resources = field(default_factory=lambda: Resources(cpus_per_task=1, time_min=5))
+    third: Resources = field(default_factory=lambda: Resources(cpus_per_task=1, time_min=5))
 
 
 @dataclass
@@ -38,8 +42,11 @@ class TinyConfig(PipelineConfig):
 
 
 def stages(cfg: Any) -> List[StageDef]:
-    return [StageDef("first", "tests.tiny_pipeline:first"),
-            StageDef("second", "tests.tiny_pipeline:second", items=tuple(cfg.tiny.parts), after=("first",))]
+    out = [StageDef("first", "tests.tiny_pipeline:first"),
+           StageDef("second", "tests.tiny_pipeline:second", items=tuple(cfg.tiny.parts), after=("first",))]
+    if cfg.tiny.third:
+        out.append(StageDef("third", "tests.tiny_pipeline:third", after=("second",)))
+    return out
 
 
 def first(ctx: Any) -> dict:
@@ -58,10 +65,19 @@ def second(ctx: Any) -> dict:
     if ctx.cfg["tiny"]["fail_rank"] >= 0:
         time.sleep(600)  # a peer that would wait forever in a collective: srun must end it
     time.sleep(ctx.cfg["tiny"]["sleep_s"])
+    if ctx.item in ctx.cfg["tiny"]["slow_items"]:
+        time.sleep(ctx.cfg["tiny"]["slow_s"])
     if ctx.item in ctx.cfg["tiny"]["fail_items"]:
         raise RuntimeError(f"second: item {ctx.item} failing on request (tiny.fail_items)")
     (ctx.stage_dir / f"out-{ctx.item}.txt").write_text(f"{ctx.item} rank {ctx.env.rank}\n")
     return {"item": ctx.item}
+
+
+def third(ctx: Any) -> dict:
+    missing = [i for i in ctx.cfg["tiny"]["parts"]
+               if not (ctx.run_dir / "second" / f"task-{i}" / f"out-{i}.txt").exists()]
+    assert not missing, f"third started before second wrote items {missing}"
+    return {"ok": True}
 
 
 PIPELINE = PipelineDef("tiny", TinyConfig, stages)

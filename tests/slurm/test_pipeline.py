@@ -143,6 +143,32 @@ def test_resubmission_reruns_only_the_failed_array_task(slurm_cluster, tmp_path,
     assert len(manifest["tasks"]["second[1]"]["jobs"]) == 2  # both attempts are kept
 
 
+def test_later_stage_waits_for_resubmitted_and_still_running_array_tasks(slurm_cluster, tmp_path, capsys):
+    """second[1] fails while second[2] still runs; the resubmission re-runs second[1] and `third`,
+    which must wait for both the new task and the old array's running one (named as array tasks:
+    afterok on the whole old array would wait on the failed task for ever)."""
+    run = run_tiny(tmp_path / "run", "tiny.third=true", "tiny.fail_items=[1]", "tiny.slow_items=[2]",
+                   "tiny.slow_s=25", "stages.second.nodes=1", "stages.second.tasks_per_node=1")
+    ids = job_ids(run)
+
+    def second_1_failed():
+        rows = {r.task: r for r in status.collect(run)}
+        return rows if rows["second[1]"].state == "FAILED" and rows["third"].state == "NEVER" else None
+
+    rows = wait_until(second_1_failed, what="second[1] to fail and third to be orphaned")
+    assert rows["second[2]"].state in ("PENDING", "RUNNING")
+    capsys.readouterr()
+    assert submit.main(["tiny", "--cluster", "slurm", "--run-dir", str(run.path), "tiny.fail_items=[]"]) == 0
+    after = job_ids(run)
+    assert {k for k in after if after[k] != ids[k]} == {("second", 1), ("third", None)}
+    deps = run.dependencies()[after[("third", None)]]
+    assert sorted(deps) == sorted([ids[("second", 2)], after[("second", 1)]])
+    records = wait_until(lambda: ended(run), timeout_s=180, what="every job to end")
+    third, slow = records[after[("third", None)]], records[ids[("second", 2)]]
+    assert third.state == "COMPLETED", status.format_table(status.collect(run))
+    assert datetime.fromisoformat(third.start) >= datetime.fromisoformat(slow.end)
+
+
 def test_run_pipeline_exports_torchrun_variables_and_checkpoint_dir(slurm_cluster, tmp_path):
     script = tmp_path / "train.py"
     script.write_text(
