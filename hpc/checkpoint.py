@@ -269,12 +269,12 @@ class CheckpointStore:
         except ValueError as err:
             return f"unreadable completion marker ({err})", set()
         files = marker.get("files", {})
+        if SHARED not in files:  # checked first: no file is read for a marker that cannot load
+            return f"marker lists no {SHARED}", set()
         for name, expected in files.items():
             problem = verify(path / name, expected)
             if problem:
                 return problem, set()
-        if SHARED not in files:
-            return f"marker lists no {SHARED}", set()
         return "", set(files)
 
 

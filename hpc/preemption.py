@@ -30,6 +30,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from hpc.rundir import atomic_write_text
+
 log = logging.getLogger(__name__)
 
 # Which signal means what. The pre-timeout signal is configurable (HPC_TIMEOUT_SIGNAL or install()).
@@ -226,9 +228,7 @@ def _record(path: Path, history: dict[str, Any], decision: Decision, info: dict[
         "timeout", "preempt")
     history["events"].append({"time": time.time(), "restart": info.get("Restarts"),
                               "state": info.get("JobState"), **asdict(decision)})
-    tmp = Path(path).with_suffix(".tmp")
-    tmp.write_text(json.dumps(history, indent=1))
-    os.replace(tmp, path)
+    atomic_write_text(Path(path), json.dumps(history, indent=1))
 
 
 def handle_stop(request: StopRequest, history: str | os.PathLike, job_id: str | None = None,
