@@ -1,12 +1,13 @@
 """Run the benchmarks and write BENCHMARKS.md at the repository root.
 
     python -m bench                              # everything (about 8 minutes on 2 cores)
-    python -m bench --only checkpoint status     # some of them
+    python -m bench --only checkpoint status     # some of them; the others' sections are kept
     python -m bench --quick                      # smaller sizes: a smoke test, not figures to keep
     python -m bench --list
 
 A benchmark that cannot run (a module missing, no SLURM here) is reported as "not measured" with
-the reason; the others still run.
+the reason; the others still run. The sections are also saved as JSON next to the report
+(BENCHMARKS.json): a run with --only replaces those sections and keeps the others as they were.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import List, Optional, Sequence
 
 from bench.common import REPO, Context
-from bench.report import Section, machine, render
+from bench.report import Section, load, machine, render, save, stamp
 
 # name -> (module, title, target): the order of the report.
 BENCHMARKS = {
@@ -39,6 +40,7 @@ BENCHMARKS = {
 
 def run_one(name: str, ctx: Context, command: str) -> Section:
     module, title, target = BENCHMARKS[name]
+    measured_at = stamp(time.time(), machine())
     t0 = time.perf_counter()
     try:
         section = importlib.import_module(module).run(ctx)
@@ -47,6 +49,7 @@ def run_one(name: str, ctx: Context, command: str) -> Section:
         reason = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
         section = Section(name, title, target, command, not_measured=f"{type(err).__name__}: {reason}")
     section.seconds = time.perf_counter() - t0
+    section.measured_at = measured_at
     return section
 
 
@@ -54,7 +57,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench", description="measure what users pay for")
     p.add_argument("--only", nargs="+", metavar="NAME", help=f"some of: {' '.join(BENCHMARKS)}")
     p.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke test")
-    p.add_argument("--out", default=str(REPO / "BENCHMARKS.md"), help="report path (default: %(default)s)")
+    p.add_argument("--out", help=f"report path (default: {REPO / 'BENCHMARKS.md'}; with --quick "
+                   f"{REPO / 'BENCHMARKS-quick.md'}, so a smoke test never replaces real figures)")
     p.add_argument("--keep", action="store_true", help="keep the scratch directory (and cluster files)")
     p.add_argument("--cluster-dir", help="use (and leave up) this local cluster instead of a fresh one")
     p.add_argument("--list", action="store_true", help="list the benchmarks and exit")
@@ -70,15 +74,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     command = "python -m bench" + (f" --only {' '.join(names)}" if args.only else "") + \
         (" --quick" if args.quick else "")
     started, info = time.time(), machine()
-    sections = []
+    out = Path(args.out or REPO / ("BENCHMARKS-quick.md" if args.quick else "BENCHMARKS.md"))
+    # --quick figures are a smoke test: they never replace kept ones, nor are kept themselves
+    earlier = load(out.with_suffix(".json")) if args.only and not args.quick else {}
+    sections = {}
     with Context(quick=args.quick, keep=args.keep, cluster_dir=args.cluster_dir) as ctx:
         for name in names:
             print(f"[bench] {name} ...", file=sys.stderr, flush=True)
             s = run_one(name, ctx, command)
             print(f"[bench] {name}: {s.outcome} ({s.seconds:.0f} s)", file=sys.stderr, flush=True)
-            sections.append(s)
-    Path(args.out).write_text(render(sections, command, started, info))
-    print(f"wrote {args.out}")
+            sections[name] = s
+    kept = tuple(n for n in earlier if n not in sections and n in BENCHMARKS)
+    ordered = [sections.get(n) or earlier[n] for n in BENCHMARKS if n in sections or n in kept]
+    out.write_text(render(ordered, command, started, info, kept))
+    if not args.quick:
+        save(ordered, out.with_suffix(".json"))
+    print(f"wrote {out}" + (f" (kept from earlier runs: {', '.join(kept)})" if kept else ""))
     return 0
 
 

@@ -47,3 +47,41 @@ def test_outcome_needs_every_check():
     assert s.outcome == "met"
     s.verdicts = []
     assert s.outcome == "not measured"
+
+
+def _fake_benchmarks(monkeypatch, value):
+    """Two benchmarks whose run() reports `value`, in modules made up for the test."""
+    import types
+
+    import bench.__main__ as cli
+
+    for name in ("one", "two"):
+        mod = types.ModuleType(f"fake_bench_{name}")
+
+        def run(ctx, name=name):
+            return Section(name, name.title(), "x <= 1", f"python -m bench --only {name}",
+                           headers=["value"], rows=[[str(value)]], verdicts=[("ok", value <= 1)])
+
+        mod.run = run
+        monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    monkeypatch.setattr(cli, "BENCHMARKS", {n: (f"fake_bench_{n}", n.title(), "x <= 1") for n in ("one", "two")})
+    return cli
+
+
+def test_only_replaces_its_sections_and_keeps_the_others(tmp_path, monkeypatch):
+    out = tmp_path / "B.md"
+    cli = _fake_benchmarks(monkeypatch, 0.5)
+    assert cli.main(["--out", str(out)]) == 0
+    assert (tmp_path / "B.json").exists() and out.read_text().count("| 0.5 |") == 2
+    cli = _fake_benchmarks(monkeypatch, 7)
+    assert cli.main(["--only", "two", "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "kept from earlier runs: One" in text and "| 1 | One | x <= 1 | met |" in text
+    assert "| 2 | Two | x <= 1 | NOT met |" in text and "| 7 |" in text and "| 0.5 |" in text
+    assert text.index("## 1. One") < text.index("## 2. Two") and text.count("Measured: ") == 2
+    cli.main(["--only", "one", "--quick", "--out", str(out)])  # a smoke run: reported, never kept
+    assert "kept from" not in out.read_text()
+    import json
+
+    kept = {d["name"]: d["rows"] for d in json.loads((tmp_path / "B.json").read_text())}
+    assert kept == {"one": [["0.5"]], "two": [["7"]]}
