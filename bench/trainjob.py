@@ -3,14 +3,18 @@
     python -m bench.trainjob --out DIR --size-mb 100 --mode first-step   # exits after step 1
     python -m bench.trainjob --out DIR --size-mb 100 --mode preempt      # trains until SIGTERM
     python -m bench.trainjob --out DIR --size-mb 100 --mode save         # 2 steps, final checkpoint
+    srun python -m bench.trainjob --out DIR --size-mb 100 --mode preempt --report F  # under SLURM
 
 A single-process hpc.ddp session and hpc.trainloop.TrainLoop around a model of `size-mb` of
 parameters (SGD, so the optimiser adds no state). The last stdout line is JSON with wall-clock
-timestamps (time.time(), comparable with the parent's on the same machine).
+timestamps (time.time(), comparable with the parent's on the same machine). Under SLURM a stop
+ends in a requeue (SystemExit), not in JobNotRequeued: --report names a file that gets the same
+JSON either way, and a file `ready` is written beside it when training has started.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -54,6 +58,7 @@ def main() -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--size-mb", type=int, required=True)
     p.add_argument("--mode", choices=["first-step", "preempt", "save"], required=True)
+    p.add_argument("--report", help="also write the stop's JSON to this file (see module docstring)")
     a = p.parse_args()
     import torch
 
@@ -73,13 +78,21 @@ def main() -> None:
                     t_first = time.time()
                     if a.mode == "preempt":
                         print("READY", flush=True)  # the parent sends SIGTERM after this
+                        if a.report:
+                            Path(a.report).with_name("ready").write_text(str(os.getpid()))
                 train_step(model, opt, step)
                 t_step_end = time.time()
-        except JobNotRequeued as err:  # the checkpoint is durable and the stop decided
-            emit({"t_process": T_PROCESS, "t_first_step": t_first, "t_safe": time.time(),
-                  "t_signal_seen": loop.flag.received_at, "t_step_end": t_step_end,
-                  "step_s": (t_step_end - t_first) / max(1, loop.step - resumed),
-                  "step": loop.step, "why": str(err)})
+        except (JobNotRequeued, SystemExit) as err:  # the checkpoint is durable and the stop decided
+            stop = {"t_process": T_PROCESS, "t_first_step": t_first, "t_safe": time.time(),
+                    "t_signal_seen": loop.flag.received_at, "t_step_end": t_step_end,
+                    "step_s": (t_step_end - t_first) / max(1, loop.step - resumed),
+                    "step": loop.step, "requeued": isinstance(err, SystemExit),
+                    "why": "exited for requeue" if isinstance(err, SystemExit) else str(err)}
+            if a.report:
+                Path(a.report).write_text(json.dumps(stop))
+            emit(stop)
+            if isinstance(err, SystemExit):
+                raise
             return
         if a.mode == "save":
             loop.finish()
