@@ -67,14 +67,15 @@ class ChecksumWriter:
         return {"crc32": f"{self.crc:08x}", "bytes": self.size}
 
 
-_crc_executor: ThreadPoolExecutor | None = None
+_crc_executor: tuple[int, ThreadPoolExecutor] | None = None  # (pid, executor)
 
 
 def _crc_pool() -> ThreadPoolExecutor:
+    """The checksum thread; a new one in a forked child (threads do not survive fork)."""
     global _crc_executor
-    if _crc_executor is None:
-        _crc_executor = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-crc")
-    return _crc_executor
+    if _crc_executor is None or _crc_executor[0] != os.getpid():
+        _crc_executor = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="checkpoint-crc"))
+    return _crc_executor[1]
 
 
 @contextlib.contextmanager
@@ -179,9 +180,9 @@ class Staging:
     PARALLEL_MIN_BYTES = 4 * 2**20  # below this, handing work to threads costs more than it saves
 
     def __init__(self, threads: int | None = None) -> None:
-        self._buffers: dict[tuple, torch.Tensor] = {}
+        self._buffers: dict[tuple, tuple[torch.Tensor, bool]] = {}  # key -> (buffer, pinned)
         self.threads = max(1, threads if threads is not None else min(4, _usable_cpus()))
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: tuple[int, ThreadPoolExecutor] | None = None  # (pid, executor)
 
     def stage(self, obj: Any, cpu_too: bool, pin: bool = False) -> Any:
         device_copies: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -215,21 +216,22 @@ class Staging:
         return obj
 
     def _buffer(self, t: torch.Tensor, key: tuple, pin: bool) -> torch.Tensor:
-        buf = self._buffers.get(key)
-        if buf is None or buf.shape != t.shape or buf.dtype != t.dtype or buf.is_pinned() != pin:
-            buf = self._buffers[key] = torch.empty(t.shape, dtype=t.dtype, pin_memory=pin)
+        # pinned-ness is remembered, not asked of the tensor: is_pinned() may call into the driver
+        buf, pinned = self._buffers.get(key, (None, False))
+        if buf is None or buf.shape != t.shape or buf.dtype != t.dtype or pinned != pin:
+            buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=pin)
+            self._buffers[key] = (buf, pin)
         return buf
 
     def _copy_host(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         total = sum(dst.nbytes for dst, _ in pairs)
         if self.threads == 1 or total < self.PARALLEL_MIN_BYTES:
-            for dst, src in pairs:
-                dst.copy_(src)
+            _copy_pieces(pairs)
             return
         shares = _split(pairs, self.threads)
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.threads - 1, thread_name_prefix="checkpoint-stage")
-        futures = [self._pool.submit(_copy_pieces, share) for share in shares[1:]]
+        if self._pool is None or self._pool[0] != os.getpid():  # threads do not survive fork
+            self._pool = (os.getpid(), ThreadPoolExecutor(self.threads - 1, thread_name_prefix="checkpoint-stage"))
+        futures = [self._pool[1].submit(_copy_pieces, share) for share in shares[1:]]
         _copy_pieces(shares[0])
         for f in futures:
             f.result()
