@@ -9,7 +9,12 @@ once the job trains; the job reports the moment TrainLoop's stop returned (check
 files fsync'd, renamed, directory fsync'd). The same bytes are then written and fsync'd to the same
 filesystem by the parent, right before and right after each run (their mean is the comparison:
 the disk of a shared machine drifts). Dirty pages left by earlier runs are flushed (sync) before
-each run and each probe, so none of them pays for another's writeback.
+each run and each probe, so none of them pays for another's writeback, and each probe waits
+SETTLE_S first (see there).
+
+One more row runs the same job under the local SLURM cluster (preempt_under_slurm): an srun task
+of a requeueable job that a high-partition job preempts, so the stop includes rank 0's scontrol
+calls and ends in a requeue.
 
 The job's step is short and fixed (bench.trainjob.train_step: a few ms whatever the state size), as
 a GPU job's is on the host: the figure is the stop itself, not a step of CPU arithmetic on 1 GB.
