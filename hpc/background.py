@@ -1,6 +1,7 @@
 """One background checkpoint write at a time: in a forked child (copy-on-write) or in a thread.
 
     job = background.start(write, (step, state), mode="fork")   # returns at once
+    job = background.start(write, (step, state), "thread", writer)  # writer: a kept ThreadWriter
     seconds = job.wait()                                        # raises if the write failed
 
 Fork mode: os.fork() gives the child a copy-on-write image of the training process, so the state
@@ -39,34 +40,32 @@ _MESSAGE_MAX = 16_000  # bytes of traceback sent back: well below a pipe's 64 Ki
 # 10 minutes for the other ranks' files): it is killed and the save fails loudly instead of the
 # training process blocking forever at its next save. The previous checkpoint stays valid.
 WRITER_TIMEOUT_S = float(os.environ.get("HPC_CHECKPOINT_WRITER_TIMEOUT_S", 1800))
-_queue_lock = threading.Lock()
 
 
 def default_mode() -> str:
     return "fork" if hasattr(os, "fork") else "thread"
 
 
-def start(fn: Callable[..., Any], args: tuple, mode: str) -> "ForkJob | ThreadJob":
+def start(fn: Callable[..., Any], args: tuple, mode: str,
+          writer: "ThreadWriter | None" = None) -> "ForkJob | ThreadJob":
+    """Run fn(*args) in the background: a forked child, or `writer`'s thread (a new ThreadWriter
+    when none is given)."""
     if mode not in MODES:
         raise ValueError(f"checkpoint write mode {mode!r}; expected one of {MODES}. "
                          "HINT: mode='thread' where os.fork is unavailable.")
-    return (ForkJob if mode == "fork" else ThreadJob)(fn, args)
+    if mode == "fork":
+        return ForkJob(fn, args)
+    return (writer or ThreadWriter()).submit(fn, args)
 
 
 class ThreadJob:
-    """A write run by the process's one writer thread (started on first use, kept for later saves).
-
-    Starting a thread per save would cost the caller ~1-2 ms: Thread.start() waits until the new
-    thread runs, and that thread then holds the GIL while it pickles. Handing the job to a thread
-    already waiting on a queue returns at once.
-    """
+    """A write run by a ThreadWriter's thread; wait() returns its seconds or raises its error."""
 
     def __init__(self, fn: Callable[..., Any], args: tuple) -> None:
         self._fn, self._args = fn, args
         self._error: BaseException | None = None
         self._seconds = 0.0
         self._done = threading.Event()
-        _writer_queue().put(self)
 
     def run(self) -> None:
         t0 = time.perf_counter()
@@ -86,23 +85,59 @@ class ThreadJob:
         return self._seconds
 
 
-_queue: "queue.SimpleQueue[ThreadJob] | None" = None
-_queue_pid = 0
+class ThreadWriter:
+    """A writer thread kept between saves (one per checkpoint store), fed through a queue.
 
+    Starting a thread per save would cost the caller ~1-2 ms: Thread.start() waits until the new
+    thread runs, and that thread then holds the GIL while it pickles. Handing the job to a thread
+    already waiting returns at once. The thread leaves on close(), or after IDLE_S without work
+    (longer than any sensible interval between saves: a store dropped without close() leaves no
+    thread behind for ever), and is started again by the next job, also in a forked child, where
+    the parent's thread does not exist. One thread per store, not per process: rank 0's
+    write waits for the other ranks' files, and ranks simulated in one process must not queue
+    behind it.
+    """
 
-def _writer_queue() -> "queue.SimpleQueue[ThreadJob]":
-    """The writer thread's queue; a new thread in a forked child (threads do not survive fork)."""
-    global _queue, _queue_pid
-    with _queue_lock:
-        if _queue is None or _queue_pid != os.getpid():
-            _queue, _queue_pid = queue.SimpleQueue(), os.getpid()
-            threading.Thread(target=_serve, args=(_queue,), daemon=True, name="checkpoint-writer").start()
-        return _queue
+    IDLE_S = 3600.0
 
+    def __init__(self) -> None:
+        self._reset()
 
-def _serve(jobs: "queue.SimpleQueue[ThreadJob]") -> None:
-    while True:
-        jobs.get().run()
+    def _reset(self) -> None:
+        self._owner = os.getpid()
+        self._lock = threading.Lock()
+        self._jobs: queue.SimpleQueue[ThreadJob | None] = queue.SimpleQueue()  # None: leave
+        self._running = False
+
+    def submit(self, fn: Callable[..., Any], args: tuple) -> ThreadJob:
+        if self._owner != os.getpid():  # a forked child: the parent's thread, lock and queue are not ours
+            self._reset()
+        job = ThreadJob(fn, args)
+        with self._lock:  # the thread checks the queue under this lock before it leaves
+            self._jobs.put(job)
+            if not self._running:
+                self._running = True
+                threading.Thread(target=self._serve, daemon=True, name="checkpoint-writer").start()
+        return job
+
+    def close(self) -> None:
+        """Let the thread leave once the jobs queued before this call are done."""
+        if self._owner == os.getpid():
+            self._jobs.put(None)
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                job = self._jobs.get(timeout=self.IDLE_S)
+            except queue.Empty:
+                job = None
+            if job is not None:
+                job.run()
+                continue
+            with self._lock:
+                if self._jobs.empty():
+                    self._running = False
+                    return
 
 
 class ForkJob:

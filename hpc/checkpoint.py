@@ -98,6 +98,7 @@ class CheckpointStore:
         self.directory.mkdir(parents=True, exist_ok=True)
         self._job: Any = None
         self._staging = Staging()
+        self._writer = background.ThreadWriter()
         self.stats = {"saves": 0, "copy_s": 0.0, "waited_s": 0.0, "write_s": 0.0}
 
     # ---------------------------------------------------------------- saving
@@ -126,7 +127,7 @@ class CheckpointStore:
         # The thread writer reads pinned buffers (full-speed device copies); a forked writer must
         # get pageable ones (see Staging).
         args[1:3] = self._staging.stage(tuple(args[1:3]), cpu_too=mode == "thread", pin=mode == "thread")
-        self._job = background.start(self._write, tuple(args), mode)
+        self._job = background.start(self._write, tuple(args), mode, self._writer)
         self.stats["copy_s"] += time.perf_counter() - t1
 
     def _mode_for(self, state: Any) -> str:
@@ -150,6 +151,7 @@ class CheckpointStore:
 
     def close(self) -> None:
         self.wait()
+        self._writer.close()
 
     def _write(self, step: int, shared: Any, per_rank: Any, generation: str,
                overlap: bool = False) -> None:

@@ -1,11 +1,14 @@
 """The save path's pieces: parallel staging copies, the overlapped checksum, the writer thread."""
 import os
+import time
 import zlib
 
+import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
 from hpc import background
+from hpc.checkpoint import CheckpointStore
 from hpc.checkpoint_io import ChecksumWriter, Staging, _split, write_atomic, verify
 
 
@@ -76,32 +79,58 @@ def test_overlapped_write_atomic_verifies(tmp_path):
 
 
 def test_writer_thread_runs_jobs_in_order_and_reports_errors():
-    done = []
-    jobs = [background.start(done.append, (i,), "thread") for i in range(5)]
+    writer, done = background.ThreadWriter(), []
+    jobs = [background.start(done.append, (i,), "thread", writer) for i in range(5)]
     assert [j.wait() >= 0 for j in jobs] == [True] * 5 and done == list(range(5))
 
     def fail():
         raise OSError("disk full")
 
-    job = background.start(fail, (), "thread")
-    try:
-        job.wait()
-    except OSError as err:
-        assert "disk full" in str(err)
-    else:
-        raise AssertionError("the writer's error did not reach wait()")
-    assert background.start(done.append, (9,), "thread").wait() >= 0 and done[-1] == 9
+    with pytest.raises(OSError, match="disk full"):
+        background.start(fail, (), "thread", writer).wait()
+    assert background.start(done.append, (9,), "thread", writer).wait() >= 0 and done[-1] == 9
+
+
+def _left(writer):
+    deadline = time.monotonic() + 5
+    while writer._running and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return not writer._running
+
+
+def test_writer_thread_leaves_on_close_or_when_idle_and_comes_back(monkeypatch):
+    writer, done = background.ThreadWriter(), []
+    writer.submit(done.append, (1,))
+    writer.close()  # after the queued job
+    assert _left(writer) and done == [1]
+    monkeypatch.setattr(background.ThreadWriter, "IDLE_S", 0.05)
+    writer.submit(done.append, (2,)).wait()
+    assert _left(writer)  # idle
+    writer.submit(done.append, (3,)).wait()
+    assert done == [1, 2, 3]
+
+
+def test_rank_0_writes_do_not_block_other_stores_in_the_process(tmp_path):
+    """Ranks simulated in one process: rank 0's background write waits for rank 1's file, which
+    rank 1's own store writes on its own thread."""
+    stores = [CheckpointStore(tmp_path, rank=r, world_size=2, mode="thread") for r in range(2)]
+    for r in (0, 1):
+        stores[r].save(3, {"model": torch.ones(2), "per_rank": {"rank": r}})
+    for s in stores:
+        s.wait()
+    assert stores[0].latest() == 3 and stores[1].load()["per_rank"] == {"rank": 1}
 
 
 def test_writer_thread_is_restarted_in_a_forked_child():
-    background.start(lambda: None, (), "thread").wait()  # the parent's thread exists
+    writer = background.ThreadWriter()
+    writer.submit(lambda: None, ()).wait()  # the parent's thread exists
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: the parent's writer thread did not survive the fork
         ok = False
         try:
             out = []
-            background.start(out.append, (1,), "thread").wait()
+            writer.submit(out.append, (1,)).wait()
             ok = out == [1]
         finally:
             os.write(write, b"ok" if ok else b"no")
