@@ -78,13 +78,19 @@ def release(cluster, job_id: str) -> None:
     wait_for(started, f"job {job_id} pending without the begin-time hold", timeout=120)
 
 
-def test_preempted_twice_ends_bitwise_identical(slurm_cluster, tmp_path):
+@pytest.mark.parametrize("ballast_mb", [0, 64], ids=["thread-writer", "forked-writer"])
+def test_preempted_twice_ends_bitwise_identical(slurm_cluster, tmp_path, ballast_mb):
+    """Small states are written by the store's writer thread; with 64 MB more in rank 0's state
+    (hpc.checkpoint.AUTO_FORK_BYTES: 32 MiB) every background save forks a writer."""
+    from hpc.checkpoint import AUTO_FORK_BYTES
+
+    assert ballast_mb == 0 or ballast_mb * 2**20 >= AUTO_FORK_BYTES
     ref_dir, cut_dir = tmp_path / "reference", tmp_path / "preempted"
     ref_dir.mkdir(), cut_dir.mkdir()
-    ref = executor(tmp_path / "ref-logs").submit(workload.train, str(ref_dir), total=TOTAL)
+    ref = executor(tmp_path / "ref-logs").submit(workload.train, str(ref_dir), total=TOTAL, ballast_mb=ballast_mb)
     assert [r["step"] for r in ref.results()] == [TOTAL] * 4
 
-    job = executor(tmp_path / "cut-logs").submit(workload.train, str(cut_dir), total=TOTAL)
+    job = executor(tmp_path / "cut-logs").submit(workload.train, str(cut_dir), total=TOTAL, ballast_mb=ballast_mb)
     # Early enough that the scheduler (sched_interval=5 s) preempts before the run ends.
     targets = sorted(random.Random().sample(range(3, 30), 2))
     for restart, target in enumerate(targets):
