@@ -162,8 +162,9 @@ def run(ctx: Context) -> Section:
         "the CPU, which the blocked time does not show; on this 2-core shared machine that "
         "competition is real, on a GPU node the training step leaves the CPU to the writer",
         "background write = torch.save streamed with crc32 + fsync + commit in the writer (thread or "
-        "forked process), per save; with a forked writer, pages the training steps change while it runs are copied by the kernel (copy-on-write), "
-        "a cost that shows in the segment time, not in blocked/save",
+        "forked process), per save; with a forked writer, pages the training steps change while it "
+        "runs are copied by the kernel (copy-on-write), a cost that shows in the segment time, not "
+        "in blocked/save",
         "step = one 768x768 matmul on one torch thread plus a strided in-place update of the state; "
         f"saves spaced {SPACING:g}x the longer of one synchronous save and one background write",
         "peak RSS is of the benchmark process: the state itself (1x) plus the copy-on-write copies made "
