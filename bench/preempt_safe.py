@@ -53,6 +53,14 @@ def settled_probe(path: Path, nbytes: int) -> float:
     return fsync_write_seconds(path, nbytes)
 
 
+def committed_bytes(out: Path, step: int) -> int:
+    """Bytes of the checkpoint the stop committed; an error if there is none."""
+    step_dir = out / "checkpoints" / f"step-{step}"
+    if not (step_dir / "COMPLETE.json").exists():
+        raise RuntimeError(f"no committed checkpoint {step_dir} after the stop")
+    return sum(f.stat().st_size for f in step_dir.iterdir())
+
+
 def preempt_once(out: Path, size_mb: int) -> Dict[str, float]:
     probe_bytes = size_mb * 2**20
     write_before = settled_probe(out.parent / f"{out.name}-probe", probe_bytes)
@@ -76,10 +84,7 @@ def preempt_once(out: Path, size_mb: int) -> Dict[str, float]:
     if not lines:
         raise RuntimeError(f"bench.trainjob gave no result after SIGTERM (exit {proc.returncode}): {stderr[-1500:]}")
     r = json.loads(lines[-1])
-    step_dir = out / "checkpoints" / f"step-{r['step']}"
-    if not (step_dir / "COMPLETE.json").exists():
-        raise RuntimeError(f"no committed checkpoint {step_dir} after the stop")
-    nbytes = sum(f.stat().st_size for f in step_dir.iterdir())
+    nbytes = committed_bytes(out, r["step"])
     write_after = settled_probe(out / "fsync-probe", nbytes)
     return {"signal_to_safe": r["t_safe"] - t_signal, "signal_to_seen": r["t_signal_seen"] - t_signal,
             "signal_to_step_end": r["t_step_end"] - t_signal, "step_s": r["step_s"],
@@ -126,10 +131,7 @@ def preempt_under_slurm(ctx: Context, out: Path, size_mb: int) -> Dict[str, floa
         r = json.loads(report.read_text())
     finally:
         subprocess.run(["scancel", job_id], env=env, capture_output=True, timeout=60)
-    step_dir = out / "checkpoints" / f"step-{r['step']}"
-    if not (step_dir / "COMPLETE.json").exists():
-        raise RuntimeError(f"no committed checkpoint {step_dir} after the SLURM stop")
-    nbytes = sum(f.stat().st_size for f in step_dir.iterdir())
+    nbytes = committed_bytes(out, r["step"])
     write = settled_probe(out / "fsync-probe", nbytes)
     return {"seen_to_safe": r["t_safe"] - r["t_signal_seen"], "preempt_to_seen": r["t_signal_seen"] - t_preempt,
             "requeued": r["requeued"], "why": r["why"], "bytes": nbytes, "fsync_write": write,

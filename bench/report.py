@@ -60,9 +60,12 @@ def machine() -> dict:
             "load": " ".join(f"{x:.2f}" for x in load)}
 
 
+def _when(started: Optional[float]) -> str:
+    return time.strftime("%Y-%m-%d %H:%M %Z", time.localtime(started or time.time()))
+
+
 def stamp(started: Optional[float], info: dict) -> str:
-    when = time.strftime("%Y-%m-%d %H:%M %Z", time.localtime(started or time.time()))
-    return f"{when}, load average at its start {info['load']}"
+    return f"{_when(started)}, load average at its start {info['load']}"
 
 
 def save(sections: List[Section], path: Path) -> None:
@@ -104,7 +107,7 @@ def render(sections: List[Section], command: str, started: Optional[float] = Non
            info: Optional[dict] = None, kept: Tuple[str, ...] = ()) -> str:
     """`kept`: names of sections carried over from an earlier run (not measured by `command`)."""
     info = info or machine()
-    when = time.strftime("%Y-%m-%d %H:%M %Z", time.localtime(started or time.time()))
+    when = _when(started)
     carried = [s.title for s in sections if s.name in kept]
     out = ["# Benchmarks", "",
            f"Produced by `{command}` on {when}" + (
