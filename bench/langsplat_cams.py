@@ -1,4 +1,4 @@
-"""LangSplat stage 2 throughput: cameras per second of jobs.langsplat.stages.train_features at 1 and 2
+"""LangSplat stage 2 throughput: cameras per second of hpc.jobs.langsplat.stages.train_features at 1 and 2
 ranks (gloo, CPU), on geometry from a short stage-1 run made in the same benchmark.
 
     python -m bench --only langsplat
@@ -27,15 +27,15 @@ LEVEL = 0
 
 
 def stage_rgb(out: Path, iters: int) -> dict:
-    from jobs.langsplat.stages import train_rgb
+    from hpc.jobs.langsplat.stages import train_rgb
 
     return train_rgb({"trainer": {"rgb_iterations": iters}}, out)
 
 
 def stage_features(out: Path, rgb_dir: Path, iters: int) -> dict:
     """train_features with fit_features timed (the stage imports it from the module at call time)."""
-    import jobs.langsplat.features as features
-    from jobs.langsplat.stages import train_features
+    import hpc.jobs.langsplat.features as features
+    from hpc.jobs.langsplat.stages import train_features
 
     timing = {}
     original = features.fit_features

@@ -2,21 +2,29 @@
 
     python -m hpc.submit langsplat --profile sandbox stages.features.nodes=1 --dry-run
 
-Precedence, lowest first: dataclass defaults < templates/<pipeline>.yaml < templates/profiles/<profile>.yaml
-< the run directory's saved config.yaml (when resubmitting) < dotted `key=value` command-line overrides.
+Precedence, lowest first: dataclass defaults < the pipeline's templates (templates/<pipeline>.yaml, ...)
+< templates/profiles/<profile>.yaml < the run directory's saved config.yaml (when resubmitting)
+< dotted `key=value` command-line overrides. Templates ship as package data (hpc.templates, from the
+repository's templates/) and are read through importlib.resources, so an installed wheel has them too.
 The resolved result is saved as <run_dir>/config.yaml. No torch here: dry-run and status stay fast.
 """
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from importlib import resources
+from importlib.abc import Traversable
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+
+def templates_root() -> Traversable:
+    """The shipped templates (package hpc.templates; the repository's templates/ directory)."""
+    return resources.files("hpc.templates")
+
 CLUSTER_KINDS = ("auto", "slurm", "local", "debug")
 # Values that end up as sbatch options: one shell-safe token (submitit quotes them too; a newline
 # inside a #SBATCH value would still start a new script line, so refuse it outright).
@@ -75,16 +83,21 @@ class PipelineConfig:
 
 def load(schema: type, pipeline: str, profile: Optional[str] = None,
          overrides: Sequence[str] = (), saved: Optional[Path] = None,
-         templates: Path = TEMPLATES, extra: Sequence[str] = ()) -> DictConfig:
+         templates: Optional[Traversable] = None, extra: Sequence[str] = ()) -> DictConfig:
     """Build the resolved config for `pipeline`, checked against `schema` (a dataclass).
-    `extra`: further template files of the pipeline, merged after <pipeline>.yaml."""
+    `extra`: the pipeline's template files (PipelineDef.templates), merged in order; each must exist:
+    running on dataclass defaults because a template went missing would be silently wrong."""
+    templates = templates or templates_root()
     cfg = OmegaConf.structured(schema)
-    for base in [templates / f"{pipeline}.yaml", *(templates / name for name in extra)]:
-        if base.exists():
-            cfg = _merge(cfg, OmegaConf.load(base), str(base))
+    for name in extra:
+        base = templates / name
+        if not base.is_file():
+            raise ConfigError(f"template {name} of pipeline {pipeline!r} not found in {templates}. "
+                              "HINT: reinstall hpc (pip install .), or restore templates/" + name + ".")
+        cfg = _merge(cfg, OmegaConf.create(base.read_text()), f"templates/{name}")
     if profile:
         path = _profile_path(profile, templates)
-        cfg = _merge(cfg, _for_stages(OmegaConf.load(path), cfg), str(path))
+        cfg = _merge(cfg, _for_stages(OmegaConf.create(path.read_text()), cfg), f"templates/profiles/{profile}.yaml")
     if saved is not None and saved.exists():
         cfg = _merge(cfg, OmegaConf.load(saved), str(saved))
     cfg = _merge(cfg, _parse_overrides(overrides), "command line")
@@ -92,10 +105,15 @@ def load(schema: type, pipeline: str, profile: Optional[str] = None,
     return cfg
 
 
-def _profile_path(profile: str, templates: Path) -> Path:
+def profile_names(templates: Optional[Traversable] = None) -> List[str]:
+    folder = (templates or templates_root()) / "profiles"
+    return sorted(p.name[:-len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+def _profile_path(profile: str, templates: Traversable) -> Traversable:
     path = templates / "profiles" / f"{profile}.yaml"
-    if not path.exists():
-        names = sorted(p.stem for p in (templates / "profiles").glob("*.yaml"))
+    if not path.is_file():
+        names = profile_names(templates)
         raise ConfigError(f"unknown profile {profile!r}; expected one of {names}. "
                           f"HINT: add templates/profiles/{profile}.yaml or pick an existing one.")
     return path

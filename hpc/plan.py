@@ -18,8 +18,8 @@ from hpc.rundir import task_key
 
 # name -> module path; the module defines PIPELINE. Tests and users may add entries.
 PIPELINES: Dict[str, str] = {
-    "langsplat": "jobs.langsplat.pipeline",
-    "run": "jobs.run",
+    "langsplat": "hpc.jobs.langsplat.pipeline",
+    "run": "hpc.jobs.run",
 }
 
 TaskKey = Tuple[str, Any]  # (stage name, array item or None)
@@ -43,7 +43,7 @@ class PipelineDef:
     schema: type  # config dataclass checked by OmegaConf
     stages: Callable[[Any], List[StageDef]]  # cfg -> stages, in submission order
     validate: Callable[[Any], None] = lambda cfg: None  # pipeline-specific input checks
-    templates: Tuple[str, ...] = ()  # template files merged after templates/<name>.yaml
+    templates: Tuple[str, ...] = ()  # its files in templates/ (hpc.templates), merged in order; each must exist
 
 
 def get_pipeline(name: str) -> PipelineDef:

@@ -44,7 +44,7 @@ def stages(cfg: Any) -> List[StageDef]:
     import shlex
 
     command = shlex.join(["python", "-m", "hpc.launch", "--", *cfg.script.command])
-    return [StageDef("main", "jobs.run:run_command", describe=f"{command}  (argv, no shell)")]
+    return [StageDef("main", "hpc.jobs.run:run_command", describe=f"{command}  (argv, no shell)")]
 
 
 def run_command(ctx: Any) -> dict:
@@ -103,4 +103,4 @@ def requeue_after_stop(ctx: Any, flag: Any, checkpoints: Any, max_timeouts: int)
     preemption.exit_for(decision)
 
 
-PIPELINE = PipelineDef("run", RunConfig, stages, validate)
+PIPELINE = PipelineDef("run", RunConfig, stages, validate, templates=("run.yaml",))

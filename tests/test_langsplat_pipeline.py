@@ -5,7 +5,7 @@ import pytest
 
 from hpc import config, plan, submit
 from hpc.rundir import RunDir
-from jobs.langsplat import pipeline as lp
+from hpc.jobs.langsplat import pipeline as lp
 
 
 def load(*overrides):
@@ -16,7 +16,7 @@ def load(*overrides):
 def test_stages_rgb_then_one_features_task_per_level():
     cfg = load("langsplat.levels=[2,0]")
     rgb, features = lp.stages(cfg)
-    assert (rgb.name, rgb.items, rgb.target) == ("rgb", (), "jobs.langsplat.pipeline:rgb")
+    assert (rgb.name, rgb.items, rgb.target) == ("rgb", (), "hpc.jobs.langsplat.pipeline:rgb")
     assert (features.items, features.after) == ((2, 0), ("rgb",))
 
 
@@ -35,7 +35,7 @@ def test_external_mode_needs_a_checkout_unless_standin(tmp_path):
     with pytest.raises(config.ConfigError, match="external.langsplat_dir=None has no train.py"):
         lp.validate(cfg)
     lp.validate(load("langsplat.mode=external", f"langsplat.data_path={tmp_path}", "external.use_standin=true"))
-    assert lp.stages(cfg)[1].target == "jobs.langsplat.pipeline:features_external"
+    assert lp.stages(cfg)[1].target == "hpc.jobs.langsplat.pipeline:features_external"
 
 
 def test_external_standin_runs_locally_with_two_ranks(tmp_path, monkeypatch):

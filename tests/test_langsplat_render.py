@@ -5,11 +5,11 @@ import zlib
 import pytest
 import torch
 
-from jobs.langsplat import metrics
-from jobs.langsplat.defaults import trainer_config
-from jobs.langsplat.outputs import png_bytes
-from jobs.langsplat.render import Camera, blend_weights, composite, render_rgb
-from jobs.langsplat.scene import make_scene
+from hpc.jobs.langsplat import metrics
+from hpc.jobs.langsplat.defaults import trainer_config
+from hpc.jobs.langsplat.outputs import png_bytes
+from hpc.jobs.langsplat.render import Camera, blend_weights, composite, render_rgb
+from hpc.jobs.langsplat.scene import make_scene
 
 TINY = {"trainer": {"image_size": 16, "n_views": 10, "gaussians_per_subpart": 3, "n_objects": 2,
                     "init_points": 12}}

@@ -5,7 +5,7 @@ Stage 1 reaches a held-out PSNR of at least 25 dB and every feature level an acc
 0.9, within the time budget of the whole pipeline (5 minutes for rgb + levels 0 1 2)."""
 import time
 
-from jobs.langsplat.stages import train_features, train_rgb
+from hpc.jobs.langsplat.stages import train_features, train_rgb
 
 
 def test_default_scene_meets_targets(tmp_path):

@@ -121,7 +121,8 @@ def test_precedence_defaults_template_profile_saved_command_line(tmp_path):
     pipe = plan.get_pipeline("langsplat")
     saved = tmp_path / "config.yaml"
     saved.write_text("stages:\n  rgb:\n    time_min: 7\n    cpus_per_task: 3\n")
-    cfg = config.load(pipe.schema, "langsplat", "sandbox", ["stages.rgb.cpus_per_task=5"], saved)
+    cfg = config.load(pipe.schema, "langsplat", "sandbox", ["stages.rgb.cpus_per_task=5"], saved,
+                      extra=pipe.templates)
     assert cfg.stages.rgb.max_timeouts == 3  # dataclass default
     assert cfg.stages.features.local_tasks == 2  # templates/langsplat.yaml
     assert cfg.stages.features.nodes == 2 and cfg.cluster.partitions == ["low", "high"]  # profile

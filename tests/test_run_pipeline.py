@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from hpc.preemption import StopFlag
-from jobs.run import _await_own_signal, _killed_by_stop_signal
+from hpc.jobs.run import _await_own_signal, _killed_by_stop_signal
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """Defaults of the built-in reference trainer (the `trainer:` section of the langsplat config).
 
-    from jobs.langsplat.defaults import trainer_config
+    from hpc.jobs.langsplat.defaults import trainer_config
     cfg = trainer_config({"trainer": {"rgb_iterations": 200}})   # defaults < given section
 
 Each key is documented where it is defined. Sizes are chosen so that on a quiet 2-core CPU the

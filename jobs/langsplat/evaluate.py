@@ -1,6 +1,6 @@
 """Held-out evaluation and images of a trained feature level.
 
-    from jobs.langsplat.evaluate import evaluate_features
+    from hpc.jobs.langsplat.evaluate import evaluate_features
     evaluate_features(cfg, scene, geometry, features, level)   # {"accuracy", "miou", "accuracy_per_view"}
     evaluate_features(..., rank=s.rank, world=s.world_size, reduce_sum=s.all_reduce_sum)  # under DDP
 

@@ -1,7 +1,7 @@
 """Stand-in for LangSplat's train.py / train_ddp.py: same arguments, checkable output, no training.
 
-    python -m jobs.langsplat.external_standin -s data/scene -m out/scene --iterations 30000
-    python -m hpc.launch -- python -m jobs.langsplat.external_standin -s data/scene -m out/scene_1 \
+    python -m hpc.jobs.langsplat.external_standin -s data/scene -m out/scene --iterations 30000
+    python -m hpc.launch -- python -m hpc.jobs.langsplat.external_standin -s data/scene -m out/scene_1 \
         --start_checkpoint out/scene/chkpnt30000.pth --feature_level 1 --iterations 30000
 
 It tests external mode (templates/langsplat_external.yaml) without a LangSplat checkout. Like the

@@ -1,6 +1,6 @@
 """Metrics of the reference trainer: PSNR, segment accuracy and mIoU, relevancy maps.
 
-    from jobs.langsplat.metrics import psnr, decode, segmentation_scores, relevancy
+    from hpc.jobs.langsplat.metrics import psnr, decode, segmentation_scores, relevancy
     psnr(rendered, target)                                # dB, images in [0, 1]
     pred = decode(features, embeddings)                    # nearest segment embedding per pixel
     segmentation_scores(pred, labels, n_segments)          # {"accuracy": ..., "miou": ...}

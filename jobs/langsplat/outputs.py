@@ -1,6 +1,6 @@
 """Stage outputs: PNG images, feature maps as colours, relevancy heat maps, metrics.json.
 
-    from jobs.langsplat.outputs import write_png, features_to_rgb, heatmap, write_metrics
+    from hpc.jobs.langsplat.outputs import write_png, features_to_rgb, heatmap, write_metrics
     write_png(out_dir / "renders" / "view-003.png", image_hw3)     # floats in [0, 1]
 
 The PNG writer is a few lines of zlib so outputs need no imaging library.

@@ -3,7 +3,7 @@ feature level, each a multi-GPU (multi-node) DDP job.
 
     python -m hpc.submit langsplat --levels 0 1 2 --profile sandbox [--dry-run]
 
-Defaults live in templates/langsplat.yaml; the trainers are jobs.langsplat.stages.
+Defaults live in templates/langsplat.yaml; the trainers are hpc.jobs.langsplat.stages.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ class LangsplatSection:
     mode: str = "synthetic"  # synthetic: a generated scene; external: a LangSplat dataset at data_path
     data_path: Optional[str] = None  # dataset directory (external mode)
     levels: List[int] = field(default_factory=lambda: list(LEVELS))  # feature levels, one array task each
-    trainer: Dict[str, Any] = field(default_factory=dict)  # trainer settings (jobs.langsplat.defaults)
+    trainer: Dict[str, Any] = field(default_factory=dict)  # trainer settings (hpc.jobs.langsplat.defaults)
 
 
 @dataclass
@@ -76,8 +76,8 @@ def validate(cfg: Any) -> None:
 
 def stages(cfg: Any) -> List[StageDef]:
     suffix = "_external" if cfg.langsplat.mode == "external" else ""
-    return [StageDef("rgb", f"jobs.langsplat.pipeline:rgb{suffix}"),
-            StageDef("features", f"jobs.langsplat.pipeline:features{suffix}", items=tuple(cfg.langsplat.levels),
+    return [StageDef("rgb", f"hpc.jobs.langsplat.pipeline:rgb{suffix}"),
+            StageDef("features", f"hpc.jobs.langsplat.pipeline:features{suffix}", items=tuple(cfg.langsplat.levels),
                      after=("rgb",))]
 
 
@@ -93,29 +93,29 @@ def render_command(cfg: dict, stage: str, **values: Any) -> List[str]:
 
 
 def rgb_external(ctx: Any) -> dict:
-    from jobs.run import run_argv
+    from hpc.jobs.run import run_argv
 
     argv = render_command(ctx.cfg, "rgb", model=ctx.stage_dir, rgb_model=ctx.stage_dir)
     return run_argv(ctx, argv, ctx.cfg["stages"]["rgb"]["max_timeouts"], launch=False)
 
 
 def features_external(ctx: Any) -> dict:
-    from jobs.run import run_argv
+    from hpc.jobs.run import run_argv
 
     argv = render_command(ctx.cfg, "features", model=ctx.stage_dir, rgb_model=ctx.run_dir / "rgb", level=ctx.item)
     return run_argv(ctx, argv, ctx.cfg["stages"]["features"]["max_timeouts"])  # under hpc.launch
 
 
 def rgb(ctx: Any) -> dict:
-    from jobs.langsplat.stages import train_rgb
+    from hpc.jobs.langsplat.stages import train_rgb
 
     return train_rgb(ctx.cfg["langsplat"], ctx.stage_dir)
 
 
 def features(ctx: Any) -> dict:
-    from jobs.langsplat.stages import train_features
+    from hpc.jobs.langsplat.stages import train_features
 
     return train_features(ctx.cfg["langsplat"], ctx.stage_dir, ctx.item, ctx.run_dir / "rgb")
 
 
-PIPELINE = PipelineDef("langsplat", LangsplatConfig, stages, validate, templates=("langsplat_external.yaml",))
+PIPELINE = PipelineDef("langsplat", LangsplatConfig, stages, validate, templates=("langsplat.yaml", "langsplat_external.yaml"))

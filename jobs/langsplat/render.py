@@ -1,6 +1,6 @@
 """Differentiable 3D Gaussian splatting in plain PyTorch (CPU or CUDA), for small images.
 
-    from jobs.langsplat.render import Camera, blend_weights, composite
+    from hpc.jobs.langsplat.render import Camera, blend_weights, composite
     blend = blend_weights(params, cam)          # (H*W, N) weight of every gaussian at every pixel
     rgb = composite(blend, colors, background)  # (H*W, 3)
 

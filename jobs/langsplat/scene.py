@@ -1,6 +1,6 @@
 """Synthetic LangSplat scene: coloured objects, cameras on a sphere, a three-level segment hierarchy.
 
-    from jobs.langsplat.scene import make_scene
+    from hpc.jobs.langsplat.scene import make_scene
     scene = make_scene({"seed": 0, "image_size": 64, "n_views": 40})
     scene.images[v]            # (H, W, 3) ground-truth RGB of view v
     scene.feature_map(v, 1)    # (H, W, D) ground-truth language feature at level 1 (part)
@@ -114,7 +114,7 @@ def _hierarchy(n_subparts: int, dim: int, g: torch.Generator):
 
 
 def make_scene(cfg: dict) -> Scene:
-    """Build the scene named by cfg (see jobs.langsplat.defaults.TRAINER for the keys)."""
+    """Build the scene named by cfg (see hpc.jobs.langsplat.defaults.TRAINER for the keys)."""
     g = torch.Generator().manual_seed(int(cfg["scene_seed"]))
     gt, subpart_of, n_sub = _objects(cfg, g)
     segment_of, embeddings = _hierarchy(n_sub, cfg["feature_dim"], g)

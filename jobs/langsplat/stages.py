@@ -1,11 +1,11 @@
-"""LangSplat stage entry points of the built-in reference trainer (called by jobs.langsplat.pipeline).
+"""LangSplat stage entry points of the built-in reference trainer (called by hpc.jobs.langsplat.pipeline).
 
-    python -c "from pathlib import Path; from jobs.langsplat.stages import train_rgb; \
+    python -c "from pathlib import Path; from hpc.jobs.langsplat.stages import train_rgb; \
 print(train_rgb({}, Path('/tmp/ls/rgb')))"
 
 train_rgb(cfg, out_dir) runs in one process; train_features(cfg, out_dir, level, rgb_dir) runs in
 every task of a DDP job and opens hpc.ddp.session itself. cfg is the plain `langsplat:` config
-section; the trainer's knobs come from its `trainer:` entry over jobs.langsplat.defaults.TRAINER.
+section; the trainer's knobs come from its `trainer:` entry over hpc.jobs.langsplat.defaults.TRAINER.
 Outputs in out_dir: metrics.json, renders/*.png, tensorboard/, and gaussians.pt (stage 1, plain
 tensors, loadable with weights_only=True) or features.pt (stage 2).
 """

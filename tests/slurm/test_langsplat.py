@@ -35,7 +35,7 @@ LONG_RGB = {**MINI, "rgb_iterations": 4000, "feature_iterations": 20, "checkpoin
 
 @pytest.fixture(autouse=True)
 def _root(monkeypatch):
-    monkeypatch.chdir(ROOT)  # jobs import jobs.langsplat from the submission directory
+    monkeypatch.chdir(ROOT)  # jobs import hpc.jobs.langsplat from the submission directory
 
 
 def submit_langsplat(run_dir: Path, trainer: dict) -> RunDir:
@@ -78,7 +78,7 @@ def scalars(directory: Path, tag: str) -> list:
 
 
 def test_four_ranks_on_two_nodes_match_one_process(slurm_cluster, tmp_path):
-    from jobs.langsplat.stages import train_features
+    from hpc.jobs.langsplat.stages import train_features
 
     run = submit_langsplat(tmp_path / "run", MINI)
     finished(run)
@@ -122,7 +122,7 @@ def test_preempted_feature_task_resumes_bitwise(slurm_cluster, tmp_path):
 
 def test_preempted_rgb_stage_resumes_bitwise(slurm_cluster, tmp_path):
     from hpc.cluster.preempt import preempt
-    from jobs.langsplat.stages import train_rgb
+    from hpc.jobs.langsplat.stages import train_rgb
 
     run = submit_langsplat(tmp_path / "preempted", LONG_RGB)
     job_id = job_ids(run)[("rgb", None)]

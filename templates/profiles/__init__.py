@@ -1,0 +1,1 @@
+"""Cluster profiles: python -m hpc.submit PIPELINE --profile NAME reads profiles/NAME.yaml."""

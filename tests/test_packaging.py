@@ -1,0 +1,71 @@
+"""A non-editable install (a wheel, `pip install .`) carries the templates and installs only `hpc`.
+
+    pytest tests/test_packaging.py
+"""
+import os
+import subprocess
+import sys
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory):
+    out = tmp_path_factory.mktemp("wheel")
+    build = tmp_path_factory.mktemp("build")
+    # A copy of the sources: building in place would leave build/ and egg-info in the checkout.
+    files = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-co", "--exclude-standard"],
+                           check=True, capture_output=True, text=True).stdout.split()
+    for name in files:
+        src = ROOT / name
+        if src.is_file():
+            (build / name).parent.mkdir(parents=True, exist_ok=True)
+            (build / name).write_bytes(src.read_bytes())
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(build)], check=True, capture_output=True)
+    return next(out.glob("hpc-*.whl"))
+
+
+def test_wheel_ships_templates_and_nothing_generic_at_the_top_level(wheel):
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert tops == {"hpc"}, tops
+    for template in ("langsplat.yaml", "langsplat_external.yaml", "run.yaml", "profiles/sandbox.yaml",
+                     "profiles/gpu8.yaml"):
+        assert f"hpc/templates/{template}" in names
+    assert "hpc/jobs/langsplat/pipeline.py" in names and "hpc/jobs/run.py" in names
+
+
+def test_installed_wheel_reads_its_templates_outside_the_checkout(wheel, tmp_path):
+    env_dir = tmp_path / "venv"
+    # system site packages: torch, submitit, omegaconf come from there; hpc from the wheel
+    venv.create(env_dir, system_site_packages=True, with_pip=False)
+    python = env_dir / "bin" / "python"
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps",
+                    str(wheel)], check=True, capture_output=True)
+    probe = ("import hpc.config as c, hpc.plan as p;"
+             "pipe = p.get_pipeline('langsplat');"
+             "cfg = c.load(pipe.schema, 'langsplat', extra=pipe.templates);"
+             "sandbox = c.load(pipe.schema, 'langsplat', 'sandbox', extra=pipe.templates);"
+             "print(c.templates_root(), cfg.stages.features.local_tasks, cfg.stages.rgb.time_min,"
+             " sandbox.cluster.partitions)")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run([str(python), "-c", probe], cwd=tmp_path, capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    where, local_tasks, time_min, partitions = out.stdout.split(maxsplit=3)
+    assert str(env_dir) in where  # the wheel's copy, not the checkout's
+    assert (local_tasks, time_min) == ("2", "120")  # templates/langsplat.yaml, not dataclass defaults
+    assert partitions.strip() == "['low', 'high']"  # profiles/sandbox.yaml
+
+
+def test_a_missing_template_is_an_error(tmp_path):
+    from hpc import config, plan
+
+    pipe = plan.get_pipeline("langsplat")
+    (tmp_path / "profiles").mkdir()
+    with pytest.raises(config.ConfigError, match="langsplat.yaml .*not found.*HINT"):
+        config.load(pipe.schema, "langsplat", templates=tmp_path, extra=pipe.templates)
