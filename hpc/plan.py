@@ -35,6 +35,7 @@ class StageDef:
     after: Tuple[str, ...] = ()  # stages that must end successfully first (afterok)
     resources: str = ""  # key under cfg.stages; default: the stage name
     describe: str = ""  # what each task runs, for the plan output (default: the target)
+    skip: str = ""  # why this stage is not needed (its outputs exist): listed as skipped, never submitted
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class PipelineDef:
     stages: Callable[[Any], List[StageDef]]  # cfg -> stages, in submission order
     validate: Callable[[Any], None] = lambda cfg: None  # pipeline-specific input checks
     templates: Tuple[str, ...] = ()  # its files in templates/ (hpc.templates), merged in order; each must exist
+    notes: Callable[[Any], List[str]] = lambda cfg: []  # cfg -> lines the plan states (choices it made)
 
 
 def get_pipeline(name: str) -> PipelineDef:
@@ -132,7 +134,11 @@ def make_plan(pipe: PipelineDef, cfg: Any, run_dir: str, kind: str,
     skipped: List[str] = []
     notes: List[str] = []
     not_todo = finished | queued
+    notes.extend(pipe.notes(cfg))
     for stage in pipe.stages(cfg):
+        if stage.skip:  # stages waiting on it wait only for what is submitted or queued
+            skipped.append(f"{stage.name}: {stage.skip}")
+            continue
         keys = [(stage.name, item) for item in (stage.items or (None,))]
         todo = tuple(item for (_, item) in keys if (stage.name, item) not in not_todo)
         for key in keys:
