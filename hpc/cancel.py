@@ -12,7 +12,7 @@ import sys
 from typing import Optional, Sequence
 
 from hpc import scheduler
-from hpc.rundir import RunDir
+from hpc.rundir import RunDir, RunDirError
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -20,7 +20,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("run_dir")
     p.add_argument("--stage", help="only this stage")
     args = p.parse_args(argv)
-    slurm_ids = RunDir(args.run_dir).slurm_jobs(args.stage)
+    try:
+        slurm_ids = RunDir(args.run_dir).slurm_jobs(args.stage)
+    except RunDirError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     if not slurm_ids:
         print("no SLURM jobs recorded in this run (local jobs end with their submitting process)")
         return 0

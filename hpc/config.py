@@ -3,21 +3,24 @@
     python -m hpc.submit langsplat --profile sandbox stages.features.nodes=1 --dry-run
 
 Precedence, lowest first: dataclass defaults < the pipeline's templates (templates/<pipeline>.yaml, ...)
-< templates/profiles/<profile>.yaml < the run directory's saved config.yaml (when resubmitting)
-< dotted `key=value` command-line overrides. Templates ship as package data (hpc.templates, from the
+< the run directory's saved config.yaml (when resubmitting) < templates/profiles/<profile>.yaml
+< dotted `key=value` command-line overrides. A profile named on a resubmission is applied over the
+saved config (resuming with fewer GPUs is a profile away), and load() says which values it changed. Templates ship as package data (hpc.templates, from the
 repository's templates/) and are read through importlib.resources, so an installed wheel has them too.
 The resolved result is saved as <run_dir>/config.yaml. No torch here: dry-run and status stay fast.
 """
 from __future__ import annotations
 
 import re
+import unicodedata
 from dataclasses import dataclass, field
 from importlib import resources
 from importlib.abc import Traversable
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from omegaconf import DictConfig, OmegaConf
+import yaml
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 
@@ -27,8 +30,18 @@ def templates_root() -> Traversable:
 
 CLUSTER_KINDS = ("auto", "slurm", "local", "debug")
 # Values that end up as sbatch options: one shell-safe token (submitit quotes them too; a newline
-# inside a #SBATCH value would still start a new script line, so refuse it outright).
-_SAFE_VALUE = re.compile(r"^[A-Za-z0-9_.:,@%+=/\-\[\]]*$")
+# inside a #SBATCH value would still start a new script line, so refuse it outright). fullmatch, not
+# match with `$`: `$` also matches before a trailing newline.
+_SAFE_VALUE = re.compile(r"[A-Za-z0-9_.:,@%+=/\-\[\]]*")
+_OPTION_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")  # a long sbatch option, as a stages.*.extra key
+_PROFILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # a plain file name under templates/profiles/
+# Resource bounds, (lowest, highest): a request beyond them is a typo, not a job. 64 GPUs per node is
+# above any node built today (8 to 16); local_tasks is a fixed 64 rather than this machine's core count
+# so that a config means the same on every machine (each local task is a whole process).
+LIMITS: Dict[str, Tuple[int, Optional[int]]] = {
+    "nodes": (1, 10_000), "gpus_per_node": (0, 64), "tasks_per_node": (1, 1024), "cpus_per_task": (1, 1024),
+    "time_min": (1, 366 * 24 * 60), "signal_delay_s": (0, None), "max_timeouts": (0, 1000), "local_tasks": (1, 64),
+}
 
 
 class ConfigError(ValueError):
@@ -83,10 +96,12 @@ class PipelineConfig:
 
 def load(schema: type, pipeline: str, profile: Optional[str] = None,
          overrides: Sequence[str] = (), saved: Optional[Path] = None,
-         templates: Optional[Traversable] = None, extra: Sequence[str] = ()) -> DictConfig:
+         templates: Optional[Traversable] = None, extra: Sequence[str] = (),
+         notes: Optional[List[str]] = None) -> DictConfig:
     """Build the resolved config for `pipeline`, checked against `schema` (a dataclass).
     `extra`: the pipeline's template files (PipelineDef.templates), merged in order; each must exist:
-    running on dataclass defaults because a template went missing would be silently wrong."""
+    running on dataclass defaults because a template went missing would be silently wrong.
+    `notes`: receives a line naming what a profile changed in a saved config."""
     templates = templates or templates_root()
     cfg = OmegaConf.structured(schema)
     for name in extra:
@@ -94,15 +109,58 @@ def load(schema: type, pipeline: str, profile: Optional[str] = None,
         if not base.is_file():
             raise ConfigError(f"template {name} of pipeline {pipeline!r} not found in {templates}. "
                               "HINT: reinstall hpc (pip install .), or restore templates/" + name + ".")
-        cfg = _merge(cfg, OmegaConf.create(base.read_text()), f"templates/{name}")
-    if profile:
-        path = _profile_path(profile, templates)
-        cfg = _merge(cfg, _for_stages(OmegaConf.create(path.read_text()), cfg), f"templates/profiles/{profile}.yaml")
+        cfg = _merge(cfg, read_yaml(base, f"templates/{name}"), f"templates/{name}")
     if saved is not None and saved.exists():
-        cfg = _merge(cfg, OmegaConf.load(saved), str(saved))
+        cfg = _merge(cfg, read_yaml(saved, str(saved)), str(saved))
+    if profile is not None:
+        origin = f"templates/profiles/{profile}.yaml"
+        before = cfg
+        cfg = _merge(cfg, _for_stages(read_yaml(_profile_path(profile, templates), origin), cfg), origin)
+        if saved is not None and saved.exists() and notes is not None:
+            notes.append(f"profile {profile} applied over the saved {saved}: "
+                         f"{', '.join(changes(before, cfg)) or 'nothing changed'}")
     cfg = _merge(cfg, _parse_overrides(overrides), "command line")
     check_resources(cfg)
+    check_text(cfg)
     return cfg
+
+
+def read_yaml(source: Any, origin: str) -> DictConfig:
+    """A YAML mapping from a file (Path or importlib Traversable); a syntax error names file and line."""
+    try:
+        text = source.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{origin}: cannot be read ({err}); expected a UTF-8 YAML file. "
+                          f"HINT: fix or remove {origin}.") from None
+    try:
+        data = OmegaConf.create(text) if text.strip() else OmegaConf.create({})
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{origin}:{mark.line + 1}" if mark is not None else origin
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(f"{where}: YAML syntax error: {problem}; expected valid YAML. "
+                          f"HINT: fix line {mark.line + 1 if mark is not None else '?'} of {origin}.") from None
+    except (AssertionError, OmegaConfBaseException):  # a bare scalar
+        data = None
+    if not isinstance(data, DictConfig):
+        what = "a list" if isinstance(data, ListConfig) else "no mapping"
+        raise ConfigError(f"{origin} holds {what}; expected a mapping of config keys (e.g. stages: ...). "
+                          f"HINT: see templates/ for the layout.")
+    return data
+
+
+def changes(before: DictConfig, after: DictConfig) -> List[str]:
+    """'key old -> new' for every leaf that differs (the plan says what a profile changed)."""
+    old, new = dict(_leaves(to_dict(before))), dict(_leaves(to_dict(after)))
+    return [f"{k} {old.get(k)} -> {v}" for k, v in new.items() if old.get(k) != v]
+
+
+def _leaves(node: Any, prefix: str = "") -> Iterator[Tuple[str, Any]]:
+    if isinstance(node, dict) and node:
+        for key, value in node.items():
+            yield from _leaves(value, f"{prefix}.{key}" if prefix else str(key))
+    else:
+        yield prefix, node
 
 
 def profile_names(templates: Optional[Traversable] = None) -> List[str]:
@@ -111,9 +169,12 @@ def profile_names(templates: Optional[Traversable] = None) -> List[str]:
 
 
 def _profile_path(profile: str, templates: Traversable) -> Traversable:
+    names = profile_names(templates)
+    if not _PROFILE_NAME.fullmatch(profile):  # '', '../langsplat': a path would load other templates
+        raise ConfigError(f"--profile {profile!r} is not a profile name; expected one of {names}. "
+                          "HINT: name a file of templates/profiles/ without its .yaml, e.g. --profile sandbox.")
     path = templates / "profiles" / f"{profile}.yaml"
     if not path.is_file():
-        names = profile_names(templates)
         raise ConfigError(f"unknown profile {profile!r}; expected one of {names}. "
                           f"HINT: add templates/profiles/{profile}.yaml or pick an existing one.")
     return path
@@ -167,21 +228,60 @@ def check_resources(cfg: DictConfig) -> None:
         raise ConfigError(f"cluster.kind={cfg.cluster.kind!r}; expected one of {list(CLUSTER_KINDS)}. "
                           "HINT: --cluster auto picks slurm when sbatch answers, else local.")
     for name, res in cfg.stages.items():
-        for key in ("nodes", "tasks_per_node", "cpus_per_task", "time_min", "local_tasks"):
-            if res[key] < 1:
-                raise ConfigError(f"stages.{name}.{key}={res[key]}; expected an integer >= 1. "
-                                  f"HINT: set stages.{name}.{key}=1 or more.")
-        for key in ("gpus_per_node", "signal_delay_s", "max_timeouts"):
-            if res[key] < 0:
+        for key, (low, high) in LIMITS.items():
+            if res[key] < low:
                 why = " (a GPU count cannot be negative)" if key == "gpus_per_node" else ""
-                raise ConfigError(f"stages.{name}.{key}={res[key]}; expected an integer >= 0{why}. "
-                                  f"HINT: set stages.{name}.{key}=0 or more.")
+                raise ConfigError(f"stages.{name}.{key}={res[key]}; expected an integer >= {low}{why}. "
+                                  f"HINT: set stages.{name}.{key}={low} or more.")
+            if high is not None and res[key] > high:
+                raise ConfigError(f"stages.{name}.{key}={res[key]} is above hpc's limit of {high}; expected "
+                                  f"{low} to {high}. HINT: set stages.{name}.{key} to a real request.")
+        # the pre-timeout signal comes signal_delay_s before the limit: at or past the start, it
+        # would come at once and the job would checkpoint and requeue before doing any work
+        if res.signal_delay_s >= res.time_min * 60:
+            raise ConfigError(f"stages.{name}.signal_delay_s={res.signal_delay_s} is not below the time limit "
+                              f"stages.{name}.time_min={res.time_min} ({res.time_min * 60} s); expected "
+                              "signal_delay_s < 60 * time_min. HINT: lower signal_delay_s or raise time_min.")
+        bad_keys = [k for k in res.extra if not _OPTION_NAME.fullmatch(str(k))]
+        if bad_keys:
+            raise ConfigError(f"stages.{name}.extra has key(s) {bad_keys} that are not sbatch option names; "
+                              "expected letters, digits, '-' and '_' (e.g. mail-type). HINT: use the long "
+                              "option name without the leading --.")
         values = {k: res[k] for k in ("mem", "partition", "account", "qos", "constraint")}
         values.update({f"extra.{k}": v for k, v in res.extra.items()})
         for key, value in values.items():
-            if value is not None and not _SAFE_VALUE.match(str(value)):
+            if value is not None and not _SAFE_VALUE.fullmatch(str(value)):
                 raise ConfigError(f"stages.{name}.{key}={value!r} has characters sbatch options may not "
                                   "contain (spaces, quotes, newlines, ;|&$`). HINT: use a plain token.")
+
+
+def check_text(cfg: DictConfig) -> None:
+    """Refuse control characters in every key and value: setup lines, paths, commands and partition
+    names reach sbatch scripts, and a newline there would start a line of its own (quoting does not
+    help: submitit writes setup lines verbatim, and sbatch reads #SBATCH lines one line at a time)."""
+    for path, text in _texts(to_dict(cfg)):
+        if has_control(text):
+            raise ConfigError(f"{path!r}: {text!r} contains a control character (newline, tab, ...); "
+                              "expected printable text. HINT: write it on one line, without escapes.")
+
+
+def _texts(node: Any, path: str = "") -> Iterator[Tuple[str, str]]:
+    """(dotted path, text) for every string key and value, inside lists too."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            sub = f"{path}.{key}" if path else str(key)
+            yield sub, str(key)
+            yield from _texts(value, sub)
+    elif isinstance(node, (list, tuple)):
+        for i, value in enumerate(node):
+            yield from _texts(value, f"{path}[{i}]")
+    elif isinstance(node, str):
+        yield path, node
+
+
+def has_control(text: str) -> bool:
+    """Control characters (\\n, \\r, \\t, \\x00, ...) and the Unicode line and paragraph separators."""
+    return any(unicodedata.category(c) in ("Cc", "Zl", "Zp") for c in text)
 
 
 def to_yaml(cfg: DictConfig) -> str:

@@ -13,10 +13,13 @@ import time
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-from hpc.rundir import RunDir
+from hpc.rundir import RunDir, RunDirError
 
 
 def select(run: RunDir, stage: Optional[str], task: Optional[str], rank: int, stream: str) -> List[Path]:
+    if not run.manifest_path.is_file():
+        raise RunDirError(f"{run.manifest_path} not found; expected a run directory made by python -m hpc.submit. "
+                          "HINT: pass the 'run dir:' path printed at submission.")
     tasks = run.tasks()
     stages = sorted({t["stage"] for t in tasks})
     if stage is not None and stage not in stages:
@@ -54,7 +57,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = p.parse_args(argv)
     try:
         paths = select(RunDir(args.run_dir), args.stage, args.task, args.rank, "err" if args.err else "out")
-    except ValueError as err:
+    except (ValueError, RunDirError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     if args.follow:

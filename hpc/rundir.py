@@ -3,22 +3,35 @@
     python -m hpc.status runs/langsplat-20260101-120000     # reads what this module writes
 
 Layout:
-    <run>/manifest.json        pipeline, git commit, submissions (time, job ids per stage and task,
-                               the job ids each job waits for)
+    <run>/manifest.json        pipeline, the user's code version (git commit of the pipeline module's
+                               checkout or of the working directory) and hpc's version, submissions
+                               (time, job ids per stage and task, the job ids each job waits for)
     <run>/config.yaml          the resolved config
+    <run>/.submit.lock         held (flock) by the submission that is reading state and writing the manifest
     <run>/<stage>/logs/<jobid>/<jobid>_<rank>_log.{out,err}   submitit's per-rank logs
     <run>/<stage>/[task-<item>/]  done, checkpoints/, tensorboard/, outputs
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
+import socket
 import subprocess
 import time
+import uuid
 from pathlib import Path
-from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Optional, Sequence, Tuple
 
 DONE = "done"
+LOCK = ".submit.lock"
+LOCK_WAIT_S = 60.0  # how long a second submission into the same run dir waits before it is refused
+HPC_PACKAGE = Path(__file__).resolve().parent
+
+
+class RunDirError(RuntimeError):
+    """A run directory that cannot be used: the message says what was seen, what is expected, and a HINT."""
 
 
 class RunDir:
@@ -46,18 +59,48 @@ class RunDir:
     def finished(self, keys: List[Tuple[str, Any]]) -> FrozenSet[Tuple[str, Any]]:
         return frozenset(k for k in keys if self.is_done(*k))
 
+    def check_usable(self) -> None:
+        """Refuse, before anything is submitted, a run dir that is a file, sits under a file, or
+        cannot be written (the nearest existing directory is what a new run dir would be made in)."""
+        hint = "HINT: pass --run-dir a writable directory, or a new path under one."
+        if self.path.exists() and not self.path.is_dir():
+            raise RunDirError(f"run dir {self.path} is a file; expected a directory. {hint}")
+        base = self.path
+        while not base.exists():
+            base = base.parent
+        if not base.is_dir():
+            raise RunDirError(f"run dir {self.path} sits under {base}, which is a file; expected a directory. {hint}")
+        if not os.access(base, os.W_OK | os.X_OK):
+            raise RunDirError(f"run dir {self.path}: {base} is read-only; expected a writable directory. {hint}")
+
     # ---- manifest
     def manifest(self) -> Dict[str, Any]:
+        """The manifest, or {} before the first submission; a damaged one is a RunDirError."""
         if not self.manifest_path.exists():
             return {}
-        return json.loads(self.manifest_path.read_text())
+        try:
+            data = json.loads(self.manifest_path.read_bytes())
+        except (OSError, ValueError) as err:  # empty, truncated, binary (UnicodeDecodeError), a directory
+            raise self._damaged(f"cannot be read as JSON ({str(err).splitlines()[0]})") from None
+        if not isinstance(data, dict):
+            raise self._damaged(f"holds a JSON {type(data).__name__}")
+        if not isinstance(data.get("tasks"), dict) or not isinstance(data.get("submissions"), list) or not all(
+                isinstance(t, dict) and {"stage", "item", "job_id", "jobs"} <= set(t) for t in data["tasks"].values()):
+            raise self._damaged("lacks its 'tasks' and 'submissions' entries")
+        return data
 
-    def start(self, pipeline: str, config_yaml: str, kind: str) -> None:
-        """Create the directory (or reopen it) and save config.yaml; keeps earlier submissions."""
+    def _damaged(self, what: str) -> RunDirError:
+        return RunDirError(f"{self.manifest_path} {what}; expected the JSON object written by python -m hpc.submit. "
+                           "HINT: restore it, or move it away to start the run's bookkeeping afresh "
+                           "(done markers are kept, so finished tasks are still skipped).")
+
+    def start(self, pipeline: str, config_yaml: str, kind: str, code: Optional[Dict[str, Any]] = None) -> None:
+        """Create the directory (or reopen it) and save config.yaml; keeps earlier submissions.
+        `code`: the submitted code's version (code_version()), recorded with this submission."""
         self.path.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.config_path, config_yaml)
         data = self.manifest() or {"pipeline": pipeline, "submissions": [], "tasks": {}}
-        data.update(pipeline=pipeline, executor=kind, git_commit=git_commit(), updated=_now())
+        data.update(pipeline=pipeline, executor=kind, updated=_now(), **(code or {}))
         self._write(data)
 
     def record(self, stage: str, item: Any, job_id: str, kind: str, after: Sequence[str] = ()) -> None:
@@ -95,32 +138,120 @@ class RunDir:
     def _write(self, data: Dict[str, Any]) -> None:
         atomic_write_text(self.manifest_path, json.dumps(data, indent=1, default=str))
 
+    # ---- one submission at a time
+    @contextlib.contextmanager
+    def submission_lock(self, wait_s: float = LOCK_WAIT_S, say: Callable[[str], None] = print) -> Iterator[None]:
+        """Hold the run dir's lock from reading its state to the last manifest write, so that two
+        submissions into one run dir neither lose each other's manifest entries nor both run every
+        task. A second submission waits up to `wait_s`, saying so once, then is refused. flock
+        belongs to the open file: it is released when the holder exits, however it exits."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            deadline, told = time.monotonic() + wait_s, False
+            while not _try_lock(fd):
+                holder = os.pread(fd, 512, 0).decode(errors="replace").strip() or "a process"
+                if time.monotonic() >= deadline:
+                    raise RunDirError(
+                        f"run dir {self.path} is being submitted to by {holder}, still after {wait_s:.0f} s; "
+                        "expected one submission at a time. HINT: wait until that submission returns "
+                        "(python -m hpc.status shows the run), or pass another --run-dir.")
+                if not told:
+                    say(f"waiting up to {wait_s:.0f} s for {holder}, which is submitting into {self.path}")
+                    told = True
+                time.sleep(0.25)
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {_now()}\n".encode(), 0)
+            yield
+        finally:
+            os.close(fd)
+
     # ---- logs
     def log_path(self, stage: str, job_id: str, rank: int = 0, stream: str = "out") -> Path:
         return self.path / stage / "logs" / job_id / f"{job_id}_{rank}_log.{stream}"
+
+
+def _try_lock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
 
 
 def task_key(stage: str, item: Any) -> str:
     return stage if item is None else f"{stage}[{item}]"
 
 
-def git_commit(cwd: Optional[Path] = None) -> Optional[str]:
-    """Commit of the code being submitted (None outside a git checkout)."""
+def code_version(module_file: Optional[str], cwd: Optional[Path] = None) -> Dict[str, Any]:
+    """What the manifest records about the submitted code: the git commit of the user's code and
+    hpc's version beside it. The user's code is the pipeline module's checkout; for pipelines that
+    ship with hpc (`run`, `langsplat`) it is the working directory, where the user's script lives."""
+    places = [Path(module_file).resolve().parent] if module_file else []
+    places = [p for p in places if HPC_PACKAGE not in (p, *p.parents)] + [Path(cwd or os.getcwd())]
+    commit = root = None
+    for place in places:
+        commit, root = _git_head(place)
+        if commit:
+            break
+    return {"git_commit": commit, "code_dir": root, "hpc_version": hpc_version()}
+
+
+def _git_head(place: Path) -> Tuple[Optional[str], Optional[str]]:
+    """(commit, checkout root) of the git checkout holding `place`; (None, None) outside one."""
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd or Path(__file__).parent,
+        out = subprocess.run(["git", "rev-parse", "HEAD", "--show-toplevel"], cwd=place,
                              capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.TimeoutExpired):
-        return None
-    return (out.stdout.strip() or None) if out.returncode == 0 else None
+        return None, None
+    lines = out.stdout.split("\n")
+    return (lines[0], lines[1]) if out.returncode == 0 and len(lines) > 1 else (None, None)
+
+
+def hpc_version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("hpc")
+    except metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        from hpc import __version__
+
+        return __version__
 
 
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    # tmp name + rename: a reader (status, a resubmission) never sees half a manifest.
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write `data` to `path` so that a reader sees the old file or the whole new one, and the new one
+    survives a crash once this returns: a unique temporary name in the same directory, fsync, rename,
+    fsync of the directory (which makes the rename durable). A failed write leaves nothing behind."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    # unique per process and call; mode 0o666 less the umask, like any new file (mkstemp's 0o600 is not)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(path.parent)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode())
+
+
+def fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -11,6 +11,7 @@ except with the local executor, which has no dependencies and so runs the stages
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -20,7 +21,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from hpc import config as hconfig
 from hpc import plan as hplan
 from hpc import scheduler, status
-from hpc.rundir import RunDir
+from hpc.rundir import RunDir, code_version
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -48,13 +49,17 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return args
 
 
-def build(args: argparse.Namespace) -> Tuple[hplan.PipelineDef, Any, RunDir, str]:
-    """Config, run directory and executor kind from the arguments; validates everything."""
+def build(args: argparse.Namespace) -> Tuple[hplan.PipelineDef, Any, RunDir, str, List[str]]:
+    """Config, run directory, executor kind and plan notes from the arguments; validates everything."""
     pipe = hplan.get_pipeline(args.pipeline)
     run_dir = Path(args.run_dir) if args.run_dir else None
+    if run_dir is not None:
+        _check_run_dir(run_dir)
     overrides = list(args.overrides) + pipe_flags(args)
     saved = run_dir / "config.yaml" if run_dir else None
-    cfg = hconfig.load(pipe.schema, args.pipeline, args.profile, overrides, saved, extra=pipe.templates)
+    notes: List[str] = []
+    cfg = hconfig.load(pipe.schema, args.pipeline, args.profile, overrides, saved, extra=pipe.templates,
+                       notes=notes)
     pipe.validate(cfg)
     kind = scheduler.detect(cfg.cluster.kind)
     if kind == "slurm":
@@ -62,7 +67,16 @@ def build(args: argparse.Namespace) -> Tuple[hplan.PipelineDef, Any, RunDir, str
     if run_dir is None:
         name = cfg.run.name or f"{args.pipeline}-{time.strftime('%Y%m%d-%H%M%S')}"
         run_dir = Path(cfg.run.run_dir or Path(cfg.run.root) / name)
-    return pipe, cfg, RunDir(run_dir), kind
+        _check_run_dir(run_dir)
+    return pipe, cfg, RunDir(run_dir), kind, notes
+
+
+def _check_run_dir(path: Path) -> None:
+    # the path reaches sbatch scripts (--output, the srun command): a newline would start a script line
+    if hconfig.has_control(str(path)):
+        raise hconfig.ConfigError(f"run dir {str(path)!r} contains a control character (newline, tab, ...); "
+                                  "expected a plain path. HINT: pass --run-dir a path without escapes.")
+    RunDir(path).check_usable()
 
 
 def pipe_flags(args: argparse.Namespace) -> List[str]:
@@ -98,44 +112,48 @@ def check_partitions(cfg: Any, dry_run: bool = False) -> None:
 
 
 def current_state(pipe: hplan.PipelineDef, cfg: Any, run: RunDir, kind: str):
-    """(finished, queued) task keys; jobs that can never start (an upstream job failed) are
-    cancelled so that the plan submits them again."""
+    """(finished, queued, never) task keys and job ids, read only: `never` are the jobs that can
+    never start (an upstream job failed); a submission cancels them so that its plan submits their
+    tasks again, a dry run leaves them be."""
     keys = [(s.name, i) for s in pipe.stages(cfg) for i in (s.items or (None,))]
     finished = run.finished(keys)
     tasks = {(t["stage"], t["item"]): t["job_id"] for t in run.tasks()}
     if kind != "slurm" or not tasks:
-        return finished, frozenset()
+        return finished, frozenset(), []
     records, never = status.query_run(run)
-    scheduler.cancel(never)
     queued = frozenset(k for k, jid in tasks.items()
                        if jid in records and records[jid].state in scheduler.ACTIVE and jid not in never)
-    return finished, queued - finished
+    return finished, queued - finished, sorted(never)
 
 
 def submit_plan(plan: hplan.Plan, run: RunDir, setup: Sequence[str] = ()) -> Dict[str, List[str]]:
-    """Submit every job of the plan through submitit; returns stage -> job ids."""
-    from hpc.executor import StageTask, make_executor
+    """Submit every job of the plan through submitit; returns stage -> job ids. Variables of an
+    enclosing allocation or launcher are hidden meanwhile (hpc.executor.submission_env)."""
+    from hpc.executor import StageTask, drop_unexpanded_folder, make_executor, submission_env
 
     ids: Dict[str, List[str]] = {}
     previous: List[Any] = []
-    for job in plan.jobs:
-        if plan.kind != "slurm" and not _wait_ok(previous):
-            print(f"stage {job.stage}: not started, an earlier stage failed (see python -m hpc.status {run.path})")
-            break
-        executor = make_executor(plan.kind, job.folder, job.resources["max_timeouts"])
-        upstream = _upstream(job, ids, run) if plan.kind == "slurm" else []
-        if plan.kind != "debug":
-            executor.update_parameters(**job.executor_parameters(afterok(upstream), setup))
-        tasks = [StageTask(str(run.path), job.stage, job.target, item, index)
-                 for item, index in zip(job.items, job.indices)]
-        with executor.batch():  # one sbatch --array for an array stage
-            submitted = [executor.submit(t) for t in tasks]
-        run.record_all(job.stage, [(item, str(sj.job_id)) for item, sj in zip(job.items, submitted)],
-                       plan.kind, upstream)
-        ids[job.stage] = [str(sj.job_id) for sj in submitted]
-        previous = submitted
-    if plan.kind != "slurm":
-        _wait_ok(previous)
+    with submission_env():
+        for job in plan.jobs:
+            if plan.kind != "slurm" and not _wait_ok(previous):
+                print(f"stage {job.stage}: not started, an earlier stage failed (see python -m hpc.status {run.path})")
+                break
+            executor = make_executor(plan.kind, job.folder, job.resources["max_timeouts"])
+            upstream = _upstream(job, ids, run) if plan.kind == "slurm" else []
+            if plan.kind != "debug":
+                executor.update_parameters(**job.executor_parameters(afterok(upstream), setup))
+            tasks = [StageTask(str(run.path), job.stage, job.target, item, index)
+                     for item, index in zip(job.items, job.indices)]
+            with executor.batch():  # one sbatch --array for an array stage
+                submitted = [executor.submit(t) for t in tasks]
+            run.record_all(job.stage, [(item, str(sj.job_id)) for item, sj in zip(job.items, submitted)],
+                           plan.kind, upstream)
+            ids[job.stage] = [str(sj.job_id) for sj in submitted]
+            previous = submitted
+        if plan.kind != "slurm":
+            _wait_ok(previous)
+            for job in plan.jobs:  # every local job has ended: its controller made what it would make
+                drop_unexpanded_folder(job.folder)
     return ids
 
 
@@ -174,27 +192,52 @@ def _wait_ok(jobs: List[Any]) -> bool:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        pipe, cfg, run, kind = build(args)
-        finished, queued = current_state(pipe, cfg, run, kind)
+        return submit(args)
     except (hconfig.ConfigError, RuntimeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    plan = hplan.make_plan(pipe, cfg, str(run.path), kind, finished, queued)
+    except OSError as err:  # the run dir's file system: full, read-only, gone
+        print(f"error: {err}; expected a writable run directory. HINT: free space or pass another --run-dir.",
+              file=sys.stderr)
+        return 2
+
+
+def submit(args: argparse.Namespace) -> int:
+    """Plan and submit. The run dir's lock is held from reading its state to the last manifest write;
+    a dry run reads the state and changes nothing: no scancel, no sbatch, no file written."""
+    pipe, cfg, run, kind, notes = build(args)
     if args.dry_run:
-        print(plan.render(setup=list(cfg.cluster.setup)))
+        finished, queued, _ = current_state(pipe, cfg, run, kind)
+        print(_plan(pipe, cfg, run, kind, finished, queued, notes).render(setup=list(cfg.cluster.setup)))
         return 0
-    print(plan.summary())
-    if not plan.jobs:
-        print(f"nothing to submit: every task of {run.path} is done or queued")
-        return 0
-    run.start(pipe.name, hconfig.to_yaml(cfg), kind)
-    ids = submit_plan(plan, run, list(cfg.cluster.setup))
+    with run.submission_lock(say=lambda line: print(line, file=sys.stderr)):
+        finished, queued, never = current_state(pipe, cfg, run, kind)
+        scheduler.cancel(never)
+        plan = _plan(pipe, cfg, run, kind, finished, queued, notes)
+        print(plan.summary())
+        if not plan.jobs:
+            print(f"nothing to submit: every task of {run.path} is done or queued")
+            return 0
+        run.start(pipe.name, hconfig.to_yaml(cfg), kind, code_version(_module_file(args.pipeline)))
+        ids = submit_plan(plan, run, list(cfg.cluster.setup))
     print(f"run dir: {run.path}")
     for stage, jids in ids.items():
         print(f"  {stage}: {' '.join(jids)}")
     if args.wait or kind != "slurm":
         return status.follow(run)
     return 0
+
+
+def _plan(pipe: hplan.PipelineDef, cfg: Any, run: RunDir, kind: str, finished: Any, queued: Any,
+          notes: Sequence[str]) -> hplan.Plan:
+    plan = hplan.make_plan(pipe, cfg, str(run.path), kind, finished, queued)
+    return dataclasses.replace(plan, notes=plan.notes + tuple(notes))
+
+
+def _module_file(pipeline: str) -> Optional[str]:
+    """The file of the pipeline's module (get_pipeline imported it): where the user's code lives."""
+    module = hplan.PIPELINES.get(pipeline, pipeline).partition(":")[0]
+    return getattr(sys.modules.get(module), "__file__", None)
 
 
 if __name__ == "__main__":

@@ -117,17 +117,22 @@ def test_plan_chains_stages_and_reduces_ranks_locally(tmp_path):
     assert any("no afterok" in n for n in local.notes)
 
 
-def test_precedence_defaults_template_profile_saved_command_line(tmp_path):
+def test_precedence_defaults_template_saved_profile_command_line(tmp_path):
     pipe = plan.get_pipeline("langsplat")
     saved = tmp_path / "config.yaml"
-    saved.write_text("stages:\n  rgb:\n    time_min: 7\n    cpus_per_task: 3\n")
+    saved.write_text("stages:\n  rgb:\n    time_min: 7\n    cpus_per_task: 3\n    max_timeouts: 4\n")
+    notes = []
     cfg = config.load(pipe.schema, "langsplat", "sandbox", ["stages.rgb.cpus_per_task=5"], saved,
-                      extra=pipe.templates)
-    assert cfg.stages.rgb.max_timeouts == 3  # dataclass default
+                      extra=pipe.templates, notes=notes)
+    assert cfg.stages.features.signal_delay_s == 120  # dataclass default
     assert cfg.stages.features.local_tasks == 2  # templates/langsplat.yaml
+    assert cfg.stages.rgb.max_timeouts == 4  # the run directory's saved config
     assert cfg.stages.features.nodes == 2 and cfg.cluster.partitions == ["low", "high"]  # profile
-    assert cfg.stages.rgb.time_min == 7  # the run directory's saved config
+    assert cfg.stages.rgb.time_min == 20  # a profile named on a resubmission outranks the saved config
     assert cfg.stages.rgb.cpus_per_task == 5  # command line wins
+    # and the plan is told what the profile changed in the saved config
+    assert len(notes) == 1 and "profile sandbox applied over the saved" in notes[0]
+    assert "stages.rgb.time_min 7 -> 20" in notes[0]
 
 
 def test_plan_waits_for_a_stage_still_queued_from_an_earlier_submission(tmp_path):

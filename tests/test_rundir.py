@@ -10,11 +10,11 @@ def test_manifest_keeps_every_attempt_and_config(tmp_path):
     run.start("tiny", "a: 1\n", "slurm")
     run.record("second", 1, "10_1", "slurm")
     run.record("second", 1, "12_0", "slurm")
-    run.start("tiny", "a: 2\n", "slurm")  # a resubmission keeps the history
+    run.start("tiny", "a: 2\n", "slurm", {"git_commit": "abc", "hpc_version": "1"})  # keeps the history
     data = json.loads(run.manifest_path.read_text())
     task = data["tasks"]["second[1]"]
     assert task["job_id"] == "12_0" and [j["job_id"] for j in task["jobs"]] == ["10_1", "12_0"]
-    assert len(data["submissions"]) == 2 and "git_commit" in data
+    assert len(data["submissions"]) == 2 and data["git_commit"] == "abc"
     assert run.config_path.read_text() == "a: 2\n"
 
 
