@@ -6,6 +6,13 @@ The script reads RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and
 as torchrun would set them; this module derives them from SLURM's variables (hpc.env),
 exports them and replaces itself with the command (exec: signals from SLURM, such as the
 SIGTERM of a preemption, reach the script directly, and its exit status is the task's).
+
+The pre-timeout signal (``--signal=USR2@N``) goes to every process of the step, and its default
+action ends the process: an unmodified script would die N seconds before its time limit. The
+command therefore starts with that signal ignored, a disposition that survives exec, while a
+script that installs its own handler still receives it. A parent may hold the signal blocked
+while it starts this module (hpc.jobs.run does, so that none is lost or fatal in between): it is
+unblocked here, once ignored. ``--no-env`` runs a command with this signal set-up only.
 """
 
 from __future__ import annotations
@@ -13,11 +20,21 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import signal
 import sys
 
 from hpc.env import DistEnv, EnvError, device_index, from_environ
+from hpc.stopsignal import DEFAULT_TIMEOUT_SIGNAL, signal_number
 
-__all__ = ["prepare", "main"]
+__all__ = ["prepare", "main", "ignore_timeout_signal"]
+
+
+def ignore_timeout_signal(name: str = DEFAULT_TIMEOUT_SIGNAL) -> None:
+    """Ignore the pre-timeout signal unless a handler is set, then unblock it (see docstring)."""
+    num = signal_number(name)
+    if signal.getsignal(num) == signal.SIG_DFL:
+        signal.signal(num, signal.SIG_IGN)  # discards one that arrived while it was blocked
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {num})
 
 
 def check_devices(env: DistEnv) -> None:
@@ -48,23 +65,28 @@ def prepare(environ: dict[str, str]) -> dict[str, str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m hpc.launch", description="run a torchrun-style command under srun",
-        usage="python -m hpc.launch [--print] -- COMMAND [ARGS...]")
+        usage="python -m hpc.launch [--print] [--no-env] -- COMMAND [ARGS...]")
     parser.add_argument("--print", action="store_true",
                         help="print the exported variables and the command instead of running it")
+    parser.add_argument("--no-env", action="store_true",
+                        help="export no torchrun variables: only start the command with the "
+                             "pre-timeout signal ignored")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("no command given. HINT: python -m hpc.launch -- python train.py ...")
     try:
-        child = prepare(dict(os.environ))
-    except EnvError as err:
+        ignore_timeout_signal()
+        child = dict(os.environ) if args.no_env else prepare(dict(os.environ))
+    except (EnvError, ValueError) as err:
         print(f"hpc.launch: {err}", file=sys.stderr)
         return 2
     if args.print:
         for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
                      "MASTER_PORT", "GROUP_RANK"):
-            print(f"{name}={child[name]}")
+            if name in child:
+                print(f"{name}={child[name]}")
         print(shlex.join(command))
         return 0
     sys.stdout.flush()

@@ -1,21 +1,25 @@
-"""Stop signals, a stop step all ranks agree on, and the requeue decision read from SLURM.
+"""The requeue decision after a stop, read from SLURM; the stop signals come from hpc.stopsignal.
 
 Usage (what hpc.trainloop does for you)::
 
-    flag = preemption.install()                    # USR2 = time limit near, TERM = preempted
-    for step in ...:
-        train_step()
-        request = preemption.should_stop(device=s.device)   # collective: every rank, every step
-        if request:
-            store.save(step, state, blocking=True)
-            decision = preemption.handle_stop(request, history=ckpt_dir / "requeue.json")
-            preemption.exit_for(decision)          # SystemExit after a requeue, error if none
+    with StopFlag() as flag:                       # USR2 = time limit near, TERM = preempted
+        vote = StopVote(flag, device=s.device)
+        for step in ...:
+            train_step()
+            request = vote.poll()                  # collective: every rank, at the same steps
+            if request:
+                store.save(step, state, blocking=True)
+                decision = preemption.handle_stop(request, history=ckpt_dir / "requeue.json")
+                preemption.exit_for(decision)      # SystemExit after a requeue, error if none
+        vote.close()
+    # the handlers that were there before are back
 
 Submit with ``--signal=USR2@<seconds>`` (submitit: ``slurm_signal_delay_s``) and ``--requeue``.
-USR2, not USR1: NCCL may catch USR1. Handlers only set a flag; the work happens at the next step
+USR2, not USR1: NCCL may catch USR1. Handlers only set a flag; the work happens at a step
 boundary, where a MAX all-reduce makes every rank stop at the same step (Lightning deadlocked when
-only some ranks saw SIGTERM). Whether the job was preempted or is timing out is read from SLURM's
-job state, not guessed from elapsed time as submitit does.
+only some ranks saw SIGTERM). The all-reduce is asynchronous and read one poll later, so no poll
+waits for the device (see StopVote). Whether the job was preempted or is timing out is read from
+SLURM's job state, not guessed from elapsed time as submitit does.
 """
 
 from __future__ import annotations
@@ -23,7 +27,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import subprocess
 import time
 from dataclasses import asdict, dataclass
@@ -31,108 +34,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hpc.rundir import atomic_write_text
+from hpc.stopsignal import (DEFAULT_TIMEOUT_SIGNAL, PREEMPT_SIGNAL, REASON_CODES,  # noqa: F401
+                            StopFlag, StopRequest, StopVote, install)
 
 log = logging.getLogger(__name__)
-
-# Which signal means what. The pre-timeout signal is configurable (HPC_TIMEOUT_SIGNAL or install()).
-DEFAULT_TIMEOUT_SIGNAL = os.environ.get("HPC_TIMEOUT_SIGNAL", "USR2")
-PREEMPT_SIGNAL = "TERM"
-# Stop reasons as all-reduce codes: MAX across ranks, so a preemption seen anywhere wins.
-REASON_CODES = {None: 0, "timeout": 1, "preempt": 2}
-CODE_REASONS = {v: k for k, v in REASON_CODES.items()}
 DEFAULT_MAX_TIMEOUTS = 3
-
-
-@dataclass(frozen=True)
-class StopRequest:
-    """Why this process should stop at the current step: 'timeout' or 'preempt'."""
-
-    reason: str
-    signal: str | None = None  # the signal this rank saw itself, None if only another rank did
-
-    def __bool__(self) -> bool:
-        return True
-
-
-class StopFlag:
-    """Signal handlers that record the first stop signal and do nothing else."""
-
-    def __init__(self, timeout_signal: str = DEFAULT_TIMEOUT_SIGNAL) -> None:
-        self.kinds = {_signum(timeout_signal): "timeout", _signum(PREEMPT_SIGNAL): "preempt"}
-        if len(self.kinds) != 2:
-            raise ValueError(f"timeout signal {timeout_signal} is the preemption signal TERM. "
-                             "HINT: use USR2 (the default) or another USR signal.")
-        self.reason: str | None = None
-        self.signal: str | None = None
-        self.received_at: float | None = None
-        self._previous: dict[int, Any] = {}
-
-    def install(self) -> "StopFlag":
-        # Replaces submitit's handlers, which would requeue from inside the handler on rank 0
-        # only, guessing timeout vs preemption from elapsed time.
-        for signum in self.kinds:
-            self._previous[signum] = signal.signal(signum, self._handle)
-        return self
-
-    def uninstall(self) -> None:
-        for signum, previous in self._previous.items():
-            signal.signal(signum, previous)
-        self._previous.clear()
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        kind = self.kinds[signum]
-        # A preemption outranks a timeout (it always requeues); otherwise keep the first signal.
-        if self.reason is None or REASON_CODES[kind] > REASON_CODES[self.reason]:
-            self.reason, self.signal = kind, signal.Signals(signum).name
-            self.received_at = time.time()
-
-    def local(self) -> StopRequest | None:
-        return StopRequest(self.reason, self.signal) if self.reason else None
-
-
-_FLAG: StopFlag | None = None
-
-
-def install(timeout_signal: str = DEFAULT_TIMEOUT_SIGNAL) -> StopFlag:
-    """Install the flag-setting handlers (main thread only) and return the flag."""
-    global _FLAG
-    flag = StopFlag(timeout_signal)  # a bad signal name raises here, with the old handlers in place
-    if _FLAG is not None:
-        _FLAG.uninstall()
-    _FLAG = flag.install()
-    return _FLAG
-
-
-def _signum(name: str) -> int:
-    sig = getattr(signal, "SIG" + name.upper().removeprefix("SIG"), None)
-    if sig is None:
-        raise ValueError(f"unknown signal {name!r}; expected a name such as USR2 or TERM. "
-                         "HINT: set HPC_TIMEOUT_SIGNAL=USR2.")
-    return int(sig)
-
-
-def should_stop(session: Any = None, device: Any = None, flag: StopFlag | None = None) -> StopRequest | None:
-    """The stop request agreed by all ranks; a collective when torch.distributed is initialised.
-
-    Call it at the same step boundaries on every rank. `device` (or `session.device`) is where the
-    flag tensor lives: NCCL needs a CUDA tensor, gloo a CPU one.
-    """
-    flag = flag or _FLAG
-    mine = flag.local() if flag else None
-    code = REASON_CODES[mine.reason if mine else None]
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        import torch
-
-        device = device if device is not None else getattr(session, "device", "cpu")
-        t = torch.tensor([code], dtype=torch.int32, device=device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        code = int(t.item())
-    reason = CODE_REASONS[code]
-    if reason is None:
-        return None
-    return StopRequest(reason, mine.signal if mine else None)
 
 
 # ------------------------------------------------------------------ what SLURM says about the job

@@ -5,13 +5,13 @@ Usage::
     with hpc.ddp.session() as s:
         model = s.wrap(Net()); opt = torch.optim.SGD(model.parameters(), lr=0.1)
         loader = s.loader(dataset, batch_size=32)          # position saved per rank
-        loop = TrainLoop(s, out_dir, save_every=100)
-        loop.resume({"model": model, "optimizer": opt, "data": loader})   # no-op on a first run
-        batches = loader.batches()
-        for step in loop.steps(1000):                     # continues after the resumed step
-            loss = train_step(next(batches))
-            loop.log("loss", loss)                        # rank 0, no duplicated points
-        loop.finish()                                     # synchronous final checkpoint
+        with TrainLoop(s, out_dir, save_every=100) as loop:
+            loop.resume({"model": model, "optimizer": opt, "data": loader})  # no-op on a first run
+            batches = loader.batches()
+            for step in loop.steps(1000):                 # continues after the resumed step
+                loss = train_step(next(batches))
+                loop.log("loss", loss)                    # rank 0, no duplicated points
+        # left normally: synchronous final checkpoint written, previous signal handlers back
 
 A requeued job (SLURM_RESTART_COUNT > 0) or a resubmission into the same `out_dir` continues from
 the newest valid checkpoint in ``out_dir/checkpoints``. Checkpoints hold every registered object's
@@ -22,6 +22,16 @@ step (e.g. hpc.sharding.round_robin with epoch = step // steps_per_epoch).
 
 On the pre-timeout signal or preemption every rank stops at the same step, the checkpoint is
 written, rank 0 asks SLURM what happened and requeues (hpc.preemption), and every process exits.
+Ranks agree on that step through an asynchronous vote read one check later (hpc.stopsignal), so
+no step waits for the device: a stop comes `check_every` steps after the signal.
+
+Leaving the ``with`` block because of an exception writes no final checkpoint: the exception may
+have come in the middle of a step (half an optimizer update, a NaN, a failed collective), and a
+checkpoint of that state would carry the last completed step's number; a resume would silently
+continue from a state that no run ever had. The newest periodic checkpoint is a consistent one,
+and the background write in flight (a snapshot of a completed step) is allowed to commit. The
+exit does no collective either: after an error on one rank, its peers may never join one.
+Without ``with``, call ``finish()`` at the end; the signal handlers then stay installed.
 """
 
 from __future__ import annotations
@@ -35,6 +45,7 @@ import torch
 import torch.distributed as dist
 
 from hpc import preemption, rng
+from hpc.stopsignal import StopFlag, StopVote
 from hpc.checkpoint import CheckpointStore
 
 log = logging.getLogger(__name__)
@@ -62,7 +73,11 @@ def bitwise_ddp_kwargs() -> dict[str, Any]:
 
 
 class TrainLoop:
-    """Step counter with periodic background checkpoints, agreed stops and resume."""
+    """Step counter with periodic background checkpoints, agreed stops and resume.
+
+    A context manager (see the module docstring): a normal exit finishes, any exit restores the
+    signal handlers that were installed before the loop was made.
+    """
 
     def __init__(self, session: Any, out_dir: str | os.PathLike, save_every: int = 100,
                  keep: int = 3, max_timeouts: int = preemption.DEFAULT_MAX_TIMEOUTS,
@@ -75,7 +90,9 @@ class TrainLoop:
         self.save_every, self.check_every, self.max_timeouts = save_every, check_every, max_timeouts
         self.store = CheckpointStore(self.out_dir / "checkpoints", keep=keep, rank=session.rank,
                                      world_size=session.world_size)
-        self.flag = preemption.install(timeout_signal)
+        self.flag = StopFlag(timeout_signal).install()
+        self.vote = StopVote(self.flag, device=session.device)
+        self._finished = False
         self.objects: dict[str, Any] = {}
         self.extra: dict[str, Any] = {}  # small plain values saved with every checkpoint
         self.step = 0  # last completed step
@@ -136,7 +153,7 @@ class TrainLoop:
             if step % self.save_every == 0:
                 self.save()
             if step % self.check_every == 0:
-                request = preemption.should_stop(self.s, flag=self.flag)
+                request = self.vote.poll()
                 if request:
                     self._stop(request)
 
@@ -159,6 +176,7 @@ class TrainLoop:
     def _stop(self, request: preemption.StopRequest) -> None:
         log.warning("stopping at step %d: %s (signal %s on this rank)", self.step, request.reason,
                     request.signal)
+        self.vote.close()  # every rank launched the vote in flight: let it end before exiting
         self.save(blocking=True)
         self.s.barrier()  # rank 0 has committed the checkpoint before anyone is requeued
         decision = None
@@ -177,13 +195,42 @@ class TrainLoop:
         return box[0]
 
     def finish(self) -> None:
-        """Synchronous final checkpoint; every rank returns after rank 0 committed it."""
+        """Synchronous final checkpoint; every rank returns after rank 0 committed it. Once."""
+        if self._finished:
+            return
+        self.vote.close()
         self.save(blocking=True)
         self.s.barrier()
         self.store.close()
         self.close_writer()
-        # The flag handlers stay: a time-limit signal or SIGTERM arriving between here and the
-        # process's exit must not kill it by default action before submitit records the result.
+        self._finished = True
+        # Without `with`, the flag handlers stay: a time-limit signal or SIGTERM arriving before
+        # the process exits must not kill it by default action before submitit records the result.
+
+    def __enter__(self) -> "TrainLoop":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        try:
+            if exc_type is None:
+                self.finish()
+            else:
+                self._abandon(exc)
+        finally:
+            self.flag.uninstall()
+
+    def _abandon(self, exc: BaseException) -> None:
+        """Exit on an exception (a stop's SystemExit included): no final checkpoint, no collective."""
+        self.vote.abandon()
+        if not isinstance(exc, (SystemExit, preemption.JobNotRequeued)):
+            log.warning("leaving the training loop at step %d on %s: no final checkpoint, the "
+                        "newest periodic one stays", self.step, type(exc).__name__)
+        try:
+            self.store.close()  # lets the write in flight commit: it holds a completed step
+        except Exception as err:  # never hide the exception that ended the loop
+            log.warning("background checkpoint write failed while leaving: %s", err)
+        self.close_writer()
+        self._finished = True
 
     # --------------------------------------------------------------- logging
     @property

@@ -8,14 +8,23 @@ LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT from SLURM's variables. HPC_CHECKP
 """
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
-from dataclasses import dataclass, field
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, List
 
+from hpc import preemption
 from hpc.config import ConfigError, PipelineConfig, Resources
 from hpc.plan import PipelineDef, StageDef
+from hpc.rundir import atomic_write_text
+
+# Rank 0's stop decision for the attempt that wrote it, in the task's checkpoint directory.
+DECISION_FILE = "stop-decision.json"
 
 
 @dataclass
@@ -52,24 +61,39 @@ def run_command(ctx: Any) -> dict:
 
 
 def run_argv(ctx: Any, argv: List[str], max_timeouts: int, launch: bool = True) -> dict:
-    """Run argv (no shell) in this task, under `python -m hpc.launch --` for torchrun-style variables."""
-    from hpc import preemption
+    """Run argv (no shell) in this task, under `python -m hpc.launch --` for torchrun-style
+    variables (launch=False: `--no-env`, the signal set-up only)."""
+    from hpc.stopsignal import StopFlag
 
     checkpoints = ctx.stage_dir / "checkpoints"
     checkpoints.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "HPC_CHECKPOINT_DIR": str(checkpoints), "HPC_RUN_DIR": str(ctx.run_dir)}
-    cmd = [sys.executable, "-m", "hpc.launch", "--", *argv] if launch else argv
+    cmd = [sys.executable, "-m", "hpc.launch", *([] if launch else ["--no-env"]), "--", *argv]
     # SLURM signals every process of the step: the script gets SIGTERM/SIGUSR2 itself (and may
     # checkpoint); this wrapper only notes it, and requeues once the script has exited.
-    flag = preemption.install()
-    code = subprocess.call(cmd, env=env)
-    if _killed_by_stop_signal(code, flag):
-        _await_own_signal(flag)
-    if flag.reason:
-        requeue_after_stop(ctx, flag, checkpoints, max_timeouts)
+    with StopFlag() as flag:
+        code = _call_with_timeout_signal_held(cmd, env, flag)
+        if _killed_by_stop_signal(code, flag):
+            _await_own_signal(flag)
+        decision = agree_on_stop(ctx, flag, checkpoints, max_timeouts)
+    if decision is not None:
+        preemption.exit_for(decision)
     if code != 0:
         raise RuntimeError(f"command {cmd} exited with status {code} on rank {ctx.env.rank}")
     return {"exit_code": code}
+
+
+def _call_with_timeout_signal_held(cmd: List[str], env: dict, flag: Any) -> int:
+    """Start cmd with the pre-timeout signal blocked, a mask the child inherits: hpc.launch
+    ignores the signal and only then unblocks it, so the child never dies of it while Python
+    starts. Here a signal arriving meanwhile waits for the unblock and reaches the flag."""
+    timeout_signal = next(num for num, kind in flag.kinds.items() if kind == "timeout")
+    signal.pthread_sigmask(signal.SIG_BLOCK, {timeout_signal})
+    try:
+        proc = subprocess.Popen(cmd, env=env)
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {timeout_signal})
+    return proc.wait()
 
 
 def _killed_by_stop_signal(code: int, flag: Any) -> bool:
@@ -82,25 +106,55 @@ def _await_own_signal(flag: Any, timeout_s: float = 5.0) -> None:
     """SLURM signals the step's processes one by one: the script may die of its SIGTERM before this
     wrapper's own copy has arrived and run its handler. Give it a moment rather than mistake a
     preemption for a failure (the sleep is cut short by the signal, and the handler runs)."""
-    import time
-
     deadline = time.monotonic() + timeout_s
     while flag.reason is None and time.monotonic() < deadline:
         time.sleep(0.05)
 
 
-def requeue_after_stop(ctx: Any, flag: Any, checkpoints: Any, max_timeouts: int) -> None:
-    """A job that ends within GraceTime is not requeued by SLURM 22.05: rank 0 asks for it."""
-    import time
+def agree_on_stop(ctx: Any, flag: Any, checkpoints: Path, max_timeouts: int) -> Any:
+    """The stop decision every rank acts on, or None when rank 0 saw no stop.
 
-    from hpc import preemption
-
+    Rank 0 asks SLURM and requeues (a job that ends within GraceTime is not requeued by SLURM
+    22.05), then writes its decision for this attempt to DECISION_FILE, always, even after a
+    plain end. Other ranks that saw a stop wait for that file: leaving first, with an error,
+    would let `--kill-on-bad-exit` end rank 0 before its scontrol calls return. They wait with no
+    deadline of their own: rank 0's requeue ends the step, and so does rank 0 dying.
+    """
+    attempt = {"job": str(ctx.env.job_id), "restart": str(ctx.env.restart_count)}
+    path = checkpoints / DECISION_FILE
     if ctx.env.rank != 0:
-        time.sleep(30)  # rank 0's requeue ends this task; leaving first could end the job as FAILED
-        raise SystemExit(-1)
-    decision = preemption.handle_stop(flag.local(), history=checkpoints / "requeue.json",
-                                      max_timeouts=max_timeouts)
-    preemption.exit_for(decision)
+        return wait_for_decision(path, attempt) if flag.reason else None
+    decision, error = None, None
+    try:
+        if flag.reason:
+            decision = preemption.handle_stop(flag.local(), history=checkpoints / "requeue.json",
+                                              max_timeouts=max_timeouts)
+    except Exception as err:
+        error = err
+        decision = preemption.Decision(False, None, f"rank 0 could not decide: {err}", "failed")
+    atomic_write_text(path, json.dumps({**attempt, "decision": decision and asdict(decision)}))
+    if error is not None:
+        raise error
+    return decision
+
+
+def wait_for_decision(path: Path, attempt: dict, poll_s: float = 0.2,
+                      say_every_s: float = 60.0) -> Any:
+    """Rank 0's decision for this attempt (an older attempt's file is not it), once it exists."""
+    started = last_said = time.monotonic()
+    while True:
+        try:
+            saved = json.loads(path.read_text())
+        except (FileNotFoundError, ValueError):
+            saved = {}
+        if saved.get("job") == attempt["job"] and saved.get("restart") == attempt["restart"]:
+            found = saved.get("decision")
+            return preemption.Decision(**found) if found else None
+        if time.monotonic() - last_said >= say_every_s:
+            last_said = time.monotonic()
+            print(f"[hpc] waiting {last_said - started:.0f}s for rank 0's stop decision in {path}",
+                  file=sys.stderr, flush=True)
+        time.sleep(poll_s)
 
 
 PIPELINE = PipelineDef("run", RunConfig, stages, validate, templates=("run.yaml",))

@@ -75,7 +75,45 @@ def hang(s, args):
     return fail(s, args)
 
 
-WORKLOADS = {"allreduce": allreduce, "train": train, "fail": fail, "hang": hang}
+def stop_trial(trial: int, world: int) -> dict:
+    """Which rank gets the signal, when, and how often the ranks vote: varied across trials.
+
+    Every third trial the signal comes from a timer thread at an arbitrary moment (inside a
+    step, a vote or a collective); the others raise it inside the body of a given step."""
+    return {"rank": trial % world, "check_every": 1 + (trial // world) % 3,
+            "step": 1 + (trial * 7) % 11, "timer_s": 0.002 * (trial % 13) if trial % 3 == 2 else None}
+
+
+def stop(s, args):
+    """Trials of TrainLoop's agreed stop: only one rank is signalled; each rank records its stop."""
+    import signal
+    import threading
+
+    from hpc.preemption import JobNotRequeued
+    from hpc.trainloop import TrainLoop
+
+    stops = []
+    for trial in range(args.steps):
+        plan = stop_trial(trial, s.world_size)
+        mine = plan["rank"] == s.rank
+        loop = TrainLoop(s, Path(args.out) / f"trial-{trial}", save_every=10**9,
+                         check_every=plan["check_every"], tensorboard=False)
+        if mine and plan["timer_s"] is not None:
+            threading.Timer(plan["timer_s"], os.kill, (os.getpid(), signal.SIGUSR2)).start()
+        try:
+            with loop:
+                loop.resume({})
+                for step in loop.steps(10**6):
+                    s.all_reduce_sum(1.0)  # a blocking collective between the votes in flight
+                    if mine and plan["timer_s"] is None and step == plan["step"]:
+                        os.kill(os.getpid(), signal.SIGUSR2)
+                    time.sleep(0.001)
+        except JobNotRequeued:
+            stops.append({"step": loop.step, "saw_signal": loop.flag.reason is not None})
+    return {"stops": stops}
+
+
+WORKLOADS = {"allreduce": allreduce, "train": train, "fail": fail, "hang": hang, "stop": stop}
 
 
 def main() -> int:

@@ -37,29 +37,28 @@ def train(out_dir: str, total: int = 40, step_s: float = 0.15, save_every: int =
         model = s.wrap(model, **bitwise_ddp_kwargs())
         opt = torch.optim.AdamW(model.parameters(), lr=0.01)
         sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=total)
-        loop = TrainLoop(s, out, save_every=save_every, max_timeouts=max_timeouts)
-        start = loop.resume({"model": model, "optimizer": opt, "scheduler": sched})
-        if ballast_mb:  # makes each checkpoint write long enough to be killed in the middle
-            loop.extra["ballast"] = torch.zeros(ballast_mb * 2**18)
-        (out / f"pid-{s.rank}").write_text(str(os.getpid()))  # for the SIGKILL test
-        if s.is_main:
-            with open(out / "attempts.jsonl", "a") as f:
-                f.write(json.dumps({"restart": os.environ.get("SLURM_RESTART_COUNT", "0"),
-                                    "resumed_from": start}) + "\n")
-        for step in loop.steps(total):
-            g = torch.Generator().manual_seed(step * 100 + s.rank)
-            x = torch.randn(32, 8, generator=g)
-            loss = (model(x) - x[:, :1] * 2).pow(2).mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            sched.step()
-            loop.log("loss", loss.item())
+        with TrainLoop(s, out, save_every=save_every, max_timeouts=max_timeouts) as loop:
+            start = loop.resume({"model": model, "optimizer": opt, "scheduler": sched})
+            if ballast_mb:  # makes each checkpoint write long enough to be killed in the middle
+                loop.extra["ballast"] = torch.zeros(ballast_mb * 2**18)
+            (out / f"pid-{s.rank}").write_text(str(os.getpid()))  # for the SIGKILL test
             if s.is_main:
-                _record(out / "progress.json", step=step,
-                        restart=int(os.environ.get("SLURM_RESTART_COUNT", "0")))
-            time.sleep(step_s)  # leaves room to preempt in the middle of the run
-        loop.finish()
+                with open(out / "attempts.jsonl", "a") as f:
+                    f.write(json.dumps({"restart": os.environ.get("SLURM_RESTART_COUNT", "0"),
+                                        "resumed_from": start}) + "\n")
+            for step in loop.steps(total):
+                g = torch.Generator().manual_seed(step * 100 + s.rank)
+                x = torch.randn(32, 8, generator=g)
+                loss = (model(x) - x[:, :1] * 2).pow(2).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                sched.step()
+                loop.log("loss", loss.item())
+                if s.is_main:
+                    _record(out / "progress.json", step=step,
+                            restart=int(os.environ.get("SLURM_RESTART_COUNT", "0")))
+                time.sleep(step_s)  # leaves room to preempt in the middle of the run
         if s.is_main:
             torch.save({k: v for k, v in loop.state()["objects"]["model"].items()}, out / "weights.pt")
         return {"rank": s.rank, "step": loop.step, "resumed_from": start}

@@ -1,12 +1,16 @@
-"""Unit tests for hpc.preemption: signal flags and the requeue decision table."""
+"""Unit tests for hpc.preemption and hpc.stopsignal: signal flags, the stop vote and the requeue
+decision table."""
 
 import json
 import os
 import signal
+import time
 
 import pytest
+import torch
 
 from hpc import preemption as pre
+from hpc.stopsignal import StopFlag, StopVote
 
 RUNNING = {"JobState": "RUNNING", "Reason": "None", "PreemptTime": "None", "Restarts": "0"}
 
@@ -36,20 +40,18 @@ def test_decide_table():
 
 
 def test_handlers_only_set_a_flag_and_preemption_wins():
-    before = signal.getsignal(signal.SIGUSR2)  # a TrainLoop of an earlier test leaves its own
-    flag = pre.StopFlag("USR2").install()
-    try:
+    before = signal.getsignal(signal.SIGUSR2), signal.getsignal(signal.SIGTERM)
+    with StopFlag("USR2") as flag:
         assert flag.local() is None
+        assert StopVote(flag).poll() is None
         os.kill(os.getpid(), signal.SIGUSR2)
         assert flag.local() == pre.StopRequest("timeout", "SIGUSR2")
         os.kill(os.getpid(), signal.SIGTERM)
         assert flag.local().reason == "preempt"
         os.kill(os.getpid(), signal.SIGUSR2)  # a later timeout does not downgrade it
         assert flag.local().reason == "preempt"
-        assert pre.should_stop(flag=flag).reason == "preempt"  # no process group: local flag
-    finally:
-        flag.uninstall()
-    assert signal.getsignal(signal.SIGUSR2) is before
+        assert StopVote(flag).poll().reason == "preempt"  # no process group: the local flag, now
+    assert (signal.getsignal(signal.SIGUSR2), signal.getsignal(signal.SIGTERM)) == before
 
 
 def test_bad_timeout_signal_names_say_how_to_fix():
@@ -59,15 +61,42 @@ def test_bad_timeout_signal_names_say_how_to_fix():
         pre.StopFlag("TERM")
 
 
-def test_install_with_a_bad_signal_keeps_the_installed_flag():
-    flag = pre.install("USR2")
-    try:
+def test_flags_nest_and_each_exit_restores_what_was_there():
+    before = signal.getsignal(signal.SIGUSR2)
+    with StopFlag() as outer:
         with pytest.raises(ValueError, match="HINT"):
-            pre.install("NOPE")
-        assert signal.getsignal(signal.SIGUSR2) == flag._handle
-        assert pre.should_stop() is None  # the module flag still answers
+            StopFlag("NOPE")  # a bad name fails before any handler changes
+        assert signal.getsignal(signal.SIGUSR2) == outer._handle
+        with StopFlag() as inner:
+            inner.install()  # installing twice still restores the outer flag's handler
+            os.kill(os.getpid(), signal.SIGUSR2)
+        assert (inner.reason, outer.reason) == ("timeout", None)
+        assert signal.getsignal(signal.SIGUSR2) == outer._handle
+    assert signal.getsignal(signal.SIGUSR2) is before
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (NCCL)")
+def test_vote_on_cuda_never_waits_for_the_step_just_queued(tmp_path):
+    """A poll reads the previous vote behind an event; .item() would wait for the queued kernel."""
+    import torch.distributed as dist
+
+    dist.init_process_group("nccl", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        with StopFlag() as flag:
+            vote = StopVote(flag, device=torch.device("cuda", 0))
+            vote.poll()
+            torch.cuda.synchronize()
+            torch.cuda._sleep(2_000_000_000)  # about a second of GPU time, queued
+            t0 = time.perf_counter()
+            os.kill(os.getpid(), signal.SIGUSR2)
+            assert vote.poll() is None  # the vote launched before the signal
+            elapsed = time.perf_counter() - t0
+            torch.cuda.synchronize()
+            assert elapsed < 0.5 * (time.perf_counter() - t0)
+            assert vote.poll().reason == "timeout"
+            vote.close()
     finally:
-        flag.uninstall()
+        dist.destroy_process_group()
 
 
 def test_exit_for():

@@ -1,5 +1,7 @@
-"""hpc.trainloop in one process: stop on a signal, resume, and end bitwise equal to a clean run."""
+"""hpc.trainloop: stop on a signal, resume, and end bitwise equal to a clean run; the context
+manager's exits; the stop step that gloo ranks agree on when only one of them is signalled."""
 
+import json
 import os
 import signal
 
@@ -24,23 +26,22 @@ def _train(out_dir, stop_at=None, save_every=5, crash_at=None):
         model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.3), torch.nn.Linear(8, 1))
         opt = torch.optim.Adam(model.parameters(), lr=0.01)
         sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
-        loop = TrainLoop(s, out_dir, save_every=save_every)
-        loop.resume({"model": model, "optimizer": opt, "scheduler": sched})
-        for step in loop.steps(TOTAL):
-            x = torch.randn(16, 4)
-            loss = (model(x) - x.sum(1, keepdim=True)).pow(2).mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            sched.step()
-            loop.log("loss", loss.item())
-            if step == crash_at:
-                loop.writer.flush()
-                loop.store.wait()  # the step-5 checkpoint is on disk before the crash
-                raise Crash(step)
-            if step == stop_at:
-                os.kill(os.getpid(), signal.SIGUSR2)  # handled at the step boundary
-        loop.finish()
+        with TrainLoop(s, out_dir, save_every=save_every) as loop:
+            loop.resume({"model": model, "optimizer": opt, "scheduler": sched})
+            for step in loop.steps(TOTAL):
+                x = torch.randn(16, 4)
+                loss = (model(x) - x.sum(1, keepdim=True)).pow(2).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                sched.step()
+                loop.log("loss", loss.item())
+                if step == crash_at:
+                    loop.writer.flush()
+                    loop.store.wait()  # the step-5 checkpoint is on disk before the crash
+                    raise Crash(step)
+                if step == stop_at:
+                    os.kill(os.getpid(), signal.SIGUSR2)  # handled at the step boundary
         return [p.detach().clone() for p in model.parameters()], loop
 
 
@@ -85,19 +86,18 @@ def _train_on_loader(out_dir, stop_at=None):
         model = torch.nn.Linear(4, 1)
         opt = torch.optim.SGD(model.parameters(), lr=0.05)
         loader = s.loader(torch.randn(20, 4), batch_size=4, seed=1)
-        loop = TrainLoop(s, out_dir, save_every=100)
-        loop.resume({"model": model, "optimizer": opt, "data": loader})
-        batches = loader.batches()
-        for step in loop.steps(TOTAL):
-            x = next(batches)
-            seen.append(x.clone())
-            loss = (model(x) - x.sum(1, keepdim=True)).pow(2).mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            if step == stop_at:
-                os.kill(os.getpid(), signal.SIGUSR2)
-        loop.finish()
+        with TrainLoop(s, out_dir, save_every=100) as loop:
+            loop.resume({"model": model, "optimizer": opt, "data": loader})
+            batches = loader.batches()
+            for step in loop.steps(TOTAL):
+                x = next(batches)
+                seen.append(x.clone())
+                loss = (model(x) - x.sum(1, keepdim=True)).pow(2).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                if step == stop_at:
+                    os.kill(os.getpid(), signal.SIGUSR2)
         return seen, [p.detach().clone() for p in model.parameters()]
 
 
@@ -112,3 +112,73 @@ def test_loader_position_resumes_mid_epoch(tmp_path):
     assert len(rest) == TOTAL - 7
     assert all(torch.equal(a, b) for a, b in zip(rest, clean_batches[7:]))
     assert all(torch.equal(a, b) for a, b in zip(clean, resumed))
+
+
+def _handlers():
+    return signal.getsignal(signal.SIGUSR2), signal.getsignal(signal.SIGTERM)
+
+
+def _count(loop, total, raise_at=None):
+    """A step counter as the only state: the checkpoint's step says how far the loop got."""
+    with loop:
+        loop.resume({})
+        for step in loop.steps(total):
+            if step == raise_at:
+                raise Crash(step)
+
+
+def test_leaving_the_block_finishes_and_restores_the_handlers(tmp_path):
+    before = _handlers()
+    with ddp.session(env=None) as s:
+        loop = TrainLoop(s, tmp_path, save_every=100, tensorboard=False)
+        assert _handlers() != before
+        _count(loop, 7)  # no finish() called: the exit writes the final checkpoint
+    assert _handlers() == before
+    assert loop.store.latest() == 7
+
+
+def test_an_exception_exit_writes_no_final_checkpoint_but_lets_the_periodic_one_commit(tmp_path):
+    """The state at the exception may be half a step: the newest consistent checkpoint stays."""
+    before = _handlers()
+    with ddp.session(env=None) as s:
+        loop = TrainLoop(s, tmp_path, save_every=4, tensorboard=False)
+        with pytest.raises(Crash):
+            _count(loop, 20, raise_at=10)
+    assert _handlers() == before
+    assert loop.store.latest() == 8 and loop.store.steps() == [4, 8]
+
+
+def test_finish_inside_the_block_is_not_repeated(tmp_path):
+    with ddp.session(env=None) as s:
+        with TrainLoop(s, tmp_path, save_every=100, tensorboard=False) as loop:
+            loop.resume({})
+            for _ in loop.steps(3):
+                pass
+            loop.finish()
+            saves = loop.store.stats["saves"]
+        assert loop.store.stats["saves"] == saves == 1
+
+
+def test_only_one_rank_signalled_every_rank_stops_at_the_same_step(tmp_path):
+    """Gloo ranks, one of them signalled at many moments (a given step's body, or a timer at an
+    arbitrary point, with votes every 1, 2 or 3 steps): all stop at the same step, and for a
+    signal inside step k that is the poll after the first poll at or after k."""
+    from ddp_workload import stop_trial
+    from test_ddp_session import results, run_local
+
+    world, trials = 3, 24
+    codes, _, errors = run_local("stop", world, tmp_path, "--steps", str(trials))
+    assert codes == [0] * world, errors
+    ranks = [r["stops"] for r in results(tmp_path, world)]
+    for trial in range(trials):
+        plan = stop_trial(trial, world)
+        steps = {ranks[r][trial]["step"] for r in range(world)}
+        assert len(steps) == 1, (plan, steps)
+        assert [ranks[r][trial]["saw_signal"] for r in range(world)] == \
+            [r == plan["rank"] for r in range(world)]
+        step, every = steps.pop(), plan["check_every"]
+        if plan["timer_s"] is None:
+            first_poll = -(-plan["step"] // every) * every
+            assert step == first_poll + every, plan
+        marker = tmp_path / f"trial-{trial}" / "checkpoints" / f"step-{step}" / "COMPLETE.json"
+        assert json.loads(marker.read_text())["step"] == step

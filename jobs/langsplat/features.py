@@ -78,27 +78,26 @@ def fit_features(s, cfg: dict, scene, geometry: dict, field: FeatureField, level
     """Train `field` (on s.device) to render level `level`'s ground-truth features. Checkpoints,
     stops on preemption and resumes exactly through hpc.trainloop.TrainLoop."""
     opt = torch.optim.Adam(field.parameters(), lr=cfg["feature_lr"])
-    loop = TrainLoop(s, out_dir, save_every=cfg["checkpoint_every"])
-    loop.resume({"field": field, "optimizer": opt})
-    cache = WeightCache(geometry, scene.cameras, s.device)
-    targets = _targets(scene, level, s.device)
-    plan = plan_batch(cfg["cameras_per_step"], cfg["per_device_cameras"], s.world_size)
-    total = cfg["feature_iterations"]
-    for step in s.progress(loop.steps(total), total=total, initial=loop.step, desc=f"level {level}"):
-        views = [scene.train_views[i] for i in
-                 step_cameras(len(scene.train_views), cfg, s.rank, s.world_size, step)]
-        loss_sum = 0.0
-        for m in range(plan.accum_steps):
-            micro = views[m * plan.micro_batch:(m + 1) * plan.micro_batch]
-            loss = sum((composite(cache[v], field.features) - targets[v]).abs().mean()
-                       for v in micro) / plan.global_batch
-            loss.backward()
-            loss_sum += loss.item()
-        # Sum, not mean: each rank's loss is already divided by the global camera count.
-        field.features.grad = s.all_reduce_sum(field.features.grad)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if step % cfg["log_every"] == 0 or step == total:
-            loop.log("feature/loss", s.all_reduce_sum(loss_sum), step)
-    loop.finish()
+    with TrainLoop(s, out_dir, save_every=cfg["checkpoint_every"]) as loop:  # exit: final checkpoint
+        loop.resume({"field": field, "optimizer": opt})
+        cache = WeightCache(geometry, scene.cameras, s.device)
+        targets = _targets(scene, level, s.device)
+        plan = plan_batch(cfg["cameras_per_step"], cfg["per_device_cameras"], s.world_size)
+        total = cfg["feature_iterations"]
+        for step in s.progress(loop.steps(total), total=total, initial=loop.step, desc=f"level {level}"):
+            views = [scene.train_views[i] for i in
+                     step_cameras(len(scene.train_views), cfg, s.rank, s.world_size, step)]
+            loss_sum = 0.0
+            for m in range(plan.accum_steps):
+                micro = views[m * plan.micro_batch:(m + 1) * plan.micro_batch]
+                loss = sum((composite(cache[v], field.features) - targets[v]).abs().mean()
+                           for v in micro) / plan.global_batch
+                loss.backward()
+                loss_sum += loss.item()
+            # Sum, not mean: each rank's loss is already divided by the global camera count.
+            field.features.grad = s.all_reduce_sum(field.features.grad)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if step % cfg["log_every"] == 0 or step == total:
+                loop.log("feature/loss", s.all_reduce_sum(loss_sum), step)
     return loop
