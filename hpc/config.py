@@ -32,7 +32,7 @@ CLUSTER_KINDS = ("auto", "slurm", "local", "debug")
 # Values that end up as sbatch options: one shell-safe token (submitit quotes them too; a newline
 # inside a #SBATCH value would still start a new script line, so refuse it outright). fullmatch, not
 # match with `$`: `$` also matches before a trailing newline.
-_SAFE_VALUE = re.compile(r"[A-Za-z0-9_.:,@%+=/\-\[\]]*")
+_SAFE_VALUE = re.compile(r"[A-Za-z0-9_.:,@%+=/\-\[\]]+")
 _OPTION_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")  # a long sbatch option, as a stages.*.extra key
 _PROFILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # a plain file name under templates/profiles/
 # Resource bounds, (lowest, highest): a request beyond them is a typo, not a job. 64 GPUs per node is
@@ -227,6 +227,10 @@ def check_resources(cfg: DictConfig) -> None:
     if cfg.cluster.kind not in CLUSTER_KINDS:
         raise ConfigError(f"cluster.kind={cfg.cluster.kind!r}; expected one of {list(CLUSTER_KINDS)}. "
                           "HINT: --cluster auto picks slurm when sbatch answers, else local.")
+    directives = [line for line in cfg.cluster.setup if str(line).lstrip().startswith("#SBATCH")]
+    if directives:  # sbatch reads #SBATCH lines up to the first command, so these would be options
+        raise ConfigError(f"cluster.setup has #SBATCH line(s) {directives}; expected shell commands. "
+                          "HINT: put sbatch options in stages.<stage>.extra (e.g. extra.mail-type=END).")
     for name, res in cfg.stages.items():
         for key, (low, high) in LIMITS.items():
             if res[key] < low:
@@ -251,8 +255,8 @@ def check_resources(cfg: DictConfig) -> None:
         values.update({f"extra.{k}": v for k, v in res.extra.items()})
         for key, value in values.items():
             if value is not None and not _SAFE_VALUE.fullmatch(str(value)):
-                raise ConfigError(f"stages.{name}.{key}={value!r} has characters sbatch options may not "
-                                  "contain (spaces, quotes, newlines, ;|&$`). HINT: use a plain token.")
+                raise ConfigError(f"stages.{name}.{key}={value!r} is empty or has characters sbatch options "
+                                  "may not contain (spaces, quotes, newlines, ;|&$`). HINT: use a plain token.")
 
 
 def check_text(cfg: DictConfig) -> None:

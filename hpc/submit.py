@@ -24,6 +24,9 @@ from hpc import scheduler, status
 from hpc.rundir import RunDir, code_version
 
 
+VALUE_OPTIONS = ("--run-dir", "--profile", "--cluster", "--nodes", "--gpus-per-node")  # take one value
+
+
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     argv = list(argv)
     command: List[str] = []
@@ -41,9 +44,15 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--run-dir", help="run directory; an existing one resumes (done tasks are skipped)")
     p.add_argument("--dry-run", action="store_true", help="print the plan and sbatch scripts only")
     p.add_argument("--wait", action="store_true", help="follow the jobs until they end")
-    # key=value tokens are taken out first, so `--levels 0 1 a.b=c` does not read a.b=c as a level
-    overrides = [a for a in argv if "=" in a and not a.startswith("-")]
-    args = p.parse_args([a for a in argv if a not in overrides])
+    # key=value tokens are taken out first, so `--levels 0 1 a.b=c` does not read a.b=c as a level;
+    # the value of an option (--run-dir /data/a=b) is never one
+    overrides, rest, argv = [], [], iter(argv)
+    for a in argv:
+        if a in VALUE_OPTIONS:
+            rest += [a, *[v for v in [next(argv, None)] if v is not None]]
+        else:
+            (overrides if "=" in a and not a.startswith("-") else rest).append(a)
+    args = p.parse_args(rest)
     args.overrides = args.overrides + overrides
     args.command = command
     return args
@@ -52,9 +61,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 def build(args: argparse.Namespace) -> Tuple[hplan.PipelineDef, Any, RunDir, str, List[str]]:
     """Config, run directory, executor kind and plan notes from the arguments; validates everything."""
     pipe = hplan.get_pipeline(args.pipeline)
-    run_dir = Path(args.run_dir) if args.run_dir else None
-    if run_dir is not None:
-        _check_run_dir(run_dir)
+    run_dir = None
+    if args.run_dir is not None:
+        _check_run_dir(args.run_dir)
+        run_dir = Path(args.run_dir)
     overrides = list(args.overrides) + pipe_flags(args)
     saved = run_dir / "config.yaml" if run_dir else None
     notes: List[str] = []
@@ -67,15 +77,16 @@ def build(args: argparse.Namespace) -> Tuple[hplan.PipelineDef, Any, RunDir, str
     if run_dir is None:
         name = cfg.run.name or f"{args.pipeline}-{time.strftime('%Y%m%d-%H%M%S')}"
         run_dir = Path(cfg.run.run_dir or Path(cfg.run.root) / name)
-        _check_run_dir(run_dir)
+        _check_run_dir(str(run_dir))
     return pipe, cfg, RunDir(run_dir), kind, notes
 
 
-def _check_run_dir(path: Path) -> None:
+def _check_run_dir(path: str) -> None:
     # the path reaches sbatch scripts (--output, the srun command): a newline would start a script line
-    if hconfig.has_control(str(path)):
-        raise hconfig.ConfigError(f"run dir {str(path)!r} contains a control character (newline, tab, ...); "
-                                  "expected a plain path. HINT: pass --run-dir a path without escapes.")
+    if not path or hconfig.has_control(path):
+        why = "is empty" if not path else "contains a control character (newline, tab, ...)"
+        raise hconfig.ConfigError(f"run dir {path!r} {why}; expected a plain path. "
+                                  "HINT: pass --run-dir a directory path without escapes.")
     RunDir(path).check_usable()
 
 
