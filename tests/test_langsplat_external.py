@@ -1,52 +1,212 @@
-"""External mode: the command templates run the stand-in script with LangSplat's arguments.
+"""External mode against stand-ins of the real scripts (tests/langsplat_standins).
 pytest tests/test_langsplat_external.py"""
 import json
 import os
-import shlex
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
-import yaml
+import pytest
 
-TEMPLATE = Path(__file__).resolve().parents[1] / "templates" / "langsplat_external.yaml"
-
-
-def _render(kind, **values):
-    ext = yaml.safe_load(TEMPLATE.read_text())["external"]
-    values = {"python": sys.executable, "iterations": 7, **values}
-    values.setdefault("rgb_checkpoint", ext["rgb_checkpoint"].format(**values))
-    return shlex.split(ext["standin_commands"][kind].format(**values))
+from hpc import config, plan, submit
+from hpc.jobs.langsplat import external_stages as es
+from hpc.jobs.langsplat import pipeline as lp
+from hpc.rundir import RunDir
+from tests.langsplat_standins.checkout import make_checkout, make_dim3, make_scene, make_weights
 
 
-def _env(**extra):
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
-    return {**env, **extra}
+@pytest.fixture
+def world(tmp_path):
+    """A scene with LERF labels, the weights, and a fork, upstream and 3DGS checkout."""
+    for variant, name in (("fork", "fork"), ("upstream", "upstream"), ("3dgs", "gs")):
+        make_checkout(tmp_path / name, variant)
+    make_scene(tmp_path / "data" / "scene")
+    return {"root": tmp_path, "data": tmp_path / "data" / "scene", **make_weights(tmp_path)}
 
 
-def test_rgb_then_two_rank_features(tmp_path):
-    rgb = tmp_path / "rgb"
-    subprocess.run(_render("rgb", source=tmp_path / "data", model=rgb, rgb_model=rgb),
-                   check=True, env=_env())
-    assert (rgb / "chkpnt7.pth").is_file()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
-    model = tmp_path / "features-2"
-    cmd = _render("features", source=tmp_path / "data", model=model, rgb_model=rgb, level=2)
-    procs = [subprocess.Popen(cmd, env=_env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2",
-                                            LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                                            MASTER_PORT=port)) for r in range(2)]
-    assert [p.wait(timeout=120) for p in procs] == [0, 0]
-    records = [json.loads((model / "standin" / f"rank-{r}.json").read_text()) for r in range(2)]
-    assert [r["rank_sum"] for r in records] == [1, 1]  # 0 + 1: the ranks met
-    assert records[1]["args"]["feature_level"] == 2
-    assert records[1]["args"]["start_checkpoint"] == str(rgb / "chkpnt7.pth")
-    assert json.loads((model / "chkpnt7.pth").read_text())["world_size"] == 2
+def env(**extra):
+    out = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "SLURM_PROCID")}
+    return {**out, **extra}
 
 
-def test_features_without_rgb_checkpoint_fails_with_hint(tmp_path):
-    cmd = _render("features", source=tmp_path, model=tmp_path / "f", rgb_model=tmp_path / "none", level=0)
-    out = subprocess.run(cmd, env=_env(), capture_output=True, text=True)
-    assert out.returncode == 2 and "HINT" in out.stderr
+def run(argv, cwd=None, **extra):
+    return subprocess.run([sys.executable, *map(str, argv)], capture_output=True, text=True, cwd=cwd, env=env(**extra))
+
+
+def rgb_checkpoint(world, iterations=4):
+    make_dim3(world["data"])
+    out = run([world["root"] / "gs" / "train.py", "-s", world["data"], "-m", world["root"] / "rgb",
+               "--iterations", iterations, "--checkpoint_iterations", iterations, "--port", 0])
+    assert out.returncode == 0, out.stderr
+    return world["root"] / "rgb" / f"chkpnt{iterations}.pth"
+
+
+def test_upstream_train_rejects_no_include_feature_the_fork_accepts_it(world):
+    args = ["-s", world["data"], "-m", world["root"] / "m", "--no_include_feature", "--iterations", 2, "--port", 0]
+    upstream = run([world["root"] / "upstream" / "train.py", *args])
+    assert upstream.returncode == 2 and "unrecognized arguments: --no_include_feature" in upstream.stderr
+    assert run([world["root"] / "fork" / "train.py", *args]).returncode == 0
+    assert (world["root"] / "m_-1" / "cfg_args").is_file()  # -m + _<feature_level>, default -1
+
+
+def test_checkpoint_tuples_decide_the_first_iteration(world):
+    rgb = rgb_checkpoint(world)
+    train = world["root"] / "upstream" / "train.py"
+    base = ["-s", world["data"], "-m", world["root"] / "f", "--feature_level", 2, "--port", 0]
+    assert run([train, *base, "--iterations", 6, "--checkpoint_iterations", 3, "--start_checkpoint", rgb]).returncode == 0
+    resumed = run([train, *base, "--iterations", 6, "--start_checkpoint", world["root"] / "f_2" / "chkpnt3.pth"])
+    assert resumed.returncode == 0
+    starts = [json.loads(line)["start_iteration"] for line in (world["root"] / "f_2" / "standin.jsonl").open()]
+    assert starts == [1, 4]  # a 12-entry RGB checkpoint starts at 0, a 13-entry one at its iteration
+    gs = run([world["root"] / "gs" / "train.py", "-s", world["data"], "-m", world["root"] / "g", "--port", 0,
+              "--start_checkpoint", world["root"] / "f_2" / "chkpnt3.pth"])
+    assert gs.returncode == 1 and "too many values to unpack" in gs.stderr
+
+
+def test_two_trainings_with_the_default_port_collide(world):
+    rgb = rgb_checkpoint(world)
+    train = world["root"] / "upstream" / "train.py"
+    with socket.socket() as taken:
+        try:  # held here, or by someone else on this machine: taken either way
+            taken.bind(("127.0.0.1", 55555))
+            taken.listen()
+        except OSError:
+            pass
+        out = run([train, "-s", world["data"], "-m", world["root"] / "f", "--feature_level", 1,
+                   "--start_checkpoint", rgb, "--iterations", 2])
+    assert out.returncode == 1 and "Address already in use" in out.stderr
+
+
+def test_train_ddp_needs_master_address_and_a_camera_per_rank(world):
+    ddp = world["root"] / "fork" / "train_ddp.py"
+    args = ["-s", world["data"], "-m", world["root"] / "d", "--feature_level", 1, "--dist_backend", "gloo",
+            "--start_checkpoint", rgb_checkpoint(world), "--iterations", 2]
+    out = run([ddp, *args], SLURM_PROCID="0", SLURM_NTASKS="1", SLURM_LOCALID="0")
+    assert out.returncode == 1 and "MASTER_ADDR" in out.stderr  # env:// even in the SLURM branch
+    port = str(es.free_port())
+    out = run([ddp, *args, "--match_single_gpu_updates"], RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+              MASTER_PORT=port, CUDA_VISIBLE_DEVICES="0", LOCAL_RANK="1")
+    assert out.returncode == 1 and "invalid device ordinal" in out.stderr  # set_device(LOCAL_RANK)
+
+
+def test_autoencoder_saves_only_from_epoch_96_in_its_working_directory(world, tmp_path):
+    assert run([world["root"] / "upstream" / "preprocess.py",
+                "--dataset_path", world["data"], "--sam_ckpt_path", world["sam"]],
+               HF_HOME=str(world["hf_home"])).returncode == 0
+    ae = world["root"] / "upstream" / "autoencoder" / "train.py"
+    args = ["--dataset_path", world["data"], "--dataset_name", "scene"]
+    assert run([ae, *args, "--num_epochs", 96], cwd=tmp_path).returncode == 0
+    assert not (tmp_path / "ckpt" / "scene" / "best_ckpt.pth").exists()
+    assert run([ae, *args, "--output", "x"], cwd=tmp_path).returncode == 2  # the README's flag does not exist
+    assert run([ae, *args, "--num_epochs", 97], cwd=tmp_path).returncode == 0
+    assert (tmp_path / "ckpt" / "scene" / "best_ckpt.pth").is_file()
+
+
+def test_preprocess_without_clip_cache_fails_offline(world):
+    out = run([world["root"] / "upstream" / "preprocess.py", "--dataset_path", world["data"],
+               "--sam_ckpt_path", world["sam"]], HF_HOME=str(world["root"] / "empty"))
+    assert out.returncode == 1 and "couldn't connect" in out.stderr
+
+
+def test_checkpoint_iterations_are_a_cadence_plus_the_last():
+    assert es.checkpoint_iterations(30000, 7000) == [7000, 14000, 21000, 28000, 30000]
+    assert es.checkpoint_iterations(60000, 10000) == [10000, 20000, 40000, 50000, 60000]  # 30000 is render's
+    assert es.checkpoint_iterations(5, 0) == [5]
+
+
+def test_newest_checkpoint_ignores_links_and_other_names(tmp_path):
+    for n in (3, 12, 7):
+        (tmp_path / f"chkpnt{n}.pth").write_bytes(b"")
+    (tmp_path / "chkpnt30000.pth").symlink_to("chkpnt12.pth")
+    (tmp_path / "chkpnt_best.pth").write_bytes(b"")
+    assert es.newest_checkpoint(tmp_path) == tmp_path / "chkpnt12.pth"
+    assert es.newest_checkpoint(tmp_path / "none") is None
+
+
+def overrides(world, checkout="fork", *extra):
+    out = ["langsplat.mode=external", f"langsplat.data_path={world['data']}",
+           f"external.langsplat_dir={world['root'] / checkout}", f"external.sam_checkpoint={world['sam']}",
+           f"external.clip_hf_home={world['hf_home']}", "cluster.kind=local"]
+    if checkout == "upstream":
+        out.append(f"external.gaussian_splatting_dir={world['root'] / 'gs'}")
+    return out + list(extra)
+
+
+def load(*items):
+    pipe = plan.get_pipeline("langsplat")
+    cfg = config.load(pipe.schema, "langsplat", None, list(items), extra=pipe.templates)
+    pipe.validate(cfg)
+    return cfg
+
+
+def summary(cfg):
+    return plan.make_plan(plan.get_pipeline("langsplat"), cfg, "/r", "slurm").summary()
+
+
+def test_mode_detected_from_the_files_and_stated(world):
+    fork, upstream = load(*overrides(world)), load(*overrides(world, "upstream"))
+    assert "checkout: fork" in summary(fork) and "train_ddp.py under hpc.launch" in summary(fork)
+    assert "checkout: upstream" in summary(upstream) and "graphdeco train.py" in summary(upstream)
+    assert [s.resources for s in lp.stages(upstream) if s.name == "features"] == ["features_1gpu"]
+
+
+def test_levels_default_to_langsplat_s_m_l_and_pass_through(world):
+    assert list(load(*overrides(world)).langsplat.levels) == [1, 2, 3]
+    assert "levels 1=s, 2=m, 3=l" in summary(load(*overrides(world)))
+    assert list(load(*overrides(world, "fork", "langsplat.levels=[0,1,2]")).langsplat.levels) == [0, 1, 2]
+    assert list(load("langsplat.levels=[0,1,2]").langsplat.levels) == [0, 1, 2]  # synthetic keeps its three
+    with pytest.raises(config.ConfigError, match="HINT: --levels 1 2 3"):
+        load(*overrides(world, "fork", "langsplat.levels=[4]"))
+    with pytest.raises(config.ConfigError, match="synthetic scene has levels"):
+        load("langsplat.levels=[3]")
+
+
+@pytest.mark.parametrize("breaks, message", [
+    (lambda w: (w["data"] / "sparse" / "0" / "points3D.txt").unlink(), "points3D.bin \\(or .txt\\) is missing"),
+    (lambda w: w["sam"].unlink(), "external.sam_checkpoint=.* is not a file"),
+    (lambda w: [p.unlink() for p in w["hf_home"].rglob("*.bin")], "holds no models--laion"),
+    (lambda w: (w["root"] / "fork" / "render.py").unlink(), "lacks render.py"),
+])
+def test_validation_one_line_with_a_hint(world, breaks, message):
+    breaks(world)
+    with pytest.raises(config.ConfigError, match=message) as err:
+        load(*overrides(world))
+    assert "HINT" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_upstream_needs_gaussian_splatting_for_rgb(world):
+    items = [o for o in overrides(world, "upstream") if "gaussian_splatting_dir" not in o]
+    with pytest.raises(config.ConfigError, match="upstream LangSplat cannot train the RGB model"):
+        load(*items)
+
+
+def test_stages_with_outputs_in_the_dataset_are_skipped_and_say_why(world):
+    assert run([world["root"] / "fork" / "preprocess.py", "--dataset_path", world["data"], "--sam_ckpt_path",
+                world["sam"]], HF_HOME=str(world["hf_home"])).returncode == 0
+    text = summary(load(*overrides(world)))
+    assert "skip preprocess: the dataset has language_features for every image" in text
+    assert "stage ae_train" in text and "stage preprocess" not in text
+    (world["root"] / "data" / "label" / "scene" / "frame_00001.json").unlink()
+    (world["root"] / "data" / "label" / "scene" / "frame_00006.json").unlink()
+    assert "skip eval: no LERF labels" in summary(load(*overrides(world)))
+
+
+def test_whole_graph_on_the_local_executor_fork(world, monkeypatch):
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    run_dir = world["root"] / "run"
+    code = submit.main(["langsplat", "--cluster", "local", "--run-dir", str(run_dir), *overrides(world),
+                        "external.iterations=12", "external.checkpoint_every=4", "external.ae_epochs=97",
+                        "external.dist_backend=gloo"])
+    assert code == 0
+    out = run_dir / "output"
+    for level in (1, 2, 3):
+        assert RunDir(run_dir).is_done("render", level)
+        assert len(list((out / f"scene_{level}" / "train" / "ours_None" / "renders_npy").glob("*.npy"))) == 6
+        first = json.loads((out / f"scene_{level}" / "standin.jsonl").read_text().splitlines()[0])
+        # views: --epochs round(12/6)=2 on 2 ranks = 2 x (6 // 2) = 6 updates of 2 cameras, lr x 2
+        assert (first["world_size"], first["iterations"], first["lr_scale"]) == (2, 6, 2)
+        assert os.readlink(out / f"scene_{level}" / "chkpnt30000.pth") == "chkpnt6.pth"
+    assert (out / "scene_-1" / "chkpnt12.pth").is_file()  # fork train.py --no_include_feature: -m + _-1
+    assert list((run_dir / "eval" / "scene").glob("*.log"))
+    assert (run_dir / "autoencoder" / "ckpt" / "scene" / "best_ckpt.pth").is_file()  # the fork's eval layout

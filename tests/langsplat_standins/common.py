@@ -1,0 +1,160 @@
+"""What the stand-in scripts share: LangSplat's/3DGS's parameter groups, checkpoints, GUI socket,
+cfg_args and a record of the iterations each run trained (`<model>/standin.jsonl`)."""
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import socket
+import struct
+import time
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+import numpy as np
+
+from hpc.jobs.langsplat.colmap import registered_images, stem
+
+# name: default; a leading "_" gives a one-letter short flag as well (as 3DGS's ParamGroup does)
+MODEL_3DGS = {"sh_degree": 3, "_source_path": "", "_model_path": "", "_images": "images", "_resolution": -1,
+              "_white_background": False, "data_device": "cuda", "eval": False}
+MODEL_LANGSPLAT = {"sh_degree": 3, "_source_path": "", "_model_path": "",
+                   "_language_features_name": "language_features_dim3", "_images": "images", "_resolution": -1,
+                   "_white_background": False, "_feature_level": -1, "data_device": "cuda", "eval": False}
+OPT_3DGS = {"iterations": 30000, "position_lr_init": 0.00016, "position_lr_final": 0.0000016,
+            "position_lr_delay_mult": 0.01, "position_lr_max_steps": 30000, "feature_lr": 0.0025,
+            "opacity_lr": 0.05, "scaling_lr": 0.005, "rotation_lr": 0.001, "percent_dense": 0.01,
+            "lambda_dssim": 0.2, "densification_interval": 100, "opacity_reset_interval": 3000,
+            "densify_from_iter": 500, "densify_until_iter": 15000, "densify_grad_threshold": 0.0002}
+OPT_LANGSPLAT = {**OPT_3DGS, "language_feature_lr": 0.0025, "include_feature": True}
+PIPE = {"convert_SHs_python": False, "compute_cov3D_python": False, "debug": False}
+STEP_ENV = "LANGSPLAT_STANDIN_STEP_S"  # seconds per iteration, so that a test can preempt mid-run
+
+
+def add_group(parser: argparse.ArgumentParser, params: Dict, fork: bool = False, fill_none: bool = False) -> None:
+    """One parameter group as the real ParamGroup builds it; the fork adds --no_<flag> for booleans."""
+    for key, value in params.items():
+        short = key.startswith("_")
+        key = key.lstrip("_")
+        flags = ["--" + key] + (["-" + key[0]] if short else [])
+        default = None if fill_none else value
+        if isinstance(value, bool):
+            parser.add_argument(*flags, default=default, action="store_true", dest=key)
+            if fork:
+                parser.add_argument("--no_" + key, default=None, action="store_false", dest=key)
+        else:
+            parser.add_argument(*flags, default=default, type=type(value))
+
+
+def train_flags(parser: argparse.ArgumentParser, port: int, checkpoints: List[int]) -> None:
+    """The flags train.py adds after its groups (3DGS, LangSplat and train_ddp.py alike)."""
+    parser.add_argument("--ip", type=str, default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=port)
+    parser.add_argument("--debug_from", type=int, default=-1)
+    parser.add_argument("--detect_anomaly", action="store_true", default=False)
+    parser.add_argument("--test_iterations", nargs="+", type=int, default=[7000, 30000])
+    parser.add_argument("--save_iterations", nargs="+", type=int, default=[7000, 30000])
+    parser.add_argument("--quiet", action="store_true")
+    parser.add_argument("--checkpoint_iterations", nargs="+", type=int, default=checkpoints)
+    parser.add_argument("--start_checkpoint", type=str, default=None)
+
+
+def bind_gui(ip: str, port: int) -> socket.socket:
+    """network_gui.init: bind and listen, without SO_REUSEADDR; a taken port raises OSError."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind((ip, port))
+    listener.listen()
+    return listener
+
+
+class Scene:
+    """The training cameras of `source` as 3DGS loads them (all registered images, no --eval)."""
+
+    def __init__(self, source: str, images: str = "images"):
+        self.source = Path(os.path.abspath(source))
+        if not (self.source / "sparse").exists():
+            raise AssertionError("Could not recognize scene type!")
+        self.names = [stem(n) for n in registered_images(self.source)]
+        self.files = {stem(n): self.source / images / n for n in registered_images(self.source)}
+        self.points = len((self.source / "sparse" / "0" / "points3D.txt").read_text().splitlines()) \
+            if (self.source / "sparse" / "0" / "points3D.txt").is_file() else 8
+
+    def size(self, name: str) -> Tuple[int, int]:
+        return self.png_size(self.files[name])
+
+    @staticmethod
+    def png_size(path: Path) -> Tuple[int, int]:
+        """(height, width) from the PNG header (the real scripts open every image)."""
+        data = Path(path).read_bytes()[:24]
+        if data[:8] != b"\x89PNG\r\n\x1a\n":
+            raise OSError(f"cannot identify image file {str(path)!r}")
+        width, height = struct.unpack(">II", data[16:24])
+        return height, width
+
+
+def new_gaussians(points: int) -> Dict[str, np.ndarray]:
+    return {"xyz": np.zeros((points, 3), np.float32), "features": np.zeros((points, 3), np.float32)}
+
+
+def capture(g: Dict, include_feature: bool) -> tuple:
+    """GaussianModel.capture: 12 entries, or 13 with the language feature after the opacity."""
+    import torch
+
+    t = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in g.items()}
+    head = (3, t["xyz"], t["features"], t["features"][:, :0], t["xyz"][:, :3], t["xyz"][:, :1].repeat(1, 4),
+            t["xyz"][:, :1])
+    tail = (t["xyz"][:, 0], t["xyz"][:, :1], t["xyz"][:, :1], {"state": {}, "param_groups": []}, 1.0)
+    return head + ((t["language_feature"],) if include_feature else ()) + tail
+
+
+def restore(model_args: tuple) -> Dict[str, np.ndarray]:
+    g = {"xyz": model_args[1].numpy().copy(), "features": model_args[2].numpy().copy()}
+    if len(model_args) == 13:
+        g["language_feature"] = model_args[7].numpy().copy()
+    return g
+
+
+def load_checkpoint(path: str):
+    import torch
+
+    return torch.load(path, weights_only=False)
+
+
+def save_checkpoint(model_path: str, g: Dict, include_feature: bool, iteration: int) -> None:
+    import torch
+
+    torch.save((capture(g, include_feature), iteration), f"{model_path}/chkpnt{iteration}.pth")
+
+
+def write_cfg_args(model_path: str, values: Dict) -> None:
+    """cfg_args holds str(Namespace(...)) of the model parameters; render.py reads it back."""
+    Path(model_path).mkdir(parents=True, exist_ok=True)
+    (Path(model_path) / "cfg_args").write_text(str(argparse.Namespace(**values)))
+
+
+def read_cfg_args(model_path: str) -> Dict:
+    call = ast.parse((Path(model_path) / "cfg_args").read_text(), mode="eval").body
+    return {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}
+
+
+def record(model_path: str, **entry) -> None:
+    """One line per run: which iterations it trained (tests check resumes with it)."""
+    with open(Path(model_path) / "standin.jsonl", "a") as f:
+        f.write(json.dumps(entry) + "\n")
+
+
+def step_pause() -> None:
+    time.sleep(float(os.environ.get(STEP_ENV, "0")))
+
+
+def language_feature(source: Path, name: str, lf_name: str, level: int, size: Tuple[int, int]) -> np.ndarray:
+    """Camera.get_language_feature: the mean feature of the level's segments in this view."""
+    base = source / lf_name / name
+    seg, feat = np.load(f"{base}_s.npy"), np.load(f"{base}_f.npy")
+    if seg.shape[1:] != size:  # the real indexing by pixel coordinates fails the same way
+        raise IndexError(f"segment map {seg.shape[1:]} does not match the image {size}")
+    if level not in (0, 1, 2, 3):
+        raise ValueError("feature_level=", level)
+    ids = seg[level][seg[level] != -1].astype(int)
+    return feat[ids].mean(axis=0) if len(ids) else np.zeros(feat.shape[1], np.float32)

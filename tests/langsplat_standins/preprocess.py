@@ -1,0 +1,73 @@
+"""Stand-in for LangSplat's preprocess.py: SAM masks and CLIP features of every image in images/.
+
+    python tests/langsplat_standins/preprocess.py --dataset_path data/scene --sam_ckpt_path ckpts/sam.pth
+
+Loads OpenCLIP first (its weights from the Hugging Face cache; offline that cache must hold them),
+then SAM from --sam_ckpt_path (default ckpts/sam_vit_h_4b8939.pth, relative to the working
+directory). Writes <dataset>/language_features/<name>_s.npy (4 x H x W segment ids per level, -1
+outside every mask) and <name>_f.npy (segments x 512), <name> being the file name up to its first dot.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import numpy as np
+
+from hpc.jobs.langsplat.checkout import CLIP_REPO_DIR, clip_weights
+
+
+def load_clip() -> Path:
+    home = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface"))
+    found = clip_weights(home)
+    if found is None:  # huggingface_hub would now try to download, which fails offline
+        raise OSError(f"We couldn't connect to 'https://huggingface.co' to load {CLIP_REPO_DIR} and it is "
+                      f"not in the cached files under {home / 'hub'}")
+    return found
+
+
+def features_of(height: int, width: int, seed: int):
+    rng = np.random.default_rng(seed)
+    seg = -np.ones((4, height, width), np.int32)
+    count = 0
+    for level in range(4):  # level l splits the image into l + 1 vertical bands (0: one mask)
+        for band, cols in enumerate(np.array_split(np.arange(width), level + 1)):
+            seg[level][:, cols] = count
+            count += 1
+    feat = rng.normal(size=(count, 512)).astype(np.float32)
+    return seg, feat / np.linalg.norm(feat, axis=1, keepdims=True)
+
+
+def main(argv=None) -> int:
+    from tests.langsplat_standins.common import Scene
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--dataset_path", type=str, required=True)
+    parser.add_argument("--resolution", type=int, default=-1)
+    parser.add_argument("--sam_ckpt_path", type=str, default="ckpts/sam_vit_h_4b8939.pth")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    images = os.path.join(args.dataset_path, "images")
+    data_list = sorted(os.listdir(images))
+    load_clip()
+    with open(args.sam_ckpt_path, "rb"):  # sam_model_registry loads it with torch.load
+        pass
+    save_folder = os.path.join(args.dataset_path, "language_features")
+    os.makedirs(save_folder, exist_ok=True)
+    for i, name in enumerate(data_list):
+        stem = name.split(".")[0]
+        height, width = Scene.png_size(Path(images) / name)
+        if args.resolution == -1 and height > 1080:
+            height, width = 1080, round(width * 1080 / height)
+        seg, feat = features_of(height, width, 42 + sum(map(ord, stem)))
+        np.save(os.path.join(save_folder, stem + "_s.npy"), seg)
+        np.save(os.path.join(save_folder, stem + "_f.npy"), feat)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
