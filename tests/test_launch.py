@@ -25,7 +25,7 @@ def test_one_gpu_per_task_breaks_local_rank_indexing():
 def test_execs_the_command_with_the_variables():
     code = "import os; print(os.environ['RANK'], os.environ['WORLD_SIZE'], os.environ['MASTER_PORT'])"
     out = subprocess.run([sys.executable, "-m", "hpc.launch", "--", sys.executable, "-c", code],
-                         env=srun_task(2, PATH="/usr/bin:/bin", MASTER_PORT="23456"),
+                         env=srun_task(2, PATH="/usr/bin:/bin", HPC_MASTER_PORT="23456"),
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["2", "4", "23456"]
