@@ -68,18 +68,25 @@ _UNSET = {"", "None", "Unknown", "(null)"}
 
 
 def job_info(job_id: str, runner: Callable[..., Any] = subprocess.run,
-             what: str = "job") -> dict[str, str]:
-    """`scontrol -o show job|partition` as a dict (JobState, PreemptTime, ...); {} if unreachable."""
-    try:
-        out = runner(["scontrol", "-o", "show", what, str(job_id)], capture_output=True, text=True,
-                     timeout=30)
-    except (OSError, subprocess.TimeoutExpired) as err:
-        log.warning("could not ask SLURM about %s %s: %s", what, job_id, err)
-        return {}
-    if out.returncode:
-        log.warning("scontrol show %s %s failed: %s", what, job_id, out.stderr.strip())
-        return {}
-    return dict(tok.split("=", 1) for tok in out.stdout.split() if "=" in tok)
+             what: str = "job", tries: int = 3) -> dict[str, str]:
+    """`scontrol -o show job|partition` as a dict (JobState, PreemptTime, ...); {} if unreachable.
+
+    A failed call is tried again: while a step is being ended (time limit, requeue) slurmstepd
+    signals every process of the step, and an scontrol started then can die of it (no stderr).
+    """
+    for attempt in range(1, tries + 1):
+        try:
+            out = runner(["scontrol", "-o", "show", what, str(job_id)], capture_output=True,
+                         text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired) as err:
+            log.warning("could not ask SLURM about %s %s: %s", what, job_id, err)
+            return {}
+        if not out.returncode:
+            return dict(tok.split("=", 1) for tok in out.stdout.split() if "=" in tok)
+        log.warning("scontrol show %s %s failed (exit status %s, try %d of %d): %s", what, job_id,
+                    out.returncode, attempt, tries, out.stderr.strip())
+        time.sleep(0.2 * attempt)
+    return {}
 
 
 def classify(info: dict[str, str], signal_kind: str, restart_count: int = 0) -> tuple[str, bool]:
@@ -97,6 +104,8 @@ def classify(info: dict[str, str], signal_kind: str, restart_count: int = 0) -> 
         return "preempt", False
     if int(info.get("Restarts", 0) or 0) > restart_count:
         return "preempt", True
+    if info.get("Reason") == "TimeLimit":  # at the limit: JobState=COMPLETING, Reason=TimeLimit
+        return "timeout", False
     if state == "COMPLETING":  # ending with no preemption recorded: scancel (its SIGTERM) or failure
         return "cancelled", False
     return signal_kind, False

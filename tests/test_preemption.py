@@ -4,6 +4,7 @@ decision table."""
 import json
 import os
 import signal
+import subprocess
 import time
 
 import pytest
@@ -22,6 +23,7 @@ RUNNING = {"JobState": "RUNNING", "Reason": "None", "PreemptTime": "None", "Rest
     ({**RUNNING, "JobState": "COMPLETING", "Restarts": "1"}, "preempt", ("preempt", True)),
     ({**RUNNING, "JobState": "PENDING", "Reason": "BeginTime"}, "preempt", ("preempt", True)),
     ({**RUNNING, "JobState": "COMPLETING"}, "preempt", ("cancelled", False)),  # scancel's SIGTERM
+    ({**RUNNING, "JobState": "COMPLETING", "Reason": "TimeLimit"}, "preempt", ("timeout", False)),
     ({**RUNNING, "JobState": "CANCELLED"}, "preempt", ("cancelled", False)),
     ({**RUNNING, "JobState": "TIMEOUT"}, "preempt", ("timeout", False)),
     ({**RUNNING, "JobState": "COMPLETED"}, "timeout", ("finished", False)),
@@ -119,3 +121,16 @@ def test_history_counts_timeouts(tmp_path):
     pre._record(path, pre.load_history(path), pre.decide("preempt", "RUNNING", 1, 3), {})
     saved = json.loads(path.read_text())
     assert (saved["timeouts"], saved["preemptions"], len(saved["events"])) == (1, 1, 2)
+
+
+def test_job_info_asks_again_when_scontrol_dies_while_the_step_ends():
+    calls = []
+
+    def runner(argv, **kw):
+        calls.append(argv)
+        killed = len(calls) == 1
+        return subprocess.CompletedProcess(argv, -15 if killed else 0, "" if killed else
+                                           "JobId=5 JobState=COMPLETING Reason=TimeLimit", "")
+
+    assert pre.job_info("5", runner) == {"JobId": "5", "JobState": "COMPLETING", "Reason": "TimeLimit"}
+    assert len(calls) == 2
