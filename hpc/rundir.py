@@ -140,11 +140,13 @@ class RunDir:
 
     # ---- one submission at a time
     @contextlib.contextmanager
-    def submission_lock(self, wait_s: float = LOCK_WAIT_S, say: Callable[[str], None] = print) -> Iterator[None]:
+    def submission_lock(self, wait_s: Optional[float] = None, say: Callable[[str], None] = print) -> Iterator[None]:
         """Hold the run dir's lock from reading its state to the last manifest write, so that two
         submissions into one run dir neither lose each other's manifest entries nor both run every
-        task. A second submission waits up to `wait_s`, saying so once, then is refused. flock
-        belongs to the open file: it is released when the holder exits, however it exits."""
+        task. A second submission waits up to `wait_s` (default LOCK_WAIT_S), saying so once, then
+        is refused. flock belongs to the open file: it is released when the holder exits, however it
+        exits, and it works across NFS clients (Linux emulates it with POSIX locks there)."""
+        wait_s = LOCK_WAIT_S if wait_s is None else wait_s
         self.path.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -153,11 +155,11 @@ class RunDir:
                 holder = os.pread(fd, 512, 0).decode(errors="replace").strip() or "a process"
                 if time.monotonic() >= deadline:
                     raise RunDirError(
-                        f"run dir {self.path} is being submitted to by {holder}, still after {wait_s:.0f} s; "
+                        f"run dir {self.path} is being submitted to by {holder}, still after {wait_s:g} s; "
                         "expected one submission at a time. HINT: wait until that submission returns "
                         "(python -m hpc.status shows the run), or pass another --run-dir.")
                 if not told:
-                    say(f"waiting up to {wait_s:.0f} s for {holder}, which is submitting into {self.path}")
+                    say(f"waiting up to {wait_s:g} s for {holder}, which is submitting into {self.path}")
                     told = True
                 time.sleep(0.25)
             os.ftruncate(fd, 0)
