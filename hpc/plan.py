@@ -129,7 +129,8 @@ class Plan:
 
 def make_plan(pipe: PipelineDef, cfg: Any, run_dir: str, kind: str,
               finished: FrozenSet[TaskKey] = frozenset(), queued: FrozenSet[TaskKey] = frozenset()) -> Plan:
-    """Which jobs to submit now. `finished`: tasks with a done marker; `queued`: tasks still in the queue."""
+    """Which jobs to submit now. `finished`: tasks with a done marker; `queued`: tasks still in the queue.
+    `kind` may carry why `auto` fell back from SLURM (hpc.scheduler.Kind): the notes then say it."""
     jobs: List[JobSpec] = []
     skipped: List[str] = []
     notes: List[str] = []
@@ -158,10 +159,26 @@ def make_plan(pipe: PipelineDef, cfg: Any, run_dir: str, kind: str,
                             indices=tuple(stage.items.index(i) if stage.items else None for i in todo),
                             resources=res, after=after, folder=f"{run_dir}/{stage.name}/logs/%j",
                             kind=kind, ranks=ranks, describe=stage.describe or stage.target))
+    notes += _fallback_notes(pipe, cfg, getattr(kind, "why_not_slurm", ""))
     if kind != "slurm" and len(jobs) > 1:
         notes.append("the local executor has no afterok: stages run one after another, "
                      "and submit waits for each before starting the next")
     return Plan(pipe.name, run_dir, kind, tuple(jobs), tuple(skipped), tuple(notes))
+
+
+def _fallback_notes(pipe: PipelineDef, cfg: Any, why_not_slurm: str) -> List[str]:
+    """What `--cluster auto` falling back to the local executor means for each stage that asks for
+    GPUs, in words, with the reason no SLURM answered."""
+    if not why_not_slurm:
+        return []
+    notes = []
+    for stage in pipe.stages(cfg):
+        res = _plain(cfg.stages[stage.resources or stage.name])
+        if res["gpus_per_node"]:
+            notes.append(f"no SLURM answered ({why_not_slurm}); stage {stage.name} asks for "
+                         f"{res['gpus_per_node']} GPUs per node and runs as {res['local_tasks']} CPU "
+                         "process(es) here")
+    return notes or [f"no SLURM answered ({why_not_slurm}); running on this machine"]
 
 
 def _ranks(stage: str, res: Dict[str, Any], kind: str) -> Tuple[int, str]:

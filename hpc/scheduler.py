@@ -1,11 +1,20 @@
-"""Talking to SLURM: which executor, which partitions, one batched state query, cancel.
+"""Talking to SLURM: the one module that runs sinfo, sacct, squeue, scontrol and scancel.
 
-    python -c "from hpc import scheduler; print(scheduler.detect('auto'), scheduler.partitions())"
+    python -c "from hpc import scheduler; k = scheduler.detect('auto'); print(k, k.why_not_slurm)"
 
-One sacct call answers for every job of a run (array tasks included), however many there are; squeue
-is only the fallback when accounting is disabled. SLURM states map to hpc states through a table,
-not branches. Why a pending job will never start is inferred from its upstream jobs' states in that
-same answer (never_starts), not asked of squeue.
+Whether SLURM is here is asked of SLURM (`scontrol ping`, short timeout), never read from a file: a
+configless site has no slurm.conf on its login nodes. Job states come from one call per poll,
+whatever the number of jobs (array tasks included), through one of two back ends:
+
+- accounting (sacct): every job the database holds, with one record per start (restarts);
+- no accounting (squeue -t all), chosen once sacct says "accounting storage is disabled": the jobs
+  slurmctld still holds, the ended ones included for MinJobAge seconds. A job missing from that
+  answer has ended; its outcome is read from what it left in the run directory (hpc.status).
+  scontrol would know nothing more (it reads the same memory), so it costs no call per job.
+
+SLURM states map to hpc states through a table, not branches; a job ended by its time limit is
+TIMEOUT whatever its state word (Reason=TimeLimit). Why a pending job will never start is inferred
+from its upstream jobs' states in that same answer (never_starts).
 """
 from __future__ import annotations
 
@@ -13,9 +22,9 @@ import os
 import shutil
 import subprocess
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-# SLURM state (first word of sacct's State) -> hpc state
+# SLURM state (first word of sacct's State, squeue's %T) -> hpc state
 STATES: Dict[str, str] = {
     "PENDING": "PENDING", "REQUEUED": "PENDING", "REQUEUE_HOLD": "PENDING", "REQUEUE_FED": "PENDING",
     "RESV_DEL_HOLD": "PENDING", "SUSPENDED": "PENDING", "STOPPED": "PENDING",
@@ -26,6 +35,9 @@ STATES: Dict[str, str] = {
     "DEADLINE": "FAILED", "TIMEOUT": "TIMEOUT", "PREEMPTED": "PREEMPTED", "CANCELLED": "CANCELLED",
     "REVOKED": "CANCELLED", "SPECIAL_EXIT": "FAILED",
 }
+# SLURM's reasons that decide the outcome whatever the state word: a job killed at its time limit
+# reads COMPLETING (scontrol, squeue) or CANCELLED while its steps are being killed.
+REASONS: Dict[str, str] = {"TimeLimit": "TIMEOUT"}
 ACTIVE = frozenset({"PENDING", "RUNNING", "PREEMPTED"})
 # A record that ends in one of these SLURM states puts the job back in the queue: a restart follows.
 REQUEUED = frozenset({"REQUEUED", "PREEMPTED", "REQUEUE_HOLD", "REQUEUE_FED"})
@@ -34,6 +46,11 @@ BREAKS_AFTEROK = frozenset({"FAILED", "CANCELLED", "TIMEOUT"})
 # SLURM's reason for such a job (squeue shows it at once; sacct's Reason may still say Dependency).
 NEVER = "DependencyNeverSatisfied"
 SACCT_FIELDS = ("JobID", "State", "Reason", "Elapsed", "Start", "End", "ExitCode", "NodeList")
+# squeue -O with "|" as each field's suffix (an empty width never truncates); no exit code there.
+SQUEUE_FIELDS = ("JobArrayID", "State", "Reason", "TimeUsed", "StartTime", "EndTime", "NodeList", "RestartCnt")
+NO_ACCOUNTING = "accounting storage is disabled"  # sacct's words on a site without slurmdbd
+UNKNOWN_JOB = "Invalid job id specified"
+PING_TIMEOUT_S = 5.0  # a configless client without DNS SRV records may otherwise hang on lookups
 
 
 @dataclass(frozen=True)
@@ -50,20 +67,58 @@ class JobRecord:
     restarts: int  # requeues after preemption or time limit (see parse_sacct)
 
 
-def detect(kind: str) -> str:
-    """auto -> slurm when sbatch is on PATH and the controller answers, else local."""
-    if kind != "auto":
-        return kind
-    if not shutil.which("sbatch"):
-        return "local"
-    conf = os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf")
-    if not os.path.exists(conf):
-        return "local"  # without a config file the client falls back to slow DNS SRV lookups
+class Answer(Dict[str, JobRecord]):
+    """Records by job id, and which back end gave them. With `source == "squeue"` a job that is
+    missing has ended and been forgotten by slurmctld; with sacct it may just not be listed yet."""
+
+    def __init__(self, records: Mapping[str, JobRecord], source: str):
+        super().__init__(records)
+        self.source = source
+
+
+def hpc_state(slurm_state: str, reason: str = "") -> str:
+    """hpc state of a SLURM state ("CANCELLED by 0", "COMPLETING+TIMEOUT") and its reason."""
+    word = (slurm_state.split() or ["UNKNOWN"])[0].split("+")[0].upper()
+    if reason in REASONS and STATES.get(word) not in ("COMPLETED", "PENDING"):
+        return REASONS[reason]
+    return STATES.get(word, "UNKNOWN")
+
+
+# ---------------------------------------------------------------- is SLURM here?
+def ping(timeout_s: float = PING_TIMEOUT_S) -> Tuple[bool, str]:
+    """(whether a controller answered, what was seen): `scontrol ping`, as a client of this shell."""
+    if not shutil.which("scontrol"):
+        return False, "scontrol is not on PATH"
     try:
-        ok = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return "local"
-    return "slurm" if ok.returncode == 0 and "UP" in ok.stdout else "local"
+        out = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return False, f"scontrol ping gave no answer within {timeout_s:g} s"
+    except OSError as err:
+        return False, f"scontrol ping could not run: {err}"
+    if " is UP" in out.stdout:  # a backup controller may be DOWN while the primary answers
+        return True, out.stdout.strip().splitlines()[0]
+    seen = (out.stderr.strip() or out.stdout.strip() or f"exit status {out.returncode}").splitlines()[-1]
+    return False, f"scontrol ping: {seen}"
+
+
+class Kind(str):
+    """An executor kind ("slurm", "local", "debug") that remembers why `auto` did not pick SLURM,
+    so the plan can say so (hpc.plan.make_plan reads `why_not_slurm`)."""
+
+    why_not_slurm: str = ""
+
+    def __new__(cls, kind: str, why_not_slurm: str = "") -> "Kind":
+        obj = super().__new__(cls, kind)
+        obj.why_not_slurm = why_not_slurm
+        return obj
+
+
+def detect(kind: str) -> Kind:
+    """auto -> slurm when a controller answers, else local with the reason; other kinds are kept."""
+    if kind != "auto":
+        return Kind(kind)
+    answered, seen = ping()
+    return Kind("slurm") if answered else Kind("local", seen)
 
 
 def partitions() -> List[str]:
@@ -72,17 +127,37 @@ def partitions() -> List[str]:
     return sorted({line.strip().rstrip("*") for line in out.splitlines() if line.strip()})
 
 
-def query(job_ids: Iterable[str]) -> Dict[str, JobRecord]:
-    """State of all `job_ids` ("123" or "123_4") from one sacct call, whatever their number.
+# ---------------------------------------------------------------- job states, one call per poll
+# Sites (how this shell finds its cluster) whose sacct said accounting is disabled: asked once per
+# process, so a poll loop makes one call per poll.
+_NO_ACCOUNTING: set = set()
+
+
+def _site() -> Tuple[str, str]:
+    return os.environ.get("SLURM_CONF", ""), os.environ.get("SLURM_CONF_SERVER", "")
+
+
+def query(job_ids: Iterable[str]) -> Answer:
+    """State of all `job_ids` ("123" or "123_4") from one call, whatever their number.
     Pass the upstream job ids too: never_starts() reads their states from the same answer."""
     ids = sorted(set(job_ids))
     if not ids:
-        return {}
+        return Answer({}, "squeue" if _site() in _NO_ACCOUNTING else "sacct")
+    if _site() not in _NO_ACCOUNTING:
+        try:
+            out = _run(["sacct", "-X", "-D", "-P", "-n", "-o", ",".join(SACCT_FIELDS), "-j", ",".join(base_ids(ids))])
+            return Answer(parse_sacct(out, ids), "sacct")
+        except RuntimeError as err:  # slurmdbd down: squeue answers this poll; disabled: every poll
+            if NO_ACCOUNTING in str(err):
+                _NO_ACCOUNTING.add(_site())
+    fields = ",".join(f"{f}:|" for f in SQUEUE_FIELDS)
     try:
-        out = _run(["sacct", "-X", "-D", "-P", "-n", "-o", ",".join(SACCT_FIELDS), "-j", ",".join(base_ids(ids))])
-    except RuntimeError:
-        return _query_squeue(ids)  # accounting disabled: only queued jobs are known
-    return parse_sacct(out, ids)
+        out = _run(["squeue", "-h", "-t", "all", "-O", fields, "-j", ",".join(base_ids(ids))])
+    except RuntimeError as err:
+        if UNKNOWN_JOB not in str(err):
+            raise
+        out = ""  # squeue -j with a single id that slurmctld has forgotten fails; with several it lists the rest
+    return Answer(parse_squeue(out, ids), "squeue")
 
 
 def parse_sacct(text: str, wanted: Iterable[str]) -> Dict[str, JobRecord]:
@@ -93,31 +168,46 @@ def parse_sacct(text: str, wanted: Iterable[str]) -> Dict[str, JobRecord]:
     job); -D lists one record per start instead, so the records before the last are restarts, and a
     last record that ended in a requeue (PREEMPTED, REQUEUED) counts as one more.
     """
+    rows = _rows(text, len(SACCT_FIELDS), wanted, keep_all=True)
+    out = {}
+    for jid, recs in rows.items():
+        _, state, reason, elapsed, start, end, code, nodes = recs[-1]
+        restarts = len(recs) - 1 + ((state.split() or [""])[0] in REQUEUED)
+        out[jid] = JobRecord(jid, hpc_state(state, reason), state, reason, elapsed, start, end, code, nodes,
+                             restarts)
+    return out
+
+
+def parse_squeue(text: str, wanted: Iterable[str]) -> Dict[str, JobRecord]:
+    """Records of the `wanted` job ids in `squeue -h -t all -O <SQUEUE_FIELDS, each with ':|'>` output."""
+    out = {}
+    for jid, recs in _rows(text, len(SQUEUE_FIELDS), wanted, keep_all=False).items():
+        _, state, reason, used, start, end, nodes, restarts = recs[-1]
+        out[jid] = JobRecord(jid, hpc_state(state, reason), state, reason, used, start, end, "", nodes,
+                             int(restarts) if restarts.isdigit() else 0)
+    return out
+
+
+def _rows(text: str, width: int, wanted: Iterable[str], keep_all: bool) -> Dict[str, List[List[str]]]:
+    """Rows by wanted job id; a pending array's row (12_[0-2]) stands for its tasks without their own."""
     wanted = set(wanted)
     rows: Dict[str, List[List[str]]] = {}
     arrays: List[List[str]] = []
     for line in text.splitlines():
-        cols = line.split("|")
-        if len(cols) == len(SACCT_FIELDS):
+        cols = [c.strip() for c in line.split("|")][:width]
+        if len(cols) == width and cols[0]:
             (arrays if "_[" in cols[0] else rows.setdefault(cols[0], [])).append(cols)
     for cols in arrays:
         for jid in expand_array_id(cols[0]):
             if jid in wanted and jid not in rows:
                 rows[jid] = [[jid, *cols[1:]]]
-    return {jid: _record(rows[jid]) for jid in sorted(wanted) if jid in rows}
-
-
-def _record(rows: List[List[str]]) -> JobRecord:
-    jid, state, reason, elapsed, start, end, code, nodes = rows[-1]
-    word = state.split()[0] if state else "UNKNOWN"  # "CANCELLED by 0"
-    restarts = len(rows) - 1 + (word in REQUEUED)
-    return JobRecord(jid, STATES.get(word, "UNKNOWN"), state, reason, elapsed, start, end, code, nodes, restarts)
+    return {jid: r if keep_all else r[-1:] for jid, r in sorted(rows.items()) if jid in wanted}
 
 
 def never_starts(records: Mapping[str, JobRecord],
                  after: Mapping[str, Sequence[str]]) -> Dict[str, Optional[JobRecord]]:
     """Pending jobs whose afterok can never be satisfied -> the upstream record that broke it
-    (None when only SLURM's reason says so, e.g. the upstream job is no longer in sacct).
+    (None when only SLURM's reason says so, e.g. the upstream job is no longer known).
     `after`: job id -> the job ids it waits for. SLURM keeps such jobs pending forever."""
     out: Dict[str, Optional[JobRecord]] = {}
     for jid, rec in records.items():
@@ -146,31 +236,37 @@ def expand_array_id(job_id: str) -> List[str]:
     return ids
 
 
-def _query_squeue(ids: List[str]) -> Dict[str, JobRecord]:
-    out = _run(["squeue", "-h", "-o", "%i|%T|%r|%M|%S|%e|%N", "-j", ",".join(base_ids(ids))])
-    result = {}
-    for line in out.splitlines():
-        cols = line.split("|")
-        for jid in expand_array_id(cols[0]) if len(cols) == 7 else []:
-            word = cols[1].split()[0]
-            result[jid] = JobRecord(jid, STATES.get(word, "UNKNOWN"), cols[1], cols[2],
-                                    cols[3], cols[4], cols[5], "", cols[6], 0)
-    return {i: r for i, r in result.items() if i in ids}
+# ---------------------------------------------------------------- one job, through scontrol
+def job_info(job_id: str, env: Optional[Mapping[str, str]] = None, timeout_s: float = 30) -> Dict[str, str]:
+    """`scontrol -o show job JOBID` as a dict (JobState, Reason, Restarts, PreemptTime, ...).
+    Raises RuntimeError, with SLURM's words, if the job is unknown or SLURM does not answer."""
+    out = _run(["scontrol", "-o", "show", "job", str(job_id)], env, timeout_s)
+    return dict(tok.split("=", 1) for tok in out.split() if "=" in tok)
 
 
-def cancel(job_ids: Iterable[str]) -> List[str]:
+def requeue(job_id: str, env: Optional[Mapping[str, str]] = None) -> None:
+    _run(["scontrol", "requeue", str(job_id)], env)
+
+
+def start_now(job_id: str, env: Optional[Mapping[str, str]] = None) -> None:
+    """Lift a requeued job's begin-time hold (SLURM holds it back about two minutes)."""
+    _run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env)
+
+
+def cancel(job_ids: Iterable[str], env: Optional[Mapping[str, str]] = None) -> List[str]:
     ids = sorted(set(job_ids))
     if ids:
-        _run(["scancel", *ids])
+        _run(["scancel", *ids], env)
     return ids
 
 
-def _run(cmd: List[str]) -> str:
+def _run(cmd: List[str], env: Optional[Mapping[str, str]] = None, timeout_s: float = 60) -> str:
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=os.environ)
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
+                             env=dict(os.environ if env is None else env))
     except (OSError, subprocess.TimeoutExpired) as err:
-        raise RuntimeError(f"{cmd[0]} failed: {err}. HINT: is SLURM_CONF pointing at a running cluster?") from None
+        raise RuntimeError(f"{cmd[0]} failed: {err}. HINT: does `scontrol ping` answer in this shell?") from None
     if out.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd[:2])} exited {out.returncode}: {out.stderr.strip()}. "
-                           "HINT: is SLURM_CONF pointing at a running cluster?")
+                           "HINT: does `scontrol ping` answer in this shell?")
     return out.stdout

@@ -2,15 +2,19 @@
 
     python -m hpc.status runs/langsplat-20260101-120000 [--json]
 
-Exactly one scheduler call per poll (sacct; squeue only where accounting is disabled), whatever the
-number of jobs: a task that will never start is recognised from the state of the job it waits for
-(the manifest records each job's afterok ids) in that same answer. Done markers, the last progress
-line of each task's rank-0 log and the task's outputs come from the run directory.
+One scheduler call per poll (hpc.scheduler.query: sacct, or squeue where accounting is disabled),
+whatever the number of jobs: a task that will never start is recognised from the state of the job it
+waits for (the manifest records each job's afterok ids) in that same answer. Without accounting, a
+job that has left the queue has ended and its outcome is what it left behind: a done marker
+(COMPLETED), submitit's result file (COMPLETED, or FAILED with the error), or nothing (ENDED, said
+as such). Done markers, progress (tqdm's last redraw in the rank-0 stderr log, else the last line of
+its stdout log) and the task's outputs come from the run directory.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -20,8 +24,15 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from hpc import scheduler
 from hpc.rundir import DONE, RunDir, task_key
 
-# Local/debug jobs have no scheduler: their state is read from the run directory and submitit's files.
-LOCAL_STATES = {"done": "COMPLETED", "error": "FAILED", "result": "COMPLETED", "none": "UNKNOWN"}
+# What a job left behind -> hpc state: for local/debug jobs (no scheduler), and for SLURM jobs that
+# have left the queue of a cluster without accounting (then "none" reads ENDED: nothing to go by).
+LEFT_BEHIND = {"done": "COMPLETED", "error": "FAILED", "result": "COMPLETED", "none": "UNKNOWN"}
+ENDED = "ENDED"
+ENDED_WHY = ("ENDED (no accounting; no done marker, no result file): outcome unknown. "
+             "HINT: python -m hpc.logs RUN_DIR --err")
+# tqdm's redraw: "desc:  55%|#####5    | 164/300 [00:01<00:01, 99.50it/s]", or "164it [00:01, ...]"
+TQDM = re.compile(r"(?:(?P<desc>[^|\r\n]*?):\s*)?(?:\d+%\|[^|]*\|\s*)?"
+                  r"(?P<n>\d+(?:\.\d+)?[kMGTPEZY]?)(?:/(?P<total>\d+(?:\.\d+)?[kMGTPEZY]?))?(?:it)?\s*\[\d")
 
 
 @dataclass
@@ -47,18 +58,24 @@ def collect(run: RunDir) -> List[TaskStatus]:
         jid, stage, item = t["job_id"], t["stage"], t["item"]
         rec = records.get(jid)
         slurm = t["jobs"][-1]["executor"] == "slurm"
-        # just submitted: sacct may not list the job for a moment
-        state = rec.state if rec else "PENDING" if slurm else _local_state(run, stage, item, jid)
+        if rec:
+            state = rec.state
+        elif slurm and records.source == "sacct":
+            state = "PENDING"  # just submitted: sacct may not list the job for a moment
+        else:  # a local job, or one that left the queue of a cluster without accounting
+            state = left_behind(run, stage, item, jid)
+            state = ENDED if slurm and state == LEFT_BEHIND["none"] else state
+        err = run.log_path(stage, jid, stream="err")
         rows.append(TaskStatus(task_key(stage, item), stage, item, jid, state,
                                rec.restarts if rec else 0,
-                               rec.elapsed if rec else "" if slurm else _local_elapsed(run, stage, item),
-                               last_progress(run.log_path(stage, jid)), outputs(run.task_dir(stage, item)), "",
-                               last_progress(run.log_path(stage, jid, stream="err"))))
+                               rec.elapsed if rec else _done_elapsed(run, stage, item),
+                               tqdm_progress(err) or last_progress(run.log_path(stage, jid)),
+                               outputs(run.task_dir(stage, item)), "", last_progress(err)))
     _explain(rows, records, never, run.job_tasks())
     return rows
 
 
-def query_run(run: RunDir) -> Tuple[Dict[str, scheduler.JobRecord], Dict[str, Optional[scheduler.JobRecord]]]:
+def query_run(run: RunDir) -> Tuple[scheduler.Answer, Dict[str, Optional[scheduler.JobRecord]]]:
     """One scheduler call for the SLURM jobs of a run and the jobs they wait for: (records, the
     pending jobs that can never start -> the upstream record that failed)."""
     after = run.dependencies()
@@ -67,8 +84,8 @@ def query_run(run: RunDir) -> Tuple[Dict[str, scheduler.JobRecord], Dict[str, Op
     return records, scheduler.never_starts(records, after)
 
 
-def _local_elapsed(run: RunDir, stage: str, item: Any) -> str:
-    """A finished local task's run time from its done marker (no scheduler to ask), as sacct writes it."""
+def _done_elapsed(run: RunDir, stage: str, item: Any) -> str:
+    """A finished task's run time from its done marker (no scheduler to ask), as sacct writes it."""
     try:
         info = json.loads((run.task_dir(stage, item) / DONE).read_text())
         seconds = int(info["finished"] - info["started"])
@@ -77,16 +94,17 @@ def _local_elapsed(run: RunDir, stage: str, item: Any) -> str:
     return f"{seconds // 3600:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
-def _local_state(run: RunDir, stage: str, item: Any, job_id: str) -> str:
+def left_behind(run: RunDir, stage: str, item: Any, job_id: str) -> str:
+    """The state an ended job's files tell: its done marker, else rank 0's submitit result file."""
     if run.is_done(stage, item):
-        return LOCAL_STATES["done"]
+        return LEFT_BEHIND["done"]
     result = run.path / stage / "logs" / job_id / f"{job_id}_0_result.pkl"
     if not result.exists():
-        return LOCAL_STATES["none"]
+        return LEFT_BEHIND["none"]
     import pickle
 
     outcome = pickle.loads(result.read_bytes())[0]  # ("success" | "error", payload), written by submitit
-    return LOCAL_STATES["result" if outcome == "success" else "error"]
+    return LEFT_BEHIND["result" if outcome == "success" else "error"]
 
 
 def _explain(rows: List[TaskStatus], records: Dict[str, scheduler.JobRecord],
@@ -103,8 +121,14 @@ def _explain(rows: List[TaskStatus], records: Dict[str, scheduler.JobRecord],
                      "or python -m hpc.cancel RUN_DIR")
         elif rec and rec.state == "PENDING" and rec.reason not in ("", "None"):
             r.why = rec.reason
+        elif r.state == "TIMEOUT":
+            reason = rec.reason if rec and rec.reason not in ("", "None") else "TimeLimit"
+            r.why = (f"TIMEOUT ({reason}): killed at its time limit. HINT: raise stages.{r.stage}.time_min, "
+                     "or resubmit with --run-dir to continue from the last checkpoint")
+        elif r.state == ENDED:
+            r.why = ENDED_WHY
         elif r.state == "FAILED":
-            code = f"exit code {rec.exit_code}: " if rec else ""
+            code = f"exit code {rec.exit_code}: " if rec and rec.exit_code else ""
             r.why = f"{code}{r.error or '?'} (python -m hpc.logs RUN_DIR --stage {r.stage} --err)"
 
 
@@ -114,15 +138,30 @@ def _name(job_id: str, job_tasks: Dict[str, str]) -> str:
 
 def last_progress(log: Path, tail_bytes: int = 4096) -> str:
     """Last non-empty line of a log; tqdm redraws with \\r, so split on that too."""
-    if not log.exists():
-        return ""
-    with log.open("rb") as fh:
-        fh.seek(max(0, log.stat().st_size - tail_bytes))
-        text = fh.read().decode(errors="replace")
+    text = _tail(log, tail_bytes)
     # submitit's own bookkeeping lines are not progress
     lines = [ln.strip() for ln in text.replace("\r", "\n").splitlines()
              if ln.strip() and not ln.startswith(("submitit ", "srun: "))]
     return lines[-1][:120] if lines else ""
+
+
+def tqdm_progress(log: Path, tail_bytes: int = 4096) -> str:
+    """tqdm's latest redraw in a log ("164/300", with the bar's description if it has one), or ""."""
+    for segment in reversed(_tail(log, tail_bytes).replace("\r", "\n").splitlines()):
+        found = TQDM.search(segment)
+        if found:
+            done = found["n"] + (f"/{found['total']}" if found["total"] else "")
+            desc = (found["desc"] or "").strip()
+            return f"{desc} {done}" if desc else done
+    return ""
+
+
+def _tail(log: Path, tail_bytes: int) -> str:
+    if not log.exists():
+        return ""
+    with log.open("rb") as fh:
+        fh.seek(max(0, log.stat().st_size - tail_bytes))
+        return fh.read().decode(errors="replace")
 
 
 def outputs(task_dir: Path) -> List[str]:

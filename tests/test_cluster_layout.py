@@ -60,3 +60,30 @@ def test_layout_round_trips_through_its_state_file(tmp_path):
     c = L.ClusterLayout.create(tmp_path, nodes=3, gpus_per_node=2)
     c.save()
     assert L.ClusterLayout.load(tmp_path) == c
+
+
+def test_configless_without_accounting_matches_golden():
+    c = fixed_layout(configless=True, accounting=False, min_job_age_s=10)
+    assert L.render_slurm_conf(c) == (GOLDEN / "slurm-configless-no-accounting.conf").read_text()
+
+
+def test_a_configless_sites_shell_has_a_conf_server_and_no_slurm_conf():
+    c = fixed_layout(configless=True)
+    assert c.env() == {"SLURM_CONF_SERVER": "127.0.0.1:20000"}
+    # before any config is fetched, libmunge knows only its default socket
+    assert c.munge_socket == L.DEFAULT_MUNGE_SOCKET
+    assert fixed_layout().env() == {"SLURM_CONF": "/srv/hpc-cluster/etc/slurm.conf"}
+
+
+def test_accounting_is_one_switch():
+    conf = L.render_slurm_conf(fixed_layout(accounting=False))
+    assert "AccountingStorageType=accounting_storage/none" in conf and "slurmdbd" not in conf
+    assert "enable_configless" not in conf
+
+
+def test_variants_round_trip_and_a_too_short_min_job_age_is_refused(tmp_path):
+    c = L.ClusterLayout.create(tmp_path, configless=True, accounting=False, min_job_age_s=5)
+    c.save()
+    assert L.ClusterLayout.load(tmp_path) == c
+    with pytest.raises(ValueError, match="HINT"):
+        L.ClusterLayout.create(tmp_path, min_job_age_s=1)

@@ -1,5 +1,8 @@
-"""Pure parts of hpc.scheduler: sacct parsing, array ids, the state table."""
-from hpc import scheduler
+"""Pure parts of hpc.scheduler: sacct and squeue parsing, array ids, the state table, detection."""
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hpc import plan, scheduler
 
 
 def test_expand_array_id():
@@ -72,5 +75,62 @@ def test_state_table_covers_terminal_and_active_states():
 
 def test_auto_falls_back_to_local_when_no_controller_answers(monkeypatch, tmp_path):
     monkeypatch.setenv("SLURM_CONF", str(tmp_path / "missing.conf"))
-    assert scheduler.detect("auto") == "local"
-    assert scheduler.detect("debug") == "debug"
+    kind = scheduler.detect("auto")
+    assert kind == "local" and "scontrol ping" in kind.why_not_slurm
+    assert scheduler.detect("debug") == "debug" and scheduler.detect("debug").why_not_slurm == ""
+
+
+def test_auto_without_scontrol_says_so(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    kind = scheduler.detect("auto")
+    assert kind == "local" and kind.why_not_slurm == "scontrol is not on PATH"
+
+
+def test_plan_says_which_gpu_stage_runs_on_the_cpu_when_auto_fell_back():
+    from tests.tiny_pipeline import PIPELINE
+    from hpc import config
+
+    cfg = config.load(PIPELINE.schema, "tiny", None, ["stages.second.gpus_per_node=8",
+                                                      "stages.second.local_tasks=2"], None)
+    notes = plan.make_plan(PIPELINE, cfg, "/RUN", scheduler.Kind("local", "scontrol ping: no answer")).notes
+    assert ("no SLURM answered (scontrol ping: no answer); stage second asks for 8 GPUs per node and runs "
+            "as 2 CPU process(es) here") in notes
+    assert not any("SLURM answered" in n for n in plan.make_plan(PIPELINE, cfg, "/RUN", "local").notes)
+
+
+# `squeue -h -t all -O JobArrayID:|,State:|,...,RestartCnt:|` on the local cluster without accounting:
+# 8 ended at its time limit (squeue keeps it MinJobAge seconds), 9 waits on it forever, 10 was
+# requeued once, 11 is an array with two tasks running and two pending as one row.
+SQUEUE = """8|TIMEOUT|TimeLimit|1:12|2026-11-22T20:47:07|2026-11-22T20:48:19|n1|0|
+9|PENDING|DependencyNeverSatisfied|0:00|N/A|N/A||0|
+10|RUNNING|None|0:03|2026-11-22T20:50:01|2026-11-22T21:50:01|n[1-2]|1|
+11_0|RUNNING|None|0:01|2026-11-22T20:51:00|2026-11-22T20:56:00|n1|0|
+11_1|COMPLETING|None|0:01|2026-11-22T20:51:00|2026-11-22T20:56:00|n2|0|
+11_[2-3%2]|PENDING|JobArrayTaskLimit|0:00|N/A|N/A||0|
+"""
+
+
+def test_parse_squeue_reads_states_reasons_restarts_and_pending_arrays():
+    recs = scheduler.parse_squeue(SQUEUE, ["8", "9", "10", "11_1", "11_3", "12"])
+    assert sorted(recs) == ["10", "11_1", "11_3", "8", "9"]  # 12: slurmctld forgot it (or never knew)
+    assert recs["8"].state == "TIMEOUT" and recs["8"].reason == "TimeLimit"
+    assert recs["10"].restarts == 1 and recs["10"].nodes == "n[1-2]"
+    assert recs["11_1"].state == "RUNNING" and recs["11_3"].reason == "JobArrayTaskLimit"
+    assert scheduler.never_starts(recs, {"9": ["8"]})["9"].job_id == "8"
+
+
+def test_a_job_killed_at_its_time_limit_is_timeout_whatever_its_state_word():
+    # scontrol and squeue show COMPLETING while SLURM kills the job, sacct's steps CANCELLED
+    for word in ("COMPLETING", "CANCELLED", "CANCELLED by 0", "COMPLETING+TIMEOUT", "TIMEOUT"):
+        assert scheduler.hpc_state(word, "TimeLimit") == "TIMEOUT", word
+    assert scheduler.hpc_state("CANCELLED by 0", "None") == "CANCELLED"
+    assert scheduler.hpc_state("COMPLETED", "TimeLimit") == "COMPLETED"  # it finished in time after all
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.sampled_from(sorted(scheduler.STATES)), st.text(alphabet="ABCNoeimnt ", max_size=12))
+def test_the_state_table_decides_unless_the_reason_is_a_time_limit(word, reason):
+    expected = scheduler.STATES[word]
+    if reason in scheduler.REASONS and expected not in ("COMPLETED", "PENDING"):
+        expected = scheduler.REASONS[reason]
+    assert scheduler.hpc_state(f"{word} by 0", reason) == expected

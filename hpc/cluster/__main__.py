@@ -1,6 +1,7 @@
 """Command line for the local cluster.
 
     python -m hpc.cluster up [--dir DIR] [--nodes N] [--gpus-per-node G] [--cpus-per-node C] [--install]
+                             [--configless] [--no-accounting] [--min-job-age S]
     python -m hpc.cluster env|status|down [--dir DIR]
     python -m hpc.cluster preempt JOBID [--dir DIR]
     python -m hpc.cluster install
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -24,7 +26,8 @@ def _up(args: argparse.Namespace) -> None:
     if args.install:
         install_packages()
     LocalCluster(args.dir, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
-                 cpus_per_node=args.cpus_per_node, port_base=args.port_base).up()
+                 cpus_per_node=args.cpus_per_node, port_base=args.port_base, configless=args.configless,
+                 accounting=not args.no_accounting, min_job_age_s=args.min_job_age).up()
 
 
 def _down(args: argparse.Namespace) -> None:
@@ -35,8 +38,10 @@ def _env(args: argparse.Namespace) -> None:
     cluster = LocalCluster(args.dir)
     if not cluster.conf.exists():
         raise ClusterError(f"no cluster in {cluster.dir}. HINT: python -m hpc.cluster up --dir {args.dir}")
+    if cluster.layout.configless:
+        print("unset SLURM_CONF  # configless: no slurm.conf on this site's login nodes")
     for key, value in cluster.env().items():
-        print(f"export {key}={value}")
+        print(f"export {key}={shlex.quote(value)}")
 
 
 def _status(args: argparse.Namespace) -> None:
@@ -69,8 +74,14 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     up.add_argument("--cpus-per-node", type=int, default=8)
     up.add_argument("--port-base", type=int, default=None, help="first of 32 ports (default: from --dir)")
     up.add_argument("--install", action="store_true", help="apt-get install the SLURM packages first (root)")
+    up.add_argument("--configless", action="store_true",
+                    help="slurmd and clients fetch the config from slurmctld; the shell gets "
+                         "SLURM_CONF_SERVER instead of SLURM_CONF (takes the default munge socket)")
+    up.add_argument("--no-accounting", action="store_true", help="no slurmdbd or MariaDB: sacct fails")
+    up.add_argument("--min-job-age", type=int, default=600,
+                    help="seconds slurmctld keeps an ended job (squeue -t all, scontrol) (default 600)")
     sub.add_parser("down", parents=[common], help="stop every process the cluster started")
-    sub.add_parser("env", parents=[common], help="print the export line to use the cluster from a shell")
+    sub.add_parser("env", parents=[common], help="print what a shell of this site exports")
     sub.add_parser("status", parents=[common], help="daemons and sinfo")
     pre = sub.add_parser("preempt", parents=[common], help="preempt a running job with a high-priority job")
     pre.add_argument("job_id")

@@ -21,6 +21,10 @@ from typing import Callable
 from hpc.cluster.layout import ClusterLayout
 
 
+# Set in every daemon's environment; job steps inherit it, so `down` finds this cluster's jobs.
+MARK = "HPC_LOCAL_CLUSTER"
+
+
 class ClusterError(RuntimeError):
     """A cluster operation failed; the message says what to do and which log to read."""
 
@@ -32,6 +36,7 @@ class Daemon:
     layout: ClusterLayout
     ready: Callable[[], bool]  # True once the daemon answers
     start_timeout_s: float = 30.0
+    program: str = ""  # the program the pid must run once started (default argv[0]; differs behind a wrapper)
 
     @property
     def pid_file(self) -> Path:
@@ -47,7 +52,7 @@ class Daemon:
             pid = int(self.pid_file.read_text())
         except (OSError, ValueError):
             return None
-        return pid if _runs(pid, self.argv[0]) else None
+        return pid if _runs(pid, self.program or self.argv[0]) else None
 
     def start(self, env: dict[str, str]) -> int:
         running = self.pid()
@@ -110,12 +115,15 @@ def port_free(port: int) -> bool:
         return True
 
 
-def job_processes(conf: Path) -> list[int]:
+def job_processes(conf: Path, directory: Path | None = None) -> list[int]:
     """Job step daemons (slurmstepd) of this cluster and all their descendants.
 
-    slurmstepd inherits slurmd's environment, so SLURM_CONF in its environ names the cluster it
-    belongs to; user processes are found as its descendants, never by a broad match."""
-    marker = f"SLURM_CONF={conf}".encode()
+    slurmstepd inherits slurmd's environment, so SLURM_CONF (a configless slurmd has none:
+    HPC_LOCAL_CLUSTER, set for every daemon) in its environ names the cluster it belongs to; user
+    processes are found as its descendants, never by a broad match."""
+    markers = {f"SLURM_CONF={conf}".encode()}
+    if directory:
+        markers.add(f"{MARK}={directory}".encode())
     children: dict[int, list[int]] = {}
     roots = []
     for entry in Path("/proc").iterdir():
@@ -126,7 +134,7 @@ def job_processes(conf: Path) -> list[int]:
             stat = (entry / "stat").read_text()
             ppid = int(stat.rsplit(")", 1)[1].split()[1])
             children.setdefault(ppid, []).append(pid)
-            if "slurmstepd" in stat.split(")")[0] and marker in (entry / "environ").read_bytes().split(b"\0"):
+            if "slurmstepd" in stat.split(")")[0] and markers & set((entry / "environ").read_bytes().split(b"\0")):
                 roots.append(pid)
         except (OSError, IndexError, ValueError):
             continue

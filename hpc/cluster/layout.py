@@ -22,6 +22,12 @@ PORT_RANGE = (10000, 20000)
 MAX_NODES = PORT_BLOCK - 3
 
 STATE_FILE = "cluster.json"
+# A configless site's clients find munged where libmunge looks by default: there is no slurm.conf to
+# name another socket before the config is fetched (and no environment variable for it either).
+DEFAULT_MUNGE_SOCKET = Path("/run/munge/munge.socket.2")
+# Where configless clients and slurmd find the cached config (Slurm 22.05: after SLURM_CONF and
+# /etc/slurm/slurm.conf, before SLURM_CONF_SERVER and DNS SRV).
+RUN_CONF = Path("/run/slurm")
 
 
 @dataclass(frozen=True)
@@ -38,11 +44,18 @@ class ClusterLayout:
     mem_per_node_mb: int = 8000
     grace_time_s: int = 10  # seconds a preempted job has between SIGTERM and SIGKILL
     node_prefix: str = "n"
+    # Site variants. configless: slurmctld serves its config (enable_configless), slurmd fetches it
+    # with --conf-server and clients have no slurm.conf, only SLURM_CONF_SERVER (the stand-in for
+    # DNS SRV records). accounting=False: no MariaDB, no slurmdbd, so sacct fails.
+    configless: bool = False
+    accounting: bool = True
+    min_job_age_s: int = 600  # how long slurmctld (squeue, scontrol) remembers an ended job
     db_password: str = field(default="hpc-local-slurm", repr=False)
 
     @classmethod
     def create(cls, directory: str | Path, *, nodes: int = 2, gpus_per_node: int = 4,
-               cpus_per_node: int = 8, port_base: int | None = None) -> "ClusterLayout":
+               cpus_per_node: int = 8, port_base: int | None = None, configless: bool = False,
+               accounting: bool = True, min_job_age_s: int = 600) -> "ClusterLayout":
         path = str(Path(directory).expanduser().resolve())
         if not 1 <= nodes <= MAX_NODES:
             raise ValueError(f"--nodes {nodes}: expected 1..{MAX_NODES}. HINT: pass a smaller --nodes.")
@@ -50,12 +63,16 @@ class ClusterLayout:
             raise ValueError(
                 f"--gpus-per-node {gpus_per_node} / --cpus-per-node {cpus_per_node}: expected GPUs >= 0 "
                 "and CPUs >= 1. HINT: e.g. --gpus-per-node 4 --cpus-per-node 8.")
+        if min_job_age_s < 2:
+            raise ValueError(f"--min-job-age {min_job_age_s}: expected at least 2 seconds (SLURM's minimum). "
+                             "HINT: e.g. --min-job-age 10.")
         digest = hashlib.sha1(path.encode()).hexdigest()
         if port_base is None:
             port_base = default_port_base(path)
         return cls(dir=path, name="hpc" + digest[:8], hostname=socket.gethostname().split(".")[0],
                    port_base=port_base, nodes=nodes, gpus_per_node=gpus_per_node,
-                   cpus_per_node=cpus_per_node)
+                   cpus_per_node=cpus_per_node, configless=configless, accounting=accounting,
+                   min_job_age_s=min_job_age_s)
 
     # Ports ---------------------------------------------------------------------------------
     @property
@@ -95,14 +112,22 @@ class ClusterLayout:
 
     @property
     def munge_socket(self) -> Path:
-        return self.path("munge", "munge.socket")
+        return DEFAULT_MUNGE_SOCKET if self.configless else self.path("munge", "munge.socket")
+
+    @property
+    def conf_server(self) -> str:
+        """host:port a configless slurmd or client fetches the config from."""
+        return f"127.0.0.1:{self.ctld_port}"
 
     @property
     def mysql_socket(self) -> Path:
         return self.path("db", "mysqld.sock")
 
     def env(self) -> dict[str, str]:
-        """Variables a shell or process needs to talk to this cluster."""
+        """Variables a shell of this site has to talk to the cluster. A configless site's login
+        shell has no SLURM_CONF: clients fetch the config from the controller."""
+        if self.configless:
+            return {"SLURM_CONF_SERVER": self.conf_server}
         return {"SLURM_CONF": str(self.conf)}
 
     # Persistence ---------------------------------------------------------------------------
@@ -163,12 +188,27 @@ SlurmctldDebug=info
 SlurmdDebug=info
 # Short timers keep tests and rehearsals quick.
 KillWait=5
-MinJobAge=600
+MinJobAge={c.min_job_age_s}
 InactiveLimit=0
 MessageTimeout=20
 SlurmdTimeout=300
 SchedulerParameters=sched_interval=5
 JobRequeue=1
+{_accounting(c) + _configless(c)}# A job in `low` that a `high` job needs the nodes of gets SIGTERM, GraceTime seconds, then requeue.
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
+{nodes}
+PartitionName=low Nodes={c.nodelist} Default=YES MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=REQUEUE GraceTime={c.grace_time_s}
+PartitionName=high Nodes={c.nodelist} MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF
+"""
+
+
+def _accounting(c: ClusterLayout) -> str:
+    if not c.accounting:
+        return ("# No accounting storage: sacct fails with \"Slurm accounting storage is disabled\";\n"
+                "# squeue and scontrol know a job until MinJobAge seconds after it ended.\n"
+                "AccountingStorageType=accounting_storage/none\n")
+    return f"""\
 # Accounting through slurmdbd, so sacct answers.
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=127.0.0.1
@@ -178,13 +218,14 @@ AccountingStoragePass={c.munge_socket}
 AccountingStorageTRES=gres/gpu
 JobAcctGatherType=jobacct_gather/linux
 JobAcctGatherFrequency=30
-# A job in `low` that a `high` job needs the nodes of gets SIGTERM, GraceTime seconds, then requeue.
-PreemptType=preempt/partition_prio
-PreemptMode=REQUEUE
-{nodes}
-PartitionName=low Nodes={c.nodelist} Default=YES MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=REQUEUE GraceTime={c.grace_time_s}
-PartitionName=high Nodes={c.nodelist} MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF
 """
+
+
+def _configless(c: ClusterLayout) -> str:
+    if not c.configless:
+        return ""
+    return ("# Configless: slurmd and clients fetch this file (and gres.conf) from slurmctld.\n"
+            "SlurmctldParameters=enable_configless\n")
 
 
 def render_gres_conf(c: ClusterLayout) -> str:

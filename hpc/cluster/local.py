@@ -12,16 +12,19 @@ default partition, preempted with requeue by jobs in `high`.
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import time
 from pathlib import Path
 
 from hpc.cluster import layout as L
-from hpc.cluster.daemons import ClusterError, Daemon, job_processes, port_free, port_open, terminate
+from hpc.cluster.daemons import MARK, ClusterError, Daemon, job_processes, port_free, port_open, terminate
 
 REQUIRED = ["munged", "mariadbd", "mariadb-install-db", "mariadb", "slurmdbd", "slurmctld", "slurmd",
-            "sacctmgr", "sbatch", "scontrol", "sinfo"]
+            "sacctmgr", "sbatch", "scontrol", "sinfo", "unshare", "mount"]
+# Variables through which a client finds its cluster: a client of this cluster must see only ours.
+CLIENT_VARS = ("SLURM_CONF", "SLURM_CONF_SERVER")
 SBIN = ["/usr/sbin", "/sbin", "/usr/bin", "/bin"]
 
 
@@ -35,14 +38,19 @@ def missing_binaries() -> list[str]:
 
 
 class LocalCluster:
-    def __init__(self, directory: str | Path, *, nodes: int = 2, gpus_per_node: int = 4,
-                 cpus_per_node: int = 8, port_base: int | None = None):
+    """`None` for a size or variant means: as saved in the directory, else the default."""
+
+    def __init__(self, directory: str | Path, *, nodes: int | None = None, gpus_per_node: int | None = None,
+                 cpus_per_node: int | None = None, port_base: int | None = None,
+                 configless: bool | None = None, accounting: bool | None = None,
+                 min_job_age_s: int | None = None):
         existing = L.ClusterLayout.load(directory)
-        if existing and port_base is None:
-            # Keep the ports already chosen for this directory (they may have been moved off a busy block).
-            port_base = existing.port_base
-        self.layout = L.ClusterLayout.create(directory, nodes=nodes, gpus_per_node=gpus_per_node,
-                                             cpus_per_node=cpus_per_node, port_base=port_base)
+        given = dict(nodes=nodes, gpus_per_node=gpus_per_node, cpus_per_node=cpus_per_node,
+                     configless=configless, accounting=accounting, min_job_age_s=min_job_age_s,
+                     # keep the ports already chosen for this directory (they may have been moved off a busy block)
+                     port_base=port_base)
+        kw = {k: v if v is not None else getattr(existing, k) if existing else None for k, v in given.items()}
+        self.layout = L.ClusterLayout.create(directory, **{k: v for k, v in kw.items() if v is not None})
 
     # Public API ---------------------------------------------------------------------------
     @property
@@ -58,7 +66,16 @@ class LocalCluster:
         return self.layout.node_names
 
     def env(self) -> dict[str, str]:
+        """What a shell of this site exports (see ClusterLayout.env)."""
         return self.layout.env()
+
+    def client_env(self) -> dict[str, str]:
+        """This process's environment as a login shell of the site has it: another cluster's
+        SLURM_CONF or SLURM_CONF_SERVER removed, this one's set."""
+        env = {k: v for k, v in os.environ.items() if k not in CLIENT_VARS}
+        env.update(self.env())
+        env["PATH"] = env.get("PATH", "") + os.pathsep + os.pathsep.join(SBIN)
+        return env
 
     def up(self, timeout_s: float = 120.0, log=print) -> None:
         missing = missing_binaries()
@@ -73,19 +90,28 @@ class LocalCluster:
         self._check_ports(daemons)
         self._write_files()
         env = self._daemon_env()
-        munged, mariadbd, slurmdbd, slurmctld, *slurmds = daemons
-        log("starting munged"); munged.start(env)
-        self._init_db(env)
-        log("starting mariadbd"); mariadbd.start(env)
-        self._grant_db(env)
-        log("starting slurmdbd"); slurmdbd.start(env)
-        self._register_cluster(env)
-        log("starting slurmctld"); slurmctld.start(env)
-        for d in slurmds:
-            log(f"starting {d.name}"); d.start(env)
+        by_name = {d.name: d for d in daemons}
+        log("starting munged"); by_name["munged"].start(env)
+        if self.layout.accounting:
+            self._init_db(env)
+            log("starting mariadbd"); by_name["mariadbd"].start(env)
+            self._grant_db(env)
+            log("starting slurmdbd"); by_name["slurmdbd"].start(env)
+            self._register_cluster(env)
+        log("starting slurmctld"); by_name["slurmctld"].start(env)
+        for d in daemons:
+            if d.name.startswith("slurmd-"):
+                log(f"starting {d.name}"); d.start(self._slurmd_env())
         self._wait_idle(timeout_s)
-        log(f"cluster {self.layout.name} up: nodes {self.layout.nodelist}, partitions low (default) "
-            f"and high. Use it with: export SLURM_CONF={self.conf}")
+        shell = " ".join(f"{k}={v}" for k, v in self.env().items())
+        log(f"cluster {self.layout.name} up ({self.variant()}): nodes {self.layout.nodelist}, partitions "
+            f"low (default) and high. Use it with: export {shell}"
+            + ("; unset SLURM_CONF" if self.layout.configless else ""))
+
+    def variant(self) -> str:
+        c = self.layout
+        return ", ".join([("configless" if c.configless else "slurm.conf"),
+                          ("accounting" if c.accounting else "no accounting")])
 
     def is_up(self) -> bool:
         """Every daemon of this cluster runs and every node answers."""
@@ -99,11 +125,11 @@ class LocalCluster:
         daemons = self._daemons()
         if self._slurmctld(daemons).pid():  # cancel jobs first so their steps end cleanly
             self._cancel_all()
-        leftovers = job_processes(self.conf)
+        leftovers = job_processes(self.conf, self.dir)
         for d in reversed(daemons):
             if d.stop():
                 log(f"stopped {d.name}")
-        leftovers += job_processes(self.conf)
+        leftovers += job_processes(self.conf, self.dir)
         if leftovers:
             terminate(sorted(set(leftovers)), timeout_s=5)
             log(f"stopped {len(set(leftovers))} leftover job processes")
@@ -132,23 +158,40 @@ class LocalCluster:
                               f"--seed-file={c.path('munge', 'munged.seed')}",
                               f"--log-file={c.path('log', 'munged.log')}"],
                    c, ready=lambda: c.munge_socket.exists()),
-            Daemon("mariadbd", [find_binary("mariadbd") or "mariadbd", "--no-defaults", "--user=root",
-                                f"--datadir={c.path('db', 'data')}", f"--socket={c.mysql_socket}",
-                                f"--port={c.mysql_port}", "--bind-address=127.0.0.1",
-                                f"--pid-file={c.path('db', 'mysqld.pid')}", "--skip-name-resolve",
-                                f"--log-error={c.path('log', 'mariadb.log')}",
-                                "--innodb-buffer-pool-size=32M"],
-                   c, ready=lambda: c.mysql_socket.exists() and port_open(c.mysql_port), start_timeout_s=60),
-            Daemon("slurmdbd", [find_binary("slurmdbd") or "slurmdbd", "-D"], c,
-                   ready=lambda: port_open(c.dbd_port)),
-            Daemon("slurmctld", [find_binary("slurmctld") or "slurmctld", "-D", "-i"], c,
-                   ready=lambda: self._run(["scontrol", "ping"], check=False).stdout.count("UP") > 0),
         ]
+        if c.accounting:
+            daemons += [self._mariadbd(), Daemon("slurmdbd", [find_binary("slurmdbd") or "slurmdbd", "-D"], c,
+                                                 ready=lambda: port_open(c.dbd_port))]
+        daemons.append(Daemon("slurmctld", [find_binary("slurmctld") or "slurmctld", "-D", "-i"], c,
+                              ready=lambda: self._run(["scontrol", "ping"], check=False).stdout.count("UP") > 0))
         for i, node in enumerate(c.node_names):
             port = c.node_port(i)
-            daemons.append(Daemon(f"slurmd-{node}", [find_binary("slurmd") or "slurmd", "-D", "-N", node], c,
-                                  ready=lambda port=port: port_open(port)))
+            daemons.append(Daemon(f"slurmd-{node}", self._slurmd_argv(node), c,
+                                  ready=lambda port=port: port_open(port), program="slurmd"))
         return daemons
+
+    def _slurmd_argv(self, node: str) -> list[str]:
+        c = self.layout
+        slurmd = [find_binary("slurmd") or "slurmd", "-D", "-N", node]
+        if not c.configless:
+            return slurmd
+        # A configless slurmd links /run/slurm/conf to its cached config, and clients on that host
+        # read it. A private mount namespace keeps that link on the node: this host also plays the
+        # login node, whose clients must find the controller without any file.
+        private = c.path("spool", node, "run-slurm")
+        script = (f"mkdir -p {L.RUN_CONF} && mount --bind {shlex.quote(str(private))} {L.RUN_CONF} && "
+                  f"exec {shlex.join(slurmd + ['--conf-server', c.conf_server])}")
+        return [find_binary("unshare") or "unshare", "--mount", "--propagation", "private", "sh", "-c", script]
+
+    def _mariadbd(self) -> Daemon:
+        c = self.layout
+        return Daemon("mariadbd", [find_binary("mariadbd") or "mariadbd", "--no-defaults", "--user=root",
+                                   f"--datadir={c.path('db', 'data')}", f"--socket={c.mysql_socket}",
+                                   f"--port={c.mysql_port}", "--bind-address=127.0.0.1",
+                                   f"--pid-file={c.path('db', 'mysqld.pid')}", "--skip-name-resolve",
+                                   f"--log-error={c.path('log', 'mariadb.log')}",
+                                   "--innodb-buffer-pool-size=32M"],
+                      c, ready=lambda: c.mysql_socket.exists() and port_open(c.mysql_port), start_timeout_s=60)
 
     @staticmethod
     def _slurmctld(daemons: list[Daemon]) -> Daemon:
@@ -157,6 +200,11 @@ class LocalCluster:
     def _check_ports(self, daemons: list[Daemon]) -> None:
         if any(d.pid() for d in daemons):
             return  # partly running: its ports are ours
+        if self.layout.configless and self.layout.munge_socket.exists():
+            raise ClusterError(
+                f"{self.layout.munge_socket} exists: another munged (a system one, or another configless "
+                "cluster) owns the default socket, which a configless cluster needs for itself. HINT: stop "
+                "it, or bring this cluster up without --configless.")
         busy = [p for p in self.layout.all_ports() if not port_free(p)]
         if busy:
             raise ClusterError(
@@ -169,7 +217,9 @@ class LocalCluster:
         for sub in ["etc", "state", "spool", "run", "log", "dev", "munge", "db"]:
             c.path(sub).mkdir(parents=True, exist_ok=True)
         for node in c.node_names:
-            c.path("spool", node).mkdir(exist_ok=True)
+            c.path("spool", node, "run-slurm").mkdir(parents=True, exist_ok=True)
+        if c.configless:
+            c.munge_socket.parent.mkdir(parents=True, exist_ok=True)
         os.chmod(c.path("munge"), 0o700)
         key = c.path("munge", "munge.key")
         if not key.exists():
@@ -187,9 +237,16 @@ class LocalCluster:
         _ensure_hosts(c.node_names)
 
     def _daemon_env(self) -> dict[str, str]:
-        env = dict(os.environ)
-        env.update(self.env())
-        env["PATH"] = env.get("PATH", "") + os.pathsep + os.pathsep.join(SBIN)
+        """slurmctld (and slurmdbd, sacctmgr) read the controller's own files."""
+        env = {k: v for k, v in self.client_env().items() if k not in CLIENT_VARS}
+        env.update(SLURM_CONF=str(self.conf), **{MARK: str(self.dir)})
+        return env
+
+    def _slurmd_env(self) -> dict[str, str]:
+        """A configless slurmd has only --conf-server to go by."""
+        env = self._daemon_env()
+        if self.layout.configless:
+            del env["SLURM_CONF"]
         return env
 
     def _init_db(self, env: dict[str, str]) -> None:
@@ -258,7 +315,8 @@ class LocalCluster:
             time.sleep(0.3)
 
     def _run(self, argv: list[str], check: bool = True) -> subprocess.CompletedProcess:
-        out = subprocess.run(argv, env=self._daemon_env(), capture_output=True, text=True, timeout=60)
+        env = self._daemon_env() if argv[0] == "sacctmgr" else self.client_env()
+        out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
         if check and out.returncode:
             raise ClusterError(f"`{' '.join(argv)}` failed ({out.returncode}): {out.stderr.strip()}")
         return out

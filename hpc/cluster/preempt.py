@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 
+from hpc import scheduler
 from hpc.cluster.daemons import ClusterError
 from hpc.cluster.local import LocalCluster
 
@@ -19,13 +20,10 @@ REQUEUE_SETTLE_S = 2.0
 
 
 def job_field(cluster: LocalCluster, job_id: str, key: str) -> str:
-    out = cluster.run(["scontrol", "-o", "show", "job", str(job_id)], check=False)
-    if out.returncode:
-        raise ClusterError(f"job {job_id} not found: {out.stderr.strip()}. HINT: check the id with squeue.")
-    for token in out.stdout.split():
-        if token.startswith(key + "="):
-            return token.split("=", 1)[1]
-    return ""
+    try:
+        return scheduler.job_info(job_id, cluster.client_env()).get(key, "")
+    except RuntimeError as err:
+        raise ClusterError(f"job {job_id} not found: {err}") from None
 
 
 def preempt(cluster: LocalCluster, job_id: str | int, *, release: bool = True,
@@ -69,5 +67,8 @@ def release_hold(cluster: LocalCluster, job_id: str, deadline: float) -> None:
     while time.monotonic() < deadline:
         if job_field(cluster, job_id, "Reason") != "BeginTime":
             return
-        cluster.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=False)
+        try:
+            scheduler.start_now(job_id, cluster.client_env())
+        except RuntimeError:
+            pass  # still completing: the next round retries
         time.sleep(0.5)
