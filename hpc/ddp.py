@@ -7,7 +7,8 @@
             for x, y in s.progress(s.loader(data, batch_size=16, seed=0)): ...
 
 Backend: nccl when this task has a CUDA device, gloo otherwise. Device binding follows
-hpc.env.device_index (one GPU per task -> cuda:0, all node GPUs -> cuda:local_rank).
+hpc.env.bind_device with the count torch sees (one GPU per task -> cuda:0, GPUs shared by the
+node's tasks -> cuda:local_rank, also under torchrun or without CUDA_VISIBLE_DEVICES).
 Rank 0 is named once (is_main); other ranks get a writer that does nothing and no progress
 bar. The process group has a timeout so a rank that dies fails the others instead of
 leaving them blocked in a collective.
@@ -24,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from hpc.batching import BatchPlan, plan_batch
-from hpc.env import DistEnv, device_index, from_environ
+from hpc.env import DistEnv, bind_device, from_environ
 from hpc.sharding import round_robin
 
 __all__ = ["Session", "session", "NullWriter"]
@@ -162,16 +163,23 @@ class Session:
         return tqdm(iterable, **tqdm_kwargs)
 
 
-def _pick_device(env: DistEnv) -> torch.device:
-    index = device_index(env)  # raises with a HINT on tasks/GPU mismatches
-    if index is None:
-        return torch.device("cpu")
-    if not torch.cuda.is_available():
+def _cuda_count() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _pick_device(env: DistEnv, cuda_count: int | None = None) -> torch.device:
+    """This task's device; cuda_count is torch's device count (probed when None)."""
+    cuda_count = _cuda_count() if cuda_count is None else cuda_count
+    index, warning = bind_device(env, cuda_count)  # raises with a HINT on tasks/GPU mismatches
+    if warning:
+        log.warning("%s", warning)
+    if index is not None:
+        return torch.device("cuda", index)
+    if env.visible_devices:
         # GPUs allocated by SLURM but no CUDA here (a test cluster with fake gres): run on CPU.
         log.warning("CUDA_VISIBLE_DEVICES=%s but CUDA is not available; using the CPU",
                     ",".join(env.visible_devices))
-        return torch.device("cpu")
-    return torch.device("cuda", index)
+    return torch.device("cpu")
 
 
 def _set_precision(device: torch.device, tf32: bool) -> None:

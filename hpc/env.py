@@ -1,11 +1,15 @@
-"""The distributed environment of this process, parsed once into a frozen DistEnv.
+"""The distributed environment of this process, parsed once into a frozen, coherent DistEnv.
 
     python -m hpc.env [--json] [--torch]
 
-Three sources, tried in order: a torchrun-style launcher (RANK, LOCAL_RANK, WORLD_SIZE,
-MASTER_ADDR, MASTER_PORT), a SLURM task started by srun (SLURM_PROCID, ...), or a single
-process. `from_environ` is pure (give it a dict); `DistEnv.export` is the only writer of
-os.environ. No torch import here: `python -m hpc.env` answers in milliseconds.
+Three sources: a SLURM task started by srun (SLURM_PROCID, ...), a torchrun-style launcher
+(RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), or a single process. Inside an srun
+step SLURM's variables win unless torchrun started the process (TORCHELASTIC_RUN_ID): sbatch
+exports the submitting shell's environment, and a RANK=0 WORLD_SIZE=1 left there must not make
+every task rank 0 of 1. Numbers are ASCII digits only, and an environment that no launcher
+produces (rank 7 of 2, a node beyond the nodelist) is an EnvError, one line with a HINT.
+`from_environ` is pure (give it a dict); `DistEnv.export` is the only writer of os.environ.
+No torch import here: `python -m hpc.env` answers in milliseconds.
 """
 
 from __future__ import annotations
@@ -18,9 +22,10 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Mapping, MutableMapping
 
-from hpc.hostlist import expand
+from hpc.hostlist import HostlistError, expand
 
-__all__ = ["DistEnv", "EnvError", "from_environ", "master_port_for", "device_index", "main"]
+__all__ = ["DistEnv", "EnvError", "from_environ", "master_port_for", "bind_device",
+           "device_index", "main"]
 
 # MASTER_PORT is derived in [PORT_BASE, PORT_BASE + PORT_SPAN): unprivileged, and below
 # Linux's ephemeral range (32768+) so an outgoing connection cannot be holding it already.
@@ -35,8 +40,11 @@ SLURM_REQUIRED = ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_NODEID
 SLURM_ALTERNATIVES = {
     "nodelist": ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"),
     "num_nodes": ("SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES", "SLURM_NNODES"),
-    "tasks_per_node": ("SLURM_STEP_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"),
+    "tasks_per_node": ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"),
 }
+_INTEGER = re.compile(r"-?[0-9]{1,18}")  # not int(): it takes '4_0', ' 4' and non-ASCII digits
+LAUNCHER_HINT = ("HINT: these variables come from the launcher (srun or torchrun); unset any "
+                 "set by hand or inherited from another job")
 
 
 class EnvError(RuntimeError):
@@ -79,12 +87,15 @@ class DistEnv:
         return asdict(self)
 
 
-def _int(env: Mapping[str, str], name: str) -> int:
+def _int(env: Mapping[str, str], name: str, least: int = 0) -> int:
     text = env[name]
-    try:
-        return int(text)
-    except ValueError:
-        raise EnvError(f"{name}={text!r} is not an integer. HINT: unset or fix {name}") from None
+    if not _INTEGER.fullmatch(text):
+        raise EnvError(f"{name}={text!r} is not an integer (ASCII digits only). "
+                       f"HINT: unset or fix {name}")
+    value = int(text)
+    if value < least:
+        raise EnvError(f"{name}={value}, expected at least {least}. {LAUNCHER_HINT}")
+    return value
 
 
 def _missing(env: Mapping[str, str], names) -> list[str]:
@@ -104,27 +115,23 @@ def parse_tasks_per_node(text: str) -> list[int]:
     """SLURM's compressed count list: '2(x3),1' -> [2, 2, 2, 1]."""
     counts: list[int] = []
     for part in text.split(","):
-        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
-        if not m:
-            raise EnvError(f"tasks-per-node value {text!r} not understood; expected e.g. '2(x3),1'")
+        m = re.fullmatch(r"([0-9]{1,6})(?:\(x([0-9]{1,6})\))?", part)
+        if not m or int(m.group(1)) < 1 or int(m.group(2) or 1) < 1:
+            raise EnvError(f"tasks-per-node value {text!r} not understood; expected positive "
+                           f"counts such as '2(x3),1'. {LAUNCHER_HINT}")
         counts.extend([int(m.group(1))] * int(m.group(2) or 1))
     return counts
 
 
-def master_port_for(job_id: str | None, array_job_id: str | None = None,
-                    array_task_id: int | None = None) -> int:
-    """Same on every node of a job, different for concurrent jobs and array tasks."""
-    if array_job_id is not None and array_task_id is not None:
-        key = int(array_job_id) * 7 + array_task_id  # consecutive tasks -> consecutive ports
-    elif job_id is not None:
-        key = int(job_id)
-    else:
+def master_port_for(job_id: str | None) -> int:
+    """Same on every node of a job, different for concurrent jobs: SLURM_JOB_ID is unique,
+    also per array task. Jobs PORT_SPAN ids apart share a port (not concurrent in practice)."""
+    if job_id is None:
         return SINGLE_PORT
-    return PORT_BASE + key % PORT_SPAN
+    return PORT_BASE + int(job_id) % PORT_SPAN
 
 
-def _port_override(env: Mapping[str, str]) -> int | None:
-    name = "HPC_MASTER_PORT" if env.get("HPC_MASTER_PORT") else "MASTER_PORT"
+def _port(env: Mapping[str, str], name: str) -> int | None:
     if not env.get(name):
         return None
     port = _int(env, name)
@@ -133,17 +140,58 @@ def _port_override(env: Mapping[str, str]) -> int | None:
     return port
 
 
+def _hosts(env: Mapping[str, str]) -> tuple[str, ...]:
+    """The nodelist, expanded as SLURM does; names no hostname can have are refused."""
+    name = _first_name(env, SLURM_ALTERNATIVES["nodelist"])
+    if name is None:
+        return ()
+    try:
+        hosts = tuple(expand(env[name]))
+    except HostlistError as err:
+        raise EnvError(f"{name}: {err}") from None
+    odd = next((h for h in hosts if not h.isprintable() or not h or set(h) & set("[] ,")), None)
+    if not hosts or odd is not None:
+        what = "names no host" if not hosts else f"gives the host name {odd!r}"
+        raise EnvError(f"{name}={env[name]!r} {what}; expected a SLURM nodelist such as "
+                       f"'gpu[01-04]'. {LAUNCHER_HINT}")
+    return hosts
+
+
 def _job_fields(env: Mapping[str, str]) -> dict:
     """Job metadata, read whatever the launcher: ids, restarts, GPUs."""
     restarts = _first_name(env, ("SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT"))
     devices = env.get("CUDA_VISIBLE_DEVICES", "")
+    ids = {key: str(_int(env, name)) if env.get(name) else None
+           for key, name in (("job_id", "SLURM_JOB_ID"), ("array_job_id", "SLURM_ARRAY_JOB_ID"))}
     return {
-        "job_id": env.get("SLURM_JOB_ID") or None,
-        "array_job_id": env.get("SLURM_ARRAY_JOB_ID") or None,
+        **ids,
         "array_task_id": _int(env, "SLURM_ARRAY_TASK_ID") if env.get("SLURM_ARRAY_TASK_ID") else None,
         "restart_count": _int(env, restarts) if restarts else 0,
         "visible_devices": tuple(d.strip() for d in devices.split(",") if d.strip()),
     }
+
+
+def _check(d: DistEnv, names: dict[str, str]) -> DistEnv:
+    """Refuse what no launcher produces: each (condition, what was seen, what is expected)."""
+    n = names
+    rules = [
+        (d.rank < d.world_size, f"{n['rank']}={d.rank} with {n['world']}={d.world_size}",
+         f"a rank from 0 to {d.world_size - 1}"),
+        (d.local_world_size <= d.world_size,
+         f"{n['local_world']}={d.local_world_size} with {n['world']}={d.world_size}",
+         "no more tasks on a node than in the job"),
+        (d.local_rank < d.local_world_size,
+         f"{n['local_rank']}={d.local_rank} with {d.local_world_size} tasks on this node "
+         f"({n['local_world']})", f"a local rank from 0 to {d.local_world_size - 1}"),
+        (d.num_nodes <= d.world_size, f"{n['nodes']}={d.num_nodes} with {n['world']}="
+         f"{d.world_size}", "at least one task per node"),
+        (d.node_rank < d.num_nodes, f"{n['node']}={d.node_rank} with {d.num_nodes} nodes "
+         f"({n['nodes']})", f"a node rank from 0 to {d.num_nodes - 1}"),
+    ]
+    for ok, seen, expected in rules:
+        if not ok:
+            raise EnvError(f"impossible environment: {seen}; expected {expected}. {LAUNCHER_HINT}")
+    return d
 
 
 def _from_slurm(env: Mapping[str, str]) -> DistEnv:
@@ -155,19 +203,31 @@ def _from_slurm(env: Mapping[str, str]) -> DistEnv:
             "missing. HINT: start tasks with srun inside an allocation (not by copying variables)"
         )
     jobs = _job_fields(env)
-    hosts = tuple(expand(_first(env, SLURM_ALTERNATIVES["nodelist"])))
+    hosts = _hosts(env)
+    nodes_name = _first_name(env, SLURM_ALTERNATIVES["num_nodes"])
+    per_node_name = _first_name(env, SLURM_ALTERNATIVES["tasks_per_node"])
+    world, nodes = _int(env, "SLURM_NTASKS", 1), _int(env, nodes_name, 1)
     node_rank = _int(env, "SLURM_NODEID")
-    per_node = parse_tasks_per_node(_first(env, SLURM_ALTERNATIVES["tasks_per_node"]))
-    local_world = per_node[node_rank] if node_rank < len(per_node) else per_node[-1]
-    port = _port_override(env) or master_port_for(
-        jobs["job_id"], jobs["array_job_id"], jobs["array_task_id"])
-    return DistEnv(
+    per_node = parse_tasks_per_node(env[per_node_name])
+    nodelist = _first_name(env, SLURM_ALTERNATIVES["nodelist"])
+    for ok, seen in ((len(hosts) == nodes, f"{nodelist} has {len(hosts)} hosts"),
+                     (len(per_node) == nodes, f"{per_node_name} counts {len(per_node)} nodes"),
+                     (sum(per_node) == world, f"{per_node_name} sums to {sum(per_node)} tasks "
+                                              f"but SLURM_NTASKS={world}")):
+        if not ok:
+            raise EnvError(f"impossible environment: {seen}, {nodes_name}={nodes}. {LAUNCHER_HINT}")
+    if node_rank >= nodes:
+        raise EnvError(f"impossible environment: SLURM_NODEID={node_rank} but {nodelist} has "
+                       f"{len(hosts)} hosts. {LAUNCHER_HINT}")
+    port = _port(env, "HPC_MASTER_PORT") or master_port_for(jobs["job_id"])
+    names = {"rank": "SLURM_PROCID", "local_rank": "SLURM_LOCALID", "world": "SLURM_NTASKS",
+             "local_world": per_node_name, "node": "SLURM_NODEID", "nodes": nodes_name}
+    return _check(DistEnv(
         source="slurm", rank=_int(env, "SLURM_PROCID"), local_rank=_int(env, "SLURM_LOCALID"),
-        world_size=_int(env, "SLURM_NTASKS"), local_world_size=local_world, node_rank=node_rank,
-        num_nodes=_int(env, _first_name(env, SLURM_ALTERNATIVES["num_nodes"])),
-        master_addr=env.get("HPC_MASTER_ADDR") or hosts[0], master_port=port,
+        world_size=world, local_world_size=per_node[node_rank], node_rank=node_rank,
+        num_nodes=nodes, master_addr=env.get("HPC_MASTER_ADDR") or hosts[0], master_port=port,
         hosts=hosts, **jobs,
-    )
+    ), names)
 
 
 def _from_torchrun(env: Mapping[str, str]) -> DistEnv:
@@ -178,94 +238,108 @@ def _from_torchrun(env: Mapping[str, str]) -> DistEnv:
             f"partially set torchrun environment: {', '.join(seen)} set but {', '.join(missing)} "
             "missing. HINT: launch with torchrun or `python -m hpc.launch`, or unset the others"
         )
-    world = _int(env, "WORLD_SIZE")
-    local_world = _int(env, "LOCAL_WORLD_SIZE") if env.get("LOCAL_WORLD_SIZE") else world
+    world = _int(env, "WORLD_SIZE", 1)
+    local_world = _int(env, "LOCAL_WORLD_SIZE", 1) if env.get("LOCAL_WORLD_SIZE") else world
     rank = _int(env, "RANK")
     node_rank = _int(env, "GROUP_RANK") if env.get("GROUP_RANK") else rank // local_world
-    nodelist = _first(env, SLURM_ALTERNATIVES["nodelist"])
-    return DistEnv(
+    nodes = (_int(env, "GROUP_WORLD_SIZE", 1) if env.get("GROUP_WORLD_SIZE")
+             else -(-world // local_world))
+    names = {"rank": "RANK", "local_rank": "LOCAL_RANK", "world": "WORLD_SIZE",
+             "local_world": "LOCAL_WORLD_SIZE", "node": "GROUP_RANK", "nodes": "GROUP_WORLD_SIZE"}
+    return _check(DistEnv(
         source="torchrun", rank=rank, local_rank=_int(env, "LOCAL_RANK"), world_size=world,
-        local_world_size=local_world, node_rank=node_rank, num_nodes=max(1, world // local_world),
-        master_addr=env["MASTER_ADDR"], master_port=_int(env, "MASTER_PORT"),
-        hosts=tuple(expand(nodelist)) if nodelist else (), **_job_fields(env),
-    )
+        local_world_size=local_world, node_rank=node_rank, num_nodes=nodes,
+        master_addr=env["MASTER_ADDR"], master_port=_port(env, "MASTER_PORT"),
+        hosts=_hosts(env), **_job_fields(env),
+    ), names)
 
 
 def _single(env: Mapping[str, str]) -> DistEnv:
-    ntasks = env.get("SLURM_NTASKS") or env.get("SLURM_NPROCS") or "1"
-    if env.get("SLURM_JOB_ID") and ntasks != "1":
+    jobs = _job_fields(env)
+    ntasks_name = _first_name(env, ("SLURM_NTASKS", "SLURM_NPROCS"))
+    ntasks = _int(env, ntasks_name, 1) if ntasks_name else 1
+    if jobs["job_id"] and ntasks != 1:
         # A batch script runs once, on the first node: it is not rank 0 of N.
         raise EnvError(
-            f"inside SLURM job {env['SLURM_JOB_ID']} with {ntasks} tasks but not in a task "
+            f"inside SLURM job {jobs['job_id']} with {ntasks} tasks but not in a task "
             "(no SLURM_STEP_ID: not started by srun): this is the batch script, "
             "not one of the tasks. "
             "HINT: start the program with `srun python ...` so every task runs it"
         )
+    port = _port(env, "HPC_MASTER_PORT") or _port(env, "MASTER_PORT") or SINGLE_PORT
     return DistEnv(source="single", rank=0, local_rank=0, world_size=1, local_world_size=1,
                    node_rank=0, num_nodes=1, master_addr=env.get("MASTER_ADDR") or "127.0.0.1",
-                   master_port=_port_override(env) or SINGLE_PORT, **_job_fields(env))
+                   master_port=port, **jobs)
 
 
 def _in_step(env: Mapping[str, str]) -> bool:
     # The batch script of sbatch also carries SLURM_PROCID=0; only srun's tasks have a
     # SLURM_STEP_ID that is a number (the batch step has none, or reports 'batch').
-    return bool(env.get("SLURM_PROCID")) and env.get("SLURM_STEP_ID", "").isdigit()
+    return bool(env.get("SLURM_PROCID")) and bool(re.fullmatch("[0-9]+", env.get("SLURM_STEP_ID", "")))
 
 
 def from_environ(env: Mapping[str, str] | None = None) -> DistEnv:
     """Parse the environment (default os.environ) into a DistEnv. Pure for a given mapping."""
     env = os.environ if env is None else env
-    slurm = _from_slurm(env) if _in_step(env) else None
+    if _in_step(env) and not env.get("TORCHELASTIC_RUN_ID"):
+        return _from_slurm(env)  # any RANK/WORLD_SIZE here was inherited, or exported from SLURM's
     if any(env.get(n) for n in TORCHRUN_TRIGGERS):
-        torchrun = _from_torchrun(env)
-        same = slurm and (slurm.rank, slurm.world_size) == (torchrun.rank, torchrun.world_size)
-        # Exported from SLURM's own values (hpc.launch, an earlier session): still a SLURM task.
-        return slurm if same else torchrun
-    if slurm:
-        return slurm
+        return _from_torchrun(env)
     if env.get("SLURM_PROCID") and not env.get("SLURM_JOB_ID"):
         return _from_slurm(env)  # reports the partial SLURM set
     return _single(env)
 
 
-def device_index(env: DistEnv) -> int | None:
-    """CUDA ordinal this task should use, or None for CPU; from CUDA_VISIBLE_DEVICES alone.
+def bind_device(env: DistEnv, device_count: int | None = None) -> tuple[int | None, str | None]:
+    """(CUDA ordinal for this task or None for the CPU, warning or None).
 
-    SLURM either gives each task its own GPU (one visible -> cuda:0) or each task sees
-    all GPUs of the node (one per task -> cuda:local_rank). Anything else is a mistake.
+    device_count is what torch.cuda.device_count() says (None: not asked, so SLURM's
+    CUDA_VISIBLE_DEVICES alone counts). Where CUDA_VISIBLE_DEVICES is unset (torchrun, sites
+    that do not bind GPUs through gres) the count alone decides. One GPU: cuda:0 (SLURM gave
+    this task its own). As many GPUs as tasks on the node: cuda:LOCAL_RANK. More GPUs than
+    tasks: cuda:LOCAL_RANK with a warning (model parallelism inside a task is legitimate).
+    Fewer GPUs than tasks, but more than one, is an error: tasks would share GPUs.
     """
-    gpus = len(env.visible_devices)
-    if gpus == 0:
-        return None
-    if gpus == 1:
-        return 0
-    if env.world_size == 1:
+    allocated = len(env.visible_devices)
+    usable = allocated if device_count is None else device_count
+    gpus = usable or allocated  # SLURM's allocation is checked even where CUDA is missing
+    tasks = env.local_world_size
+    if gpus <= 1:
+        return (0 if usable == 1 else None), None
+    if gpus < tasks:
         raise EnvError(
-            f"world size 1 but {gpus} GPUs allocated ({','.join(env.visible_devices)}): only "
-            "GPU 0 would do any work. HINT: run one task per GPU (srun --ntasks-per-node="
-            f"{gpus}, or submitit tasks_per_node={gpus}) or request a single GPU"
+            f"{tasks} tasks on this node but {gpus} GPUs visible to each: tasks per node must "
+            f"not exceed GPUs per node. HINT: use --ntasks-per-node={gpus}, or --gpus-per-task=1 "
+            "so each task sees its own GPU"
         )
-    if gpus != env.local_world_size:
-        raise EnvError(
-            f"{env.local_world_size} tasks on this node but {gpus} GPUs visible to each: "
-            "tasks per node must equal GPUs per node. HINT: use --ntasks-per-node="
-            f"{gpus}, or --gpus-per-task=1 so each task sees its own GPU"
-        )
-    return env.local_rank
+    warning = None
+    if gpus > tasks:
+        who = "world size 1" if env.world_size == 1 else f"{tasks} tasks on this node"
+        warning = (f"{who} but {gpus} GPUs visible: each task binds cuda:LOCAL_RANK, and "
+                   f"{gpus - tasks} GPUs get no work unless the program spreads a model over "
+                   f"them. HINT: run one task per GPU (--ntasks-per-node={gpus}) to use them all")
+    return (env.local_rank if usable else None), warning
+
+
+def device_index(env: DistEnv, device_count: int | None = None) -> int | None:
+    """bind_device without the warning."""
+    return bind_device(env, device_count)[0]
 
 
 def describe(env: DistEnv, probe_torch: bool = False) -> dict:
-    """What `python -m hpc.env` prints: the parsed fields plus device and backend."""
-    index = device_index(env)
-    if probe_torch and index is not None:
+    """What `python -m hpc.env` prints: the parsed fields plus device, backend and a warning."""
+    count = None
+    if probe_torch:
         import torch  # only on request: the basic answer stays torch-free and fast
 
-        index = index if torch.cuda.is_available() else None
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    index, warning = bind_device(env, count)
     info = env.to_dict()
     info["visible_devices"] = list(env.visible_devices)
     info["hosts"] = list(env.hosts)
     info["device"] = "cpu" if index is None else f"cuda:{index}"
     info["backend"] = "gloo" if index is None else "nccl"
+    info["warning"] = warning
     return info
 
 
@@ -273,13 +347,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hpc.env", description=__doc__.split("\n")[0])
     parser.add_argument("--json", action="store_true", help="one JSON object instead of lines")
     parser.add_argument("--torch", action="store_true",
-                        help="import torch to check that the CUDA device really exists")
+                        help="import torch to count the CUDA devices this process really sees")
     args = parser.parse_args(argv)
     try:
         info = describe(from_environ(), probe_torch=args.torch)
     except EnvError as err:
         print(f"hpc.env: {err}", file=sys.stderr)
         return 2
+    if info["warning"]:
+        print(f"hpc.env: warning: {info['warning']}", file=sys.stderr)
     if args.json:
         print(json.dumps(info, sort_keys=True))
     else:

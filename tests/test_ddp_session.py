@@ -4,6 +4,7 @@ The same workloads run under srun on the local cluster in tests/slurm/test_ddp.p
 """
 
 import json
+import logging
 import socket
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import pytest
 import torch
 
 import hpc.ddp
-from hpc.env import from_environ
+from hpc.env import EnvError, from_environ
 
 WORKLOAD = Path(__file__).with_name("ddp_workload.py")
 
@@ -126,12 +127,33 @@ def test_hung_rank_times_out_the_others(tmp_path):
     assert all(3.5 < w < 15 for w in waited), waited
 
 
-def test_mismatched_gpus_refused_before_init():
-    env = from_environ({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "x",
-                        "MASTER_PORT": "29999", "CUDA_VISIBLE_DEVICES": "0,1"})
-    with pytest.raises(Exception, match="only GPU 0 would do any work"):
-        with hpc.ddp.session(env=env):
+def torchrun_env(rank, world, **extra):
+    return from_environ({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
+                         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999", **extra})
+
+
+def test_device_from_local_rank_and_torch_count():
+    # torchrun, or a site without gres binding: no CUDA_VISIBLE_DEVICES, the GPUs torch sees
+    assert hpc.ddp._pick_device(torchrun_env(1, 2), cuda_count=2) == torch.device("cuda", 1)
+    assert hpc.ddp._pick_device(torchrun_env(1, 2), cuda_count=0) == torch.device("cpu")
+    assert hpc.ddp._cuda_count() == (torch.cuda.device_count() if torch.cuda.is_available() else 0)
+
+
+def test_world_1_with_several_gpus_is_a_warning(caplog):
+    env = torchrun_env(0, 1, CUDA_VISIBLE_DEVICES="0,1")
+    with caplog.at_level(logging.WARNING, logger="hpc.ddp"):
+        assert hpc.ddp._pick_device(env, cuda_count=2) == torch.device("cuda", 0)
+        with hpc.ddp.session(env=env) as s:  # no CUDA here: runs on the CPU, says so
+            assert s.world_size == 1
+    assert "world size 1 but 2 GPUs" in caplog.text
+
+
+def test_more_tasks_than_gpus_refused_before_init():
+    env = torchrun_env(0, 4, CUDA_VISIBLE_DEVICES="0,1")
+    with pytest.raises(EnvError, match="4 tasks on this node but 2 GPUs.*HINT"):
+        with hpc.ddp.session(env=env, timeout_s=5):
             pass
+    assert not torch.distributed.is_initialized()
 
 
 def test_env_probe_falls_back_to_cpu_without_cuda():
