@@ -165,7 +165,8 @@ def _job_fields(env: Mapping[str, str]) -> dict:
            for key, name in (("job_id", "SLURM_JOB_ID"), ("array_job_id", "SLURM_ARRAY_JOB_ID"))}
     return {
         **ids,
-        "array_task_id": _int(env, "SLURM_ARRAY_TASK_ID") if env.get("SLURM_ARRAY_TASK_ID") else None,
+        "array_task_id": (_int(env, "SLURM_ARRAY_TASK_ID") if env.get("SLURM_ARRAY_TASK_ID")
+                          else None),
         "restart_count": _int(env, restarts) if restarts else 0,
         "visible_devices": tuple(d.strip() for d in devices.split(",") if d.strip()),
     }
@@ -275,7 +276,8 @@ def _single(env: Mapping[str, str]) -> DistEnv:
 def _in_step(env: Mapping[str, str]) -> bool:
     # The batch script of sbatch also carries SLURM_PROCID=0; only srun's tasks have a
     # SLURM_STEP_ID that is a number (the batch step has none, or reports 'batch').
-    return bool(env.get("SLURM_PROCID")) and bool(re.fullmatch("[0-9]+", env.get("SLURM_STEP_ID", "")))
+    step = env.get("SLURM_STEP_ID", "")
+    return bool(env.get("SLURM_PROCID")) and bool(re.fullmatch("[0-9]+", step))
 
 
 def from_environ(env: Mapping[str, str] | None = None) -> DistEnv:

@@ -54,19 +54,22 @@ def test_every_rank_agrees_on_the_rendezvous():
 
 def test_ports_differ_for_concurrent_jobs_and_array_tasks():
     assert master_port_for("1000") != master_port_for("1001")
-    assert all(PORT_BASE <= master_port_for(str(j)) < PORT_BASE + PORT_SPAN for j in range(0, 10**6, 997))
+    ports = [master_port_for(str(job)) for job in range(0, 10**6, 997)]
+    assert all(PORT_BASE <= port < PORT_BASE + PORT_SPAN for port in ports)
     # array 100 task 7 and array 101 task 0 once shared a port (array_job_id*7+task); each array
     # task has its own SLURM_JOB_ID, and the port comes from it
     first = from_environ(srun_task(0, SLURM_JOB_ID="250", SLURM_ARRAY_JOB_ID="100",
                                    SLURM_ARRAY_TASK_ID="7"))
     second = from_environ(srun_task(0, SLURM_JOB_ID="101", SLURM_ARRAY_JOB_ID="101",
                                     SLURM_ARRAY_TASK_ID="0"))
-    assert first.master_port == master_port_for("250") != second.master_port == master_port_for("101")
+    assert first.master_port == master_port_for("250")
+    assert second.master_port == master_port_for("101") != first.master_port
     assert (first.array_job_id, first.array_task_id) == ("100", 7)
 
 
 def test_only_hpc_master_port_overrides_the_derived_port():
-    assert from_environ(srun_task(0, HPC_MASTER_PORT="31000", MASTER_PORT="31001")).master_port == 31000
+    env = from_environ(srun_task(0, HPC_MASTER_PORT="31000", MASTER_PORT="31001"))
+    assert env.master_port == 31000
     # MASTER_PORT in a SLURM task was inherited from the submitting shell: concurrent jobs
     # would all meet on it
     assert from_environ(srun_task(0, MASTER_PORT="31001")).master_port == master_port_for("1234")
@@ -234,7 +237,7 @@ def test_integers_are_ascii_digits_only(text):
 
 
 @pytest.mark.parametrize("env, words", [
-    ({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "0", "MASTER_ADDR": "h", "MASTER_PORT": "29400"},
+    ({**torchrun_task(0, world=1, local_world=1), "WORLD_SIZE": "0"},
      "WORLD_SIZE=0, expected at least 1"),
     (torchrun_task(7, world=2, local_world=2), "RANK=7 with WORLD_SIZE=2"),
     (torchrun_task(1, world=2, local_world=4), "LOCAL_WORLD_SIZE=4 with WORLD_SIZE=2"),
@@ -262,14 +265,15 @@ def test_cli_json_without_torch():
     srun_task(0, SLURM_STEP_NODELIST=","),
     srun_task(0, SLURM_JOB_ID="abc"),
     srun_task(0, SLURM_STEP_TASKS_PER_NODE="2(x0)"),
-    {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "0", "MASTER_ADDR": "h", "MASTER_PORT": "29400"},
+    {**torchrun_task(0, world=1, local_world=1), "WORLD_SIZE": "0"},
     srun_task(0, ntasks=8, CUDA_VISIBLE_DEVICES="0,1"),
 ])
 def test_cli_errors_are_one_line_with_a_hint(env):
     out = subprocess.run([sys.executable, "-m", "hpc.env"], capture_output=True, text=True,
                          env={**env, "PATH": "/usr/bin:/bin"}, timeout=60)
     assert out.returncode == 2 and not out.stdout
-    assert out.stderr.count("\n") == 1 and out.stderr.startswith("hpc.env: ") and "HINT" in out.stderr
+    assert out.stderr.count("\n") == 1 and out.stderr.startswith("hpc.env: ")
+    assert "HINT" in out.stderr
 
 
 def test_cli_warns_on_more_gpus_than_tasks():
