@@ -27,7 +27,6 @@ from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Optional, Seq
 DONE = "done"
 LOCK = ".submit.lock"
 LOCK_WAIT_S = 60.0  # how long a second submission into the same run dir waits before it is refused
-HPC_PACKAGE = Path(__file__).resolve().parent
 
 
 class RunDirError(RuntimeError):
@@ -187,10 +186,11 @@ def task_key(stage: str, item: Any) -> str:
 
 def code_version(module_file: Optional[str], cwd: Optional[Path] = None) -> Dict[str, Any]:
     """What the manifest records about the submitted code: the git commit of the user's code and
-    hpc's version beside it. The user's code is the pipeline module's checkout; for pipelines that
-    ship with hpc (`run`, `langsplat`) it is the working directory, where the user's script lives."""
+    hpc's version beside it. The user's code is the checkout of `module_file` (the pipeline's module;
+    None for pipelines that ship with hpc), else that of the working directory, where a `run`
+    pipeline's script lives."""
     places = [Path(module_file).resolve().parent] if module_file else []
-    places = [p for p in places if HPC_PACKAGE not in (p, *p.parents)] + [Path(cwd or os.getcwd())]
+    places.append(Path(cwd or os.getcwd()))
     commit = root = None
     for place in places:
         commit, root = _git_head(place)

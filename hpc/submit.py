@@ -229,7 +229,7 @@ def submit(args: argparse.Namespace) -> int:
         if not plan.jobs:
             print(f"nothing to submit: every task of {run.path} is done or queued")
             return 0
-        run.start(pipe.name, hconfig.to_yaml(cfg), kind, code_version(_module_file(args.pipeline)))
+        run.start(pipe.name, hconfig.to_yaml(cfg), kind, code_version(_user_module_file(args.pipeline)))
         ids = submit_plan(plan, run, list(cfg.cluster.setup))
     print(f"run dir: {run.path}")
     for stage, jids in ids.items():
@@ -245,9 +245,11 @@ def _plan(pipe: hplan.PipelineDef, cfg: Any, run: RunDir, kind: str, finished: A
     return dataclasses.replace(plan, notes=plan.notes + tuple(notes))
 
 
-def _module_file(pipeline: str) -> Optional[str]:
-    """The file of the pipeline's module (get_pipeline imported it): where the user's code lives."""
+def _user_module_file(pipeline: str) -> Optional[str]:
+    """The file of a user's pipeline module (get_pipeline imported it); None for hpc's own."""
     module = hplan.PIPELINES.get(pipeline, pipeline).partition(":")[0]
+    if module.split(".")[0] == "hpc":
+        return None
     return getattr(sys.modules.get(module), "__file__", None)
 
 

@@ -139,3 +139,21 @@ def test_plan_waits_for_a_stage_still_queued_from_an_earlier_submission(tmp_path
     pipe, cfg = load()
     p = plan.make_plan(pipe, cfg, str(tmp_path), "slurm", frozenset(), frozenset({("first", None)}))
     assert [(j.stage, j.after) for j in p.jobs] == [("second", ("first",))]
+
+
+def test_profile_named_on_a_resubmission_is_applied_over_the_saved_config(tmp_path):
+    # the run dir was submitted with --profile gpu8 and one override; a resubmission asks for sandbox
+    pipe = plan.get_pipeline("run")
+    saved = config.load(pipe.schema, "run", "gpu8", ["stages.main.cpus_per_task=4"], extra=pipe.templates)
+    (tmp_path / "config.yaml").write_text(config.to_yaml(saved))
+    out = dry_run(["run", "--cluster", "slurm", "--profile", "sandbox", "stages.main.time_min=30", "--", "true"],
+                  str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert "#SBATCH --partition=low" in out.stdout and "#SBATCH --time=30" in out.stdout  # command line highest
+    assert "#SBATCH --cpus-per-task=1" in out.stdout  # the profile's, over the saved 4
+    assert "#SBATCH --gpus-per-node=8" in out.stdout  # saved: the sandbox profile does not name it
+    assert f"note: profile sandbox applied over the saved {tmp_path / 'config.yaml'}: " in out.stdout
+    assert "stages.main.cpus_per_task 4 -> 1" in out.stdout
+    # without --profile the saved config stands
+    out = dry_run(["run", "--cluster", "slurm", "cluster.partitions=[low]", "--", "true"], str(tmp_path))
+    assert "#SBATCH --cpus-per-task=4" in out.stdout and "#SBATCH --gpus-per-node=8" in out.stdout, out.stderr

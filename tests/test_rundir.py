@@ -70,3 +70,43 @@ def test_logs_select_by_stage_task_rank_and_names_choices(tmp_path):
         logs.select(run, "nosuch", None, 0, "out")
     with pytest.raises(ValueError, match=r"expected one of \['2'\]"):
         logs.select(run, "features", "5", 0, "out")
+
+
+def test_atomic_write_syncs_the_file_and_its_directory(tmp_path, monkeypatch):
+    """fsync cannot be observed without a power cut: check that both the file and its directory are
+    synced, the directory after the rename (which is what makes the new name durable)."""
+    import os
+    import stat
+
+    from hpc.rundir import atomic_write_text
+
+    synced = []
+    real = os.fsync
+
+    def recording(fd):
+        mode = os.fstat(fd).st_mode
+        synced.append(("dir" if stat.S_ISDIR(mode) else "file", (tmp_path / "m.json").exists()))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", recording)
+    atomic_write_text(tmp_path / "m.json", "{}")
+    assert synced == [("file", False), ("dir", True)]
+    assert (tmp_path / "m.json").read_text() == "{}" and sorted(p.name for p in tmp_path.iterdir()) == ["m.json"]
+
+
+def test_failed_atomic_write_leaves_no_temporary_file(tmp_path, monkeypatch):
+    import os
+
+    import pytest
+
+    from hpc.rundir import atomic_write_text
+
+    (tmp_path / "m.json").write_text("old")
+
+    def full(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError, match="No space left"):
+        atomic_write_text(tmp_path / "m.json", "new")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.json"] and (tmp_path / "m.json").read_text() == "old"

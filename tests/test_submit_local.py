@@ -1,4 +1,9 @@
 """End to end through submitit's LocalExecutor (the default without SLURM), tiny test pipeline."""
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 
 from hpc import plan, submit
@@ -67,3 +72,81 @@ def test_upstream_after_a_partial_resubmission_keeps_the_earlier_queued_tasks(tm
     # the failed 10_1 is in the old array: the dependency names tasks, never the array 10
     assert submit.afterok(submit._upstream(job, {"second": ["20_0"]}, run)) == "afterok:10_2:20_0"
     assert submit.afterok(["9_10", "9_2", "9_2", "7"]) == "afterok:7:9_2:9_10" and submit.afterok([]) is None
+
+
+def test_local_run_leaves_no_literal_percent_j_folder(tmp_path):
+    run_dir = tmp_path / "run"
+    assert submit.main(["tiny", "--cluster", "local", "--run-dir", str(run_dir), "tiny.parts=[0]"]) == 0
+    for stage in ("first", "second"):
+        names = sorted(p.name for p in (run_dir / stage / "logs").iterdir())
+        assert "%j" not in names and names, names  # only the jobs' own folders
+
+
+def test_variables_of_an_enclosing_allocation_do_not_reach_the_jobs(tmp_path, monkeypatch):
+    """Submitting from inside an allocation (or a torchrun process): its SLURM_*, SBATCH_* and
+    torchrun variables are not the new job's, and the submitting process keeps them."""
+    leaked = {"SLURM_JOB_ID": "999", "SLURM_NTASKS": "7", "SLURM_PROCID": "3", "SLURM_NODELIST": "x[1-7]",
+              "SLURM_STEP_ID": "0", "SBATCH_PARTITION": "nosuch", "RANK": "5", "WORLD_SIZE": "9",
+              "SUBMITIT_EXECUTOR": "slurm"}
+    for name, value in leaked.items():
+        monkeypatch.setenv(name, value)
+    run_dir = tmp_path / "run"
+    assert submit.main(["tiny", "--cluster", "local", "--run-dir", str(run_dir), "tiny.parts=[0]",
+                        "stages.second.local_tasks=2"]) == 0
+    assert (run_dir / "second" / "task-0" / "out-0.txt").read_text() in ("0 rank 0\n", "0 rank 1\n")
+    assert (run_dir / "first" / "first.txt").read_text() == "rank 0\n"
+    assert {name: os.environ.get(name) for name in leaked} == leaked
+
+
+def test_hidden_variables_keep_the_client_configuration():
+    from hpc.executor import submission_env
+
+    env = {"SLURM_CONF": "/etc/x.conf", "SLURM_CONF_SERVER": "ctl", "SLURM_JOB_ID": "1", "SBATCH_QOS": "q",
+           "SRUN_CPUS_PER_TASK": "2", "TORCHELASTIC_RUN_ID": "r", "LOCAL_RANK": "0", "PATH": "/bin",
+           "HPC_MASTER_PORT": "1234", "MY_SLURM_NOTE": "kept"}
+    before = dict(env)
+    with submission_env(env) as hidden:
+        assert sorted(env) == ["HPC_MASTER_PORT", "MY_SLURM_NOTE", "PATH", "SLURM_CONF", "SLURM_CONF_SERVER"]
+        assert sorted(hidden) == ["LOCAL_RANK", "SBATCH_QOS", "SLURM_JOB_ID", "SRUN_CPUS_PER_TASK",
+                                  "TORCHELASTIC_RUN_ID"]
+    assert env == before
+
+
+def git_checkout(path):
+    """A git checkout at `path` with one commit; returns its HEAD."""
+    def git(*args):
+        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=path, check=True,
+                              capture_output=True, text=True).stdout.strip()
+
+    git("init", "-q")
+    git("add", "-A")
+    git("commit", "-q", "-m", "user code")
+    return git("rev-parse", "HEAD")
+
+
+def test_manifest_records_the_commit_of_the_pipeline_module_and_hpc_version(tmp_path, monkeypatch):
+    import hpc
+
+    code = tmp_path / "usercode"
+    (code / "userpipes").mkdir(parents=True)
+    (code / "userpipes" / "__init__.py").write_text("")
+    (code / "userpipes" / "mine.py").write_text("from tests.tiny_pipeline import PIPELINE\n")
+    head = git_checkout(code)
+    monkeypatch.syspath_prepend(str(code))
+    run_dir = tmp_path / "run"
+    assert submit.main(["userpipes.mine", "--cluster", "debug", "--run-dir", str(run_dir), "tiny.parts=[0]"]) == 0
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["git_commit"] == head and manifest["code_dir"] == str(code.resolve())
+    assert manifest["hpc_version"] == hpc.__version__
+
+
+def test_manifest_records_the_working_directory_commit_for_a_builtin_pipeline(tmp_path, monkeypatch):
+    from hpc.rundir import code_version
+
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    head = git_checkout(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    run_dir = tmp_path / "run"
+    assert submit.main(["run", "--cluster", "debug", "--run-dir", str(run_dir), "--", sys.executable, "train.py"]) == 0
+    assert json.loads((run_dir / "manifest.json").read_text())["git_commit"] == head
+    assert code_version(None, tmp_path.parent)["git_commit"] is None  # not a checkout: no commit
