@@ -16,7 +16,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, List
+from typing import Any, List, Mapping, Optional
 
 from hpc import preemption
 from hpc.config import ConfigError, PipelineConfig, Resources
@@ -60,19 +60,21 @@ def run_command(ctx: Any) -> dict:
     return run_argv(ctx, list(ctx.cfg["script"]["command"]), ctx.cfg["stages"]["main"]["max_timeouts"])
 
 
-def run_argv(ctx: Any, argv: List[str], max_timeouts: int, launch: bool = True) -> dict:
+def run_argv(ctx: Any, argv: List[str], max_timeouts: int, launch: bool = True,
+             cwd: Optional[Path] = None, env: Optional[Mapping[str, str]] = None) -> dict:
     """Run argv (no shell) in this task, under `python -m hpc.launch --` for torchrun-style
-    variables (launch=False: `--no-env`, the signal set-up only)."""
+    variables (launch=False: `--no-env`, the signal set-up only), in `cwd` (default: this
+    process's) with `env` added to the script's environment; this process's own stay as they are."""
     from hpc.stopsignal import StopFlag
 
     checkpoints = ctx.stage_dir / "checkpoints"
     checkpoints.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "HPC_CHECKPOINT_DIR": str(checkpoints), "HPC_RUN_DIR": str(ctx.run_dir)}
+    env = {**os.environ, **(env or {}), "HPC_CHECKPOINT_DIR": str(checkpoints), "HPC_RUN_DIR": str(ctx.run_dir)}
     cmd = [sys.executable, "-m", "hpc.launch", *([] if launch else ["--no-env"]), "--", *argv]
     # SLURM signals every process of the step: the script gets SIGTERM/SIGUSR2 itself (and may
     # checkpoint); this wrapper only notes it, and requeues once the script has exited.
     with StopFlag() as flag:
-        code = _call_with_timeout_signal_held(cmd, env, flag)
+        code = _call_with_timeout_signal_held(cmd, env, flag, cwd)
         if _killed_by_stop_signal(code, flag):
             _await_own_signal(flag)
         decision = agree_on_stop(ctx, flag, checkpoints, max_timeouts)
@@ -83,14 +85,14 @@ def run_argv(ctx: Any, argv: List[str], max_timeouts: int, launch: bool = True) 
     return {"exit_code": code}
 
 
-def _call_with_timeout_signal_held(cmd: List[str], env: dict, flag: Any) -> int:
+def _call_with_timeout_signal_held(cmd: List[str], env: dict, flag: Any, cwd: Optional[Path] = None) -> int:
     """Start cmd with the pre-timeout signal blocked, a mask the child inherits: hpc.launch
     ignores the signal and only then unblocks it, so the child never dies of it while Python
     starts. Here a signal arriving meanwhile waits for the unblock and reaches the flag."""
     timeout_signal = next(num for num, kind in flag.kinds.items() if kind == "timeout")
     signal.pthread_sigmask(signal.SIG_BLOCK, {timeout_signal})
     try:
-        proc = subprocess.Popen(cmd, env=env)
+        proc = subprocess.Popen(cmd, env=env, cwd=cwd)
     finally:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {timeout_signal})
     return proc.wait()

@@ -82,6 +82,15 @@ def test_direct_launch_ignores_the_signal_only_where_no_handler_is_set():
     assert out.returncode == 0 and out.stdout.split() == ["True"], out.stderr
 
 
+def test_the_script_runs_in_cwd_with_env_added_and_this_process_unchanged(task, tmp_path, capfd):
+    code = "import os; print(os.getcwd(), os.environ['HPC_TEST_EXTRA'], os.environ['HPC_RUN_DIR'])"
+    before = os.getcwd()
+    assert run_argv(task, [sys.executable, "-c", code], max_timeouts=1, launch=False, cwd=tmp_path / "main",
+                    env={"HPC_TEST_EXTRA": "x", "HPC_RUN_DIR": "not this"}) == {"exit_code": 0}
+    assert capfd.readouterr().out.split() == [str(tmp_path / "main"), "x", str(tmp_path)]
+    assert os.getcwd() == before and "HPC_TEST_EXTRA" not in os.environ
+
+
 def test_rank_0_writes_its_decision_after_a_plain_end_too(task):
     assert run_argv(task, ["true"], max_timeouts=1, launch=False) == {"exit_code": 0}
     saved = json.loads((task.stage_dir / "checkpoints" / DECISION_FILE).read_text())
