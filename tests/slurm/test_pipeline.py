@@ -103,6 +103,17 @@ def test_stage1_failure_means_stage2_never_runs_and_status_says_why(slurm_cluste
     assert out.returncode == 0, out.stderr
     assert log.read_text().split() == ["sacct"]
     assert out.stdout.count("never: waits on stage first which FAILED (afterok)") == 3, out.stdout
+    # a dry run into this run dir reads the state and changes nothing: no scancel of the orphans,
+    # no sbatch, no file written (manifest bytes, config, lock)
+    files = {p: p.read_bytes() for p in run.path.iterdir() if p.is_file()}
+    log.write_text("")
+    out = subprocess.run([sys.executable, "-m", "hpc.submit", "tests.tiny_pipeline", "--dry-run", "--run-dir",
+                          str(run.path)], capture_output=True, text=True, env={**os.environ, "PATH": path}, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert "stage second: items [0, 1, 2]" in out.stdout  # what a real resubmission would do
+    assert not {"scancel", "sbatch"} & set(log.read_text().split()), log.read_text()
+    assert {p: p.read_bytes() for p in run.path.iterdir() if p.is_file()} == files
+    assert {r.task: r.state for r in status.collect(run)}["second[1]"] == "NEVER"  # still queued, not cancelled
     from hpc import cancel
 
     assert cancel.main([str(run.path)]) == 0
