@@ -7,6 +7,8 @@
 Thin entry point: arguments -> config (hpc.config) -> plan (hpc.plan) -> submit_plan (submitit).
 Returns as soon as SLURM has the jobs (afterok chains the stages; nothing here stays alive),
 except with the local executor, which has no dependencies and so runs the stages in order.
+One submission at a time per run dir (a lock held from reading its state to the last manifest write);
+a dry run reads the state and changes nothing. Variables of an enclosing allocation never reach the jobs.
 """
 from __future__ import annotations
 
