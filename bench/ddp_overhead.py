@@ -119,7 +119,9 @@ def with_torch(steps: int, out: str, checkpoints: bool = False) -> List[float]:
                             "step": step}, os.path.join(out, "checkpoint.pt"))
 
         opt = _sgd(model)
-        return _steps(model, opt, loader, reduce_mean, range(steps + WARMUP), save)
+        times = _steps(model, opt, loader, reduce_mean, range(steps + WARMUP), save)
+        dist.barrier()  # rank 0 may still be saving: tearing gloo down under it aborts the peer
+        return times
     finally:
         dist.destroy_process_group()
 
