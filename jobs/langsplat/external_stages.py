@@ -13,12 +13,11 @@ language feature folders when it has them, else folders of this run.
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import socket
 import sys
 from pathlib import Path
-from typing import Any, Iterator, List, Optional
+from typing import Any, List, Optional
 
 from . import checkout as co
 from .colmap import registered_images, stem
@@ -72,39 +71,17 @@ class Stage:
 
     def run_script(self, argv: List[str], stage: str, launch: bool = False, cwd: Optional[Path] = None,
                    env: Optional[dict] = None) -> dict:
+        """Scripts that resolve paths against the working directory (autoencoder, eval) get `cwd`."""
         from hpc.jobs.run import run_argv
 
-        with _environment(env or {}), _working_dir(cwd):
-            return run_argv(self.ctx, argv, self.cfg["stages"][stage]["max_timeouts"], launch=launch)
+        if cwd is not None:
+            cwd.mkdir(parents=True, exist_ok=True)
+        return run_argv(self.ctx, argv, self.cfg["stages"][stage]["max_timeouts"], launch=launch, cwd=cwd, env=env)
 
 
 def _link(target: Path, link: Path) -> None:
     with contextlib.suppress(FileExistsError):
         link.symlink_to(target, target_is_directory=True)
-
-
-@contextlib.contextmanager
-def _working_dir(path: Optional[Path]) -> Iterator[None]:
-    """Scripts that resolve paths against the working directory (autoencoder, eval) run in `path`."""
-    before = os.getcwd()
-    if path is not None:
-        path.mkdir(parents=True, exist_ok=True)
-        os.chdir(path)
-    try:
-        yield
-    finally:
-        os.chdir(before)
-
-
-@contextlib.contextmanager
-def _environment(extra: dict) -> Iterator[None]:
-    saved = {k: os.environ.get(k) for k in extra}
-    os.environ.update(extra)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
 
 
 def free_port() -> int:
