@@ -6,7 +6,11 @@
     cluster.down()          # stops exactly what up() started, and the jobs still running
 
 Nodes are several slurmd daemons on this host with fake GPUs (character devices); `low` is the
-default partition, preempted with requeue by jobs in `high`.
+default partition, preempted with requeue by jobs in `high`. Site variants: `configless=True`
+(slurmd fetches the config with --conf-server inside a private mount namespace, so its
+/run/slurm/conf link stays on the node; this host's shell then plays a login node that knows only
+SLURM_CONF_SERVER; munged takes the default socket, so one configless cluster per machine) and
+`accounting=False` (no MariaDB, no slurmdbd).
 """
 
 from __future__ import annotations
