@@ -32,8 +32,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
-import shutil
 import time
 import warnings
 from pathlib import Path
@@ -42,18 +40,22 @@ from typing import Any
 import torch
 
 from hpc import background
-from hpc.checkpoint_io import (Staging, fsync_dir, load_file, verify, write_atomic,
+from hpc import checkpoint_layout as layout
+from hpc.checkpoint_io import (Staging, fsync_dir, load_file, nbytes, space_error, write_atomic,
                                write_bytes_atomic)
+from hpc.checkpoint_layout import MARKER, SHARED
+from hpc.checkpoint_lock import StoreLocked, WriterLock, wait_for_owner
 
 log = logging.getLogger(__name__)
 
-MARKER = "COMPLETE.json"
-SHARED = "shared.pt"
+__all__ = ["CheckpointStore", "StoreLocked", "MARKER", "SHARED", "PER_RANK_KEY"]
+
 PER_RANK_KEY = "per_rank"
-_STEP_DIR = re.compile(r"^step-(\d+)$")
-_TMP_DIR = re.compile(r"^\.step-(\d+)\.tmp$")
 # How long rank 0 waits for the other ranks' files before giving up on a checkpoint.
 RANK_WAIT_S = 600.0
+# A read whose checkpoint the writer replaced meanwhile starts over; this many times at most.
+READ_ATTEMPTS = 100
+_RACED = object()  # a read met a rename or deletion by the writer: scan again
 # mode="auto": CPU state of at least this size is written by a forked writer, smaller by a thread.
 AUTO_FORK_BYTES = 32 * 2**20
 
@@ -97,6 +99,10 @@ class CheckpointStore:
         self.keep, self.rank, self.world_size = keep, rank, world_size
         self.directory.mkdir(parents=True, exist_ok=True)
         self._job: Any = None
+        self._pending: int | None = None  # step of the background write in flight
+        self._lock: WriterLock | None = None  # rank 0's, taken at the first save (readers never lock)
+        self._claimed = False
+        self._checked: dict[tuple, str] = {}  # (step, inode, marker mtime) -> problem ('' = valid)
         self._staging = Staging()
         self._writer = background.ThreadWriter()
         self.stats = {"saves": 0, "copy_s": 0.0, "waited_s": 0.0, "write_s": 0.0}
@@ -113,6 +119,7 @@ class CheckpointStore:
         """
         t0 = time.perf_counter()
         self.wait()  # a stop's blocking save lets the running write finish: it may be the newest
+        self._claim()
         t1 = time.perf_counter()
         own = {k: v for k, v in state.items() if k != PER_RANK_KEY} if self.rank == 0 else None
         args = [int(step), own, state.get(PER_RANK_KEY), _generation()]
@@ -128,6 +135,7 @@ class CheckpointStore:
         # get pageable ones (see Staging).
         args[1:3] = self._staging.stage(tuple(args[1:3]), cpu_too=mode == "thread", pin=mode == "thread")
         self._job = background.start(self._write, tuple(args), mode, self._writer)
+        self._pending = args[0]
         self.stats["copy_s"] += time.perf_counter() - t1
 
     def _mode_for(self, state: Any) -> str:
@@ -142,30 +150,79 @@ class CheckpointStore:
     def wait(self) -> None:
         """Block until the background write finishes; re-raise its error here, in the caller."""
         job, self._job = self._job, None
+        step, self._pending = self._pending, None
         if job is None:
             return
         try:
             self.stats["write_s"] += job.wait()
         except BaseException as err:
-            raise RuntimeError(f"background checkpoint write in {self.directory} failed") from err
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise RuntimeError(f"background checkpoint write in {self.directory} failed: {first}") from err
+        if self.rank == 0 and step is not None:  # a forked writer's validity cache died with it
+            self._problem(step, self.directory / layout.name("step", step), known="")
 
     def close(self) -> None:
-        self.wait()
-        self._writer.close()
+        """Wait for the write in flight, stop the writer thread, release the store's lock."""
+        try:
+            self.wait()
+        finally:
+            self._writer.close()
+            if self._lock is not None:
+                self._lock.release()
+                self._lock, self._claimed = None, False
+
+    def _claim(self) -> None:
+        """First save: rank 0 locks the store (StoreLocked if another job writes here) and finishes
+        commits that a kill interrupted; ranks > 0 wait until their own rank 0 holds the lock."""
+        if self._claimed:
+            return
+        generation = _generation()
+        if self.rank == 0:
+            lock = WriterLock(self.directory, generation)
+            lock.acquire()
+            self._lock = lock
+            for message in self._recover():
+                _warn(message)
+        else:
+            wait_for_owner(self.directory, generation)
+        self._claimed = True
 
     def _write(self, step: int, shared: Any, per_rank: Any, generation: str,
                overlap: bool = False) -> None:
-        tmp = self.directory / f".step-{step}.tmp"
-        tmp.mkdir(exist_ok=True)
-        if per_rank is not None:
-            info = write_atomic(tmp / f"rank-{self.rank}.pt", per_rank, overlap)
-            write_bytes_atomic(tmp / f"rank-{self.rank}.done", json.dumps(
-                {"generation": generation, "file": info}).encode())
-        if self.rank == 0:
-            files = {SHARED: write_atomic(tmp / SHARED, shared, overlap)}
+        tmp = self.directory / layout.name("tmp", step)
+        try:
+            tmp.mkdir(exist_ok=True)
             if per_rank is not None:
-                files.update(self._collect_ranks(tmp, generation))
-            self._commit(step, tmp, files)
+                info = write_atomic(tmp / f"rank-{self.rank}.pt", per_rank, overlap)
+                write_bytes_atomic(tmp / f"rank-{self.rank}.done", json.dumps(
+                    {"generation": generation, "file": info}).encode())
+            if self.rank == 0:
+                files = {SHARED: write_atomic(tmp / SHARED, shared, overlap)}
+                if per_rank is not None:
+                    files.update(self._collect_ranks(tmp, generation))
+                self._commit(step, tmp, files)
+        except BaseException as err:
+            self._abandon(tmp, generation, err)
+            space = space_error(err, self.directory, nbytes(shared) + nbytes(per_rank))
+            if space is not None:
+                raise space from err
+            raise
+
+    def _abandon(self, tmp: Path, generation: str, err: BaseException) -> None:
+        """A failed write leaves nothing that takes space. Rank 0 drops the whole temporary
+        directory (the checkpoint is lost for every rank); another rank drops its own file and
+        tells rank 0, which stops waiting for it."""
+        if not tmp.is_dir():
+            return
+        if self.rank == 0:
+            layout.remove(tmp)
+            return
+        layout.discard(tmp / f"rank-{self.rank}.pt")
+        try:
+            write_bytes_atomic(tmp / f"rank-{self.rank}.done", json.dumps(
+                {"generation": generation, "error": f"{type(err).__name__}: {err}"[:2000]}).encode())
+        except OSError:
+            pass  # rank 0 then waits RANK_WAIT_S for this rank, as for a rank that died
 
     def _collect_ranks(self, tmp: Path, generation: str) -> dict[str, str]:
         """Wait for every rank's file of this generation; return name -> checksum info."""
@@ -173,8 +230,13 @@ class CheckpointStore:
         for r in range(self.world_size):
             done = tmp / f"rank-{r}.done"
             while True:
-                info = json.loads(done.read_text()) if done.exists() else {}
-                if info.get("generation") == generation:
+                try:
+                    info = json.loads(done.read_text())
+                except (OSError, ValueError):
+                    info = {}
+                if isinstance(info, dict) and info.get("generation") == generation:
+                    if "error" in info:
+                        raise RuntimeError(f"rank {r} could not write its checkpoint file: {info['error']}")
                     files[f"rank-{r}.pt"] = info["file"]
                     break
                 if time.monotonic() > deadline:
@@ -187,97 +249,171 @@ class CheckpointStore:
     def _commit(self, step: int, tmp: Path, files: dict[str, str]) -> None:
         marker = {"step": step, "world_size": self.world_size, "files": files, "time": time.time()}
         write_bytes_atomic(tmp / MARKER, json.dumps(marker, indent=1).encode())
-        final = self.directory / f"step-{step}"
-        if final.exists():  # the same step saved again after resuming from an older one
-            old = self.directory / f".step-{step}.old"
-            shutil.rmtree(old, ignore_errors=True)
+        self._swap_in(step, tmp)
+        self._problem(step, self.directory / layout.name("step", step), known="")
+        self._prune(step)
+
+    def _swap_in(self, step: int, tmp: Path) -> None:
+        """Rename a temporary directory holding a verified marker to step-N. An existing step-N
+        (the same step saved again after resuming from an older one) is first renamed to
+        .step-N.old: a kill between the two renames leaves both, and _recover finishes the job."""
+        final = self.directory / layout.name("step", step)
+        if os.path.lexists(final):
+            old = self.directory / layout.name("old", step)
+            layout.discard(old)
             os.replace(final, old)
             os.replace(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
+            layout.discard(old)
         else:
             os.replace(tmp, final)
         fsync_dir(self.directory)
-        self._prune()
 
-    def _prune(self) -> None:
-        steps = self.steps()
-        for step in steps[:-self.keep]:
-            shutil.rmtree(self.directory / f"step-{step}", ignore_errors=True)
-        # Temporary dirs older than the newest commit are leftovers of killed writes: every rank
-        # has finished them (rank 0 commits only after all ranks wrote), so they are safe to drop.
-        for step, tmp in self._tmp_dirs():
-            if steps and step < steps[-1]:
-                shutil.rmtree(tmp, ignore_errors=True)
+    def _recover(self) -> list[str]:
+        """Rank 0, under the lock, before its first write: finish what a killed writer left half
+        done. Returns what was found, in words, for a warning."""
+        found, said = layout.scan(self.directory), []
+        for step in sorted(set(found["tmp"]) | set(found["old"])):
+            tmp, old = found["tmp"].get(step), found["old"].get(step)
+            final = self.directory / layout.name("step", step)
+            if tmp is not None and (tmp / MARKER).exists() and not layout.check(tmp)[0]:
+                self._swap_in(step, tmp)
+                said.append(f"finished the commit of checkpoint step {step}: {tmp} was complete "
+                            "(its marker verifies) but the writer was stopped before renaming it")
+            elif old is not None and not os.path.lexists(final) and not layout.check(old)[0]:
+                os.replace(old, final)
+                said.append(f"restored {final} from {old}: a re-save of step {step} was stopped "
+                            "between its two renames, before the new copy was complete")
+            if old is not None:
+                layout.remove(old)
+        for path in found["gone"].values():
+            layout.discard(path)
+        return said
 
-    def _tmp_dirs(self) -> list[tuple[int, Path]]:
-        found = ((_TMP_DIR.match(p.name), p) for p in self.directory.iterdir())
-        return [(int(m.group(1)), p) for m, p in found if m]
+    def _prune(self, committed: int) -> None:
+        """Keep the newest `keep` valid checkpoints (and the one just committed). An invalid step-N
+        never counts: it is set aside as .step-N.invalid with a warning, and deleted once `keep`
+        valid checkpoints newer than it exist, so a run of broken directories can neither push
+        out the good ones nor fill the disk."""
+        found = layout.scan(self.directory)
+        kept: list[int] = []
+        for step in sorted(found["step"], reverse=True):
+            path = found["step"][step]
+            if len(kept) >= self.keep and step != committed:
+                layout.remove(path)
+                continue
+            problem = self._problem(step, path)
+            if not problem:
+                kept.append(step)
+                continue
+            where = layout.set_aside(path, step)
+            _warn(f"set aside checkpoint {path} as {where.name}: {problem}; it does not count "
+                  f"toward keep={self.keep} and goes once {self.keep} newer valid ones exist")
+        for step, path in found["invalid"].items():
+            if sum(k > step for k in kept) >= self.keep:
+                layout.remove(path)
+        # Temporary dirs of steps before the one just committed are leftovers of killed writes:
+        # every rank has finished them (rank 0 commits only after all ranks wrote).
+        for step, path in found["tmp"].items():
+            if step < committed:
+                layout.remove(path)
+        for path in found["gone"].values():
+            layout.discard(path)
+
+    def _problem(self, step: int, path: Path, known: str | None = None) -> str:
+        """What is wrong with step-N ('' if valid), verified once per directory and marker."""
+        ident = layout.identity(path)
+        key = (step, *ident) if ident else None
+        if known is not None:
+            if key:
+                self._checked[key] = known
+            return known
+        if key in self._checked:
+            return self._checked[key]
+        problem = layout.check(path)[0]
+        if key:
+            self._checked[key] = problem
+        return problem
 
     # --------------------------------------------------------------- loading
     def steps(self) -> list[int]:
-        """Steps of committed directories (marker present or not), oldest first."""
-        found = (_STEP_DIR.match(p.name) for p in self.directory.iterdir())
-        return sorted(int(m.group(1)) for m in found if m)
+        """Steps of committed entries (valid or not), oldest first."""
+        return sorted(layout.scan(self.directory)["step"])
 
     def latest(self) -> int | None:
         """Newest step whose checkpoint is complete and passes its checksums (nothing loaded)."""
-        for step in reversed(self.steps()):
-            if not self._verify(self.directory / f"step-{step}")[0]:
-                return step
-        return None
+        return self._walk(None, lambda path, names: True, warn=False)[0]
 
     def load(self, step: int | None = None, map_location: Any = "cpu") -> dict[str, Any] | None:
         """State of `step`, or of the newest valid checkpoint; None when there is none.
 
         Incomplete or corrupted checkpoints are skipped with a warning that names them. The
-        returned dict holds this rank's own ``per_rank`` entry (None if it saved none).
+        returned dict holds this rank's own ``per_rank`` entry (None if it saved none). Safe
+        while a writer saves and prunes: a checkpoint renamed or deleted under a read is read
+        again from a fresh listing, so the result is always one complete checkpoint.
         """
-        candidates = [step] if step is not None else list(reversed(self.steps()))
-        self._warn_incomplete(candidates[0] if candidates else None)
-        for s in candidates:
-            state = self._read(s, map_location, warn=True)
-            if state is not None:
-                return state
-        return None
+        return self._walk(step, lambda path, names: self._read(path, names, map_location), warn=True)[1]
 
-    def _warn_incomplete(self, newest: int | None) -> None:
-        for n, p in self._tmp_dirs():
-            if newest is None or n > newest:
-                _warn(f"skipping incomplete checkpoint {p} (no completion marker; the write was "
-                      "interrupted)")
+    def _walk(self, step: int | None, read: Any, warn: bool) -> tuple[int | None, Any]:
+        for _ in range(READ_ATTEMPTS):
+            result = self._walk_once(step, read, warn)
+            if result is not _RACED:
+                return result
+        raise RuntimeError(
+            f"every one of {READ_ATTEMPTS} reads of {self.directory} met a checkpoint being replaced. "
+            "HINT: keep=2 or more leaves readers a complete checkpoint while the next is written.")
 
-    def _read(self, step: int, map_location: Any, warn: bool) -> dict[str, Any] | None:
-        path = self.directory / f"step-{step}"
-        problem, names = self._verify(path)
-        if problem:
-            if warn:
-                _warn(f"skipping checkpoint {path}: {problem}")
-            return None
+    def _walk_once(self, step: int | None, read: Any, warn: bool) -> Any:
+        found = layout.scan(self.directory)
+        steps = sorted(set(found["step"]) | set(found["tmp"]) | set(found["old"]), reverse=True)
+        for s in steps if step is None else [step]:
+            for kind in ("step", "tmp", "old"):
+                path = found[kind].get(s)
+                if path is None or (kind == "old" and s in found["step"]):
+                    continue
+                if kind != "step" and not os.path.lexists(path / MARKER):
+                    if warn and kind == "tmp":
+                        _warn(f"skipping incomplete checkpoint {path} (no completion marker: its "
+                              "write was interrupted, or is still running)")
+                    continue
+                result = self._attempt(path, read)
+                if result is _RACED:
+                    return _RACED
+                problem, value = result
+                if problem:
+                    _warn(f"skipping checkpoint {path}: {problem}") if warn else None
+                    continue
+                if warn and kind != "step":
+                    _warn(f"loaded checkpoint step {s} from {path}: complete, but the writer was "
+                          f"stopped before renaming it to step-{s}; its next save does that")
+                return s, value
+        return None, None
+
+    def _attempt(self, path: Path, read: Any) -> Any:
+        """(problem, value) of reading one entry, or _RACED when the writer renamed or deleted it
+        meanwhile (its inode or marker changed): such a problem is the writer's, not the disk's."""
+        before = layout.identity(path)
+        if before is None:
+            return _RACED
+        problem, names = layout.check(path)
+        value = None
+        if not problem:
+            try:
+                value = read(path, names)
+            except (FileNotFoundError, NotADirectoryError) as err:
+                problem = f"{Path(err.filename or path).name} is missing"
+            if isinstance(value, str):
+                problem, value = value, None
+        if layout.identity(path) != before:
+            return _RACED
+        return problem, value
+
+    def _read(self, path: Path, names: set[str], map_location: Any) -> dict[str, Any] | str:
         state = load_file(path / SHARED, map_location)
+        if not isinstance(state, dict):
+            return f"{SHARED} holds a {type(state).__name__}, not a checkpoint's dict"
         own = f"rank-{self.rank}.pt"
         state[PER_RANK_KEY] = load_file(path / own, map_location) if own in names else None
         return state
-
-    def _verify(self, path: Path) -> tuple[str, set[str]]:
-        """('', names of the files) when `path` is complete and intact, else (what is wrong, {}).
-
-        Every rank checks every file, not only its own: a corrupt file of one rank must make all
-        ranks skip the checkpoint alike, or they would resume from different steps.
-        """
-        try:
-            marker = json.loads((path / MARKER).read_text())
-        except FileNotFoundError:
-            return "no completion marker", set()
-        except ValueError as err:
-            return f"unreadable completion marker ({err})", set()
-        files = marker.get("files", {})
-        if SHARED not in files:  # checked first: no file is read for a marker that cannot load
-            return f"marker lists no {SHARED}", set()
-        for name, expected in files.items():
-            problem = verify(path / name, expected)
-            if problem:
-                return problem, set()
-        return "", set(files)
 
 
 def _warn(message: str) -> None:

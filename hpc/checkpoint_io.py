@@ -18,6 +18,7 @@ Markers written before this format hold a sha256 hex string per file; verify() s
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import pickle
@@ -46,19 +47,28 @@ class ChecksumWriter:
     def __init__(self, raw: Any, overlap: bool = False) -> None:
         self.raw, self.crc, self.size = raw, 0, 0
         self.overlap = overlap
+        # torch.save turns a failed write into "unexpected pos": the real error is kept here.
+        self.error: OSError | None = None
 
     def write(self, data: Any) -> int:
         view = memoryview(data)
         self.size += view.nbytes
         if not self.overlap or view.nbytes < self.OVERLAP_MIN:
             self.crc = zlib.crc32(view, self.crc)
-            return self.raw.write(view)
+            return self._write(view)
         pending = _crc_pool().submit(zlib.crc32, view, self.crc)
         try:
-            written = self.raw.write(view)
+            written = self._write(view)
         finally:
             self.crc = pending.result()  # also on a failed write: the buffer must not be freed early
         return written
+
+    def _write(self, view: memoryview) -> int:
+        try:
+            return self.raw.write(view)
+        except OSError as err:
+            self.error = err
+            raise
 
     def flush(self) -> None:
         self.raw.flush()
@@ -103,23 +113,73 @@ def write_atomic(path: Path, obj: Any, overlap: bool = False) -> dict[str, Any]:
     `overlap`: checksum on a helper thread alongside the writes (for saves the caller waits on;
     a forked writer stays single-threaded)."""
     part = path.with_name(path.name + ".part")
-    with open(part, "wb") as f, _no_record_crc():
-        out = ChecksumWriter(f, overlap)
-        torch.save(obj, out)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(part, path)
+    out = None
+    try:
+        with open(part, "wb") as f, _no_record_crc():
+            out = ChecksumWriter(f, overlap)
+            torch.save(obj, out)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(part, path)
+    except BaseException as err:
+        _unlink(part)  # a partial file on a full disk would keep it full for every later save
+        if out is not None and out.error is not None and err is not out.error:
+            raise out.error from err  # the disk's own error, not torch's "unexpected pos"
+        raise
     return out.info()
 
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:
-    """Small files (markers): temporary name + fsync + rename."""
+    """Small files (markers): temporary name + fsync + rename; no partial file left on failure."""
     part = path.with_name(path.name + ".part")
-    with open(part, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(part, path)
+    try:
+        with open(part, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(part, path)
+    except BaseException:
+        _unlink(part)
+        raise
+
+
+def _unlink(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+_NO_SPACE = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded"}
+
+
+def space_error(err: BaseException, directory: Path, needed: int) -> OSError | None:
+    """An OSError saying "no space left", with the bytes needed and free, when `err` (or what
+    caused it) is a full disk or an exhausted quota; None for any other error."""
+    while err is not None and not (isinstance(err, OSError) and err.errno in _NO_SPACE):
+        err = err.__cause__ or err.__context__
+    if err is None:
+        return None
+    try:
+        st = os.statvfs(directory)
+        free = f"{st.f_bavail * st.f_frsize:,} bytes free"
+    except OSError:
+        free = "free space unknown"
+    return OSError(err.errno, f"{_NO_SPACE[err.errno]} for a checkpoint in {directory}: about "
+                   f"{needed:,} bytes needed, {free} (after removing the partial write). HINT: free "
+                   "space there or lower keep; the previous checkpoint is intact, and the next save "
+                   "works once there is room")
+
+
+def nbytes(obj: Any) -> int:
+    """Bytes of the tensors in `obj` (a checkpoint's size, less its small pickled structure)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(nbytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(nbytes(v) for v in obj)
+    return 0
 
 
 def verify(path: Path, expected: Any) -> str:
@@ -137,6 +197,10 @@ def verify(path: Path, expected: Any) -> str:
                 size += n
     except FileNotFoundError:
         return f"{path.name} is missing"
+    except IsADirectoryError:
+        return f"{path.name} is a directory, not a file"
+    except OSError as err:
+        return f"{path.name} is unreadable ({err.strerror})"
     if legacy:
         return "" if digest.hexdigest() == expected else \
             f"{path.name} does not match its sha256 checksum (corrupted)"

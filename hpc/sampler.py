@@ -12,12 +12,23 @@ training, so the sampler's own count would run ahead of what was trained on. On 
 sampler rebuilds the epoch's permutation (seed + epoch, as DistributedSampler does) and skips what
 was consumed, so the resumed run sees exactly the batches the uninterrupted one would have seen.
 TrainLoop stores objects with ``per_rank_state = True`` in each rank's own checkpoint file.
+
+The loader never draws from the global torch RNG, which belongs to the model (dropout) and to
+augmentation in the main process, and which a resume restores exactly (hpc.rng). A plain
+DataLoader draws one number from it each time it starts an iterator, and a resumed run starts one
+mid-epoch where the uninterrupted run did not: every later dropout mask would differ. Here the
+iterator draws from the loader's own generator, reseeded from (seed, epoch, rank) at each start,
+so the seeds of DataLoader workers are also reproducible per epoch. Randomness drawn inside
+workers (num_workers > 0) still depends on where in the epoch the workers started: for a bitwise
+resume, augment in the main process or seed each sample's augmentation from its index.
 """
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any, Iterator
 
+import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
 
@@ -42,7 +53,10 @@ class ResumableLoader(DataLoader):
     per_rank_state = True  # each rank has its own position: saved in its own checkpoint file
 
     def __init__(self, dataset: Any, sampler: ResumableSampler, **kwargs: Any) -> None:
-        super().__init__(dataset, sampler=sampler, **kwargs)
+        if kwargs.get("generator") is not None:
+            raise ValueError("ResumableLoader got generator=...; it seeds its own generator from "
+                             "(seed, epoch, rank) so that a resume repeats it. HINT: pass seed= instead.")
+        super().__init__(dataset, sampler=sampler, generator=torch.Generator(), **kwargs)
         self.consumed = 0  # samples of the current epoch yielded to the caller
 
     @property
@@ -61,7 +75,8 @@ class ResumableLoader(DataLoader):
         if self.consumed >= total:  # iterating a finished epoch again restarts it, as DataLoader does
             self.consumed = 0
         self.sampler.start = self.consumed
-        for batch in super().__iter__():
+        self.generator.manual_seed(_mix(self.sampler.seed, self.sampler.epoch, self.sampler.rank))
+        for batch in super().__iter__():  # starting the iterator draws from self.generator only
             self.consumed = min(self.consumed + (self.batch_size or 1), total)
             yield batch
         # Exhausted: with drop_last a remainder smaller than a batch is never yielded, so the
@@ -89,3 +104,9 @@ class ResumableLoader(DataLoader):
                 "with the same dataset, world size and drop_last, or start a fresh run directory.")
         self.sampler.set_epoch(state["epoch"])
         self.consumed = state["consumed"]
+
+
+def _mix(*values: int) -> int:
+    """A 63-bit seed from several integers, the same on every machine and Python version."""
+    digest = hashlib.blake2b(":".join(map(str, values)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1

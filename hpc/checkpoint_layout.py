@@ -1,0 +1,151 @@
+"""What the entries of a checkpoint store directory are, which are complete, and how they go away.
+
+    python -c "from hpc.checkpoint_layout import scan; print(scan('runs/x/rgb/checkpoints'))"
+
+Names (anything else in the directory is ignored)::
+
+    step-N/            committed; it counts only if its marker verifies (check)
+    .step-N.tmp/       being written; with a marker it is committed, its rename still to come
+    .step-N.old/       the earlier copy of step N while a re-save swaps the two (two renames)
+    .step-N.invalid/   set aside by the writer: it failed verification
+    .step-N.gone/      being deleted: renamed first, so no reader meets half a checkpoint
+
+Every change of a name is one rename inside the directory, which readers see whole. A marker is
+JSON written last; everything read from disk here is treated as untrusted input: a malformed
+entry is reported as a problem, never raised.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+from hpc.checkpoint_io import verify
+
+MARKER = "COMPLETE.json"
+SHARED = "shared.pt"
+KINDS = ("step", "tmp", "old", "invalid", "gone")
+_ENTRY = re.compile(r"^(?:step-(\d+)|\.step-(\d+)\.(tmp|old|invalid|gone))$")
+_FILE_NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]*$")  # a marker lists plain names, no paths
+
+
+def name(kind: str, step: int) -> str:
+    return f"step-{step}" if kind == "step" else f".step-{step}.{kind}"
+
+
+def scan(directory: str | os.PathLike) -> dict[str, dict[int, Path]]:
+    """kind -> {step: path} of the entries present now (missing directory: all empty)."""
+    found: dict[str, dict[int, Path]] = {k: {} for k in KINDS}
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return found
+    for n in names:
+        m = _ENTRY.match(n)
+        if m:
+            kind = m.group(3) or "step"
+            found[kind][int(m.group(1) or m.group(2))] = Path(directory) / n
+    return found
+
+
+def identity(path: Path) -> tuple[int, int] | None:
+    """(inode, marker mtime or 0) of an entry, None when it is gone: it changes when a rename puts
+    another directory there."""
+    try:
+        ino = os.lstat(path).st_ino
+    except OSError:
+        return None
+    try:
+        return ino, os.stat(path / MARKER).st_mtime_ns
+    except OSError:
+        return ino, 0
+
+
+def read_marker(path: Path) -> tuple[str, dict]:
+    """('', marker) or (what is wrong, {})."""
+    try:
+        raw = (path / MARKER).read_bytes()
+    except FileNotFoundError:
+        return "no completion marker", {}
+    except NotADirectoryError:
+        return "a file, not a checkpoint directory", {}
+    except IsADirectoryError:
+        return f"{MARKER} is a directory, not a marker", {}
+    except OSError as err:
+        return f"unreadable completion marker ({err.strerror})", {}
+    try:
+        marker = json.loads(raw)
+    except ValueError as err:
+        return f"unreadable completion marker ({err})", {}
+    return _marker_problem(marker, path), (marker if isinstance(marker, dict) else {})
+
+
+def _marker_problem(marker: object, path: Path) -> str:
+    if not isinstance(marker, dict):
+        return f"completion marker holds {json.dumps(marker)[:40]}, expected an object"
+    files = marker.get("files")
+    if not isinstance(files, dict):
+        return "completion marker has no file list"
+    if SHARED not in files:  # checked before any file is read: a marker that cannot load
+        return f"marker lists no {SHARED}"
+    for n, info in files.items():
+        if not _FILE_NAME.match(n):
+            return f"marker lists {n!r}, not a plain file name"
+        if not (isinstance(info, str) or (isinstance(info, dict) and isinstance(info.get("bytes"), int)
+                                          and isinstance(info.get("crc32"), str))):
+            return f"marker entry for {n} is malformed"
+    step, m = marker.get("step"), _ENTRY.match(path.name)
+    if m and isinstance(step, int) and step != int(m.group(1) or m.group(2)):
+        return f"marker is for step {step}"
+    return ""
+
+
+def check(path: Path) -> tuple[str, set[str]]:
+    """('', names of its files) when the entry at `path` is complete and intact, else (problem, {}).
+
+    Every file is checked, not only the caller's: a corrupt file of one rank must make all ranks
+    skip the checkpoint alike, or they would resume from different steps.
+    """
+    problem, marker = read_marker(path)
+    if problem:
+        return problem, set()
+    for n, expected in marker["files"].items():
+        problem = verify(path / n, expected)
+        if problem:
+            return problem, set()
+    return "", set(marker["files"])
+
+
+def remove(path: Path) -> None:
+    """Delete an entry so that readers see it whole or not at all: rename to .gone, then delete."""
+    m = _ENTRY.match(path.name)
+    gone = path.with_name(name("gone", int(m.group(1) or m.group(2)))) if m else path
+    if gone != path:
+        discard(gone)
+        try:
+            os.replace(path, gone)
+        except FileNotFoundError:
+            return
+    discard(gone)
+
+
+def discard(path: Path) -> None:
+    """Delete whatever is at `path` (directory or file); nothing there is fine."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        try:
+            path.unlink()
+        except (FileNotFoundError, IsADirectoryError):
+            pass
+
+
+def set_aside(path: Path, step: int) -> Path:
+    """Move a committed entry that failed verification out of the way, as .step-N.invalid."""
+    target = path.with_name(name("invalid", step))
+    discard(target)
+    os.replace(path, target)
+    return target
