@@ -57,23 +57,38 @@ class Session:
         self.bf16 = bf16 and device.type == "cuda"
         self._samplers: list = []
         self._wrapped: list[torch.nn.Module] = []
+        self._mesh = None
 
     @property
     def distributed(self) -> bool:
         return self.world_size > 1 and dist.is_available() and dist.is_initialized()
 
     # -- models and data -------------------------------------------------------------------
-    def wrap(self, model: torch.nn.Module, **ddp_kwargs) -> torch.nn.Module:
-        """Move to this task's device; DistributedDataParallel only when there are peers."""
+    def wrap(self, model: torch.nn.Module, strategy: str = "ddp", **kwargs) -> torch.nn.Module:
+        """Move to this task's device, then shard ("fsdp") or replicate ("ddp", the default).
+
+        One task alone gets the plain model under either strategy: there is nothing to share.
+        kwargs go to DistributedDataParallel, or to hpc.fsdp.shard (units=, mp_policy=).
+        """
+        if strategy not in _STRATEGIES:
+            raise ValueError(f"unknown strategy {strategy!r}; expected one of {sorted(_STRATEGIES)}. "
+                             "HINT: s.wrap(model, strategy='fsdp') shards parameters, gradients and "
+                             "optimizer state; 'ddp' keeps a full copy on every task")
         model = model.to(self.device)
         if not self.distributed:
             return model
-        from torch.nn.parallel import DistributedDataParallel
-
-        ids = [self.device.index] if self.device.type == "cuda" else None
-        wrapped = DistributedDataParallel(model, device_ids=ids, **ddp_kwargs)
+        wrapped = _STRATEGIES[strategy](self, model, **kwargs)
         self._wrapped.append(wrapped)
         return wrapped
+
+    @property
+    def mesh(self):
+        """A one-dimensional device mesh over all tasks (FSDP shards over it); built once."""
+        if self._mesh is None:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            self._mesh = init_device_mesh(self.device.type, (self.world_size,))
+        return self._mesh
 
     def loader(self, dataset, batch_size: int, shuffle: bool = True, seed: int = 0,
                drop_last: bool = True, **loader_kwargs) -> torch.utils.data.DataLoader:
@@ -103,13 +118,16 @@ class Session:
         return plan_batch(global_batch, per_device_max, self.world_size)
 
     def no_sync_if(self, cond: bool, model: torch.nn.Module | None = None):
-        """Skip DDP's gradient all-reduce (accumulation micro-steps) when cond is true."""
+        """Skip the gradient all-reduce (DDP) or reduce-scatter (FSDP) while accumulating."""
         models = [model] if model is not None else self._wrapped
         stack = contextlib.ExitStack()
         if cond:
             for m in models:
                 if hasattr(m, "no_sync"):
                     stack.enter_context(m.no_sync())
+                elif hasattr(m, "set_requires_gradient_sync"):  # an FSDP2 module
+                    m.set_requires_gradient_sync(False)
+                    stack.callback(m.set_requires_gradient_sync, True)
         return stack
 
     def autocast(self):
@@ -161,6 +179,23 @@ class Session:
         from tqdm import tqdm
 
         return tqdm(iterable, **tqdm_kwargs)
+
+
+def _ddp(s: Session, model: torch.nn.Module, **ddp_kwargs) -> torch.nn.Module:
+    from torch.nn.parallel import DistributedDataParallel
+
+    ids = [s.device.index] if s.device.type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=ids, **ddp_kwargs)
+
+
+def _fsdp(s: Session, model: torch.nn.Module, **kwargs) -> torch.nn.Module:
+    from hpc.fsdp import shard
+
+    return shard(model, s.mesh, **kwargs)
+
+
+# strategy name -> how to wrap a model that is already on this task's device
+_STRATEGIES = {"ddp": _ddp, "fsdp": _fsdp}
 
 
 def _cuda_count() -> int:

@@ -1,0 +1,164 @@
+"""Model and optimizer state through torch.distributed.checkpoint (DCP): sharded, resharded on load.
+
+    python -c "import hpc.dcp; help(hpc.dcp.DcpEngine)"
+
+    with DcpEngine(s) as engine:                   # every rank, at the same point
+        engine.save(tmp_dir, model, opt)           # blocks for the staging copy only
+        ...                                        # training goes on while a thread writes
+        engine.wait()                              # the files and DCP's .metadata are on disk
+        engine.load(step_dir, model, opt)          # written by any world size, either strategy
+
+State goes through ``get_state_dict``/``set_state_dict``, so keys are the model's own names
+whatever wraps it (DDP's ``module.`` prefix, FSDP) and optimizer state is keyed by parameter
+name, not by position: that is what lets DCP match pieces across world sizes. Under FSDP each
+rank writes its own shards; under DDP every rank holds the same tensors and DCP's planner gives
+each tensor to one rank, so the state is written once, spread over the ranks. A load reads, for
+every tensor of this rank's layout, the pieces of it that the writers stored: resharding from
+N writers to M readers needs no extra step.
+
+Asynchronous saves copy the state into staging buffers that are reused from save to save
+(pinned host memory on CUDA, so the copy runs at DMA speed), then a thread writes them while
+training goes on. DCP's collectives of a save (plans, metadata) then run on that thread: they
+get their own gloo group, because on the training's group they would interleave with the
+training's collectives (and NCCL cannot carry the CPU tensors DCP exchanges).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import warnings
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["DcpEngine", "state_dicts", "METADATA"]
+
+SINGLE_PROCESS_WARNING = r"torch\.distributed is disabled, unavailable or uninitialized"
+METADATA = ".metadata"  # written by DCP's coordinator after every rank's data files
+
+
+def state_dicts(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict:
+    """{"model": ..., "optimizer": ...} keyed by parameter names, as DCP saves and loads them."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+
+    if optimizer is None:
+        return {"model": get_model_state_dict(model)}
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    return {"model": model_sd, "optimizer": optim_sd}
+
+
+@contextlib.contextmanager
+def _plain_errors(rank: int):
+    """Raise a failed save's or load's own error (OSError, ...) instead of DCP's wrapper.
+
+    DCP gathers every rank's failure into a CheckpointException, which derives from
+    BaseException: `except Exception` would let it through, and its message names only the
+    ranks. This rank's error, or else the first failing rank's, is what the caller can act on.
+    """
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        yield
+    except CheckpointException as wrapped:
+        failures = wrapped.failures
+        error = failures[rank][0] if rank in failures else next(iter(failures.values()))[0]
+        if isinstance(error, Exception):
+            raise error from wrapped
+        raise
+
+
+class DcpEngine:
+    """Saves and loads one model (and optimizer) of a session; one save in flight at most."""
+
+    def __init__(self, session: Any = None, pinned: bool | None = None):
+        device = session.device if session is not None else torch.device("cpu")
+        self.distributed = bool(session is not None and session.distributed)
+        self.rank = session.rank if session is not None else 0
+        if not self.distributed:
+            # DCP warns that it assumes a single process: here that is the intent, not a mistake.
+            # A filter, not catch_warnings: the asynchronous save warns from its own thread.
+            warnings.filterwarnings("ignore", SINGLE_PROCESS_WARNING, UserWarning)
+        # A collective call: every rank constructs its engine at the same point of the program.
+        self.group = dist.new_group(backend="gloo") if self.distributed else None
+        self.pinned = device.type == "cuda" if pinned is None else pinned
+        self._stager: Any = None
+        self._pending: Any = None
+
+    # -- saving ----------------------------------------------------------------------------
+    def save(self, directory: str | os.PathLike, model: torch.nn.Module,
+             optimizer: torch.optim.Optimizer | None = None, blocking: bool = False) -> None:
+        """Write the state under `directory` (the same path on every rank; all ranks call)."""
+        import torch.distributed.checkpoint as dcp
+
+        self.wait()  # one save at a time: its staging buffers are the next one's
+        state = state_dicts(model, optimizer)
+        if blocking:
+            with _plain_errors(self.rank):
+                dcp.save(state, checkpoint_id=str(directory), process_group=self.group)
+            return
+        with _plain_errors(self.rank):
+            self._pending = dcp.async_save(state, checkpoint_id=str(directory),
+                                           process_group=self.group, async_stager=self._staging())
+
+    def _staging(self) -> Any:
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+        if self._stager is None:
+            # Synchronous staging: when save() returns, the copy is complete and the optimizer
+            # may change the parameters in place. Shared memory is for process-based writers.
+            self._stager = DefaultStager(StagingOptions(
+                use_pinned_memory=self.pinned, use_shared_memory=False, use_async_staging=False,
+                use_non_blocking_copy=False))
+        return self._stager
+
+    def wait(self) -> None:
+        """Block until the save in flight is on disk; re-raise its error here if it failed."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        future = getattr(pending, "upload_completion", pending)  # AsyncSaveResponse or Future
+        with _plain_errors(self.rank):
+            future.result()
+
+    @property
+    def busy(self) -> bool:
+        future = getattr(self._pending, "upload_completion", self._pending)
+        return future is not None and not future.done()
+
+    # -- loading ---------------------------------------------------------------------------
+    def load(self, directory: str | os.PathLike, model: torch.nn.Module,
+             optimizer: torch.optim.Optimizer | None = None) -> None:
+        """Fill model (and optimizer) from `directory`, whatever world size wrote it."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
+
+        self.wait()
+        state = state_dicts(model, optimizer)  # this rank's layout: what to read, and where
+        with _plain_errors(self.rank):
+            dcp.load(state, checkpoint_id=str(directory), process_group=self.group)
+        if optimizer is None:
+            set_model_state_dict(model, state["model"])
+        else:
+            set_state_dict(model, optimizer, model_state_dict=state["model"],
+                           optim_state_dict=state["optimizer"])
+
+    # -- scope -----------------------------------------------------------------------------
+    def close(self) -> None:
+        """Finish the save in flight, free the staging buffers and the engine's group."""
+        try:
+            self.wait()
+        finally:
+            if self._stager is not None:
+                self._stager.close()
+                self._stager = None
+            if self.group is not None and dist.is_initialized():
+                dist.destroy_process_group(self.group)
+                self.group = None
+
+    def __enter__(self) -> "DcpEngine":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -1,0 +1,63 @@
+"""Sharded data parallelism (FSDP2): parameters, gradients and optimizer state split over tasks.
+
+    with hpc.ddp.session() as s:
+        model = s.wrap(Net(), strategy="fsdp")       # hpc.fsdp.shard over s.mesh
+        opt = torch.optim.AdamW(model.parameters())  # built after wrapping: it holds the shards
+
+Each task keeps 1/world_size of every parameter (a DTensor sharded on dim 0). A sharding unit
+gathers its parameters just before its forward and backward and frees them after, so peak
+memory is one unit's full parameters plus the shards. Units are, by default, the elements of
+every ``nn.ModuleList`` in the model (transformer blocks, as torchtitan shards them), then the
+root, which takes whatever parameters the units left (embeddings, heads). A model without a
+module list is one unit: correct, but it gathers all its parameters at once.
+
+On CUDA the gathered parameters are bf16 and gradients are reduced in fp32
+(``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``): the shards and the optimizer
+keep fp32. On the CPU (gloo) everything stays in the model's own dtype.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+
+__all__ = ["shard", "default_units", "default_policy"]
+
+
+def default_units(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The elements of the outermost module lists, in model order."""
+    units: list[torch.nn.Module] = []
+    inside: set[int] = set()  # ids of modules below a chosen unit: never a unit themselves
+    for _, module in model.named_modules():
+        if id(module) in inside:
+            continue
+        if isinstance(module, torch.nn.ModuleList):
+            for block in module:
+                units.append(block)
+                inside.update(id(m) for m in block.modules())
+    return units
+
+
+def default_policy(device: torch.device):
+    """bf16 compute with fp32 gradient reduction on CUDA, the model's dtype elsewhere."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    if device.type == "cuda":
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy()
+
+
+def shard(model: torch.nn.Module, mesh, units: Iterable[torch.nn.Module] | None = None,
+          mp_policy=None) -> torch.nn.Module:
+    """fully_shard each unit, then the root; returns the model (FSDP2 shards it in place)."""
+    from torch.distributed.fsdp import fully_shard
+
+    chosen = default_units(model) if units is None else list(units)
+    if any(unit is model for unit in chosen):
+        raise ValueError("units= contains the model itself; the root is sharded last anyway. "
+                         "HINT: pass its blocks, e.g. units=list(model.layers)")
+    policy = mp_policy if mp_policy is not None else default_policy(torch.device(mesh.device_type))
+    for unit in chosen:
+        fully_shard(unit, mesh=mesh, mp_policy=policy)
+    return fully_shard(model, mesh=mesh, mp_policy=policy)
