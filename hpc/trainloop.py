@@ -117,6 +117,8 @@ class TrainLoop:
         mine = state.get("per_rank") or {}
         for name, obj in self.objects.items():
             saved = (mine.get("objects", {}) if _per_rank(obj) else state["objects"]).get(name)
+            if saved is None and not _per_rank(obj):  # a loader position, written per rank before
+                saved = mine.get("objects", {}).get(name)  # positions were global
             if saved is None:  # e.g. a data loader registered after this checkpoint was written
                 log.warning("checkpoint step %d has no state for %r: it starts fresh", step, name)
                 continue

@@ -106,8 +106,8 @@ def test_loader_position_resumes_mid_epoch(tmp_path):
     cut = tmp_path / "cut"
     with pytest.raises(JobNotRequeued):
         _train_on_loader(cut, stop_at=7)  # epoch 1, after its 2nd batch
-    head = torch.load(cut / "checkpoints" / "step-7" / "rank-0.pt", weights_only=True)
-    assert head["objects"]["data"] == {"epoch": 1, "consumed": 8, "num_samples": 20}
+    head = torch.load(cut / "checkpoints" / "step-7" / "shared.pt", weights_only=True)
+    assert head["objects"]["data"] == {"epoch": 1, "samples": 8, "dataset": 20}  # global, shared
     rest, resumed = _train_on_loader(cut)
     assert len(rest) == TOTAL - 7
     assert all(torch.equal(a, b) for a, b in zip(rest, clean_batches[7:]))
