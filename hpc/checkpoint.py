@@ -13,6 +13,8 @@ Layout of one checkpoint (every rank calls ``save``; rank 0 commits)::
     step-120/shared.pt        state minus "per_rank", written by rank 0
     step-120/rank-R.pt        state["per_rank"] of rank R (RNG, sampler position, ...)
     step-120/COMPLETE.json    marker: step, files with their crc32 and size; written last
+    step-120/__R_0.distcp     with save(..., sharded=): model and optimizer shards (hpc.dcp)
+    step-120/.metadata        DCP's index of those shards, written after every rank's data
 
 Files are written into ``.step-N.tmp/`` (temporary name, fsync, rename), then rank 0 writes the
 marker and renames the directory. A directory counts only with a marker whose checksums match, so a
@@ -41,16 +43,18 @@ import torch
 
 from hpc import background
 from hpc import checkpoint_layout as layout
-from hpc.checkpoint_io import (Staging, fsync_dir, load_file, nbytes, space_error, write_atomic,
-                               write_bytes_atomic)
-from hpc.checkpoint_layout import MARKER, SHARED
+from hpc.checkpoint_io import (Staging, file_info, fsync_dir, load_file, nbytes, space_error,
+                               write_atomic, write_bytes_atomic)
+from hpc.checkpoint_layout import DCP_METADATA, MARKER, SHARED
 from hpc.checkpoint_lock import StoreLocked, WriterLock, wait_for_owner
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CheckpointStore", "StoreLocked", "MARKER", "SHARED", "PER_RANK_KEY"]
+__all__ = ["CheckpointStore", "StoreLocked", "MARKER", "SHARED", "PER_RANK_KEY", "SHARDED_KEY"]
 
 PER_RANK_KEY = "per_rank"
+# load() puts the directory of a checkpoint holding DCP shards under this key (hpc.dcp loads them)
+SHARDED_KEY = "sharded_dir"
 # How long rank 0 waits for the other ranks' files before giving up on a checkpoint.
 RANK_WAIT_S = 600.0
 # A read whose checkpoint the writer replaced meanwhile starts over; this many times at most.
@@ -108,8 +112,15 @@ class CheckpointStore:
         self.stats = {"saves": 0, "copy_s": 0.0, "waited_s": 0.0, "write_s": 0.0}
 
     # ---------------------------------------------------------------- saving
-    def save(self, step: int, state: dict[str, Any], blocking: bool = False) -> None:
+    def save(self, step: int, state: dict[str, Any], blocking: bool = False,
+             sharded: Any = None) -> None:
         """Checkpoint `state` as step `step`; every rank calls this with the same step.
+
+        `sharded(directory, blocking)` (optional, every rank) writes model and optimizer shards
+        into the checkpoint's temporary directory through DCP and returns a function that waits
+        for them. The writer waits for it before its own files: rank 0's marker, which lists
+        and checksums the shards and DCP's .metadata, is written after DCP finished. Such a save
+        runs on the writer thread (a forked writer cannot wait on DCP's thread).
 
         Background (default): the caller pays for copying accelerator tensors to CPU and a fork
         (thread mode: copying every tensor). A save that is due while the previous write still
@@ -123,18 +134,19 @@ class CheckpointStore:
         t1 = time.perf_counter()
         own = {k: v for k, v in state.items() if k != PER_RANK_KEY} if self.rank == 0 else None
         args = [int(step), own, state.get(PER_RANK_KEY), _generation()]
+        shards = None if sharded is None else sharded(self.directory / layout.name("tmp", step), blocking)
         self.stats["saves"] += 1
         self.stats["waited_s"] += t1 - t0
         if blocking:
-            self._write(*args, overlap=True)
+            self._write(*args, overlap=True, shards=shards)
             self.stats["write_s"] += time.perf_counter() - t1
             return
-        mode = self._mode_for(args[1:3])
+        mode = "thread" if shards is not None else self._mode_for(args[1:3])
         # Fork: CPU tensors reach the child copy-on-write, only device tensors need a copy first.
         # The thread writer reads pinned buffers (full-speed device copies); a forked writer must
         # get pageable ones (see Staging).
         args[1:3] = self._staging.stage(tuple(args[1:3]), cpu_too=mode == "thread", pin=mode == "thread")
-        self._job = background.start(self._write, tuple(args), mode, self._writer)
+        self._job = background.start(self._write, (*args, False, shards), mode, self._writer)
         self._pending = args[0]
         self.stats["copy_s"] += time.perf_counter() - t1
 
@@ -188,16 +200,20 @@ class CheckpointStore:
         self._claimed = True
 
     def _write(self, step: int, shared: Any, per_rank: Any, generation: str,
-               overlap: bool = False) -> None:
+               overlap: bool = False, shards: Any = None) -> None:
         tmp = self.directory / layout.name("tmp", step)
         try:
             tmp.mkdir(exist_ok=True)
+            if shards is not None:
+                shards()  # this rank's shards on disk; on rank 0 also DCP's metadata
             if per_rank is not None:
                 info = write_atomic(tmp / f"rank-{self.rank}.pt", per_rank, overlap)
                 write_bytes_atomic(tmp / f"rank-{self.rank}.done", json.dumps(
                     {"generation": generation, "file": info}).encode())
             if self.rank == 0:
                 files = {SHARED: write_atomic(tmp / SHARED, shared, overlap)}
+                if shards is not None:
+                    files.update(_dcp_files(tmp))
                 if per_rank is not None:
                     files.update(self._collect_ranks(tmp, generation))
                 self._commit(step, tmp, files)
@@ -413,7 +429,16 @@ class CheckpointStore:
             return f"{SHARED} holds a {type(state).__name__}, not a checkpoint's dict"
         own = f"rank-{self.rank}.pt"
         state[PER_RANK_KEY] = load_file(path / own, map_location) if own in names else None
+        if DCP_METADATA in names:
+            state[SHARDED_KEY] = path
         return state
+
+
+def _dcp_files(tmp: Path) -> dict[str, dict]:
+    """Checksum info of DCP's files in a temporary directory, every rank's shards included:
+    DCP's coordinator writes .metadata only after all of them are written."""
+    names = [DCP_METADATA] + sorted(n for n in os.listdir(tmp) if n.endswith(".distcp"))
+    return {n: file_info(tmp / n) for n in names}
 
 
 def _warn(message: str) -> None:

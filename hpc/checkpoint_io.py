@@ -211,6 +211,16 @@ def verify(path: Path, expected: Any) -> str:
     return ""
 
 
+def file_info(path: Path) -> dict[str, Any]:
+    """write_atomic's info ({"crc32", "bytes"}) of a file another writer made (DCP's shards)."""
+    crc, size, buf = 0, 0, bytearray(CHUNK)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            crc = zlib.crc32(memoryview(buf)[:n], crc)
+            size += n
+    return {"crc32": f"{crc:08x}", "bytes": size}
+
+
 def load_file(path: Path, map_location: Any = "cpu") -> Any:
     """weights_only torch.load, memory-mapped: tensors are backed by the page cache (which the
     verification pass just filled) instead of a second copy in memory."""

@@ -30,6 +30,7 @@ SHARED = "shared.pt"
 KINDS = ("step", "tmp", "old", "invalid", "gone")
 _ENTRY = re.compile(r"^(?:step-(\d+)|\.step-(\d+)\.(tmp|old|invalid|gone))$")
 _FILE_NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]*$")  # a marker lists plain names, no paths
+DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's index of a sharded save: the one dot name
 
 
 def name(kind: str, step: int) -> str:
@@ -92,7 +93,7 @@ def _marker_problem(marker: object, path: Path) -> str:
     if SHARED not in files:  # checked before any file is read: a marker that cannot load
         return f"marker lists no {SHARED}"
     for n, info in files.items():
-        if not _FILE_NAME.match(n):
+        if not (_FILE_NAME.match(n) or n == DCP_METADATA):
             return f"marker lists {n!r}, not a plain file name"
         if not (isinstance(info, str) or (isinstance(info, dict) and isinstance(info.get("bytes"), int)
                                           and isinstance(info.get("crc32"), str))):
