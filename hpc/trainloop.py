@@ -20,6 +20,15 @@ data loaders (``s.loader(...)``, hpc.sampler), so a run that was stopped and res
 identical to one that was not, provided its data comes from such a loader or is a function of the
 step (e.g. hpc.sharding.round_robin with epoch = step // steps_per_epoch).
 
+Under FSDP (``s.wrap(model, strategy="fsdp")``) the model and its optimizer are saved through
+DCP (hpc.dcp) into the same ``step-N/`` directory: each rank writes its shards, asynchronously,
+and the marker comes after DCP's metadata. A checkpoint holding such shards loads under either
+strategy and on any world size. A resume on another world size than the checkpoint's restores
+everything that is global (model, optimizer, schedulers, the loaders' positions, ``extra``); the
+per-rank RNG states cannot carry over (which rank would get which?), so every generator is
+reseeded from (seed, step, rank) with a warning that says so. The global batch stays the same
+when the batch is planned with ``s.plan_batch``: its gradient accumulation is re-planned.
+
 On the pre-timeout signal or preemption every rank stops at the same step, the checkpoint is
 written, rank 0 asks SLURM what happened and requeues (hpc.preemption), and every process exits.
 Ranks agree on that step through an asynchronous vote read one check later (hpc.stopsignal), so
@@ -46,7 +55,8 @@ import torch.distributed as dist
 
 from hpc import preemption, rng
 from hpc.stopsignal import StopFlag, StopVote
-from hpc.checkpoint import CheckpointStore
+from hpc.checkpoint import SHARDED_KEY, CheckpointStore
+from hpc.sampler import _mix
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +66,20 @@ def _unwrap(obj: Any) -> Any:
     return obj.module if isinstance(obj, torch.nn.parallel.DistributedDataParallel) else obj
 
 
+def _fsdp(obj: Any) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(obj, FSDPModule)
+
+
 def _per_rank(obj: Any) -> bool:
     return bool(getattr(obj, "per_rank_state", False))  # hpc.sampler.ResumableLoader
+
+
+def _new_engine(session: Any) -> Any:
+    from hpc.dcp import DcpEngine
+
+    return DcpEngine(session)
 
 
 def bitwise_ddp_kwargs() -> dict[str, Any]:
@@ -82,7 +104,7 @@ class TrainLoop:
     def __init__(self, session: Any, out_dir: str | os.PathLike, save_every: int = 100,
                  keep: int = 3, max_timeouts: int = preemption.DEFAULT_MAX_TIMEOUTS,
                  timeout_signal: str = preemption.DEFAULT_TIMEOUT_SIGNAL, check_every: int = 1,
-                 tensorboard: bool = True) -> None:
+                 tensorboard: bool = True, seed: int = 0) -> None:
         if save_every < 1 or check_every < 1:
             raise ValueError(f"save_every={save_every}, check_every={check_every}; expected >= 1. "
                              "HINT: save_every=100 saves every 100 steps.")
@@ -101,6 +123,9 @@ class TrainLoop:
         self._saved_step: int | None = None
         self._tb = tensorboard
         self._writer: Any = None
+        self.seed = seed  # reseeds the RNGs when a resume changes the world size
+        self._engine: Any = None  # hpc.dcp.DcpEngine, for a model sharded by FSDP
+        self._dcp_names: tuple[str, ...] = ()  # model (and optimizer) saved through it
 
     # ---------------------------------------------------------------- resume
     def resume(self, objects: dict[str, Any]) -> int:
@@ -111,11 +136,25 @@ class TrainLoop:
         self.objects = dict(objects)
         state = self.store.load()
         step = self._agree(state["step"] if state else -1)
+        sharded = state.get(SHARDED_KEY) if state else None
+        if sharded is not None or any(_fsdp(o) for o in self.objects.values()):
+            self._dcp_names = self._sharded_objects()
+            self._engine = self._engine or _new_engine(self.s)  # collective: every rank, here
         if step < 0:
             log.info("no checkpoint in %s: starting fresh", self.store.directory)
             return 0
+        if sharded is not None:
+            self._engine.load(sharded, *(self.objects[n] for n in self._dcp_names))
         mine = state.get("per_rank") or {}
+        saved_world = state.get("world_size", self.s.world_size)
         for name, obj in self.objects.items():
+            if name in self._dcp_names and sharded is not None:
+                continue
+            if _per_rank(obj) and saved_world != self.s.world_size:
+                log.warning("checkpoint step %d was written by %d ranks: the per-rank state of %r "
+                            "cannot carry over to %d; it starts fresh", step, saved_world, name,
+                            self.s.world_size)
+                continue
             saved = (mine.get("objects", {}) if _per_rank(obj) else state["objects"]).get(name)
             if saved is None and not _per_rank(obj):  # a loader position, written per rank before
                 saved = mine.get("objects", {}).get(name)  # positions were global
@@ -124,12 +163,36 @@ class TrainLoop:
                 continue
             _unwrap(obj).load_state_dict(saved)
         self.extra = dict(state.get("extra", {}))
-        if mine:
+        if saved_world == self.s.world_size and mine:
             rng.restore(mine["rng"])
+        else:
+            rng.seed_all(_mix(self.seed, step, self.s.rank))
+            log.warning("checkpoint step %d was written by %d ranks, this run has %d: per-rank RNG "
+                        "states cannot carry over, so every generator is reseeded from (seed=%d, "
+                        "step=%d, rank). Model, optimizer and data position resume exactly; random "
+                        "draws (dropout, augmentation) differ from an uninterrupted run's",
+                        step, saved_world, self.s.world_size, self.seed, step)
         self.step = self.current = self.resumed_step = self._saved_step = step
         log.info("resumed from step %d (SLURM_RESTART_COUNT=%s)", step,
                  os.environ.get("SLURM_RESTART_COUNT", "0"))
         return step
+
+    def _sharded_objects(self) -> tuple[str, ...]:
+        """Names of the model and its optimizer that go through DCP: one model, at most one
+        optimizer (get_state_dict pairs them to key optimizer state by parameter name)."""
+        models = [n for n, o in self.objects.items() if isinstance(o, torch.nn.Module)]
+        optims = [n for n, o in self.objects.items() if isinstance(o, torch.optim.Optimizer)]
+        if len(models) != 1 or len(optims) > 1:
+            raise ValueError(
+                f"sharded checkpoints need one model and at most one optimizer; got models "
+                f"{models} and optimizers {optims}. HINT: register them as one nn.Module (an "
+                "nn.ModuleDict of the parts) with one optimizer over all their parameters.")
+        return (models[0], *optims)
+
+    def _save_shards(self, directory: Path, blocking: bool) -> Any:
+        """The store's hook: DCP writes the model and optimizer into the checkpoint directory."""
+        self._engine.save(directory, *(self.objects[n] for n in self._dcp_names), blocking=blocking)
+        return self._engine.wait
 
     def _agree(self, step: int) -> int:
         """Every rank must resume from the same step; a mismatch would deadlock the first step."""
@@ -164,15 +227,18 @@ class TrainLoop:
         marked ``per_rank_state`` (data loader positions) and the RNGs in each rank's own."""
         split = {True: {}, False: {}}
         for k, o in self.objects.items():
-            split[_per_rank(o)][k] = _unwrap(o).state_dict()
+            if k not in self._dcp_names:  # those are saved by DCP
+                split[_per_rank(o)][k] = _unwrap(o).state_dict()
         return {"step": self.step, "extra": dict(self.extra), "objects": split[False],
+                "world_size": self.s.world_size,
                 "per_rank": {"rng": rng.capture(), "objects": split[True]}}
 
     def save(self, blocking: bool = False) -> None:
         if self._saved_step == self.step:
             self.store.wait() if blocking else None
             return
-        self.store.save(self.step, self.state(), blocking=blocking)
+        shards = self._save_shards if self._engine is not None and self._dcp_names else None
+        self.store.save(self.step, self.state(), blocking=blocking, sharded=shards)
         self._saved_step = self.step
 
     def _stop(self, request: preemption.StopRequest) -> None:
@@ -204,6 +270,7 @@ class TrainLoop:
         self.save(blocking=True)
         self.s.barrier()
         self.store.close()
+        self._close_engine()
         self.close_writer()
         self._finished = True
         # Without `with`, the flag handlers stay: a time-limit signal or SIGTERM arriving before
@@ -231,8 +298,14 @@ class TrainLoop:
             self.store.close()  # lets the write in flight commit: it holds a completed step
         except Exception as err:  # never hide the exception that ended the loop
             log.warning("background checkpoint write failed while leaving: %s", err)
+        self._engine = None  # no collective here: its group goes with the process
         self.close_writer()
         self._finished = True
+
+    def _close_engine(self) -> None:
+        if self._engine is not None:
+            self._engine.close()
+            self._engine = None
 
     # --------------------------------------------------------------- logging
     @property
