@@ -7,6 +7,7 @@ planned by s.plan_batch (2 ranks: one micro-batch each; 1 rank: two, accumulated
 schedule. Each rank appends, per step, the ids of the samples it trained on to OUT/ids-<rank>.jsonl
 and rank 0 the mean loss to OUT/loss.jsonl; the final full model state goes to OUT/final.pt.
 --stop-at N sends this process the pre-timeout signal at step N: TrainLoop checkpoints and stops.
+--save-every N adds periodic (asynchronous) checkpoints, keeping 2.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ def main() -> None:
     p.add_argument("--strategy", default="ddp")
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--stop-at", type=int, default=0)
+    p.add_argument("--save-every", type=int, default=100)
     a = p.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     with hpc.ddp.session(timeout_s=120) as s:
@@ -48,7 +50,7 @@ def main() -> None:
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 / (1 + step))
         plan = s.plan_batch(GLOBAL_BATCH, PER_DEVICE_MAX)
         loader = s.loader(dataset(), batch_size=plan.micro_batch, seed=3)
-        with TrainLoop(s, a.out, save_every=100, tensorboard=False) as loop:
+        with TrainLoop(s, a.out, save_every=a.save_every, keep=2, tensorboard=False) as loop:
             loop.resume({"model": model, "optimizer": opt, "sched": sched, "data": loader})
             batches = loader.batches()
             ids_log = open(a.out / f"ids-{s.rank}.jsonl", "a")

@@ -92,3 +92,14 @@ def test_an_fsdp_checkpoint_holds_dcp_shards_under_its_marker(tmp_path):
     marker = json.loads((step_dir / "COMPLETE.json").read_text())
     assert {".metadata", "__0_0.distcp", "__1_0.distcp", "shared.pt"} <= set(marker["files"])
     assert marker["world_size"] == 2
+
+
+def test_periodic_async_fsdp_saves_resume_on_one_rank(clean, tmp_path):
+    """Every step saved asynchronously (DCP on the store's writer thread), 2 kept, then 2 -> 1."""
+    out = tmp_path / "run"
+    run(2, out, "--strategy", "fsdp", "--steps", STEPS, "--stop-at", STOP_AT + 1, "--save-every", 1)
+    assert len(list((out / "checkpoints").glob("step-*"))) == 2
+    errors = run(1, out, "--strategy", "fsdp", "--steps", STEPS, "--save-every", 1)
+    assert (out / "final.pt").is_file(), "\n".join(errors)
+    assert per_step_ids(out) == per_step_ids(clean / "fsdp")
+    assert max_difference(load(out / "final.pt"), load(clean / "fsdp" / "final.pt")) <= ATOL
