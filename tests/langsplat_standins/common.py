@@ -29,7 +29,9 @@ OPT_3DGS = {"iterations": 30000, "position_lr_init": 0.00016, "position_lr_final
             "densify_from_iter": 500, "densify_until_iter": 15000, "densify_grad_threshold": 0.0002}
 OPT_LANGSPLAT = {**OPT_3DGS, "language_feature_lr": 0.0025, "include_feature": True}
 PIPE = {"convert_SHs_python": False, "compute_cov3D_python": False, "debug": False}
-STEP_ENV = "LANGSPLAT_STANDIN_STEP_S"  # seconds per iteration, so that a test can preempt mid-run
+# "<iteration>:<file>": after that iteration (and its checkpoint), the run writes <file>.reached and
+# waits while <file> exists, so that a test can stop it at a known point (no timing involved)
+HOLD_ENV = "LANGSPLAT_STANDIN_HOLD"
 
 
 def add_group(parser: argparse.ArgumentParser, params: Dict, fork: bool = False, fill_none: bool = False) -> None:
@@ -144,8 +146,15 @@ def record(model_path: str, **entry) -> None:
         f.write(json.dumps(entry) + "\n")
 
 
-def step_pause() -> None:
-    time.sleep(float(os.environ.get(STEP_ENV, "0")))
+def hold(iteration: int) -> None:
+    """The test hook of HOLD_ENV: the real scripts have no such pause."""
+    at, _, name = os.environ.get(HOLD_ENV, "").partition(":")
+    if not at or int(at) != iteration:
+        return
+    gate = Path(name)
+    Path(f"{gate}.reached").write_text(str(iteration))
+    while gate.exists():
+        time.sleep(0.1)
 
 
 def language_feature(source: Path, name: str, lf_name: str, level: int, size: Tuple[int, int]) -> np.ndarray:

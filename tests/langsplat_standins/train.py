@@ -93,7 +93,7 @@ def main(variant: str = "upstream", argv=None) -> int:
     for it in range(first + 1, args.iterations + 1):
         step(g, scene, args, scene.names[(it - 1) % len(scene.names)], include_feature)
         save(args, g, it, include_feature)
-        c.step_pause()
+        c.hold(it)
     gui.close()
     print("\nTraining complete.")
     return 0

@@ -108,7 +108,7 @@ def main(argv=None) -> int:
             save(args, g, it, True)
         if world > 1:
             dist.barrier()
-        c.step_pause()
+        c.hold(it)
     if dist.is_initialized():
         dist.destroy_process_group()
     return 0
