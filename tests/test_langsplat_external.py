@@ -116,12 +116,25 @@ def test_checkpoint_iterations_are_a_cadence_plus_the_last():
 
 
 def test_newest_checkpoint_ignores_links_and_other_names(tmp_path):
+    import torch
+
     for n in (3, 12, 7):
-        (tmp_path / f"chkpnt{n}.pth").write_bytes(b"")
+        torch.save(({"n": n}, n), tmp_path / f"chkpnt{n}.pth")
     (tmp_path / "chkpnt30000.pth").symlink_to("chkpnt12.pth")
-    (tmp_path / "chkpnt_best.pth").write_bytes(b"")
+    torch.save({}, tmp_path / "chkpnt_best.pth")
     assert es.newest_checkpoint(tmp_path) == tmp_path / "chkpnt12.pth"
     assert es.newest_checkpoint(tmp_path / "none") is None
+
+
+def test_newest_checkpoint_skips_one_cut_short_while_saving(tmp_path, capsys):
+    import torch
+
+    for n in (4, 8):
+        torch.save(({"n": n}, n), tmp_path / f"chkpnt{n}.pth")
+    whole = (tmp_path / "chkpnt8.pth").read_bytes()
+    (tmp_path / "chkpnt8.pth").write_bytes(whole[:len(whole) // 2])  # preempted inside torch.save
+    assert es.newest_checkpoint(tmp_path) == tmp_path / "chkpnt4.pth"
+    assert f"skipping {tmp_path / 'chkpnt8.pth'}: not a complete torch.save archive" in capsys.readouterr().err
 
 
 def overrides(world, checkout="fork", *extra):
@@ -210,3 +223,97 @@ def test_whole_graph_on_the_local_executor_fork(world, monkeypatch):
     assert (out / "scene_-1" / "chkpnt12.pth").is_file()  # fork train.py --no_include_feature: -m + _-1
     assert list((run_dir / "eval" / "scene").glob("*.log"))
     assert (run_dir / "autoencoder" / "ckpt" / "scene" / "best_ckpt.pth").is_file()  # the fork's eval layout
+
+
+def stage_argv(monkeypatch, cfg, tmp_path, stage, item=None, rank=0, world=1):
+    """The argv (and working directory) a stage target would run, without running it."""
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+
+    seen = {}
+    monkeypatch.setattr(es.Stage, "run_script", lambda self, argv, name, launch=False, cwd=None, env=None:
+                        seen.update(argv=argv, launch=launch, cwd=cwd, env=env) or {})
+    ctx = SimpleNamespace(cfg=OmegaConf.to_container(cfg, resolve=True), run_dir=tmp_path / "run", item=item,
+                          stage_dir=tmp_path / "run" / stage, env=SimpleNamespace(rank=rank, world_size=world))
+    getattr(es, stage)(ctx)
+    return seen
+
+
+def flag(argv, name):
+    return argv[argv.index(name) + 1]
+
+
+def test_rgb_argv_per_checkout_and_its_resume(world, monkeypatch, tmp_path):
+    fork = stage_argv(monkeypatch, load(*overrides(world), "external.iterations=9"), tmp_path, "rgb")["argv"]
+    assert fork[1] == str(world["root"] / "fork" / "train.py") and "--no_include_feature" in fork
+    gs = stage_argv(monkeypatch, load(*overrides(world, "upstream"), "external.iterations=9",
+                                      "external.checkpoint_every=4"), tmp_path, "rgb")["argv"]
+    assert gs[1] == str(world["root"] / "gs" / "train.py") and "--no_include_feature" not in gs
+    assert gs[gs.index("--checkpoint_iterations") + 1:][:2] == ["4", "8"] and "9" in gs
+    assert "--start_checkpoint" not in gs
+    assert int(flag(gs, "--port")) not in (6009, 55555)  # a free one: tasks on one node must not collide
+    model = tmp_path / "run" / "output" / "scene"  # graphdeco writes -m as given
+    model.mkdir(parents=True)
+    for n in (4, 8):
+        (model / f"chkpnt{n}.pth").write_bytes(b"PK\x05\x06" + bytes(18))  # an (empty) zip, as torch.save writes
+    gs = stage_argv(monkeypatch, load(*overrides(world, "upstream"), "external.iterations=9"), tmp_path, "rgb")["argv"]
+    assert flag(gs, "--start_checkpoint") == str(model / "chkpnt8.pth")
+
+
+def test_features_argv_fork_views_updates_and_upstream(world, monkeypatch, tmp_path):
+    cfg = load(*overrides(world), "external.iterations=12", "external.checkpoint_every=0")
+    seen = stage_argv(monkeypatch, cfg, tmp_path, "features", item=3, world=4)
+    argv = seen["argv"]
+    assert seen["launch"] and argv[1].endswith("train_ddp.py") and "--port" not in argv  # it binds no GUI port
+    # views: --epochs round(12 / 6 cameras) = 2, so 2 x (6 // 4) = 2 updates of 4 cameras; lr x 4
+    assert (flag(argv, "--epochs"), "--scale_lr" in argv, flag(argv, "--checkpoint_iterations")) == ("2", True, "2")
+    assert flag(argv, "--feature_level") == "3" and flag(argv, "--start_checkpoint").endswith("scene_-1/chkpnt12.pth")
+    updates = stage_argv(monkeypatch, load(*overrides(world), "external.iterations=12", "external.ddp_work=updates",
+                                           "external.checkpoint_every=0"), tmp_path, "features", item=1, world=4)
+    argv = updates["argv"]  # the script multiplies --iterations by the world size, and so the last checkpoint's name
+    assert "--match_single_gpu_updates" in argv and flag(argv, "--iterations") == "12"
+    assert flag(argv, "--checkpoint_iterations") == "48"
+    up = stage_argv(monkeypatch, load(*overrides(world, "upstream"), "external.iterations=12"), tmp_path,
+                    "features", item=1)
+    argv = up["argv"]
+    assert not up["launch"] and argv[1] == str(world["root"] / "upstream" / "train.py")
+    assert flag(argv, "--start_checkpoint") == str(tmp_path / "run" / "output" / "scene" / "chkpnt12.pth")
+    assert int(flag(argv, "--port")) != 55555
+    level = tmp_path / "run" / "output" / "scene_1"  # a requeued task: its own 13-entry checkpoint
+    level.mkdir(parents=True)
+    (level / "chkpnt4.pth").write_bytes(b"PK\x05\x06" + bytes(18))
+    argv = stage_argv(monkeypatch, load(*overrides(world, "upstream"), "external.iterations=12"), tmp_path,
+                      "features", item=1)["argv"]
+    assert flag(argv, "--start_checkpoint") == str(level / "chkpnt4.pth")
+
+
+def test_autoencoder_and_eval_agree_on_each_checkouts_layout(world, monkeypatch, tmp_path):
+    for checkout, name, ckpt in (("fork", "scene", "scene/best_ckpt.pth"),
+                                 ("upstream", "scene/ae_ckpt", "scene/ae_ckpt/best_ckpt.pth")):
+        cfg = load(*overrides(world, checkout))
+        train = stage_argv(monkeypatch, cfg, tmp_path, "ae_train")
+        assert flag(train["argv"], "--dataset_name") == name and train["cwd"] == tmp_path / "run" / "autoencoder"
+        assert Path(flag(train["argv"], "--dataset_path")).is_absolute()  # the script runs elsewhere
+        encode = stage_argv(monkeypatch, cfg, tmp_path, "ae_encode")
+        assert flag(encode["argv"], "--dataset_name") == name and encode["cwd"] == train["cwd"]
+        ev = stage_argv(monkeypatch, cfg, tmp_path, "eval")
+        # evaluate_iou_loc.py reads <ae_ckpt_dir>/<dataset_name>/[ae_ckpt/]best_ckpt.pth: where train.py saved it
+        assert Path(flag(ev["argv"], "--ae_ckpt_dir")) / ckpt == train["cwd"] / "ckpt" / name / "best_ckpt.pth"
+        assert ev["cwd"] == world["root"] / checkout / "eval"
+
+
+def test_preprocess_gets_absolute_weights_and_offline_clip(world, monkeypatch, tmp_path):
+    monkeypatch.chdir(world["root"])  # paths relative to the submission directory
+    cfg = load(*[o for o in overrides(world) if "sam_checkpoint" not in o and "data_path" not in o],
+               "external.sam_checkpoint=ckpts/sam_vit_h_4b8939.pth", "langsplat.data_path=data/scene")
+    assert cfg.langsplat.data_path == str(world["data"])  # saved so in config.yaml
+    monkeypatch.chdir(tmp_path)  # the job starts elsewhere
+    seen = stage_argv(monkeypatch, cfg, tmp_path, "preprocess", item=0)
+    assert flag(seen["argv"], "--sam_ckpt_path") == str(world["sam"])  # preprocess.py resolves it in its cwd
+    assert seen["env"] == {"HF_HOME": str(world["hf_home"]), "HF_HUB_OFFLINE": "1"}
+
+
+def test_train_ddp_needs_a_camera_per_rank_refused_before_submission(world):
+    with pytest.raises(config.ConfigError, match="6 cameras but stages.features runs 8 ranks"):
+        load(*overrides(world), "stages.features.local_tasks=8")

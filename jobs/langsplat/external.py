@@ -12,6 +12,7 @@ only the file system: nothing here imports torch or runs the checkout.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, List, Optional
 
@@ -130,8 +131,26 @@ def notes(cfg: Any) -> List[str]:
     return lines
 
 
+PATH_KEYS = ("langsplat_dir", "gaussian_splatting_dir", "sam_checkpoint", "clip_hf_home", "ae_ckpt_dir", "label_dir")
+
+
+def absolute_paths(cfg: Any) -> None:
+    """Make every path of the config absolute (~ expanded), as the saved config.yaml keeps it: a job
+    may start elsewhere than the submission, a resubmission may come from another directory, and
+    preprocess.py reads its SAM checkpoint relative to its own working directory."""
+    def absolute(value: Optional[str]) -> Optional[str]:
+        return os.path.abspath(os.path.expanduser(value)) if value else value
+
+    cfg.langsplat.data_path = absolute(cfg.langsplat.data_path)
+    for key in PATH_KEYS:
+        cfg.external[key] = absolute(cfg.external[key])
+    if cfg.external.python and os.sep in cfg.external.python:  # a bare name is looked up on PATH
+        cfg.external.python = absolute(cfg.external.python)
+
+
 def validate(cfg: Any) -> None:
     """Every check before submission; each failure one line with a HINT."""
+    absolute_paths(cfg)
     ext, data = cfg.external, cfg.langsplat.data_path
     bad = [lv for lv in cfg.langsplat.levels if lv not in LEVEL_NAMES]
     if bad or len(set(cfg.langsplat.levels)) != len(cfg.langsplat.levels):

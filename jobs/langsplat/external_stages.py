@@ -16,6 +16,7 @@ import contextlib
 import re
 import socket
 import sys
+import zipfile
 from pathlib import Path
 from typing import Any, List, Optional
 
@@ -100,10 +101,18 @@ def checkpoint_iterations(final: int, every: int) -> List[int]:
 
 
 def newest_checkpoint(model: Path) -> Optional[Path]:
-    """The chkpnt<N>.pth with the largest N the script wrote (links made by hpc do not count)."""
-    found = [(int(m.group(1)), p) for p in model.glob("chkpnt*.pth")
-             if (m := re.fullmatch(r"chkpnt(\d+)\.pth", p.name)) and not p.is_symlink()]
-    return max(found)[1] if found else None
+    """The chkpnt<N>.pth with the largest N the script wrote completely (links made by hpc do
+    not count). The scripts torch.save straight to the final name, so a stop while saving leaves
+    a truncated file: torch.save writes a zip archive whose end record comes last, and a file
+    without one is skipped, with a line saying so, for the one before it."""
+    found = sorted(((int(m.group(1)), p) for p in model.glob("chkpnt*.pth")
+                    if (m := re.fullmatch(r"chkpnt(\d+)\.pth", p.name)) and not p.is_symlink()), reverse=True)
+    for _, path in found:
+        if zipfile.is_zipfile(path):
+            return path
+        print(f"[hpc] skipping {path}: not a complete torch.save archive (stopped while writing it?)",
+              file=sys.stderr, flush=True)
+    return None
 
 
 def preprocess(ctx: Any) -> dict:

@@ -104,4 +104,6 @@ def test_preempted_rgb_stage_continues_from_its_own_checkpoint(slurm_cluster, wo
     assert (model / "chkpnt20.pth").is_file()
     level = json.loads((run.path / "output" / "scene_1" / "standin.jsonl").read_text().splitlines()[0])
     assert level["start_checkpoint"] == str(model / "chkpnt20.pth") and level["start_iteration"] == 1
+    assert level["script"] == "train.py (upstream)" and runs[0]["script"] == "train.py (3dgs)"
+    assert not {r["port"] for r in [*runs, level]} & {6009, 55555}  # each task binds a free GUI port
     assert len(list((run.path / "output" / "scene_1" / "train" / "ours_None" / "renders_npy").glob("*.npy"))) == 6
