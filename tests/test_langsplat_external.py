@@ -317,3 +317,22 @@ def test_preprocess_gets_absolute_weights_and_offline_clip(world, monkeypatch, t
 def test_train_ddp_needs_a_camera_per_rank_refused_before_submission(world):
     with pytest.raises(config.ConfigError, match="6 cameras but stages.features runs 8 ranks"):
         load(*overrides(world), "stages.features.local_tasks=8")
+
+
+def test_standin_reads_language_features_at_the_image_pixels(tmp_path):
+    import numpy as np
+
+    from tests.langsplat_standins.common import language_feature
+
+    (tmp_path / "lf").mkdir()
+    seg = -np.ones((4, 4, 6), np.int32)
+    seg[1, :2, :3] = 0  # the top-left 2 x 3 pixels
+    seg[1, 2:, 3:] = 1
+    np.save(tmp_path / "lf" / "a_s.npy", seg)
+    np.save(tmp_path / "lf" / "a_f.npy", np.eye(2, 512, dtype=np.float32))
+    # a map larger than the image is read at its top-left corner, as Camera.get_language_feature does
+    assert language_feature(tmp_path, "a", "lf", 1, (2, 3))[:2].tolist() == [1, 0]
+    with pytest.raises(IndexError):
+        language_feature(tmp_path, "a", "lf", 1, (5, 6))
+    with pytest.raises(ValueError):
+        language_feature(tmp_path, "a", "lf", 4, (2, 3))

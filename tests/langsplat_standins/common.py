@@ -161,8 +161,11 @@ def language_feature(source: Path, name: str, lf_name: str, level: int, size: Tu
     """Camera.get_language_feature: the mean feature of the level's segments in this view."""
     base = source / lf_name / name
     seg, feat = np.load(f"{base}_s.npy"), np.load(f"{base}_f.npy")
-    if seg.shape[1:] != size:  # the real indexing by pixel coordinates fails the same way
-        raise IndexError(f"segment map {seg.shape[1:]} does not match the image {size}")
+    # read at the image's pixel coordinates: a smaller map fails, a larger one is read at its
+    # top-left corner without a word
+    if seg.shape[1] < size[0] or seg.shape[2] < size[1]:
+        raise IndexError(f"segment map {seg.shape[1:]} is smaller than the image {size}")
+    seg = seg[:, :size[0], :size[1]]
     if level not in (0, 1, 2, 3):
         raise ValueError("feature_level=", level)
     ids = seg[level][seg[level] != -1].astype(int)
