@@ -168,7 +168,10 @@ class CheckpointStore:
         try:
             self.stats["write_s"] += job.wait()
         except BaseException as err:
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+            first = lines[0] if lines else type(err).__name__
+            if first.endswith(":") and len(lines) > 1:  # a forked writer's report: "... failed:"
+                first += f" {lines[-1]}"  # then its traceback, whose last line is the error itself
             raise RuntimeError(f"background checkpoint write in {self.directory} failed: {first}") from err
         if self.rank == 0 and step is not None:  # a forked writer's validity cache died with it
             self._problem(step, self.directory / layout.name("step", step), known="")
@@ -415,7 +418,12 @@ class CheckpointStore:
         if not problem:
             try:
                 value = read(path, names)
-            except (FileNotFoundError, NotADirectoryError) as err:
+            except Exception as err:
+                # torch.load reports a file deleted under it as a RuntimeError, not an OSError
+                if layout.identity(path) != before:
+                    return _RACED
+                if not isinstance(err, (FileNotFoundError, NotADirectoryError)):
+                    raise
                 problem = f"{Path(err.filename or path).name} is missing"
             if isinstance(value, str):
                 problem, value = value, None
