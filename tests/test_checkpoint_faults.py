@@ -168,3 +168,24 @@ def test_dropout_and_augmentation_model_resumes_bitwise(tmp_path, uninterrupted,
     TrainLoop; stopped mid-epoch and resumed, the parameters equal the uninterrupted run's."""
     assert faults_resume.trial(tmp_path, stop_at, sig, mode, uninterrupted) == ""
     assert all(torch.equal(a, b) for a, b in zip(faults_resume.weights(tmp_path), uninterrupted))
+
+
+# ------------------------------------------------------------------ the report
+def test_reliability_report_counts_faults_and_never_passes_a_campaign_that_did_not_run(tmp_path, monkeypatch):
+    from bench import reliability
+
+    def refused(scratch, count, seed):
+        raise faults_disk.MountRefused("mount: permission denied")
+
+    monkeypatch.setattr(reliability, "campaigns", lambda: [
+        reliability.Campaign("malformed step-N entries", fc.malformed_entries, 50, 3),
+        reliability.Campaign("full disk", refused, 15, 3)])
+    out = tmp_path / "R.md"
+    assert reliability.main(["--quick", "--out", str(out)]) == 0
+    text = out.read_text()
+    assert text.startswith("# Reliability\n") and "Produced by `python -m bench.reliability --quick`" in text
+    assert "| malformed step-N entries | 3 | 0 |" in text
+    assert "| full disk | not run | - |" in text and "mount: permission denied" in text
+    assert "| **total** | **3** | **0** |" in text
+    assert "- met: 0 lost over 3 injected faults" in text
+    assert "- NOT met: every campaign ran (not run: full disk)" in text and "Outcome: **NOT met**" in text

@@ -1,0 +1,149 @@
+"""Reliability: every fault campaign once, the faults injected by kind and what they lost.
+
+    python -m bench.reliability                  # full counts (a few minutes on 2 cores), writes RELIABILITY.md
+    python -m bench.reliability --quick --out /tmp/R.md
+    python -m bench --only reliability           # the same table as a section of BENCHMARKS.md
+
+The campaigns are bench.faults_checkpoint, bench.faults_disk, bench.faults_resume and, for run
+directories, tests.submit_race (simultaneous submissions into one run dir). "Lost" counts
+checkpoints that were committed and then did not load (or loads that raised, returned nothing or
+mixed two checkpoints), resumed runs that did not end bitwise equal to the uninterrupted one,
+second writers let in, and manifest entries missing after concurrent submissions. A campaign that
+cannot run here (no tmpfs can be mounted) is listed as not run, with the reason; it is never
+counted as passed.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Callable, List, NamedTuple, Optional, Sequence
+
+from bench.common import REPO, Context
+from bench.faults_common import Outcome
+from bench.report import Section, machine, render_section, stamp
+
+TITLE = "Reliability under injected faults"
+TARGET = "0 checkpoints and 0 manifest entries lost"
+SEED = 0
+
+
+class Campaign(NamedTuple):
+    kind: str  # the faults, in words
+    run: Callable[[Path, int, int], Outcome]  # (scratch, count, seed) -> Outcome
+    count: int
+    quick: int
+
+
+def _sigkill(mode: str) -> Callable[[Path, int, int], Outcome]:
+    from bench.faults_checkpoint import sigkill_saves
+
+    return lambda scratch, n, seed: sigkill_saves(scratch, n, seed, mode)
+
+
+def _submissions(scratch: Path, rounds: int, seed: int) -> Outcome:
+    from tests.submit_race import race
+
+    submitters = 3
+    done, expected, lost = race(rounds=rounds, submitters=submitters, root=scratch)
+    return Outcome(done * submitters, lost,
+                   f"{done} rounds of {submitters} simultaneous submissions of a 4-task pipeline into "
+                   f"one new run dir; {expected} manifest entries expected")
+
+
+def campaigns() -> List[Campaign]:
+    from bench import faults_checkpoint as fc
+    from bench.faults_disk import full_disk
+    from bench.faults_resume import dropout_resume
+
+    return [
+        Campaign("SIGKILL during saves, thread writer", _sigkill("thread"), 60, 4),
+        Campaign("SIGKILL during saves, forked writer", _sigkill("fork"), 60, 4),
+        Campaign("SIGKILL during saves, blocking save", _sigkill("blocking"), 60, 4),
+        Campaign("SIGKILL at the two renames of a re-saved step", fc.kill_between_renames, 27, 9),
+        Campaign("full disk (ENOSPC) during a save", full_disk, 15, 3),
+        Campaign("load() while a keep=1 writer prunes", fc.readers_during_prune, 3000, 100),
+        Campaign("second writer into a live store, then its holder SIGKILLed", fc.two_writers, 10, 2),
+        Campaign("malformed step-N entries", fc.malformed_entries, 100, 10),
+        Campaign("dropout + augmentation run SIGTERMed or SIGKILLed, then resumed",
+                 dropout_resume, 10, 2),
+        Campaign("concurrent submissions into one run dir", _submissions, 9, 2),
+    ]
+
+
+def run(ctx: Context, seed: int = SEED) -> Section:
+    command = "python -m bench --only reliability" + (" --quick" if ctx.quick else "")
+    sec = Section("reliability", TITLE, TARGET, command,
+                  headers=["faults", "injected", "lost", "seconds", "what was checked"])
+    injected = lost = 0
+    not_run = []
+    hpc_log = logging.getLogger("hpc")
+    level = hpc_log.level
+    hpc_log.setLevel(logging.ERROR)  # the store warns about every entry it skips: expected here
+    try:
+        for i, c in enumerate(campaigns()):
+            t0 = time.perf_counter()
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    out = c.run(ctx.scratch(f"reliability-{i}"), c.quick if ctx.quick else c.count, seed)
+            except Exception as err:  # reported as not run, with the reason: never as passed
+                reason = (str(err).strip().splitlines() or [type(err).__name__])[-1]
+                sec.rows.append([c.kind, "not run", "-", f"{time.perf_counter() - t0:.1f}", reason])
+                not_run.append(c.kind)
+                continue
+            injected, lost = injected + out.faults, lost + out.lost
+            sec.rows.append([c.kind, str(out.faults), str(out.lost), f"{time.perf_counter() - t0:.1f}",
+                             out.detail.replace("|", "/")])
+    finally:
+        hpc_log.setLevel(level)
+    sec.rows.append(["**total**", f"**{injected}**", f"**{lost}**", "", ""])
+    sec.verdicts.append((f"{lost} lost over {injected} injected faults", lost == 0))
+    sec.verdicts.append(("every campaign ran" + (f" (not run: {', '.join(not_run)})" if not_run else ""),
+                         not not_run))
+    sec.notes += [
+        "lost: a committed checkpoint that did not load afterwards; a load that raised, returned "
+        "None once a checkpoint existed, or mixed files of two steps; a resumed run whose parameters "
+        "are not torch.equal to the uninterrupted run's; a second writer let in; a manifest entry missing",
+        f"seed {seed}; victims are forked and their whole process group SIGKILLed, as SLURM kills a "
+        "job; the full disk is an 8 MiB tmpfs filled by a ballast file",
+        "the same campaigns run with small counts in tests/test_checkpoint_faults.py and "
+        "tests/test_submit_concurrent.py"]
+    return sec
+
+
+def render(sec: Section, command: str, started: float, info: dict) -> str:
+    head = ["# Reliability", "",
+            f"Produced by `{command}` on {stamp(started, info)}.  ",
+            f"Machine: {info['cores']} cores, {info['cpu']}, {info['mem_gib']} GiB RAM, Python "
+            f"{info['python']}, Linux {info['kernel']}.", ""]
+    body = render_section(1, sec)
+    body[0] = f"## {sec.title}"
+    return "\n".join(head + body).rstrip() + "\n"
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.reliability", description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="small counts: a smoke test, not figures to keep")
+    p.add_argument("--seed", type=int, default=SEED)
+    p.add_argument("--out", help=f"report path (default {REPO / 'RELIABILITY.md'}; with --quick "
+                   f"{REPO / 'RELIABILITY-quick.md'})")
+    args = p.parse_args(argv)
+    out = Path(args.out or REPO / ("RELIABILITY-quick.md" if args.quick else "RELIABILITY.md"))
+    command = "python -m bench.reliability" + (" --quick" if args.quick else "") + \
+        (f" --seed {args.seed}" if args.seed != SEED else "")
+    started, info = time.time(), machine()
+    t0 = time.perf_counter()
+    with Context(quick=args.quick) as ctx:
+        sec = run(ctx, args.seed)
+    sec.command, sec.seconds = command, time.perf_counter() - t0
+    out.write_text(render(sec, command, started, info))
+    print(f"wrote {out}: {sec.outcome}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
