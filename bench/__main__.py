@@ -4,6 +4,7 @@
     python -m bench --only checkpoint status     # some of them; the others' sections are kept
     python -m bench --quick                      # smaller sizes: a smoke test, not figures to keep
     python -m bench --list
+    python -m bench.reliability                  # the fault campaigns alone, into RELIABILITY.md
 
 A benchmark that cannot run (a module missing, no SLURM here) is reported as "not measured" with
 the reason; the others still run. The sections are also saved as JSON next to the report
@@ -35,6 +36,8 @@ BENCHMARKS = {
     "status": ("bench.status_calls", "Status: scheduler calls per poll",
                "one scheduler call per poll, whatever the job count"),
     "langsplat": ("bench.langsplat_cams", "LangSplat stage 2 throughput", "cameras per second at 1 and 2 ranks"),
+    "reliability": ("bench.reliability", "Reliability under injected faults",
+                    "0 checkpoints and 0 manifest entries lost"),
 }
 
 
