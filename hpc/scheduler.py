@@ -267,6 +267,8 @@ def _run(cmd: List[str], env: Optional[Mapping[str, str]] = None, timeout_s: flo
     except (OSError, subprocess.TimeoutExpired) as err:
         raise RuntimeError(f"{cmd[0]} failed: {err}. HINT: does `scontrol ping` answer in this shell?") from None
     if out.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd[:2])} exited {out.returncode}: {out.stderr.strip()}. "
+        # SLURM's clients print a chain of errors; the last line is the one that decided
+        last = (out.stderr.strip().splitlines() or ["no message"])[-1].strip()
+        raise RuntimeError(f"{' '.join(cmd[:2])} exited {out.returncode}: {last}. "
                            "HINT: does `scontrol ping` answer in this shell?")
     return out.stdout

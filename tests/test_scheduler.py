@@ -134,3 +134,18 @@ def test_the_state_table_decides_unless_the_reason_is_a_time_limit(word, reason)
     if reason in scheduler.REASONS and expected not in ("COMPLETED", "PENDING"):
         expected = scheduler.REASONS[reason]
     assert scheduler.hpc_state(f"{word} by 0", reason) == expected
+
+
+def test_a_failing_slurm_client_is_one_line_with_its_deciding_error(monkeypatch, tmp_path):
+    # sinfo and friends print a chain of errors on stderr; a user sees only the last, on one line
+    fake = tmp_path / "sinfo"
+    fake.write_text("#!/bin/sh\necho 'sinfo: error: first' >&2\necho 'sinfo: fatal: the decisive one' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    try:
+        scheduler.partitions()
+    except RuntimeError as err:
+        message = str(err)
+    else:
+        raise AssertionError("a failing sinfo must raise")
+    assert "\n" not in message and "the decisive one" in message and "first" not in message
