@@ -133,6 +133,9 @@ class ThreadWriter:
                 job = None
             if job is not None:
                 job.run()
+                # Dropped before waiting for the next job: a failed job holds its error, whose
+                # traceback, once re-raised by wait(), holds the caller's frames and their locals.
+                job = None
                 continue
             with self._lock:
                 if self._jobs.empty():

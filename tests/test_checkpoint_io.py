@@ -138,3 +138,29 @@ def test_writer_thread_is_restarted_in_a_forked_child():
     os.close(write)
     assert os.read(read, 2) == b"ok"
     os.waitpid(pid, 0)
+
+
+def test_an_idle_writer_thread_keeps_no_failed_job_alive():
+    import gc
+    import weakref
+
+    class Boom(Exception):
+        pass
+
+    def fail():
+        raise Boom("disk on fire")
+
+    writer = background.ThreadWriter()
+    job = writer.submit(fail, ())
+    with pytest.raises(Boom) as caught:
+        job.wait()
+    error = weakref.ref(caught.value)
+    del job, caught
+    deadline = time.monotonic() + 30  # the thread lets go right after the job; a wait only on a stalled machine
+    while error() is not None and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.01)
+    try:
+        assert error() is None, "the idle writer thread still holds the failed job and its error"
+    finally:
+        writer.close()
