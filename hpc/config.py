@@ -17,11 +17,13 @@ from dataclasses import dataclass, field
 from importlib import resources
 from importlib.abc import Traversable
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+
+from hpc import noderange
 
 
 def templates_root() -> Traversable:
@@ -52,7 +54,7 @@ class ConfigError(ValueError):
 class Resources:
     """What one job (or one array task) of a stage asks SLURM for."""
 
-    nodes: int = 1  # nodes per job; an array task can itself span several nodes
+    nodes: Union[int, str] = 1  # nodes per job, or a range MIN-MAX (sbatch --nodes=2-4; hpc.noderange)
     gpus_per_node: int = 0  # GPUs per node (--gpus-per-node); 0 for CPU-only stages
     tasks_per_node: int = 1  # ranks per node; one per GPU for DDP stages
     cpus_per_task: int = 2  # CPU cores per rank (data loader workers live here)
@@ -232,7 +234,13 @@ def check_resources(cfg: DictConfig) -> None:
         raise ConfigError(f"cluster.setup has #SBATCH line(s) {directives}; expected shell commands. "
                           "HINT: put sbatch options in stages.<stage>.extra (e.g. extra.mail-type=END).")
     for name, res in cfg.stages.items():
+        try:
+            noderange.parse(res.nodes, f"stages.{name}.nodes", LIMITS["nodes"])  # type: ignore[arg-type]
+        except noderange.NodeRangeError as err:
+            raise ConfigError(str(err)) from None
         for key, (low, high) in LIMITS.items():
+            if key == "nodes":
+                continue
             if res[key] < low:
                 why = " (a GPU count cannot be negative)" if key == "gpus_per_node" else ""
                 raise ConfigError(f"stages.{name}.{key}={res[key]}; expected an integer >= {low}{why}. "

@@ -86,8 +86,9 @@ class StageTask:
         stage_dir.mkdir(parents=True, exist_ok=True)
         # set, not setdefault: sbatch exports the submitting shell's environment, which may carry one
         os.environ["HPC_CHECKPOINT_DIR"] = str(stage_dir / "checkpoints")
+        # the world the job got, which a node range (sbatch --nodes=MIN-MAX) leaves to the scheduler
         print(f"[hpc] stage {self.stage} item {self.item} rank {dist.rank}/{dist.world_size} "
-              f"job {dist.job_id} restart {dist.restart_count}", flush=True)
+              f"on {dist.num_nodes} node(s) job {dist.job_id} restart {dist.restart_count}", flush=True)
         module, _, name = self.target.partition(":")
         func = getattr(importlib.import_module(module), name)
         from omegaconf import OmegaConf
@@ -97,6 +98,7 @@ class StageTask:
         result = func(ctx)
         if dist.rank == 0:
             run.mark_done(self.stage, self.item, {"started": started, "finished": time.time(), "job_id": dist.job_id,
+                                                  "world_size": dist.world_size, "nodes": dist.num_nodes,
                                                   "result": result})
         print(f"[hpc] stage {self.stage} item {self.item} rank {dist.rank} finished", flush=True)
         return result

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
-from hpc import sbatch
+from hpc import noderange, sbatch
+from hpc.batching import plan_batch
 from hpc.rundir import task_key
 
 # name -> module path; the module defines PIPELINE. Tests and users may add entries.
@@ -36,6 +37,7 @@ class StageDef:
     resources: str = ""  # key under cfg.stages; default: the stage name
     describe: str = ""  # what each task runs, for the plan output (default: the target)
     skip: str = ""  # why this stage is not needed (its outputs exist): listed as skipped, never submitted
+    batch: Tuple[int, ...] = ()  # (global batch, most samples per device): the plan shows plan_batch per world size
 
 
 @dataclass(frozen=True)
@@ -80,8 +82,10 @@ class JobSpec:
     after: Tuple[str, ...]
     folder: str  # submitit folder (logs, pickles); %j is the job id
     kind: str  # slurm | local | debug
-    ranks: int  # processes per job (array task) as it will actually run
+    ranks: int  # processes per job (array task) as it will actually run; the fewest under a node range
     describe: str = ""  # what each task runs
+    worlds: Tuple[int, ...] = ()  # world sizes it may get: both ends of a node range, else (ranks,)
+    batch: Tuple[int, ...] = ()  # StageDef.batch
 
     def executor_parameters(self, dependency: Optional[str] = None, setup: Sequence[str] = ()) -> Dict[str, Any]:
         if self.kind == "slurm":
@@ -120,8 +124,9 @@ class Plan:
             items = f" items {list(job.items)}" if job.is_array else ""
             how = "afterok" if self.kind == "slurm" else "submitted when it has ended"
             after = f" after {', '.join(job.after)} ({how})" if job.after else ""
-            lines.append(f"  stage {job.stage}:{items} {job.ranks} rank(s) per job{after}")
+            lines.append(f"  stage {job.stage}:{items} {_rank_text(job)} per job{after}")
             lines.append(f"    each task runs {job.describe}")
+            lines += [f"    {line}" for line in batch_lines(job.batch, job.worlds or (job.ranks,))]
         lines += [f"  skip {s}" for s in self.skipped]
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
@@ -158,7 +163,8 @@ def make_plan(pipe: PipelineDef, cfg: Any, run_dir: str, kind: str,
         jobs.append(JobSpec(stage=stage.name, target=stage.target, items=todo, is_array=bool(stage.items),
                             indices=tuple(stage.items.index(i) if stage.items else None for i in todo),
                             resources=res, after=after, folder=f"{run_dir}/{stage.name}/logs/%j",
-                            kind=kind, ranks=ranks, describe=stage.describe or stage.target))
+                            kind=kind, ranks=ranks[0], describe=stage.describe or stage.target,
+                            worlds=ranks, batch=tuple(stage.batch)))
     notes += _fallback_notes(pipe, cfg, getattr(kind, "why_not_slurm", ""))
     if kind != "slurm" and len(jobs) > 1:
         notes.append("the local executor has no afterok: stages run one after another, "
@@ -181,15 +187,45 @@ def _fallback_notes(pipe: PipelineDef, cfg: Any, why_not_slurm: str) -> List[str
     return notes or [f"no SLURM answered ({why_not_slurm}); running on this machine"]
 
 
-def _ranks(stage: str, res: Dict[str, Any], kind: str) -> Tuple[int, str]:
-    requested = res["nodes"] * res["tasks_per_node"]
+def _ranks(stage: str, res: Dict[str, Any], kind: str) -> Tuple[Tuple[int, ...], str]:
+    """The world sizes a job may run with (both ends of a node range; one otherwise), and a note
+    when the executor runs another number of processes than SLURM would."""
+    lo, hi = noderange.bounds(res["nodes"])
+    requested = tuple(sorted({lo * res["tasks_per_node"], hi * res["tasks_per_node"]}))
     if kind == "slurm":
         return requested, ""
     actual = res["local_tasks"]
-    if actual == requested:
-        return actual, ""
-    return actual, (f"stage {stage}: requested {res['nodes']} node(s) x {res['tasks_per_node']} task(s) "
-                    f"= {requested} rank(s); the {kind} executor runs {actual} process(es) on this machine's CPU")
+    if requested == (actual,):
+        return requested, ""
+    return (actual,), (f"stage {stage}: requested {noderange.show((lo, hi))} node(s) x {res['tasks_per_node']} "
+                       f"task(s) = {'-'.join(map(str, requested))} rank(s); the {kind} executor runs {actual} "
+                       "process(es) on this machine's CPU")
+
+
+def _rank_text(job: JobSpec) -> str:
+    """'4 rank(s)'; under a node range '1-2 node(s) x 2 task(s) = 2-4 rank(s)'."""
+    worlds = job.worlds or (job.ranks,)
+    if len(worlds) == 1:
+        return f"{worlds[0]} rank(s)"
+    return (f"{job.resources['nodes']} node(s) x {job.resources['tasks_per_node']} task(s) = "
+            f"{worlds[0]}-{worlds[-1]} rank(s)")
+
+
+def batch_lines(batch: Sequence[int], worlds: Sequence[int]) -> List[str]:
+    """The batch plan (hpc.batching.plan_batch) at each world size; one that cannot split says so."""
+    if not batch:
+        return []
+    global_batch, per_device_max = batch
+    lines = []
+    for world in worlds:
+        try:
+            b = plan_batch(global_batch, per_device_max, world)
+        except ValueError as err:
+            lines.append(f"batch at {world} rank(s): cannot plan: {err}")
+            continue
+        lines.append(f"batch at {world} rank(s): global {b.global_batch} = {b.micro_batch} per micro-batch x "
+                     f"{b.accum_steps} accumulation step(s) x {world} rank(s)")
+    return lines
 
 
 def _plain(node: Any) -> Any:

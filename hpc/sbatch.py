@@ -12,13 +12,17 @@ import shlex
 import sys
 from typing import Any, Dict, Mapping, Optional, Sequence
 
+from hpc import noderange
+
 
 def slurm_parameters(res: Mapping[str, Any], job_name: str, dependency: Optional[str] = None,
                      setup: Sequence[str] = ()) -> Dict[str, Any]:
     """Parameters for submitit.SlurmExecutor.update_parameters()."""
+    lo, hi = noderange.bounds(res["nodes"])
     params: Dict[str, Any] = {
         "job_name": job_name,
-        "nodes": res["nodes"],
+        # submitit counts the job's tasks from an integer: the fewest it may get (a range goes below)
+        "nodes": lo,
         "ntasks_per_node": res["tasks_per_node"],
         "cpus_per_task": res["cpus_per_task"],
         "time": res["time_min"],
@@ -32,6 +36,8 @@ def slurm_parameters(res: Mapping[str, Any], job_name: str, dependency: Optional
             params[key] = res[key]
     # requeue: a preempted job (PreemptMode=REQUEUE) comes back with the same id and resumes.
     extra: Dict[str, Any] = {"requeue": True, **dict(res.get("extra") or {})}
+    if hi != lo:  # overrides submitit's --nodes line: sbatch --nodes=MIN-MAX
+        extra["nodes"] = noderange.show((lo, hi))
     if dependency:
         extra["dependency"] = dependency
     params["additional_parameters"] = extra

@@ -40,7 +40,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("overrides", nargs="*", help="dotted key=value config overrides, anywhere before --")
     p.add_argument("--levels", nargs="+", type=int,
                    help="LangSplat feature levels 0-3 (default: 1 2 3 in external mode, 0 1 2 synthetic)")
-    p.add_argument("--nodes", type=int, help="run: nodes per job")
+    p.add_argument("--nodes", help="run: nodes per job, or a range MIN-MAX (e.g. 1-2)")
     p.add_argument("--gpus-per-node", type=int, help="run: GPUs (and ranks) per node")
     p.add_argument("--cluster", choices=hconfig.CLUSTER_KINDS, help="where to run (default: config, auto)")
     p.add_argument("--profile", help="cluster profile from templates/profiles/")

@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 from typing import Any, List, Optional
 
+from hpc import noderange
 from hpc.config import ConfigError
 from hpc.plan import StageDef
 
@@ -176,7 +177,8 @@ def validate(cfg: Any) -> None:
     if not graph["eval"].skip:
         _check_weights(ext, sam=False)
     res = cfg.stages.features
-    ranks = res.local_tasks if cfg.cluster.kind in ("local", "debug") else res.nodes * res.tasks_per_node
+    most_nodes = noderange.bounds(res.nodes)[1]  # a node range may start on its maximum
+    ranks = res.local_tasks if cfg.cluster.kind in ("local", "debug") else most_nodes * res.tasks_per_node
     cameras = len(registered_images(data))
     if co.detect(ext.langsplat_dir, ext.gaussian_splatting_dir) == co.FORK and cameras < ranks:
         raise ConfigError(f"the scene has {cameras} cameras but stages.features runs {ranks} ranks; train_ddp.py "

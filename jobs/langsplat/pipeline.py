@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
+from omegaconf import OmegaConf
+
 from hpc.config import ConfigError, PipelineConfig, Resources
 from hpc.plan import PipelineDef, StageDef
 
@@ -98,9 +100,13 @@ def validate(cfg: Any) -> None:
 def stages(cfg: Any) -> List[StageDef]:
     if cfg.langsplat.mode == "external":
         return external.stages(cfg)
+    from hpc.jobs.langsplat.defaults import trainer_config
+
     levels = tuple(external.resolved_levels(cfg.langsplat.levels, "synthetic"))
+    trainer = trainer_config(OmegaConf.to_container(cfg.langsplat, resolve=True))
     return [StageDef("rgb", "hpc.jobs.langsplat.pipeline:rgb"),
-            StageDef("features", "hpc.jobs.langsplat.pipeline:features", items=levels, after=("rgb",))]
+            StageDef("features", "hpc.jobs.langsplat.pipeline:features", items=levels, after=("rgb",),
+                     batch=(trainer["cameras_per_step"], trainer["per_device_cameras"]))]
 
 
 def rgb(ctx: Any) -> dict:

@@ -1,0 +1,96 @@
+"""Node ranges (stages.X.nodes=MIN-MAX): parsing, refusals, the sbatch line, the plan's batch lines."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hpc import config, noderange, plan, sbatch
+
+ROOT = Path(__file__).resolve().parent.parent
+LIMITS = config.LIMITS["nodes"]
+
+
+def load(*overrides, profile="sandbox"):
+    pipe = plan.get_pipeline("langsplat")
+    return pipe, config.load(pipe.schema, "langsplat", profile, list(overrides), extra=pipe.templates)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, LIMITS[1]), st.integers(0, LIMITS[1]), st.sampled_from(["{}-{}", " {} - {} "]))
+def test_every_valid_range_parses_and_shows_as_sbatch_writes_it(lo, extra, form):
+    hi = min(lo + extra, LIMITS[1])
+    assert noderange.parse(form.format(lo, hi), "n", LIMITS) == (lo, hi)
+    assert noderange.show((lo, hi)) == (str(lo) if lo == hi else f"{lo}-{hi}")
+    assert noderange.parse(lo, "n", LIMITS) == (lo, lo) == noderange.parse(str(lo), "n", LIMITS)
+
+
+@pytest.mark.parametrize("value, expect", [
+    ("4-2", "stages.features.nodes=4-2 has its minimum above its maximum; expected MIN <= MAX. "
+            "HINT: set stages.features.nodes=2-4."),
+    ("0-3", "stages.features.nodes=0-3 asks for fewer than 1 node(s); expected 1 to 10000. "
+            "HINT: set stages.features.nodes=1-3."),
+    ("a-b", "stages.features.nodes='a-b' is neither a node count nor a range; expected an integer or MIN-MAX "
+            "(e.g. 2-4). HINT: set stages.features.nodes=2 or stages.features.nodes=2-4."),
+    ("2-", None), ("-2", None), ("1-2-3", None), ("1.5", None), ("true", None),
+    ("1-10001", "stages.features.nodes=1-10001 is above hpc's limit of 10000 nodes"),
+    ("0", "stages.features.nodes=0 asks for fewer than 1 node(s)"),
+])
+def test_bad_node_ranges_are_refused_in_one_line_with_a_hint(value, expect):
+    with pytest.raises(config.ConfigError) as err:
+        load(f"stages.features.nodes={value}")
+    text = str(err.value)
+    assert "\n" not in text and "HINT:" in text and "stages.features.nodes" in text
+    if expect:
+        assert text.startswith(expect)
+
+
+def test_a_bad_range_on_the_command_line_is_one_error_line():
+    out = subprocess.run([sys.executable, "-m", "hpc.submit", "langsplat", "--dry-run", "--run-dir", "/RUN",
+                          "--cluster", "slurm", "--profile", "sandbox", "stages.features.nodes=4-2"],
+                         capture_output=True, text=True, cwd=ROOT, env={**os.environ, "SLURM_CONF": "/nonexistent"})
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.strip().splitlines() == [
+        "error: stages.features.nodes=4-2 has its minimum above its maximum; expected MIN <= MAX. "
+        "HINT: set stages.features.nodes=2-4."]
+
+
+def nodes_lines(res):
+    params = sbatch.slurm_parameters(res, "features")
+    return params, [line for line in sbatch.render(params, "/RUN/logs/%j").splitlines() if "--nodes" in line]
+
+
+def test_a_range_renders_one_sbatch_nodes_line_and_submitit_counts_the_fewest_tasks():
+    _, cfg = load("stages.features.nodes=2-4")
+    res = config.to_dict(cfg)["stages"]["features"]
+    params, lines = nodes_lines(res)
+    assert lines == ["#SBATCH --nodes=2-4"]
+    assert params["nodes"] == 2  # submitit's task count: 2 nodes x tasks_per_node
+    _, cfg = load("stages.features.nodes=3")
+    params, lines = nodes_lines(config.to_dict(cfg)["stages"]["features"])
+    assert lines == ["#SBATCH --nodes=3"] and "nodes" not in params["additional_parameters"]
+
+
+def test_the_plan_shows_the_range_and_the_batch_plan_at_each_end():
+    pipe, cfg = load("stages.features.nodes=1-2", "langsplat.trainer.per_device_cameras=1")
+    text = plan.make_plan(pipe, cfg, "/RUN", "slurm").summary()
+    assert "stage features: items [0, 1, 2] 1-2 node(s) x 2 task(s) = 2-4 rank(s) per job" in text
+    assert ("    batch at 2 rank(s): global 4 = 1 per micro-batch x 2 accumulation step(s) x 2 rank(s)\n"
+            "    batch at 4 rank(s): global 4 = 1 per micro-batch x 1 accumulation step(s) x 4 rank(s)") in text
+
+
+def test_an_end_of_the_range_the_global_batch_cannot_split_over_says_so():
+    pipe, cfg = load("stages.features.nodes=1-3", "stages.features.tasks_per_node=1")
+    text = plan.make_plan(pipe, cfg, "/RUN", "slurm").summary()
+    assert "batch at 1 rank(s): global 4 = 4 per micro-batch x 1 accumulation step(s) x 1 rank(s)" in text
+    assert "batch at 3 rank(s): cannot plan: global batch 4 does not split evenly over 3 devices." in text
+
+
+def test_the_local_executor_runs_its_own_process_count_and_names_the_range():
+    pipe, cfg = load("stages.features.nodes=1-2", "stages.features.local_tasks=2", profile=None)
+    p = plan.make_plan(pipe, cfg, "/RUN", "local")
+    assert p.jobs[1].ranks == 2 and p.jobs[1].worlds == (2,)
+    assert any("requested 1-2 node(s) x 8 task(s) = 8-16 rank(s); the local executor runs 2" in n for n in p.notes)
