@@ -33,6 +33,12 @@ BENCHMARKS = {
     "resume": ("bench.resume", "Resume: job start to first step", "resuming <= 1.2 x a fresh start"),
     "ddp": ("bench.ddp_overhead", "DDP overhead (gloo, 2 ranks)",
             "hpc session step time <= 1.02 x hand-written torch DDP"),
+    "fsdp": ("bench.fsdp_step", "FSDP step time (gloo, 2 ranks)",
+             "hpc FSDP step time <= 1.02 x hand-written FSDP2 (median)"),
+    "fsdp-checkpoint": ("bench.fsdp_checkpoint",
+                        "FSDP checkpoint stall and preemption to safe, beside DDP (gloo, 2 ranks)",
+                        "extra step time at an asynchronous save <= 10% of a blocking save's; "
+                        "SIGTERM -> checkpoint committed <= 2 x fsync'd write of the same bytes + 0.5 s"),
     "status": ("bench.status_calls", "Status: scheduler calls per poll",
                "one scheduler call per poll, whatever the job count"),
     "langsplat": ("bench.langsplat_cams", "LangSplat stage 2 throughput", "cameras per second at 1 and 2 ranks"),

@@ -85,3 +85,23 @@ def test_only_replaces_its_sections_and_keeps_the_others(tmp_path, monkeypatch):
 
     kept = {d["name"]: d["rows"] for d in json.loads((tmp_path / "B.json").read_text())}
     assert kept == {"one": [["0.5"]], "two": [["7"]]}
+
+
+def test_quick_fsdp_sections_are_measured_beside_their_baselines(tmp_path):
+    out = tmp_path / "BENCHMARKS.md"
+    run = subprocess.run([sys.executable, "-m", "bench", "--quick", "--only", "fsdp", "fsdp-checkpoint",
+                          "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    text = out.read_text()
+    assert "not measured" not in text, text
+    rows = {ln.split("|")[1].strip(): [c.strip() for c in ln.strip("|").split("|")]
+            for ln in text.splitlines() if ln.startswith("| ")}
+    # step time: the hand-written baseline is 1.000x by construction, the hpc rows a ratio to it
+    assert rows["hand-written FSDP2 (fully_shard per block, then the root)"][-1] == "1.000x"
+    assert re.fullmatch(r"[\d.]+x", rows['s.wrap(model, strategy="fsdp")'][-1])
+    # checkpoints: one row per strategy, each with a committed checkpoint's size and a stop time
+    for strategy in ("DDP", "FSDP"):
+        cells = rows[strategy]
+        assert re.fullmatch(r"[\d.]+ MiB", cells[1]) and float(cells[1].split()[0]) > 0
+        assert re.fullmatch(r"[\d.]+ (ms|s)", cells[8])
+    assert len(re.findall(r"- (met|NOT met): (DDP|FSDP): safe [\d.]+ (ms|s) after SIGTERM", text)) == 2

@@ -1,0 +1,199 @@
+"""FSDP checkpoints beside DDP's, in the same run: the stall of TrainLoop's periodic asynchronous
+save (DCP shards under FSDP, the store's background writer under DDP) and preemption to safe
+(SIGTERM -> checkpoint committed), for the same model on 2 gloo ranks.
+
+    python -m bench --only fsdp-checkpoint
+    RANK=0 ... python -m bench.fsdp_checkpoint --strategy fsdp --variant async --out DIR  # one rank
+
+Stall: per strategy two launches: TrainLoop saving every SAVE_EVERY steps in the background (its
+normal periodic save), and TrainLoop with a blocking save (loop.save(blocking=True)) at the same
+steps, the reference a save is compared with. A step's time runs from the top of one iteration to
+the top of the next, so a save lands in its step; the extra time of a save step is its median
+minus the median of the same launch's steps without a save (a launch-to-launch drift of a shared
+machine, larger than the stall, cancels out).
+
+Preemption: the ranks train in a TrainLoop that saves nothing periodically; once rank 0 has
+trained a step both ranks get SIGTERM (as SLURM signals every task); rank 0 reports when the stop
+had committed the checkpoint (outside SLURM: JobNotRequeued). The bound is bench.preempt_safe's:
+2 x an fsync'd write of the same bytes (measured right after, after a sync and a pause) + 0.5 s.
+"""
+from __future__ import annotations
+
+import argparse
+import signal
+import time
+from pathlib import Path
+from statistics import mean
+from typing import Dict, List
+
+from bench.common import Context, emit, fmt_s, fsync_write_seconds, median
+from bench.ddp_overhead import WARMUP, _sgd, _steps
+from bench.fsdp_step import BATCH, model_and_data, rank0_result, start_ranks
+from bench.preempt_safe import settled_probe
+from bench.report import Section
+
+STRATEGIES = ("ddp", "fsdp")
+VARIANTS = ("async", "blocking")
+SAVE_EVERY = 10
+WIDTH, BLOCKS = 768, 6  # 6 x 2.25 MiB of weights, twice that with SGD's momentum
+STALL_RATIO = 0.10  # as bench.checkpoint_stall: blocked per background save <= 10% of a blocking one
+
+
+def _build(s, strategy: str):
+    model, data = model_and_data(WIDTH, BLOCKS)
+    model = s.wrap(model, strategy=strategy)
+    opt = _sgd(model)
+    return model, opt, s.loader(data, batch_size=BATCH, seed=0)
+
+
+def stall(strategy: str, variant: str, steps: int, out: str) -> Dict:
+    import hpc.ddp
+    from hpc.trainloop import TrainLoop
+
+    with hpc.ddp.session(timeout_s=120) as s:
+        model, opt, loader = _build(s, strategy)
+        every = SAVE_EVERY if variant == "async" else 10**9
+        total = steps + WARMUP
+        with TrainLoop(s, out, save_every=every, keep=2, tensorboard=False) as loop:
+            loop.resume({"model": model, "optimizer": opt, "data": loader})
+
+            def blocking(step: int) -> None:
+                if variant == "blocking" and step % SAVE_EVERY == 0 and step < total:
+                    loop.save(blocking=True)  # the state of step - 1: the body of `step` is done
+
+            times = _steps(model, opt, loader, s.all_reduce_mean, loop.steps(total), blocking)
+    return {"step_s": times, "first_step": WARMUP + 1, "total": total}
+
+
+def preempt(strategy: str, out: str) -> None:
+    import hpc.ddp
+    from hpc.preemption import JobNotRequeued
+    from hpc.trainloop import TrainLoop
+
+    with hpc.ddp.session(timeout_s=120) as s:
+        model, opt, loader = _build(s, strategy)
+        loop, ready = TrainLoop(s, out, save_every=10**9, tensorboard=False), []
+
+        def announce(step: int) -> None:
+            ready.append(time.time())
+            if len(ready) == 2 and s.is_main:
+                print("READY", flush=True)  # the parent signals after this
+
+        try:
+            with loop:  # the stop leaves it by JobNotRequeued: no final checkpoint, no collective
+                loop.resume({"model": model, "optimizer": opt, "data": loader})
+                _steps(model, opt, loader, s.all_reduce_mean, loop.steps(10**9), announce)
+        except JobNotRequeued:  # raised once the checkpoint is committed and the stop decided
+            emit({"t_safe": time.time(), "t_signal_seen": loop.flag.received_at, "step": loop.step,
+                  "step_s": (ready[-1] - ready[1]) / max(1, len(ready) - 2)})
+
+
+def _save_steps(r: Dict) -> List[int]:
+    """Indices into r["step_s"] of the steps that end in a save."""
+    return [i for i in range(len(r["step_s"]))
+            if (r["first_step"] + i) % SAVE_EVERY == 0 and r["first_step"] + i < r["total"]]
+
+
+def _extra(r: Dict) -> float:
+    """Median step ending in a save minus the median of the launch's other steps."""
+    saves = set(_save_steps(r))
+    return (median([t for i, t in enumerate(r["step_s"]) if i in saves])
+            - median([t for i, t in enumerate(r["step_s"]) if i not in saves]))
+
+
+def _checkpoint_bytes(out: Path) -> int:
+    steps = sorted((out / "checkpoints").glob("step-*"), key=lambda p: int(p.name.split("-")[1]))
+    if not steps or not (steps[-1] / "COMPLETE.json").exists():
+        raise RuntimeError(f"no committed checkpoint in {out / 'checkpoints'}")
+    return sum(f.stat().st_size for f in steps[-1].rglob("*") if f.is_file())
+
+
+def preempt_once(strategy: str, out: Path, settle: bool = True) -> Dict[str, float]:
+    procs = start_ranks("fsdp_checkpoint", ["--mode", "preempt", "--strategy", strategy, "--out", str(out)])
+    try:
+        line = procs[0].stdout.readline()
+        if line.strip() != "READY":
+            raise RuntimeError(f"{strategy} ranks did not start training: {line!r} "
+                               f"{procs[0].stderr.read()[-1500:]}")
+        time.sleep(0.5)  # a few steps in
+        t_signal = time.time()
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+    except BaseException:
+        for p in procs:
+            p.kill()
+        raise
+    r = rank0_result(procs, f"{strategy} preemption")
+    nbytes = _checkpoint_bytes(out)
+    return {"safe": r["t_safe"] - t_signal, "seen": r["t_signal_seen"] - t_signal, "step_s": r["step_s"],
+            "bytes": nbytes, "write": (settled_probe if settle else fsync_write_seconds)(
+                out.parent / f"{out.name}-probe", nbytes)}
+
+
+def run(ctx: Context) -> Section:
+    steps = SAVE_EVERY + 1 if ctx.quick else 6 * SAVE_EVERY  # quick: one save, at step 2 * SAVE_EVERY
+    sec = Section("fsdp-checkpoint", "FSDP checkpoint stall and preemption to safe, beside DDP (gloo, 2 ranks)",
+                  f"extra step time at an asynchronous save <= {STALL_RATIO:.0%} of a blocking save's; "
+                  "SIGTERM -> checkpoint committed <= 2 x fsync'd write of the same bytes + 0.5 s",
+                  "python -m bench --only fsdp-checkpoint" + (" --quick" if ctx.quick else ""),
+                  headers=["strategy", "checkpoint bytes", "step (no save)", "extra at save step: async",
+                           "extra at save step: blocking", "ratio", "mean step: async / blocking",
+                           "SIGTERM -> handler", "SIGTERM -> safe", "fsync'd write", "bound (2x + 0.5 s)"])
+    results: Dict[str, Dict[str, Dict]] = {s: {} for s in STRATEGIES}
+    for strategy in STRATEGIES:  # alternating launches of one strategy's variants
+        for v in VARIANTS:
+            out = ctx.scratch(f"fsdp-stall-{strategy}-{v}")
+            procs = start_ranks("fsdp_checkpoint", ["--mode", "stall", "--strategy", strategy, "--variant", v,
+                                                    "--steps", str(steps), "--out", str(out)])
+            results[strategy][v] = rank0_result(procs, f"{strategy} {v} saves")
+    for strategy in STRATEGIES:
+        r = results[strategy]
+        extra = {v: _extra(r[v]) for v in VARIANTS}
+        base = median([t for i, t in enumerate(r["async"]["step_s"]) if i not in _save_steps(r["async"])])
+        ratio = max(0.0, extra["async"]) / extra["blocking"]
+        p = preempt_once(strategy, ctx.scratch(f"fsdp-preempt-{strategy}"), settle=not ctx.quick)
+        bound = 2 * p["write"] + 0.5
+        sec.rows.append([strategy.upper(), f"{p['bytes'] / 2**20:.1f} MiB", fmt_s(base), fmt_s(extra["async"]),
+                         fmt_s(extra["blocking"]), f"{ratio:.1%}",
+                         f"{fmt_s(mean(r['async']['step_s']))} / {fmt_s(mean(r['blocking']['step_s']))}",
+                         fmt_s(p["seen"]), fmt_s(p["safe"]), fmt_s(p["write"]), fmt_s(bound)])
+        sec.verdicts.append((f"{strategy.upper()}: an asynchronous save adds {fmt_s(extra['async'])} to its step, "
+                             f"{ratio:.1%} of a blocking save's {fmt_s(extra['blocking'])}", ratio <= STALL_RATIO))
+        sec.verdicts.append((f"{strategy.upper()}: safe {fmt_s(p['safe'])} after SIGTERM, bound {fmt_s(bound)}",
+                             p["safe"] <= bound))
+    sec.notes += [
+        f"model: MLP 64-{WIDTH}, {BLOCKS} blocks of {WIDTH}x{WIDTH} (FSDP's units), a 10-way head; SGD with "
+        f"momentum, batch {BATCH} per rank; 2 local processes with one thread each, gloo over 127.0.0.1. "
+        "Under FSDP each rank writes its shards through DCP; under DDP rank 0 writes the whole state "
+        "(the store's writer) and every rank its RNG and data position",
+        f"saves every {SAVE_EVERY} steps, {steps} steps measured per launch after {WARMUP} warm-up steps, one "
+        "launch per strategy and variant; extra at save step = median step that ends in a save minus the median "
+        "of the same launch's other steps ('step (no save)' is the asynchronous launch's); 'mean step' also "
+        "counts what the background write costs the following steps on a 2-core machine, where it competes "
+        "with training for the CPU",
+        "preemption: one run per strategy; SIGTERM to both ranks once training runs; 'safe' = the stop "
+        "committed the checkpoint (files and DCP metadata written, marker, renames) and decided not to "
+        "requeue (outside SLURM); the fsync'd write of the same bytes is probed right after, after a sync "
+        "and a pause (see bench.preempt_safe)"]
+    return sec
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.fsdp_checkpoint")
+    p.add_argument("--mode", choices=["stall", "preempt"], required=True)
+    p.add_argument("--strategy", choices=STRATEGIES, required=True)
+    p.add_argument("--variant", choices=VARIANTS, default="async")
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--out", required=True, help="TrainLoop's directory")
+    a = p.parse_args()
+    import torch
+
+    torch.set_num_threads(1)
+    if a.mode == "stall":
+        emit(stall(a.strategy, a.variant, a.steps, a.out))
+    else:
+        preempt(a.strategy, a.out)
+
+
+if __name__ == "__main__":
+    main()
