@@ -13,6 +13,7 @@ The captured state holds only ints, tuples, lists and tensors, so it round-trips
 
 from __future__ import annotations
 
+import hashlib
 import random
 from typing import Any
 
@@ -91,3 +92,10 @@ def seed_all(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+def derive_seed(*values: int) -> int:
+    """A 63-bit seed from several integers (seed, epoch, rank; seed, step, rank), the same on every
+    machine and Python version, which hash() does not promise."""
+    digest = hashlib.blake2b(":".join(map(str, values)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1

@@ -28,11 +28,12 @@ resume, augment in the main process or seed each sample's augmentation from its 
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any, Iterator
 
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
+
+from hpc.rng import derive_seed
 
 
 class ResumableSampler(DistributedSampler):
@@ -94,7 +95,7 @@ class ResumableLoader(DataLoader):
         if self.consumed >= total:  # iterating a finished epoch again restarts it, as DataLoader does
             self.consumed = 0
         self.sampler.start = self.consumed
-        self.generator.manual_seed(_mix(self.sampler.seed, self.sampler.epoch, self.sampler.rank))
+        self.generator.manual_seed(derive_seed(self.sampler.seed, self.sampler.epoch, self.sampler.rank))
         for batch in super().__iter__():  # starting the iterator draws from self.generator only
             self.consumed = min(self.consumed + (self.batch_size or 1) * ranks, total)
             yield batch
@@ -133,9 +134,3 @@ class ResumableLoader(DataLoader):
                 "with the same dataset, or start a fresh run directory.")
         self.sampler.set_epoch(state["epoch"])
         self.consumed = state["samples"]
-
-
-def _mix(*values: int) -> int:
-    """A 63-bit seed from several integers, the same on every machine and Python version."""
-    digest = hashlib.blake2b(":".join(map(str, values)).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1

@@ -56,7 +56,6 @@ import torch.distributed as dist
 from hpc import preemption, rng
 from hpc.stopsignal import StopFlag, StopVote
 from hpc.checkpoint import SHARDED_KEY, CheckpointStore
-from hpc.sampler import _mix
 
 log = logging.getLogger(__name__)
 
@@ -166,7 +165,7 @@ class TrainLoop:
         if saved_world == self.s.world_size and mine:
             rng.restore(mine["rng"])
         else:
-            rng.seed_all(_mix(self.seed, step, self.s.rank))
+            rng.seed_all(rng.derive_seed(self.seed, step, self.s.rank))
             log.warning("checkpoint step %d was written by %d ranks, this run has %d: per-rank RNG "
                         "states cannot carry over, so every generator is reseeded from (seed=%d, "
                         "step=%d, rank). Model, optimizer and data position resume exactly; random "
