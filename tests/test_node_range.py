@@ -48,10 +48,14 @@ def test_bad_node_ranges_are_refused_in_one_line_with_a_hint(value, expect):
         assert text.startswith(expect)
 
 
+def dry_run(pipeline, *args):
+    return subprocess.run([sys.executable, "-m", "hpc.submit", pipeline, "--dry-run", "--run-dir", "/RUN",
+                           "--cluster", "slurm", "--profile", "sandbox", *args],
+                          capture_output=True, text=True, cwd=ROOT, env={**os.environ, "SLURM_CONF": "/nonexistent"})
+
+
 def test_a_bad_range_on_the_command_line_is_one_error_line():
-    out = subprocess.run([sys.executable, "-m", "hpc.submit", "langsplat", "--dry-run", "--run-dir", "/RUN",
-                          "--cluster", "slurm", "--profile", "sandbox", "stages.features.nodes=4-2"],
-                         capture_output=True, text=True, cwd=ROOT, env={**os.environ, "SLURM_CONF": "/nonexistent"})
+    out = dry_run("langsplat", "stages.features.nodes=4-2")
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.strip().splitlines() == [
         "error: stages.features.nodes=4-2 has its minimum above its maximum; expected MIN <= MAX. "
@@ -94,3 +98,10 @@ def test_the_local_executor_runs_its_own_process_count_and_names_the_range():
     p = plan.make_plan(pipe, cfg, "/RUN", "local")
     assert p.jobs[1].ranks == 2 and p.jobs[1].worlds == (2,)
     assert any("requested 1-2 node(s) x 8 task(s) = 8-16 rank(s); the local executor runs 2" in n for n in p.notes)
+
+
+def test_the_run_pipeline_takes_a_node_range_on_its_command_line():
+    out = dry_run("run", "--nodes", "1-2", "--", "python", "train.py")
+    assert out.returncode == 0, out.stderr
+    assert "stage main: 1-2 node(s) x 1 task(s) = 1-2 rank(s) per job" in out.stdout
+    assert [line for line in out.stdout.splitlines() if "--nodes" in line] == ["#SBATCH --nodes=1-2"]
