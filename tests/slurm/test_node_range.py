@@ -28,8 +28,9 @@ def one_node_drained(slurm_cluster):
     try:
         wait_until(lambda: "DRAIN" in node_state(slurm_cluster, node), 60, f"{node} drained")
         yield node
-    finally:
+    finally:  # the next test must find both nodes in service
         slurm_cluster.run(["scontrol", "update", f"nodename={node}", "state=resume"], check=False)
+        wait_until(lambda: "DRAIN" not in node_state(slurm_cluster, node), 60, f"{node} back in service")
 
 
 def run_range(run_dir):
