@@ -41,10 +41,10 @@ def plan_batch(global_batch: int, per_device_max: int, world_size: int) -> Batch
             raise ValueError(f"{name}={value!r}; expected a positive integer")
     if global_batch % world_size:
         lower = global_batch - global_batch % world_size
+        nearest = " or ".join(str(n) for n in (lower, lower + world_size) if n)  # no 0: not a batch
         raise ValueError(
             f"global batch {global_batch} does not split evenly over {world_size} devices. "
-            f"HINT: use a multiple of {world_size}, e.g. {lower or world_size} or "
-            f"{lower + world_size}"
+            f"HINT: use a multiple of {world_size}, e.g. {nearest}"
         )
     share = global_batch // world_size
     # The smallest accumulation count whose micro-batch fits; it must divide the share so

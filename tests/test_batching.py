@@ -52,3 +52,15 @@ def test_lr_rules():
     assert scale_lr(1e-3, 32, 128, "sqrt") == pytest.approx(2e-3)
     with pytest.raises(ValueError, match="expected one of"):
         scale_lr(1e-3, 32, 128, "cubic")
+
+
+@given(g=st.integers(1, 512), w=st.integers(2, 64))
+def test_an_uneven_global_batch_is_refused_naming_distinct_multiples_that_split(g, w):
+    if g % w == 0:
+        return
+    with pytest.raises(ValueError) as err:
+        plan_batch(g, 8, w)
+    hint = str(err.value).split("HINT: ")[1]
+    suggested = [int(word) for word in hint.replace(",", " ").split() if word.isdigit()]
+    multiples = suggested[1:]  # the first number is the world size itself
+    assert multiples and all(m % w == 0 and m > 0 for m in multiples) and len(set(multiples)) == len(multiples)
