@@ -13,8 +13,8 @@ from __future__ import annotations
 import re
 from typing import Any, Tuple
 
-_RANGE = re.compile(r"\s*(\d+)\s*-\s*(\d+)\s*")
-_COUNT = re.compile(r"\s*(\d+)\s*")
+_RANGE = re.compile(r"([0-9]+)-([0-9]+)")  # ASCII digits only: \d would take any script's digits
+_COUNT = re.compile(r"([0-9]+)")
 
 
 class NodeRangeError(ValueError):

@@ -207,7 +207,7 @@ def _rank_text(job: JobSpec) -> str:
     worlds = job.worlds or (job.ranks,)
     if len(worlds) == 1:
         return f"{worlds[0]} rank(s)"
-    return (f"{job.resources['nodes']} node(s) x {job.resources['tasks_per_node']} task(s) = "
+    return (f"{noderange.show(noderange.bounds(job.resources['nodes']))} node(s) x {job.resources['tasks_per_node']} task(s) = "
             f"{worlds[0]}-{worlds[-1]} rank(s)")
 
 
