@@ -37,7 +37,7 @@ BENCHMARKS = {
              "hpc FSDP step time <= 1.02 x hand-written FSDP2 (median)"),
     "fsdp-checkpoint": ("bench.fsdp_checkpoint",
                         "FSDP checkpoint stall and preemption to safe, beside DDP (gloo, 2 ranks)",
-                        "extra step time at an asynchronous save <= 10% of a blocking save's; "
+                        "training blocked per asynchronous save <= 10% of a blocking save; "
                         "SIGTERM -> checkpoint committed <= 2 x fsync'd write of the same bytes + 0.5 s"),
     "status": ("bench.status_calls", "Status: scheduler calls per poll",
                "one scheduler call per poll, whatever the job count"),
