@@ -35,7 +35,7 @@ from bench.report import Section
 STRATEGIES = ("ddp", "fsdp")
 VARIANTS = ("async", "blocking")
 SAVE_EVERY = 10
-WIDTH, BLOCKS = 768, 6  # 6 x 2.25 MiB of weights, twice that with SGD's momentum
+WIDTH, BLOCKS = 1024, 12  # 12 x 4 MiB of weights, twice that with SGD's momentum
 STALL_RATIO = 0.10  # as bench.checkpoint_stall: blocked per background save <= 10% of a blocking one
 
 
@@ -141,7 +141,7 @@ def preempt_once(strategy: str, out: Path, settle: bool = True) -> Dict[str, flo
 
 
 def run(ctx: Context) -> Section:
-    steps = SAVE_EVERY + 1 if ctx.quick else 10 * SAVE_EVERY  # quick: one save, at step 2 * SAVE_EVERY
+    steps = SAVE_EVERY + 1 if ctx.quick else 6 * SAVE_EVERY  # quick: one save, at step 2 * SAVE_EVERY
     sec = Section("fsdp-checkpoint", "FSDP checkpoint stall and preemption to safe, beside DDP (gloo, 2 ranks)",
                   f"training blocked per asynchronous save <= {STALL_RATIO:.0%} of a blocking save; "
                   "SIGTERM -> checkpoint committed <= 2 x fsync'd write of the same bytes + 0.5 s",
