@@ -39,19 +39,19 @@ WIDTH, BLOCKS = 1024, 12  # 12 x 4 MiB of weights, twice that with SGD's momentu
 STALL_RATIO = 0.10  # as bench.checkpoint_stall: blocked per background save <= 10% of a blocking one
 
 
-def _build(s, strategy: str):
-    model, data = model_and_data(WIDTH, BLOCKS)
+def _build(s, strategy: str, blocks: int):
+    model, data = model_and_data(WIDTH, blocks)
     model = s.wrap(model, strategy=strategy)
     opt = _sgd(model)
     return model, opt, s.loader(data, batch_size=BATCH, seed=0)
 
 
-def stall(strategy: str, variant: str, steps: int, out: str) -> Dict:
+def stall(strategy: str, variant: str, steps: int, out: str, blocks: int = BLOCKS) -> Dict:
     import hpc.ddp
     from hpc.trainloop import TrainLoop
 
     with hpc.ddp.session(timeout_s=120) as s:
-        model, opt, loader = _build(s, strategy)
+        model, opt, loader = _build(s, strategy, blocks)
         every = SAVE_EVERY if variant == "async" else 10**9
         total = steps + WARMUP
         with TrainLoop(s, out, save_every=every, keep=2, tensorboard=False) as loop:
@@ -75,13 +75,13 @@ def stall(strategy: str, variant: str, steps: int, out: str) -> Dict:
     return {"step_s": times, "first_step": WARMUP + 1, "total": total, "blocked_s": blocked}
 
 
-def preempt(strategy: str, out: str) -> None:
+def preempt(strategy: str, out: str, blocks: int = BLOCKS) -> None:
     import hpc.ddp
     from hpc.preemption import JobNotRequeued
     from hpc.trainloop import TrainLoop
 
     with hpc.ddp.session(timeout_s=120) as s:
-        model, opt, loader = _build(s, strategy)
+        model, opt, loader = _build(s, strategy, blocks)
         loop, ready = TrainLoop(s, out, save_every=10**9, tensorboard=False), []
 
         def announce(step: int) -> None:
@@ -118,8 +118,9 @@ def _checkpoint_bytes(out: Path) -> int:
     return sum(f.stat().st_size for f in steps[-1].rglob("*") if f.is_file())
 
 
-def preempt_once(strategy: str, out: Path, settle: bool = True) -> Dict[str, float]:
-    procs = start_ranks("fsdp_checkpoint", ["--mode", "preempt", "--strategy", strategy, "--out", str(out)])
+def preempt_once(strategy: str, out: Path, settle: bool = True, blocks: int = BLOCKS) -> Dict[str, float]:
+    procs = start_ranks("fsdp_checkpoint", ["--mode", "preempt", "--strategy", strategy, "--out", str(out),
+                                            "--blocks", str(blocks)])
     try:
         line = procs[0].stdout.readline()
         if line.strip() != "READY":
@@ -142,6 +143,7 @@ def preempt_once(strategy: str, out: Path, settle: bool = True) -> Dict[str, flo
 
 def run(ctx: Context) -> Section:
     steps = SAVE_EVERY + 1 if ctx.quick else 6 * SAVE_EVERY  # quick: one save, at step 2 * SAVE_EVERY
+    blocks = 2 if ctx.quick else BLOCKS
     sec = Section("fsdp-checkpoint", "FSDP checkpoint stall and preemption to safe, beside DDP (gloo, 2 ranks)",
                   f"training blocked per asynchronous save <= {STALL_RATIO:.0%} of a blocking save; "
                   "SIGTERM -> checkpoint committed <= 2 x fsync'd write of the same bytes + 0.5 s",
@@ -154,7 +156,8 @@ def run(ctx: Context) -> Section:
         for v in VARIANTS:
             out = ctx.scratch(f"fsdp-stall-{strategy}-{v}")
             procs = start_ranks("fsdp_checkpoint", ["--mode", "stall", "--strategy", strategy, "--variant", v,
-                                                    "--steps", str(steps), "--out", str(out)])
+                                                    "--steps", str(steps), "--out", str(out),
+                                                    "--blocks", str(blocks)])
             results[strategy][v] = rank0_result(procs, f"{strategy} {v} saves")
     for strategy in STRATEGIES:
         r = results[strategy]
@@ -162,7 +165,7 @@ def run(ctx: Context) -> Section:
         base = median([t for i, t in enumerate(r["async"]["step_s"]) if i not in _save_steps(r["async"])])
         blocked = {v: median(r[v]["blocked_s"]) for v in VARIANTS}
         ratio = blocked["async"] / blocked["blocking"]
-        p = preempt_once(strategy, ctx.scratch(f"fsdp-preempt-{strategy}"), settle=not ctx.quick)
+        p = preempt_once(strategy, ctx.scratch(f"fsdp-preempt-{strategy}"), settle=not ctx.quick, blocks=blocks)
         bound = 2 * p["write"] + 0.5
         sec.rows.append([strategy.upper(), f"{p['bytes'] / 2**20:.1f} MiB", fmt_s(base), fmt_s(blocked["async"]),
                          fmt_s(blocked["blocking"]), f"{ratio:.1%}",
@@ -174,7 +177,7 @@ def run(ctx: Context) -> Section:
         sec.verdicts.append((f"{strategy.upper()}: safe {fmt_s(p['safe'])} after SIGTERM, bound {fmt_s(bound)}",
                              p["safe"] <= bound))
     sec.notes += [
-        f"model: MLP 64-{WIDTH}, {BLOCKS} blocks of {WIDTH}x{WIDTH} (FSDP's units), a 10-way head; SGD with "
+        f"model: MLP 64-{WIDTH}, {blocks} blocks of {WIDTH}x{WIDTH} (FSDP's units), a 10-way head; SGD with "
         f"momentum, batch {BATCH} per rank; 2 local processes with one thread each, gloo over 127.0.0.1. "
         "Under FSDP each rank writes its shards through DCP; under DDP rank 0 writes the whole state "
         "(the store's writer) and every rank its RNG and data position",
@@ -198,14 +201,15 @@ def main() -> None:
     p.add_argument("--variant", choices=VARIANTS, default="async")
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--out", required=True, help="TrainLoop's directory")
+    p.add_argument("--blocks", type=int, default=BLOCKS, help="the model's size (--quick: 2)")
     a = p.parse_args()
     import torch
 
     torch.set_num_threads(1)
     if a.mode == "stall":
-        emit(stall(a.strategy, a.variant, a.steps, a.out))
+        emit(stall(a.strategy, a.variant, a.steps, a.out, a.blocks))
     else:
-        preempt(a.strategy, a.out)
+        preempt(a.strategy, a.out, a.blocks)
 
 
 if __name__ == "__main__":
