@@ -28,7 +28,7 @@ from typing import Dict, List
 
 from bench.common import Context, emit, fmt_s, fsync_write_seconds, median
 from bench.ddp_overhead import WARMUP, _sgd, _steps
-from bench.fsdp_step import BATCH, model_and_data, rank0_result, start_ranks
+from bench.fsdp_step import BATCH, model_and_data, rank0_result, repeated_note, run_ranks, start_ranks
 from bench.preempt_safe import settled_probe
 from bench.report import Section
 
@@ -152,13 +152,14 @@ def run(ctx: Context) -> Section:
                            "blocked/save: blocking", "ratio", "extra at save step: async / blocking",
                            "SIGTERM -> handler", "SIGTERM -> safe", "fsync'd write", "bound (2x + 0.5 s)"])
     results: Dict[str, Dict[str, Dict]] = {s: {} for s in STRATEGIES}
+    repeated: List[str] = []
     for strategy in STRATEGIES:  # alternating launches of one strategy's variants
         for v in VARIANTS:
             out = ctx.scratch(f"fsdp-stall-{strategy}-{v}")
-            procs = start_ranks("fsdp_checkpoint", ["--mode", "stall", "--strategy", strategy, "--variant", v,
-                                                    "--steps", str(steps), "--out", str(out),
-                                                    "--blocks", str(blocks)])
-            results[strategy][v] = rank0_result(procs, f"{strategy} {v} saves")
+            args = ["--mode", "stall", "--strategy", strategy, "--variant", v, "--steps", str(steps),
+                    "--out", str(out), "--blocks", str(blocks)]
+            results[strategy][v] = run_ranks("fsdp_checkpoint", args, out, f"{strategy} {v} saves",
+                                                  repeated)
     for strategy in STRATEGIES:
         r = results[strategy]
         extra = {v: _extra(r[v]) for v in VARIANTS}
@@ -190,7 +191,7 @@ def run(ctx: Context) -> Section:
         "preemption: one run per strategy; SIGTERM to both ranks once training runs; 'safe' = the stop "
         "committed the checkpoint (files and DCP metadata written, marker, renames) and decided not to "
         "requeue (outside SLURM); the fsync'd write of the same bytes is probed right after, after a sync "
-        "and a pause (see bench.preempt_safe)"]
+        "and a pause (see bench.preempt_safe)"] + repeated_note(repeated)
     return sec
 
 
