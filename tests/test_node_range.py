@@ -93,7 +93,8 @@ def test_a_range_renders_one_sbatch_nodes_line_and_submitit_counts_the_fewest_ta
 
 
 def test_the_plan_shows_the_range_and_the_batch_plan_at_each_end():
-    pipe, cfg = load("stages.features.nodes=1-2", "langsplat.trainer.per_device_cameras=1")
+    pipe, cfg = load("stages.features.nodes=1-2", "langsplat.trainer.cameras_per_step=4",
+                     "langsplat.trainer.per_device_cameras=1")
     text = plan.make_plan(pipe, cfg, "/RUN", "slurm").summary()
     assert "stage features: items [0, 1, 2] 1-2 node(s) x 2 task(s) = 2-4 rank(s) per job" in text
     assert ("    batch at 2 rank(s): global 4 = 1 per micro-batch x 2 accumulation step(s) x 2 rank(s)\n"
@@ -101,7 +102,8 @@ def test_the_plan_shows_the_range_and_the_batch_plan_at_each_end():
 
 
 def test_an_end_of_the_range_the_global_batch_cannot_split_over_says_so():
-    pipe, cfg = load("stages.features.nodes=1-3", "stages.features.tasks_per_node=1")
+    pipe, cfg = load("stages.features.nodes=1-3", "stages.features.tasks_per_node=1",
+                     "langsplat.trainer.cameras_per_step=4")
     text = plan.make_plan(pipe, cfg, "/RUN", "slurm").summary()
     assert "batch at 1 rank(s): global 4 = 4 per micro-batch x 1 accumulation step(s) x 1 rank(s)" in text
     assert "batch at 3 rank(s): cannot plan: global batch 4 does not split evenly over 3 devices." in text
