@@ -248,12 +248,6 @@ def session(timeout_s: float = 600, backend: str | None = None, env: DistEnv | N
             )
             owns_group = True
         yield Session(env, device, bf16=bf16)
-        if owns_group and dist.is_initialized():
-            # A rank that tears its gloo connections down while a peer still has a collective or
-            # a send in flight makes that peer abort at exit ("terminate called without an active
-            # exception"): on a normal exit every rank first reaches this point. Not after an
-            # exception, where a peer may be dead and the barrier would wait out the timeout.
-            dist.barrier()
     finally:
         if owns_group and dist.is_initialized():
             dist.destroy_process_group()
