@@ -3,8 +3,10 @@
     pytest tests/test_packaging.py
 """
 import os
+import site
 import subprocess
 import sys
+import sysconfig
 import venv
 import zipfile
 from pathlib import Path
@@ -40,13 +42,33 @@ def test_wheel_ships_templates_and_nothing_generic_at_the_top_level(wheel):
     assert "hpc/jobs/langsplat/pipeline.py" in names and "hpc/jobs/run.py" in names
 
 
+def _dependency_dirs() -> list[str]:
+    """Where this interpreter finds torch, submitit and omegaconf: its own site-packages, whether it
+    is a virtualenv, a conda env or the system Python (a venv's `system_site_packages` would reach
+    the base interpreter's instead, which a virtualenv's dependencies are not in)."""
+    dirs = [sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"], *site.getsitepackages()]
+    if site.ENABLE_USER_SITE:
+        dirs.append(site.getusersitepackages())
+    seen: list[str] = []
+    for d in dirs:
+        if os.path.isdir(d) and d not in seen and not Path(d).resolve().is_relative_to(ROOT):
+            seen.append(d)
+    return seen
+
+
 def test_installed_wheel_reads_its_templates_outside_the_checkout(wheel, tmp_path):
     env_dir = tmp_path / "venv"
-    # system site packages: torch, submitit, omegaconf come from there; hpc from the wheel
-    venv.create(env_dir, system_site_packages=True, with_pip=False)
+    venv.create(env_dir, system_site_packages=False, with_pip=False)
     python = env_dir / "bin" / "python"
     subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps",
                     str(wheel)], check=True, capture_output=True)
+    # The dependencies come from the running interpreter's site-packages, appended after the new
+    # environment's own: a plain path line in a .pth file is not itself scanned for .pth files, so
+    # an editable install of hpc there (a finder hook in a .pth) stays invisible and the wheel's hpc
+    # is the one imported.
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             check=True, capture_output=True, text=True).stdout.strip()
+    Path(purelib, "test-dependencies.pth").write_text("\n".join(_dependency_dirs()) + "\n")
     probe = ("import hpc.config as c, hpc.plan as p;"
              "pipe = p.get_pipeline('langsplat');"
              "cfg = c.load(pipe.schema, 'langsplat', extra=pipe.templates);"
