@@ -11,9 +11,9 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple, Union
 
-from hpc import noderange, sbatch
+from hpc import arrays, noderange, sbatch
 from hpc.batching import plan_batch
 from hpc.rundir import task_key
 
@@ -34,6 +34,8 @@ class StageDef:
     target: str
     items: Tuple[Any, ...] = ()  # array items (one task each); () = a single job
     after: Tuple[str, ...] = ()  # stages that must end successfully first (afterok)
+    # an earlier array stage with the same items: item k waits only for its item k (aftercorr)
+    per_item_after: str = ""
     resources: str = ""  # key under cfg.stages; default: the stage name
     describe: str = ""  # what each task runs, for the plan output (default: the target)
     skip: str = ""  # why this stage is not needed (its outputs exist): listed as skipped, never submitted
@@ -86,6 +88,20 @@ class JobSpec:
     describe: str = ""  # what each task runs
     worlds: Tuple[int, ...] = ()  # world sizes it may get: both ends of a node range, else (ranks,)
     batch: Tuple[int, ...] = ()  # StageDef.batch
+    item_after: str = ""  # StageDef.per_item_after
+    waits: Tuple[arrays.Ref, ...] = ()  # per item, the item_after task it waits for (hpc.arrays)
+    part: Tuple[int, int] = (1, 1)  # (k, n): the k-th of the n arrays this stage is submitted as
+
+    @property
+    def label(self) -> str:
+        """The stage name, or 'stage#k' for the k-th of several arrays of one stage."""
+        return self.stage if self.part[1] == 1 else f"{self.stage}#{self.part[0]}"
+
+    def item_dependency(self, ids: Optional[Mapping[str, Sequence[str]]] = None
+                        ) -> Tuple[Optional[str], List[List[str]]]:
+        """hpc.arrays.dependency: the aftercorr/afterok term and each item's upstream job id."""
+        return arrays.dependency(arrays.Part(self.items, self.waits or (None,) * len(self.items)),
+                                 self.item_after, ids)
 
     def executor_parameters(self, dependency: Optional[str] = None, setup: Sequence[str] = ()) -> Dict[str, Any]:
         if self.kind == "slurm":
@@ -93,7 +109,8 @@ class JobSpec:
         return sbatch.local_parameters(self.resources)
 
     def sbatch_text(self, python: Optional[str] = None, setup: Sequence[str] = ()) -> str:
-        dependency = ",".join(f"afterok:<{s}>" for s in self.after) or None
+        per_item, _ = self.item_dependency()
+        dependency = ",".join([f"afterok:<{s}>" for s in self.after] + [per_item] * bool(per_item)) or None
         size = len(self.items) if self.is_array else None
         params = sbatch.slurm_parameters(self.resources, self.stage, dependency, setup)
         return sbatch.render(params, self.folder, size, python)
@@ -114,7 +131,7 @@ class Plan:
                                    else f" on SLURM (the {self.kind} executor runs no sbatch)")
         lines = [self.summary()]
         for job in self.jobs:
-            lines += ["", f"# ---- {label}: stage {job.stage} ----", job.sbatch_text(python, setup)]
+            lines += ["", f"# ---- {label}: stage {job.label} ----", job.sbatch_text(python, setup)]
         return "\n".join(lines)
 
     def summary(self) -> str:
@@ -122,9 +139,11 @@ class Plan:
         lines = [f"plan: pipeline {self.pipeline} -> {self.run_dir} (executor: {self.kind})"]
         for job in self.jobs:
             items = f" items {list(job.items)}" if job.is_array else ""
+            part = f" (array {job.part[0]} of {job.part[1]})" if job.part[1] > 1 else ""
             how = "afterok" if self.kind == "slurm" else "submitted when it has ended"
-            after = f" after {', '.join(job.after)} ({how})" if job.after else ""
-            lines.append(f"  stage {job.stage}:{items} {_rank_text(job)} per job{after}")
+            waits = [f"{', '.join(job.after)} ({how})"] * bool(job.after) + _item_wait(job, how)
+            after = f" after {', '.join(waits)}" if waits else ""
+            lines.append(f"  stage {job.stage}{part}:{items} {_rank_text(job)} per job{after}")
             lines.append(f"    each task runs {job.describe}")
             lines += [f"    {line}" for line in batch_lines(job.batch, job.worlds or (job.ranks,))]
         lines += [f"  skip {s}" for s in self.skipped]
@@ -133,15 +152,24 @@ class Plan:
 
 
 def make_plan(pipe: PipelineDef, cfg: Any, run_dir: str, kind: str,
-              finished: FrozenSet[TaskKey] = frozenset(), queued: FrozenSet[TaskKey] = frozenset()) -> Plan:
-    """Which jobs to submit now. `finished`: tasks with a done marker; `queued`: tasks still in the queue.
-    `kind` may carry why `auto` fell back from SLURM (hpc.scheduler.Kind): the notes then say it."""
+              finished: FrozenSet[TaskKey] = frozenset(),
+              queued: Union[FrozenSet[TaskKey], Mapping[TaskKey, str]] = frozenset(),
+              max_array_size: Optional[int] = None) -> Plan:
+    """Which jobs to submit now. `finished`: tasks with a done marker; `queued`: tasks still in the
+    queue, as task key -> job id where a stage waits on them item by item (per_item_after).
+    `max_array_size`: the cluster's MaxArraySize (task ids 0 to it - 1); a larger stage is split
+    into several arrays (None: no limit). `kind` may carry why `auto` fell back from SLURM
+    (hpc.scheduler.Kind): the notes then say it."""
     jobs: List[JobSpec] = []
     skipped: List[str] = []
     notes: List[str] = []
-    not_todo = finished | queued
+    not_todo = finished | frozenset(queued)
+    placed: Dict[TaskKey, arrays.Ref] = {}  # (stage, item) -> (label, task id) of what is submitted now
     notes.extend(pipe.notes(cfg))
+    defined: Dict[str, StageDef] = {}
     for stage in pipe.stages(cfg):
+        _check_per_item(stage, defined)
+        defined[stage.name] = stage
         if stage.skip:  # stages waiting on it wait only for what is submitted or queued
             skipped.append(f"{stage.name}: {stage.skip}")
             continue
@@ -160,16 +188,63 @@ def make_plan(pipe: PipelineDef, cfg: Any, run_dir: str, kind: str,
             notes.append(note)
         # wait for what is submitted now or still queued from an earlier submission
         after = tuple(s for s in stage.after if any(j.stage == s for j in jobs) or any(k[0] == s for k in queued))
-        jobs.append(JobSpec(stage=stage.name, target=stage.target, items=todo, is_array=bool(stage.items),
-                            indices=tuple(stage.items.index(i) if stage.items else None for i in todo),
-                            resources=res, after=after, folder=f"{run_dir}/{stage.name}/logs/%j",
-                            kind=kind, ranks=ranks[0], describe=stage.describe or stage.target,
-                            worlds=ranks, batch=tuple(stage.batch)))
+        where = {i: _upstream_task((stage.per_item_after, i), placed, queued)
+                 for i in todo} if stage.per_item_after and kind == "slurm" else {}
+        split = arrays.parts(todo, where, max_array_size if stage.items else None)
+        if len(arrays.chunks(todo, max_array_size)) > 1 and stage.items:
+            notes.append(f"stage {stage.name}: {len(todo)} items, more than the cluster's MaxArraySize "
+                         f"{max_array_size}: submitted as {len(split)} arrays")
+        for k, part in enumerate(split, 1):
+            job = JobSpec(stage=stage.name, target=stage.target, items=part.items, is_array=bool(stage.items),
+                          indices=tuple(stage.items.index(i) if stage.items else None for i in part.items),
+                          resources=res, after=after, folder=f"{run_dir}/{stage.name}/logs/%j",
+                          kind=kind, ranks=ranks[0], describe=stage.describe or stage.target,
+                          worlds=ranks, batch=tuple(stage.batch), item_after=stage.per_item_after,
+                          waits=part.waits if any(w is not None for w in part.waits) else (),
+                          part=(k, len(split)))
+            placed.update({(stage.name, i): (job.label, t) for t, i in enumerate(part.items)})
+            jobs.append(job)
     notes += _fallback_notes(pipe, cfg, getattr(kind, "why_not_slurm", ""))
     if kind != "slurm" and len(jobs) > 1:
         notes.append("the local executor has no afterok: stages run one after another, "
                      "and submit waits for each before starting the next")
     return Plan(pipe.name, run_dir, kind, tuple(jobs), tuple(skipped), tuple(notes))
+
+
+def _check_per_item(stage: StageDef, defined: Mapping[str, StageDef]) -> None:
+    """per_item_after names an earlier array stage holding every item of this array stage."""
+    up = defined.get(stage.per_item_after)
+    if not stage.per_item_after or (up and stage.items and up.items and set(stage.items) <= set(up.items)
+                                    and up.name not in stage.after):
+        return
+    from hpc.config import ConfigError
+
+    raise ConfigError(f"stage {stage.name}: per_item_after={stage.per_item_after!r} with items {list(stage.items)}; "
+                      "expected an earlier array stage, not also in `after`, with every one of these items "
+                      f"(earlier stages: {sorted(defined)}). HINT: fix the pipeline's StageDef list.")
+
+
+def _upstream_task(key: TaskKey, placed: Mapping[TaskKey, arrays.Ref],
+                   queued: Union[FrozenSet[TaskKey], Mapping[TaskKey, str]]) -> arrays.Ref:
+    """Where the task `key` waits on is: submitted now, queued from before (its job id), or nowhere."""
+    if key in placed:
+        return placed[key]
+    if key not in queued:
+        return None
+    assert isinstance(queued, Mapping), "per_item_after needs the job ids of the queued tasks"
+    return queued[key]
+
+
+def _item_wait(job: JobSpec, how: str) -> List[str]:
+    """How `job` waits on its per_item_after stage, in words ([] when it waits on none of it)."""
+    if not job.item_after or (job.kind == "slurm" and not job.waits):
+        return []
+    if job.kind != "slurm":
+        return [f"{job.item_after} ({how})"]
+    if len(job.items) == 1:
+        return [f"{task_key(job.item_after, job.items[0])} (afterok)"]
+    upstream = job.waits[0][0] if isinstance(job.waits[0], tuple) else f"job {job.waits[0].split('_')[0]}"
+    return [f"{upstream} item by item (aftercorr: each item waits for its own task only)"]
 
 
 def _fallback_notes(pipe: PipelineDef, cfg: Any, why_not_slurm: str) -> List[str]:
@@ -200,6 +275,15 @@ def _ranks(stage: str, res: Dict[str, Any], kind: str) -> Tuple[Tuple[int, ...],
     return (actual,), (f"stage {stage}: requested {noderange.show((lo, hi))} node(s) x {res['tasks_per_node']} "
                        f"task(s) = {'-'.join(map(str, requested))} rank(s); the {kind} executor runs {actual} "
                        "process(es) on this machine's CPU")
+
+
+def _check_batch(where: str, res: Dict[str, Any], global_batch: int) -> None:
+    from hpc.config import ConfigError
+
+    try:
+        noderange.check_batch(where, noderange.bounds(res["nodes"]), res["tasks_per_node"], global_batch)
+    except noderange.NodeRangeError as err:
+        raise ConfigError(str(err)) from None
 
 
 def _rank_text(job: JobSpec) -> str:

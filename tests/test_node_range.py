@@ -1,7 +1,10 @@
 """Node ranges (stages.X.nodes=MIN-MAX): parsing, refusals, the sbatch line, the plan's batch lines."""
+import math
 import os
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -101,12 +104,72 @@ def test_the_plan_shows_the_range_and_the_batch_plan_at_each_end():
             "    batch at 4 rank(s): global 4 = 1 per micro-batch x 1 accumulation step(s) x 4 rank(s)") in text
 
 
-def test_an_end_of_the_range_the_global_batch_cannot_split_over_says_so():
+def test_a_range_whose_end_the_global_batch_cannot_split_over_is_refused():
     pipe, cfg = load("stages.features.nodes=1-3", "stages.features.tasks_per_node=1",
                      "langsplat.trainer.cameras_per_step=4")
-    text = plan.make_plan(pipe, cfg, "/RUN", "slurm").summary()
-    assert "batch at 1 rank(s): global 4 = 4 per micro-batch x 1 accumulation step(s) x 1 rank(s)" in text
-    assert "batch at 3 rank(s): cannot plan: global batch 4 does not split evenly over 3 devices." in text
+    with pytest.raises(config.ConfigError) as err:
+        plan.make_plan(pipe, cfg, "/RUN", "slurm")
+    assert str(err.value) == (
+        "stages.features.nodes=1-3 x 1 task(s) may run on 3 node(s) = 3 rank(s), and the global batch 4 does not "
+        "split over 3; expected a batch every world size of the request splits over. HINT: set "
+        "stages.features.nodes=1-2 or use a global batch of 6 (a multiple of every world size in 1-3).")
+
+
+def test_a_node_count_inside_the_range_is_checked_not_only_the_ends():
+    # 2 and 4 nodes x 8 tasks (16, 32 ranks) split 64, but SLURM may grant 3 nodes (24 ranks)
+    pipe, cfg = load("stages.features.nodes=2-4", "stages.features.tasks_per_node=8",
+                     "langsplat.trainer.cameras_per_step=64")
+    with pytest.raises(config.ConfigError, match=r"may run on 3 node\(s\) = 24 rank\(s\).*HINT: set "
+                                                 r"stages.features.nodes=4 or use a global batch of 96 "):
+        plan.make_plan(pipe, cfg, "/RUN", "slurm")
+    out = dry_run("langsplat", "stages.features.nodes=2-4", "stages.features.tasks_per_node=8",
+                  "langsplat.trainer.cameras_per_step=64")
+    assert out.returncode == 2 and out.stdout == "" and len(out.stderr.strip().splitlines()) == 1
+    assert out.stderr.startswith("error: stages.features.nodes=2-4 x 8 task(s) may run on 3 node(s)")
+
+
+def hinted(message, where):
+    """The node counts and the global batch the HINT names (its fixes)."""
+    hint = message.split("HINT: ", 1)[1]
+    nodes = [noderange.parse(v, where, LIMITS) for v in re.findall(re.escape(where) + r"=([0-9-]+)", hint)]
+    batch = [int(v) for v in re.findall(r"global batch of ([0-9]+)", hint)]
+    return nodes, batch
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 60), st.integers(0, 12), st.integers(1, 16), st.integers(1, 5000))
+def test_every_node_count_in_a_range_is_checked_and_the_hint_fixes_it(lo, extra, tasks, batch):
+    hi = lo + extra
+    even = all(batch % (n * tasks) == 0 for n in range(lo, hi + 1))  # the oracle: every count SLURM may grant
+    try:
+        noderange.check_batch("stages.s.nodes", (lo, hi), tasks, batch)
+    except noderange.NodeRangeError as err:
+        text = str(err)
+        assert not even and "\n" not in text and text.startswith(f"stages.s.nodes={noderange.show((lo, hi))} x ")
+        nodes, batches = hinted(text, "stages.s.nodes")
+        assert nodes or batches
+        for fix in nodes:  # a node count or range named alone splits this batch at every count
+            if f"stages.s.nodes={noderange.show(fix)} with" not in text:
+                noderange.check_batch("stages.s.nodes", fix, tasks, batch)
+        both = re.search(r"stages.s.nodes=([0-9]+) with a global batch of ([0-9]+)", text)
+        if both:  # a node count with a batch: the pair splits
+            noderange.check_batch("stages.s.nodes", (int(both[1]),) * 2, tasks, int(both[2]))
+        for fixed in batches[:1] if not both else []:  # a batch named alone splits over the whole request
+            noderange.check_batch("stages.s.nodes", (lo, hi), tasks, fixed)
+    else:
+        assert even
+
+
+@pytest.mark.parametrize("batch", [1, 7, 2 ** 61, 720720 * 9, 10 ** 18, math.lcm(*range(1, 41))])
+def test_a_range_up_to_the_node_limit_is_checked_fast(batch):
+    start = time.perf_counter()
+    for tasks in (1, 8):
+        try:
+            noderange.check_batch("stages.s.nodes", (1, LIMITS[1]), tasks, batch)
+        except noderange.NodeRangeError as err:
+            assert "HINT: " in str(err)
+        assert noderange.first_uneven(batch, tasks, (1, LIMITS[1])) is not None
+    assert time.perf_counter() - start < 1.0
 
 
 def test_the_local_executor_runs_its_own_process_count_and_names_the_range():
