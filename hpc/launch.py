@@ -3,8 +3,8 @@
     srun --nodes=2 --ntasks-per-node=2 python -m hpc.launch -- python train.py --lr 1e-3
 
 The script reads RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT
-as torchrun would set them; this module derives them from SLURM's variables (hpc.env),
-exports them and replaces itself with the command (exec: signals from SLURM, such as the
+as torchrun would set them (and OMP_NUM_THREADS=1 with several tasks per node, unless it is set);
+this module derives them from SLURM's variables (hpc.env), exports them and replaces itself with the command (exec: signals from SLURM, such as the
 SIGTERM of a preemption, reach the script directly, and its exit status is the task's).
 
 The pre-timeout signal (``--signal=USR2@N``) goes to every process of the step, and its default
@@ -59,6 +59,12 @@ def prepare(environ: dict[str, str]) -> dict[str, str]:
     child = dict(environ)
     env.export(child)
     child["GROUP_RANK"] = str(env.node_rank)  # torchrun's name for the node rank
+    if env.local_world_size > 1 and "OMP_NUM_THREADS" not in environ:
+        # as torchrun does with more than one process per node: without it every rank's OpenMP
+        # pool takes all the node's cores, and they oversubscribe them
+        print("hpc.launch: OMP_NUM_THREADS=1 for each of this node's "
+              f"{env.local_world_size} tasks (set OMP_NUM_THREADS to choose another)", file=sys.stderr)
+        child["OMP_NUM_THREADS"] = "1"
     return child
 
 

@@ -17,6 +17,12 @@ def test_exports_torchrun_variables_from_slurm():
     assert child["SLURM_JOB_ID"] == "1234"  # the rest of the environment is kept
 
 
+def test_omp_threads_one_per_task_as_torchrun_sets_them_unless_given():
+    assert prepare(srun_task(3, CUDA_VISIBLE_DEVICES="0,1"))["OMP_NUM_THREADS"] == "1"  # 2 tasks a node
+    assert prepare(srun_task(3, CUDA_VISIBLE_DEVICES="0,1", OMP_NUM_THREADS="6"))["OMP_NUM_THREADS"] == "6"
+    assert "OMP_NUM_THREADS" not in prepare(srun_task(1, ntasks=2, nodes=2))  # one task a node: left alone
+
+
 def test_one_gpu_per_task_breaks_local_rank_indexing():
     with pytest.raises(EnvError, match="cuda:1, which does not exist.*HINT"):
         prepare(srun_task(1, CUDA_VISIBLE_DEVICES="5"))
