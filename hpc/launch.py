@@ -4,8 +4,9 @@
 
 The script reads RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT
 as torchrun would set them (and OMP_NUM_THREADS=1 with several tasks per node, unless it is set);
-this module derives them from SLURM's variables (hpc.env), exports them and replaces itself with the command (exec: signals from SLURM, such as the
-SIGTERM of a preemption, reach the script directly, and its exit status is the task's).
+this module derives them from SLURM's variables (hpc.env), exports them and replaces itself
+with the command (exec: signals from SLURM, such as the SIGTERM of a preemption, reach the script
+directly, and its exit status is the task's).
 
 The pre-timeout signal (``--signal=USR2@N``) goes to every process of the step, and its default
 action ends the process: an unmodified script would die N seconds before its time limit. The
