@@ -8,7 +8,9 @@ waits for (the manifest records each job's afterok ids) in that same answer. Wit
 job that has left the queue has ended and its outcome is what it left behind: a done marker
 (COMPLETED), submitit's result file (COMPLETED, or FAILED with the error), or nothing (ENDED, said
 as such). Done markers, progress (tqdm's last redraw in the rank-0 stderr log, else the last line of
-its stdout log) and the task's outputs come from the run directory.
+its stdout log), the world size and node count the task got (its done marker, else the latest start
+line of its rank-0 log: under a node range it need not be the one requested) and the task's outputs
+come from the run directory.
 """
 from __future__ import annotations
 
@@ -33,6 +35,8 @@ ENDED_WHY = ("ENDED (no accounting; no done marker, no result file): outcome unk
 # tqdm's redraw: "desc:  55%|#####5    | 164/300 [00:01<00:01, 99.50it/s]", or "164it [00:01, ...]"
 TQDM = re.compile(r"(?:(?P<desc>[^|\r\n]*?):\s*)?(?:\d+%\|[^|]*\|\s*)?"
                   r"(?P<n>\d+(?:\.\d+)?[kMGTPEZY]?)(?:/(?P<total>\d+(?:\.\d+)?[kMGTPEZY]?))?(?:it)?\s*\[\d")
+# hpc.executor's start line in each rank's stdout log: "[hpc] stage S item I rank 0/24 on 3 node(s) job ..."
+STARTED = re.compile(rb"\[hpc\] stage .* rank [0-9]+/([0-9]+) on ([0-9]+) node\(s\)")
 
 
 @dataclass
@@ -48,6 +52,8 @@ class TaskStatus:
     outputs: List[str]
     why: str
     error: str = ""  # last line of the rank-0 stderr log (the exception of a failed task)
+    world_size: Optional[int] = None  # ranks the task got (None: not started, or nothing says)
+    nodes: Optional[int] = None  # nodes it got
 
 
 def collect(run: RunDir) -> List[TaskStatus]:
@@ -70,7 +76,8 @@ def collect(run: RunDir) -> List[TaskStatus]:
                                rec.restarts if rec else 0,
                                rec.elapsed if rec else _done_elapsed(run, stage, item),
                                tqdm_progress(err) or last_progress(run.log_path(stage, jid)),
-                               outputs(run.task_dir(stage, item)), "", last_progress(err)))
+                               outputs(run.task_dir(stage, item)), "", last_progress(err),
+                               *world(run, stage, item, jid)))
     _explain(rows, records, never, run.job_tasks())
     return rows
 
@@ -84,14 +91,53 @@ def query_run(run: RunDir) -> Tuple[scheduler.Answer, Dict[str, Optional[schedul
     return records, scheduler.never_starts(records, after)
 
 
-def _done_elapsed(run: RunDir, stage: str, item: Any) -> str:
-    """A finished task's run time from its done marker (no scheduler to ask), as sacct writes it."""
+def _done_info(run: RunDir, stage: str, item: Any) -> Dict[str, Any]:
+    """A task's done marker ({} when there is none or it does not read)."""
     try:
         info = json.loads((run.task_dir(stage, item) / DONE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def _done_elapsed(run: RunDir, stage: str, item: Any) -> str:
+    """A finished task's run time from its done marker (no scheduler to ask), as sacct writes it."""
+    info = _done_info(run, stage, item)
+    try:
         seconds = int(info["finished"] - info["started"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (KeyError, TypeError):
         return ""
     return f"{seconds // 3600:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def world(run: RunDir, stage: str, item: Any, job_id: str) -> Tuple[Optional[int], Optional[int]]:
+    """(world size, nodes) a task got: its done marker's, else those of the latest start line in its
+    rank-0 log (a requeued job appends one per start, and under a node range each may differ)."""
+    info = _done_info(run, stage, item)
+    if isinstance(info.get("world_size"), int):
+        return info["world_size"], info.get("nodes") if isinstance(info.get("nodes"), int) else None
+    found = _last_match(run.log_path(stage, job_id), STARTED)
+    return (int(found[1]), int(found[2])) if found else (None, None)
+
+
+def _last_match(log: Path, pattern: "re.Pattern[bytes]", block: int = 1 << 20) -> Optional["re.Match[bytes]"]:
+    """The last match of a one-line pattern in a file, read backwards a block at a time: a long
+    log is read only as far back as its latest start."""
+    if not log.exists():
+        return None
+    with log.open("rb") as fh:
+        end, carry = fh.seek(0, 2), b""
+        while end > 0:
+            start = max(0, end - block)
+            fh.seek(start)
+            chunk = fh.read(end - start) + carry
+            found = None
+            for found in pattern.finditer(chunk):
+                pass
+            if found:
+                return found
+            carry, end = chunk[:chunk.find(b"\n") + 1 or len(chunk)], start  # a line the block boundary cut
+    return None
 
 
 def left_behind(run: RunDir, stage: str, item: Any, job_id: str) -> str:
@@ -172,12 +218,17 @@ def outputs(task_dir: Path) -> List[str]:
 
 
 def format_table(rows: List[TaskStatus]) -> str:
-    head = ("TASK", "JOB", "STATE", "RESTARTS", "ELAPSED", "PROGRESS / WHY")
-    body = [(r.task, r.job_id, r.state, str(r.restarts), r.elapsed, r.why or r.progress) for r in rows]
+    head = ("TASK", "JOB", "STATE", "RESTARTS", "ELAPSED", "WORLD", "NODES", "PROGRESS / WHY")
+    body = [(r.task, r.job_id, r.state, str(r.restarts), r.elapsed, _count(r.world_size), _count(r.nodes),
+             r.why or r.progress) for r in rows]
     widths = [max(len(x) for x in col) for col in zip(head, *body)] if body else [len(h) for h in head]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in [head, *body]]
     lines += [f"  {r.task} outputs: {', '.join(r.outputs)}" for r in rows if r.outputs]
     return "\n".join(lines)
+
+
+def _count(value: Optional[int]) -> str:
+    return "-" if value is None else str(value)
 
 
 def follow(run: RunDir, interval_s: float = 5.0, out=None) -> int:

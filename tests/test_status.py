@@ -1,10 +1,12 @@
 """Pure parts of hpc.status: progress read from real tqdm output, the table."""
+import json
 from pathlib import Path
 
 import pytest
 from tqdm import tqdm
 
 from hpc import status
+from hpc.rundir import RunDir
 
 
 def _write_bar(path: Path, steps: int, **kw) -> None:
@@ -42,3 +44,40 @@ def test_the_table_shows_progress_or_why():
     ended = status.TaskStatus("first", "first", None, "6", status.ENDED, 0, "", "", [], status.ENDED_WHY)
     table = status.format_table([row, ended])
     assert "164/300" in table.splitlines()[1] and "no accounting" in table.splitlines()[2]
+
+
+def _run_with_two_tasks(tmp_path):
+    """A local run: task 0 finished on 24 ranks (its done marker says so); task 1 runs, restarted once,
+    and its rank-0 log has a start line per start, the latest on 8 ranks."""
+    run = RunDir(tmp_path / "run")
+    run.start("p", "{}\n", "local")
+    run.record_all("train", [(0, "11"), (1, "12")], "local")
+    run.task_dir("train", 0).mkdir(parents=True)
+    run.mark_done("train", 0, {"started": 0.0, "finished": 65.0, "world_size": 24, "nodes": 3})
+    log = run.log_path("train", "12")
+    log.parent.mkdir(parents=True)
+    start = "[hpc] stage train item 1 rank 0/{} on {} node(s) job 12 restart {}\n"
+    log.write_text(start.format(16, 2, 0) + "step 1\n" * 5000 + start.format(8, 1, 1) + "step 2\n" * 5000)
+    return run
+
+
+def test_the_world_a_task_got_comes_from_its_done_marker_else_its_latest_start_line(tmp_path):
+    run = _run_with_two_tasks(tmp_path)
+    assert status.world(run, "train", 0, "11") == (24, 3)
+    assert status.world(run, "train", 1, "12") == (8, 1)
+    assert status.world(run, "train", 2, "13") == (None, None)  # not started: no log
+    assert status._last_match(run.log_path("train", "12"), status.STARTED, block=7)[1] == b"8"  # lines cut
+
+
+def test_status_shows_the_world_size_and_nodes_in_the_table_and_the_json(tmp_path, capsys):
+    run = _run_with_two_tasks(tmp_path)
+    assert status.main([str(run.path), "--json"]) == 0
+    rows = {r["task"]: r for r in json.loads(capsys.readouterr().out)}
+    assert (rows["train[0]"]["world_size"], rows["train[0]"]["nodes"]) == (24, 3)
+    assert (rows["train[1]"]["world_size"], rows["train[1]"]["nodes"]) == (8, 1)
+    assert status.main([str(run.path)]) == 0
+    head, done, running = capsys.readouterr().out.splitlines()[:3]
+    assert head.split()[5:7] == ["WORLD", "NODES"]
+    assert done.split()[:7] == ["train[0]", "11", "COMPLETED", "0", "00:01:05", "24", "3"]
+    at = head.index("WORLD")  # the running task has no elapsed time yet: read its columns by position
+    assert running[at:].split()[:3] == ["8", "1", "step"]
