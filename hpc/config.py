@@ -67,6 +67,7 @@ class Resources:
     signal_delay_s: int = 120  # SIGUSR2 this many seconds before the time limit (checkpoint window)
     max_timeouts: int = 3  # how often a job that hit its time limit is requeued
     local_tasks: int = 1  # processes when run by the local executor (CPU, one machine)
+    array_parallelism: Optional[int] = None  # array tasks running at once (sbatch --array=0-N%P); None: submitit's 256
     extra: Dict[str, str] = field(default_factory=dict)  # further sbatch options, name -> value
 
 
@@ -248,6 +249,10 @@ def check_resources(cfg: DictConfig) -> None:
             if high is not None and res[key] > high:
                 raise ConfigError(f"stages.{name}.{key}={res[key]} is above hpc's limit of {high}; expected "
                                   f"{low} to {high}. HINT: set stages.{name}.{key} to a real request.")
+        if res.array_parallelism is not None and res.array_parallelism < 1:
+            raise ConfigError(f"stages.{name}.array_parallelism={res.array_parallelism}; expected an integer >= 1 "
+                              f"(array tasks that run at once). HINT: set stages.{name}.array_parallelism=8, "
+                              "or null for no throttle.")
         # the pre-timeout signal comes signal_delay_s before the limit: at or past the start, it
         # would come at once and the job would checkpoint and requeue before doing any work
         if res.signal_delay_s >= res.time_min * 60:

@@ -243,8 +243,8 @@ def _item_wait(job: JobSpec, how: str) -> List[str]:
         return [f"{job.item_after} ({how})"]
     if len(job.items) == 1:
         return [f"{task_key(job.item_after, job.items[0])} (afterok)"]
-    upstream = job.waits[0][0] if isinstance(job.waits[0], tuple) else f"job {job.waits[0].split('_')[0]}"
-    return [f"{upstream} item by item (aftercorr: each item waits for its own task only)"]
+    array = job.waits[0][0] if isinstance(job.waits[0], tuple) else f"job {job.waits[0].split('_')[0]}"
+    return [f"{job.item_after}[k] for each item k (aftercorr on {array})"]
 
 
 def _fallback_notes(pipe: PipelineDef, cfg: Any, why_not_slurm: str) -> List[str]:

@@ -108,12 +108,14 @@ class RunDir:
         self.record_all(stage, [(item, job_id)], kind, after)
 
     def record_all(self, stage: str, jobs: Sequence[Tuple[Any, str]], kind: str,
-                   after: Sequence[str] = ()) -> None:
-        """record() for every (item, job_id) of one submission (an array): one manifest write."""
+                   after: Sequence[str] = (), each_after: Sequence[Sequence[str]] = ()) -> None:
+        """record() for every (item, job_id) of one submission (an array): one manifest write.
+        `each_after`: per job, the further job ids it alone waits for (its own task, aftercorr)."""
         data = self.manifest()
-        for item, job_id in jobs:
+        for n, (item, job_id) in enumerate(jobs):
             entry = data["tasks"].setdefault(task_key(stage, item), {"stage": stage, "item": item, "jobs": []})
-            entry["jobs"].append({"job_id": job_id, "executor": kind, "submitted": _now(), "after": list(after)})
+            waits = list(after) + [j for j in (each_after[n] if n < len(each_after) else ()) if j]
+            entry["jobs"].append({"job_id": job_id, "executor": kind, "submitted": _now(), "after": waits})
             entry["job_id"] = job_id
             data["submissions"].append({"time": _now(), "stage": stage, "item": item, "job_id": job_id})
         self._write(data)

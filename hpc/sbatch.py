@@ -31,6 +31,8 @@ def slurm_parameters(res: Mapping[str, Any], job_name: str, dependency: Optional
     }
     if res["gpus_per_node"]:
         params["gpus_per_node"] = res["gpus_per_node"]
+    if res.get("array_parallelism"):  # the %P of --array=0-N%P; a job that is no array ignores it
+        params["array_parallelism"] = res["array_parallelism"]
     for key in ("mem", "partition", "account", "qos", "constraint"):
         if res.get(key) is not None:
             params[key] = res[key]

@@ -127,6 +127,21 @@ def partitions() -> List[str]:
     return sorted({line.strip().rstrip("*") for line in out.splitlines() if line.strip()})
 
 
+def max_array_size() -> int:
+    """The most tasks one array may have (one `scontrol show config` call)."""
+    return parse_max_array_size(_run(["scontrol", "show", "config"]))
+
+
+def parse_max_array_size(text: str) -> int:
+    """MaxArraySize from `scontrol show config`: task ids run from 0 to it - 1, so an array holds
+    that many tasks; 0 (arrays disabled) means one task per submission. SLURM's default is 1001."""
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip() == "MaxArraySize" and value.strip().isdigit():
+            return max(1, int(value.strip()))
+    return 1001
+
+
 # ---------------------------------------------------------------- job states, one call per poll
 # Sites (how this shell finds its cluster) whose sacct said accounting is disabled: asked once per
 # process, so a poll loop makes one call per poll.

@@ -126,18 +126,18 @@ def check_partitions(cfg: Any, dry_run: bool = False) -> None:
 
 
 def current_state(pipe: hplan.PipelineDef, cfg: Any, run: RunDir, kind: str):
-    """(finished, queued, never) task keys and job ids, read only: `never` are the jobs that can
-    never start (an upstream job failed); a submission cancels them so that its plan submits their
-    tasks again, a dry run leaves them be."""
+    """(finished task keys, queued task key -> job id, never), read only: `never` are the jobs that
+    can never start (an upstream job failed); a submission cancels them so that its plan submits
+    their tasks again, a dry run leaves them be."""
     keys = [(s.name, i) for s in pipe.stages(cfg) for i in (s.items or (None,))]
     finished = run.finished(keys)
     tasks = {(t["stage"], t["item"]): t["job_id"] for t in run.tasks()}
     if kind != "slurm" or not tasks:
-        return finished, frozenset(), []
+        return finished, {}, []
     records, never = status.query_run(run)
-    queued = frozenset(k for k, jid in tasks.items()
-                       if jid in records and records[jid].state in scheduler.ACTIVE and jid not in never)
-    return finished, queued - finished, sorted(never)
+    queued = {k: jid for k, jid in tasks.items() if k not in finished and jid in records
+              and records[jid].state in scheduler.ACTIVE and jid not in never}
+    return finished, queued, sorted(never)
 
 
 def submit_plan(plan: hplan.Plan, run: RunDir, setup: Sequence[str] = ()) -> Dict[str, List[str]]:
@@ -146,6 +146,7 @@ def submit_plan(plan: hplan.Plan, run: RunDir, setup: Sequence[str] = ()) -> Dic
     from hpc.executor import StageTask, drop_unexpanded_folder, make_executor, submission_env
 
     ids: Dict[str, List[str]] = {}
+    by_label: Dict[str, List[str]] = {}  # JobSpec.label -> its job ids, for aftercorr
     previous: List[Any] = []
     with submission_env():
         for job in plan.jobs:
@@ -154,15 +155,17 @@ def submit_plan(plan: hplan.Plan, run: RunDir, setup: Sequence[str] = ()) -> Dic
                 break
             executor = make_executor(plan.kind, job.folder, job.resources["max_timeouts"])
             upstream = _upstream(job, ids, run) if plan.kind == "slurm" else []
+            per_item, each = job.item_dependency(by_label) if plan.kind == "slurm" else (None, [])
             if plan.kind != "debug":
-                executor.update_parameters(**job.executor_parameters(afterok(upstream), setup))
+                dependency = ",".join(d for d in (afterok(upstream), per_item) if d) or None
+                executor.update_parameters(**job.executor_parameters(dependency, setup))
             tasks = [StageTask(str(run.path), job.stage, job.target, item, index)
                      for item, index in zip(job.items, job.indices)]
             with executor.batch():  # one sbatch --array for an array stage
                 submitted = [executor.submit(t) for t in tasks]
-            run.record_all(job.stage, [(item, str(sj.job_id)) for item, sj in zip(job.items, submitted)],
-                           plan.kind, upstream)
-            ids[job.stage] = [str(sj.job_id) for sj in submitted]
+            by_label[job.label] = [str(sj.job_id) for sj in submitted]
+            run.record_all(job.stage, list(zip(job.items, by_label[job.label])), plan.kind, upstream, each)
+            ids.setdefault(job.stage, []).extend(by_label[job.label])
             previous = submitted
         if plan.kind != "slurm":
             _wait_ok(previous)
@@ -227,7 +230,9 @@ def submit(args: argparse.Namespace) -> int:
     with run.submission_lock(say=lambda line: print(line, file=sys.stderr)):
         finished, queued, never = current_state(pipe, cfg, run, kind)
         scheduler.cancel(never)
-        plan = _plan(pipe, cfg, run, kind, finished, queued, notes)
+        # asked only here: a dry run stays one call cheaper (its plan shows each stage as one array)
+        max_size = scheduler.max_array_size() if kind == "slurm" else None
+        plan = _plan(pipe, cfg, run, kind, finished, queued, notes, max_size)
         print(plan.summary())
         if not plan.jobs:
             print(f"nothing to submit: every task of {run.path} is done or queued")
@@ -243,8 +248,8 @@ def submit(args: argparse.Namespace) -> int:
 
 
 def _plan(pipe: hplan.PipelineDef, cfg: Any, run: RunDir, kind: str, finished: Any, queued: Any,
-          notes: Sequence[str]) -> hplan.Plan:
-    plan = hplan.make_plan(pipe, cfg, str(run.path), kind, finished, queued)
+          notes: Sequence[str], max_array_size: Optional[int] = None) -> hplan.Plan:
+    plan = hplan.make_plan(pipe, cfg, str(run.path), kind, finished, queued, max_array_size)
     return dataclasses.replace(plan, notes=plan.notes + tuple(notes))
 
 

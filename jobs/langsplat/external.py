@@ -101,7 +101,7 @@ def stages(cfg: Any) -> List[StageDef]:
         StageDef("features", f"{TARGET}:features", items=levels, after=("ae_encode", "rgb"),
                  resources="features" if mode == co.FORK else "features_1gpu",
                  describe=f"{features}; levels {per_level}"),
-        StageDef("render", f"{TARGET}:render", items=levels, after=("features",),
+        StageDef("render", f"{TARGET}:render", items=levels, per_item_after="features",
                  describe="render.py --include_feature on <run>/output/<name>_<level>"),
         StageDef("eval", f"{TARGET}:eval", after=("render",), describe="eval/evaluate_iou_loc.py"),
     ]
@@ -128,7 +128,7 @@ def notes(cfg: Any) -> List[str]:
     lines.append(f"features: checkpoints every {cfg.external.checkpoint_every} iterations and at the last; "
                  "a requeued stage restarts the script from its newest chkpnt*.pth "
                  f"(render.py loads chkpnt{FINAL_CHECKPOINT}.pth: hpc links it to the last one)")
-    lines.append("render waits for every level's features task (afterok on each array task)")
+    lines.append("render of each level waits only for that level's features task (aftercorr)")
     return lines
 
 
