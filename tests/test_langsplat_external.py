@@ -13,16 +13,19 @@ from hpc import config, plan, submit
 from hpc.jobs.langsplat import external_stages as es
 from hpc.jobs.langsplat import pipeline as lp
 from hpc.rundir import RunDir
-from tests.langsplat_standins.checkout import make_checkout, make_dim3, make_scene, make_weights
+from tests.langsplat_standins.checkout import make_checkout, make_dim3, make_env, make_scene, make_weights
 
 
 @pytest.fixture
 def world(tmp_path):
-    """A scene with LERF labels, the weights, and a fork, upstream and 3DGS checkout."""
+    """A scene with LERF labels, the weights, a fork, upstream and 3DGS checkout, and an
+    interpreter for each rasterizer: LangSplat's ("python") and graphdeco's ("gs_python")."""
     for variant, name in (("fork", "fork"), ("upstream", "upstream"), ("3dgs", "gs")):
         make_checkout(tmp_path / name, variant)
     make_scene(tmp_path / "data" / "scene")
-    return {"root": tmp_path, "data": tmp_path / "data" / "scene", **make_weights(tmp_path)}
+    return {"root": tmp_path, "data": tmp_path / "data" / "scene", **make_weights(tmp_path),
+            "python": make_env(tmp_path / "envs" / "langsplat", "langsplat"),
+            "gs_python": make_env(tmp_path / "envs" / "3dgs", "3dgs")}
 
 
 def env(**extra):
@@ -30,8 +33,23 @@ def env(**extra):
     return {**out, **extra}
 
 
-def run(argv, cwd=None, **extra):
-    return subprocess.run([sys.executable, *map(str, argv)], capture_output=True, text=True, cwd=cwd, env=env(**extra))
+def run(argv, cwd=None, python=None, runner=False, **extra):
+    """A stand-in script under `python` (the LangSplat environment's unless a graphdeco train.py),
+    through hpc's script runner when `runner`, as the stages run it."""
+    python = python or (WORLD_PYTHON["gs"] if Path(argv[0]).parts[-2:] == ("gs", "train.py") else WORLD_PYTHON["ls"])
+    argv = [es.RUNNER, *argv] if runner else argv
+    return subprocess.run([str(python), *map(str, argv)], capture_output=True, text=True, cwd=cwd, env=env(**extra))
+
+
+WORLD_PYTHON = {}
+
+
+@pytest.fixture(autouse=True)
+def _pythons(tmp_path_factory):
+    """The two environments for run(), once per session."""
+    if not WORLD_PYTHON:
+        root = tmp_path_factory.mktemp("envs")
+        WORLD_PYTHON.update(ls=make_env(root / "langsplat", "langsplat"), gs=make_env(root / "3dgs", "3dgs"))
 
 
 def rgb_checkpoint(world, iterations=4):
@@ -54,13 +72,15 @@ def test_checkpoint_tuples_decide_the_first_iteration(world):
     rgb = rgb_checkpoint(world)
     train = world["root"] / "upstream" / "train.py"
     base = ["-s", world["data"], "-m", world["root"] / "f", "--feature_level", 2, "--port", 0]
-    assert run([train, *base, "--iterations", 6, "--checkpoint_iterations", 3, "--start_checkpoint", rgb]).returncode == 0
-    resumed = run([train, *base, "--iterations", 6, "--start_checkpoint", world["root"] / "f_2" / "chkpnt3.pth"])
+    assert run([train, *base, "--iterations", 6, "--checkpoint_iterations", 3, "--start_checkpoint", rgb],
+               runner=True).returncode == 0
+    resumed = run([train, *base, "--iterations", 6, "--start_checkpoint", world["root"] / "f_2" / "chkpnt3.pth"],
+                  runner=True)
     assert resumed.returncode == 0
     starts = [json.loads(line)["start_iteration"] for line in (world["root"] / "f_2" / "standin.jsonl").open()]
     assert starts == [1, 4]  # a 12-entry RGB checkpoint starts at 0, a 13-entry one at its iteration
     gs = run([world["root"] / "gs" / "train.py", "-s", world["data"], "-m", world["root"] / "g", "--port", 0,
-              "--start_checkpoint", world["root"] / "f_2" / "chkpnt3.pth"])
+              "--start_checkpoint", world["root"] / "f_2" / "chkpnt3.pth"], runner=True)
     assert gs.returncode == 1 and "too many values to unpack" in gs.stderr
 
 
@@ -140,9 +160,10 @@ def test_newest_checkpoint_skips_one_cut_short_while_saving(tmp_path, capsys):
 def overrides(world, checkout="fork", *extra):
     out = ["langsplat.mode=external", f"langsplat.data_path={world['data']}",
            f"external.langsplat_dir={world['root'] / checkout}", f"external.sam_checkpoint={world['sam']}",
-           f"external.clip_hf_home={world['hf_home']}", "cluster.kind=local"]
+           f"external.clip_hf_home={world['hf_home']}", "cluster.kind=local", f"external.python={world['python']}"]
     if checkout == "upstream":
-        out.append(f"external.gaussian_splatting_dir={world['root'] / 'gs'}")
+        out += [f"external.gaussian_splatting_dir={world['root'] / 'gs'}",
+                f"external.gaussian_splatting_python={world['gs_python']}"]
     return out + list(extra)
 
 
@@ -246,10 +267,12 @@ def flag(argv, name):
 
 def test_rgb_argv_per_checkout_and_its_resume(world, monkeypatch, tmp_path):
     fork = stage_argv(monkeypatch, load(*overrides(world), "external.iterations=9"), tmp_path, "rgb")["argv"]
-    assert fork[1] == str(world["root"] / "fork" / "train.py") and "--no_include_feature" in fork
+    assert fork[2] == str(world["root"] / "fork" / "train.py") and "--no_include_feature" in fork
+    assert (fork[0], fork[1]) == (str(world["python"]), es.RUNNER)
     gs = stage_argv(monkeypatch, load(*overrides(world, "upstream"), "external.iterations=9",
                                       "external.checkpoint_every=4"), tmp_path, "rgb")["argv"]
-    assert gs[1] == str(world["root"] / "gs" / "train.py") and "--no_include_feature" not in gs
+    assert gs[2] == str(world["root"] / "gs" / "train.py") and "--no_include_feature" not in gs
+    assert gs[0] == str(world["gs_python"])  # graphdeco's environment, with its own rasterizer
     assert gs[gs.index("--checkpoint_iterations") + 1:][:2] == ["4", "8"] and "9" in gs
     assert "--start_checkpoint" not in gs
     assert int(flag(gs, "--port")) not in (6009, 55555)  # a free one: tasks on one node must not collide
@@ -265,7 +288,7 @@ def test_features_argv_fork_views_updates_and_upstream(world, monkeypatch, tmp_p
     cfg = load(*overrides(world), "external.iterations=12", "external.checkpoint_every=0")
     seen = stage_argv(monkeypatch, cfg, tmp_path, "features", item=3, world=4)
     argv = seen["argv"]
-    assert seen["launch"] and argv[1].endswith("train_ddp.py") and "--port" not in argv  # it binds no GUI port
+    assert seen["launch"] and argv[2].endswith("train_ddp.py") and "--port" not in argv  # it binds no GUI port
     # views: --epochs round(12 / 6 cameras) = 2, so 2 x (6 // 4) = 2 updates of 4 cameras; lr x 4
     assert (flag(argv, "--epochs"), "--scale_lr" in argv, flag(argv, "--checkpoint_iterations")) == ("2", True, "2")
     assert flag(argv, "--feature_level") == "3" and flag(argv, "--start_checkpoint").endswith("scene_-1/chkpnt12.pth")
@@ -277,7 +300,8 @@ def test_features_argv_fork_views_updates_and_upstream(world, monkeypatch, tmp_p
     up = stage_argv(monkeypatch, load(*overrides(world, "upstream"), "external.iterations=12"), tmp_path,
                     "features", item=1)
     argv = up["argv"]
-    assert not up["launch"] and argv[1] == str(world["root"] / "upstream" / "train.py")
+    assert not up["launch"] and argv[2] == str(world["root"] / "upstream" / "train.py")
+    assert argv[0] == str(world["python"])
     assert flag(argv, "--start_checkpoint") == str(tmp_path / "run" / "output" / "scene" / "chkpnt12.pth")
     assert int(flag(argv, "--port")) != 55555
     level = tmp_path / "run" / "output" / "scene_1"  # a requeued task: its own 13-entry checkpoint

@@ -33,12 +33,15 @@ def hub_cache(hf_home: str | Path) -> Path:
 
 
 def clip_weights(hf_home: str | Path) -> Optional[Path]:
-    """The pre-staged CLIP weight file under hf_home, or None."""
-    for snapshot in sorted((hub_cache(hf_home) / CLIP_REPO_DIR / "snapshots").glob("*")):
-        for name in CLIP_FILES:
-            if (snapshot / name).is_file():
-                return snapshot / name
-    return None
+    """The pre-staged CLIP weight file under hf_home, or None. Offline, huggingface_hub resolves the
+    revision "main" through refs/main (the commit it names) to snapshots/<commit>/: a snapshot
+    without that file is not found."""
+    repo = hub_cache(hf_home) / CLIP_REPO_DIR
+    ref = repo / "refs" / "main"
+    if not ref.is_file():
+        return None
+    snapshot = repo / "snapshots" / ref.read_text().strip()
+    return next((snapshot / n for n in CLIP_FILES if (snapshot / n).is_file()), None)
 
 
 def offline_env(hf_home: str | Path) -> dict:

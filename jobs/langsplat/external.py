@@ -21,6 +21,8 @@ from hpc.config import ConfigError
 from hpc.plan import StageDef
 
 from . import checkout as co
+from . import eval_inputs
+from . import interpreters as py
 from .colmap import layout_problems, registered_images, stem
 
 LEVEL_NAMES = {0: "default (whole image)", 1: "s", 2: "m", 3: "l"}
@@ -54,9 +56,19 @@ def label_dir(cfg: Any) -> Path:
     return Path(given) if given else Path(cfg.langsplat.data_path).resolve().parent / "label"
 
 
-def dataset_rgb_checkpoint(cfg: Any) -> Path:
-    """Where LangSplat's README keeps a 3DGS model trained beforehand: <data>/output/<name>/."""
-    return Path(cfg.langsplat.data_path) / "output" / scene_name(cfg) / f"chkpnt{cfg.external.iterations}.pth"
+def dataset_rgb_checkpoint(data: str, iterations: int) -> Optional[Path]:
+    """An RGB model trained beforehand, where the READMEs keep it: <data>/output/<name>/ (LangSplat's,
+    graphdeco's train.py) or <data>/output/<name>_-1/ (the fork's: its train.py adds _-1). Its
+    chkpnt<iterations>.pth, else the checkpoint of the iteration it trained to (its largest
+    point_cloud/iteration_<N>, which train.py saves at the end, whatever --iterations was)."""
+    name = Path(data).resolve().name
+    for model in (Path(data) / "output" / name, Path(data) / "output" / f"{name}_-1"):
+        saved = [int(p.name.split("_")[1]) for p in model.glob("point_cloud/iteration_*")
+                 if p.name.split("_")[1].isdigit()]
+        for n in [iterations, *sorted(saved, reverse=True)[:1]]:
+            if (model / f"chkpnt{n}.pth").is_file():
+                return model / f"chkpnt{n}.pth"
+    return None
 
 
 def _skips(cfg: Any) -> dict:
@@ -70,8 +82,9 @@ def _skips(cfg: Any) -> dict:
                                             else "the dataset has language_features for every image")
     if dim3:
         why["ae_train"] = why["ae_encode"] = "the dataset has language_features_dim3"
-    if dataset_rgb_checkpoint(cfg).is_file():
-        why["rgb"] = f"the dataset has {dataset_rgb_checkpoint(cfg)}"
+    given = dataset_rgb_checkpoint(data, cfg.external.iterations)
+    if given is not None:
+        why["rgb"] = f"the dataset has {given}"
     if not any(label_dir(cfg).joinpath(scene_name(cfg)).glob("frame_*.json")):
         why["eval"] = f"no LERF labels at {label_dir(cfg) / scene_name(cfg)}/frame_*.json"
     elif not levels >= set(EVAL_LEVELS):
@@ -105,7 +118,19 @@ def stages(cfg: Any) -> List[StageDef]:
                  describe="render.py --include_feature on <run>/output/<name>_<level>"),
         StageDef("eval", f"{TARGET}:eval", after=("render",), describe="eval/evaluate_iou_loc.py"),
     ]
-    return [StageDef(**{**s.__dict__, "skip": why.get(s.name, "")}) for s in graph]
+    python = stage_interpreters(cfg, mode)
+    return [StageDef(**{**s.__dict__, "skip": why.get(s.name, ""),
+                        "describe": s.describe + (f" (python {python[s.name]})" if s.name in python else "")})
+            for s in graph]
+
+
+def stage_interpreters(cfg: Any, mode: str) -> dict:
+    """stage -> the interpreter its script runs in (merge runs no script)."""
+    ext = cfg.external
+    langsplat = py.interpreter(ext, py.LANGSPLAT)
+    rgb = py.interpreter(ext, py.GAUSSIAN_SPLATTING) if mode == co.UPSTREAM else langsplat
+    return {**{s: langsplat for s in ("preprocess", "ae_train", "ae_encode", "features", "render", "eval")},
+            "rgb": rgb}
 
 
 def ddp_equivalence(cfg: Any) -> str:
@@ -129,10 +154,14 @@ def notes(cfg: Any) -> List[str]:
                  "a requeued stage restarts the script from its newest chkpnt*.pth "
                  f"(render.py loads chkpnt{FINAL_CHECKPOINT}.pth: hpc links it to the last one)")
     lines.append("render of each level waits only for that level's features task (aftercorr)")
+    python = stage_interpreters(cfg, mode)
+    lines.append(f"interpreters: LangSplat's scripts run in {python['features']}"
+                 + (f", graphdeco's train.py (rgb) in {python['rgb']}" if mode == co.UPSTREAM else ""))
     return lines
 
 
 PATH_KEYS = ("langsplat_dir", "gaussian_splatting_dir", "sam_checkpoint", "clip_hf_home", "ae_ckpt_dir", "label_dir")
+SAM_IN_CHECKOUT = "ckpts/sam_vit_h_4b8939.pth"  # where LangSplat's README downloads it
 
 
 def absolute_paths(cfg: Any) -> None:
@@ -145,8 +174,12 @@ def absolute_paths(cfg: Any) -> None:
     cfg.langsplat.data_path = absolute(cfg.langsplat.data_path)
     for key in PATH_KEYS:
         cfg.external[key] = absolute(cfg.external[key])
-    if cfg.external.python and os.sep in cfg.external.python:  # a bare name is looked up on PATH
-        cfg.external.python = absolute(cfg.external.python)
+    for key in ("python", "gaussian_splatting_python"):
+        if cfg.external[key] and os.sep in cfg.external[key]:  # a bare name is looked up on PATH
+            cfg.external[key] = absolute(cfg.external[key])
+    in_checkout = Path(cfg.external.langsplat_dir or "") / SAM_IN_CHECKOUT
+    if not cfg.external.sam_checkpoint and cfg.external.langsplat_dir and in_checkout.is_file():
+        cfg.external.sam_checkpoint = str(in_checkout)
 
 
 def validate(cfg: Any) -> None:
@@ -174,13 +207,18 @@ def validate(cfg: Any) -> None:
     if not graph["ae_train"].skip and ext.ae_epochs < 97:
         raise ConfigError(f"external.ae_epochs={ext.ae_epochs}; autoencoder/train.py saves best_ckpt.pth only "
                           "from epoch 96, so at least 97 are needed. HINT: external.ae_epochs=100")
+    mode = co.detect(ext.langsplat_dir, ext.gaussian_splatting_dir)
     if not graph["eval"].skip:
         _check_weights(ext, sam=False)
+        eval_inputs.check(label_dir(cfg) / scene_name(cfg), data, ext.ae_ckpt_dir, mode)
+    py.check(ext, py.LANGSPLAT, sam=not graph["preprocess"].skip)
+    if mode == co.UPSTREAM and not graph["rgb"].skip:
+        py.check(ext, py.GAUSSIAN_SPLATTING)
     res = cfg.stages.features
     most_nodes = noderange.bounds(res.nodes)[1]  # a node range may start on its maximum
     ranks = res.local_tasks if cfg.cluster.kind in ("local", "debug") else most_nodes * res.tasks_per_node
     cameras = len(registered_images(data))
-    if co.detect(ext.langsplat_dir, ext.gaussian_splatting_dir) == co.FORK and cameras < ranks:
+    if mode == co.FORK and cameras < ranks:
         raise ConfigError(f"the scene has {cameras} cameras but stages.features runs {ranks} ranks; train_ddp.py "
                           "needs a camera per rank. HINT: lower stages.features.nodes or tasks_per_node")
 
@@ -208,11 +246,13 @@ def _check_weights(ext: Any, sam: bool = True) -> None:
     if sam and not (ext.sam_checkpoint and Path(ext.sam_checkpoint).is_file()):
         raise ConfigError(f"external.sam_checkpoint={ext.sam_checkpoint!r} is not a file; preprocess.py needs SAM "
                           "ViT-H and compute nodes may be offline. HINT: download sam_vit_h_4b8939.pth and pass "
-                          "external.sam_checkpoint=/abs/path/sam_vit_h_4b8939.pth (or give the dataset its "
+                          f"external.sam_checkpoint=/abs/path/sam_vit_h_4b8939.pth or put it at <langsplat_dir>/{SAM_IN_CHECKOUT} "
+                          "(or give the dataset its "
                           "language_features)")
     if not (ext.clip_hf_home and co.clip_weights(ext.clip_hf_home)):
-        raise ConfigError(f"external.clip_hf_home={ext.clip_hf_home!r} holds no {co.CLIP_REPO_DIR}; OpenCLIP "
-                          "downloads it when it runs, which fails on offline nodes. HINT: on a login node run "
+        raise ConfigError(f"external.clip_hf_home={ext.clip_hf_home!r} holds no {co.CLIP_REPO_DIR} with refs/main "
+                          "and the weights in the snapshot it names; OpenCLIP then downloads them, which fails on "
+                          "offline nodes. HINT: on a login node run "
                           "HF_HOME=/models/hf python -c \"import open_clip; open_clip.create_model_and_transforms("
                           "'ViT-B-16', pretrained='laion2b_s34b_b88k')\" and pass external.clip_hf_home=/models/hf")
 

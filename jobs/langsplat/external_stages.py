@@ -7,12 +7,15 @@ Every script runs through hpc.jobs.run.run_argv, which notes SLURM's stop signal
 job once the script has died of them (the real scripts ignore SIGTERM). A requeued training stage
 restarts the same script with --start_checkpoint pointing at the newest chkpnt<N>.pth it wrote:
 3DGS and a 13-entry LangSplat checkpoint restore the iteration. The scripts read and write one
-scene view, <run>/scene/<name>/: links to the dataset's images/ and sparse/, and the dataset's
-language feature folders when it has them, else folders of this run.
+scene view, <run>/scene/<name>/ (hpc.jobs.langsplat.scene_view): nothing is written into the
+dataset. Each script runs in its checkout's interpreter (hpc.jobs.langsplat.interpreters) through
+script_runner.py, which lets torch.load's weights-only default read the numpy scalars the
+checkpoints hold.
 """
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import socket
 import sys
@@ -21,8 +24,13 @@ from pathlib import Path
 from typing import Any, List, Optional
 
 from . import checkout as co
+from . import interpreters as py
 from .colmap import registered_images, stem
-from .external import FINAL_CHECKPOINT, has_features, image_files
+from .external import FINAL_CHECKPOINT, dataset_rgb_checkpoint, has_features, image_files
+from .scene_view import link as _link
+from .scene_view import make_view
+
+RUNNER = str(Path(__file__).with_name("script_runner.py"))
 
 FEATURE_DIRS = ("language_features", "language_features_dim3")
 
@@ -39,15 +47,16 @@ class Stage:
         self.scene = self.run / "scene" / self.name
         self.output = self.run / "output" / self.name  # train.py's -m: it adds _<level>
 
-    def script(self, rel: str, root: Optional[str] = None) -> List[str]:
-        return [self.ext["python"] or sys.executable, str(Path(root or self.ext["langsplat_dir"]) / rel)]
+    def script(self, rel: str, graphdeco: bool = False) -> List[str]:
+        """The interpreter of the script's checkout, the runner, the script."""
+        if graphdeco:
+            return [py.interpreter(self.ext, py.GAUSSIAN_SPLATTING), RUNNER,
+                    str(Path(self.ext["gaussian_splatting_dir"]) / rel)]
+        return [py.interpreter(self.ext, py.LANGSPLAT), RUNNER, str(Path(self.ext["langsplat_dir"]) / rel)]
 
     def make_scene(self) -> Path:
         """The scene view (idempotent; array tasks may build it at the same time)."""
-        self.scene.mkdir(parents=True, exist_ok=True)
-        links = ["images", "sparse", *(d for d in FEATURE_DIRS if has_features(self.data / d, str(self.data)))]
-        for name in links:
-            _link(self.data / name, self.scene / name)
+        make_view(self.data, self.scene, [d for d in FEATURE_DIRS if has_features(self.data / d, str(self.data))])
         for name in FEATURE_DIRS:
             if not (self.scene / name).exists():
                 (self.scene / name).mkdir(exist_ok=True)
@@ -67,8 +76,7 @@ class Stage:
 
     def rgb_checkpoint(self) -> Path:
         iterations = self.ext["iterations"]
-        given = self.data / "output" / self.name / f"chkpnt{iterations}.pth"
-        return given if given.is_file() else self.rgb_model() / f"chkpnt{iterations}.pth"
+        return dataset_rgb_checkpoint(str(self.data), iterations) or self.rgb_model() / f"chkpnt{iterations}.pth"
 
     def run_script(self, argv: List[str], stage: str, launch: bool = False, cwd: Optional[Path] = None,
                    env: Optional[dict] = None) -> dict:
@@ -78,11 +86,6 @@ class Stage:
         if cwd is not None:
             cwd.mkdir(parents=True, exist_ok=True)
         return run_argv(self.ctx, argv, self.cfg["stages"][stage]["max_timeouts"], launch=launch, cwd=cwd, env=env)
-
-
-def _link(target: Path, link: Path) -> None:
-    with contextlib.suppress(FileExistsError):
-        link.symlink_to(target, target_is_directory=True)
 
 
 def free_port() -> int:
@@ -159,7 +162,7 @@ def rgb(ctx: Any) -> dict:
     st = Stage(ctx)
     iterations = st.ext["iterations"]
     if st.ext["gaussian_splatting_dir"]:
-        argv = st.script("train.py", st.ext["gaussian_splatting_dir"])
+        argv = st.script("train.py", graphdeco=True)
     else:
         argv = st.script("train.py") + ["--no_include_feature"]
     argv += ["-s", str(st.make_scene()), "-m", str(st.output), "--iterations", str(iterations),
@@ -174,7 +177,8 @@ def rgb(ctx: Any) -> dict:
 def features(ctx: Any) -> dict:
     st = Stage(ctx)
     level, model = int(ctx.item), Path(f"{st.output}_{int(ctx.item)}")
-    start = newest_checkpoint(model) or st.rgb_checkpoint()
+    resumed = newest_checkpoint(model)
+    start = resumed or st.rgb_checkpoint()
     common = ["-s", str(st.make_scene()), "-m", str(st.output), "--feature_level", str(level),
               "--start_checkpoint", str(start)]
     if st.mode == co.FORK:
@@ -184,10 +188,22 @@ def features(ctx: Any) -> dict:
         final, argv = st.ext["iterations"], st.script("train.py") + common + [
             "--iterations", str(st.ext["iterations"]), "--port", str(free_port())]
     argv += ["--checkpoint_iterations", *map(str, checkpoint_iterations(final, st.ext["checkpoint_every"]))]
-    result = st.run_script(argv, "features", launch=st.mode == co.FORK)
+    done = iteration_of(resumed) if resumed else -1
+    if done >= final:
+        # requeued on fewer ranks (views) or more (updates) than the run that wrote it: the script
+        # would train nothing and save nothing, so its checkpoint is the level's final one
+        print(f"[hpc] {resumed} is at iteration {done}, past this world size's final {final}: "
+              "the level is trained", file=sys.stderr, flush=True)
+        result, final = {"exit_code": 0}, done
+    else:
+        result = st.run_script(argv, "features", launch=st.mode == co.FORK)
     if ctx.env.rank == 0 and final != FINAL_CHECKPOINT:
         _link_file(model / f"chkpnt{final}.pth", model / f"chkpnt{FINAL_CHECKPOINT}.pth")
     return {**result, "final_iteration": final}
+
+
+def iteration_of(checkpoint: Path) -> int:
+    return int(re.fullmatch(r"chkpnt(\d+)\.pth", checkpoint.name).group(1))
 
 
 def ddp_schedule(st: Stage, world: int):
@@ -200,9 +216,15 @@ def ddp_schedule(st: Stage, world: int):
 
 
 def _link_file(target: Path, link: Path) -> None:
-    if target.is_file() and not link.exists():
-        with contextlib.suppress(FileExistsError):
-            link.symlink_to(target.name)
+    """link -> target, replacing a link an earlier attempt made (on another rank count, to
+    another final checkpoint); a file the script wrote under that name stays."""
+    if not target.is_file() or (link.exists() and not link.is_symlink()):
+        return
+    tmp = link.with_name(f".{link.name}.{os.getpid()}.tmp")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    tmp.symlink_to(target.name)
+    os.replace(tmp, link)
 
 
 def render(ctx: Any) -> dict:

@@ -42,6 +42,7 @@ class ExternalSection:
     langsplat_dir: Optional[str] = None
     gaussian_splatting_dir: Optional[str] = None
     python: Optional[str] = None
+    gaussian_splatting_python: Optional[str] = None
     iterations: int = 30000
     checkpoint_every: int = 2000
     ddp_work: str = "views"

@@ -3,13 +3,16 @@
     python -m tests.langsplat_standins.checkout /tmp/ls fork      # /tmp/ls/{LangSplat,scene,...}
 
 make_checkout writes, at the paths of a real checkout, three-line launchers that run the stand-ins
-of this package (upstream LangSplat, the DDP fork, or graphdeco's 3DGS); make_scene writes images,
-a COLMAP text model and LERF-style labels; make_weights a SAM file and a Hugging Face cache with
-the CLIP weights, as a user pre-stages them for offline compute nodes.
+of this package (upstream LangSplat, the DDP fork, or graphdeco's 3DGS); make_env an interpreter
+whose environment has one checkout's diff_gaussian_rasterization (envs/: LangSplat's, with
+segment_anything, or graphdeco's); make_scene writes images, a COLMAP text model and LERF-style
+labels; make_weights a SAM file and a Hugging Face cache with the CLIP weights, as a user
+pre-stages them for offline compute nodes.
 """
 from __future__ import annotations
 
 import json
+import os
 import struct
 import sys
 import zlib
@@ -44,6 +47,22 @@ def make_checkout(dest: Path, variant: str) -> Path:
     return Path(dest)
 
 
+def make_env(dest: Path, kind: str) -> Path:
+    """<dest>/bin/python: this interpreter with envs/<kind> (langsplat or 3dgs) on its path."""
+    python = Path(dest) / "bin" / "python"
+    python.parent.mkdir(parents=True, exist_ok=True)
+    site = Path(__file__).resolve().parent / "envs" / kind
+    python.write_text(f'#!/bin/sh\nPYTHONPATH="{site}${{PYTHONPATH:+:$PYTHONPATH}}" exec "{sys.executable}" "$@"\n')
+    os.chmod(python, 0o755)
+    return python
+
+
+def jpeg(width: int, height: int) -> bytes:
+    """A JPEG's start, its frame header (SOF0, which carries the size) and its end marker."""
+    sof = struct.pack(">HBHHB", 11, 8, height, width, 1) + bytes([1, 0x11, 0])
+    return b"\xff\xd8" + b"\xff\xc0" + sof + b"\xff\xd9"
+
+
 def png(width: int, height: int, shade: int) -> bytes:
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
@@ -67,7 +86,7 @@ def make_scene(dest: Path, images: int = 6, width: int = 8, height: int = 6, lab
         for frame in (1, images):
             info = {"name": f"frame_{frame:05d}.jpg", "height": height, "width": width}
             (label / f"frame_{frame:05d}.json").write_text(json.dumps({"info": info, "objects": []}))
-            (label / f"frame_{frame:05d}.jpg").write_bytes(b"")
+            (label / f"frame_{frame:05d}.jpg").write_bytes(jpeg(width, height))
     return dest
 
 
@@ -75,9 +94,12 @@ def make_weights(dest: Path) -> Dict[str, Path]:
     sam = Path(dest) / "ckpts" / "sam_vit_h_4b8939.pth"
     sam.parent.mkdir(parents=True, exist_ok=True)
     sam.write_bytes(b"sam")
-    snapshot = Path(dest) / "hf" / "hub" / CLIP_REPO_DIR / "snapshots" / "0" / CLIP_FILES[0]
+    repo = Path(dest) / "hf" / "hub" / CLIP_REPO_DIR
+    snapshot = repo / "snapshots" / "5a2f9b1c" / CLIP_FILES[0]
     snapshot.parent.mkdir(parents=True, exist_ok=True)
     snapshot.write_bytes(b"clip")
+    (repo / "refs").mkdir(exist_ok=True)
+    (repo / "refs" / "main").write_text("5a2f9b1c")
     return {"sam": sam, "hf_home": Path(dest) / "hf"}
 
 
@@ -85,6 +107,8 @@ if __name__ == "__main__":
     top, variant = Path(sys.argv[1]), sys.argv[2]
     make_checkout(top / "LangSplat", variant)
     make_checkout(top / "gaussian-splatting", "3dgs")
+    make_env(top / "envs" / "langsplat", "langsplat")
+    make_env(top / "envs" / "3dgs", "3dgs")
     make_scene(top / "data" / "scene")
     print(make_weights(top))
 

@@ -71,7 +71,10 @@ def bind_gui(ip: str, port: int) -> socket.socket:
 
 
 class Scene:
-    """The training cameras of `source` as 3DGS loads them (all registered images, no --eval)."""
+    """The training cameras of `source` as 3DGS loads them (all registered images, no --eval), and
+    its points: readColmapSceneInfo converts sparse/0/points3D.{bin,txt} to points3D.ply in place
+    when that file is missing (storePly: written where it will be read, no temporary name), then
+    reads the .ply."""
 
     def __init__(self, source: str, images: str = "images"):
         self.source = Path(os.path.abspath(source))
@@ -79,8 +82,11 @@ class Scene:
             raise AssertionError("Could not recognize scene type!")
         self.names = [stem(n) for n in registered_images(self.source)]
         self.files = {stem(n): self.source / images / n for n in registered_images(self.source)}
-        self.points = len((self.source / "sparse" / "0" / "points3D.txt").read_text().splitlines()) \
-            if (self.source / "sparse" / "0" / "points3D.txt").is_file() else 8
+        ply = self.source / "sparse" / "0" / "points3D.ply"
+        if not ply.exists():
+            print("Converting point3d.bin to .ply, will happen only the first time you open the scene.")
+            store_ply(ply, self.source / "sparse" / "0" / "points3D.txt")
+        self.points = fetch_ply(ply)
 
     def size(self, name: str) -> Tuple[int, int]:
         return self.png_size(self.files[name])
@@ -95,6 +101,46 @@ class Scene:
         return height, width
 
 
+def store_ply(ply: Path, points_txt: Path) -> None:
+    """storePly of the text model's points, header then vertices as plyfile writes them."""
+    rows = [r.split() for r in points_txt.read_text().splitlines() if r.strip() and not r.startswith("#")]
+    with open(ply, "wb") as f:
+        f.write(("ply\nformat binary_little_endian 1.0\nelement vertex %d\n" % len(rows)
+                 + "".join(f"property float {k}\n" for k in ("x", "y", "z", "nx", "ny", "nz"))
+                 + "".join(f"property uchar {k}\n" for k in ("red", "green", "blue")) + "end_header\n").encode())
+        f.flush()
+        for r in rows:
+            f.write(struct.pack("<6f3B", *map(float, r[1:4]), 0, 0, 0, *map(int, r[4:7])))
+
+
+def fetch_ply(ply: Path) -> int:
+    """The vertex count of a binary PLY of storePly's 27-byte vertices; plyfile's error on a short one."""
+    data = ply.read_bytes()
+    end = data.index(b"end_header\n") + len(b"end_header\n")
+    count = int(next(line.split()[2] for line in data[:end].decode().splitlines() if line.startswith("element vertex")))
+    if len(data) - end < 27 * count:
+        raise ValueError(f"early end-of-file reading {ply}: {count} vertices announced")
+    return count
+
+
+def first_render(variant: str, height: int, width: int, include_feature: bool = False) -> None:
+    """gaussian_renderer.render's use of diff_gaussian_rasterization: graphdeco's settings have no
+    include_feature and its rasterizer returns two values; LangSplat's (upstream and fork) pass
+    include_feature and unpack three. In the other checkout's environment this raises."""
+    from diff_gaussian_rasterization import GaussianRasterizationSettings, GaussianRasterizer
+
+    settings = dict(image_height=height, image_width=width, tanfovx=1.0, tanfovy=1.0, bg=None, scale_modifier=1.0,
+                    viewmatrix=None, projmatrix=None, sh_degree=3, campos=None, prefiltered=False, debug=False)
+    inputs = dict(means3D=None, means2D=None, shs=None, colors_precomp=None, opacities=None, scales=None,
+                  rotations=None, cov3D_precomp=None)
+    if variant == "3dgs":
+        _image, _radii = GaussianRasterizer(raster_settings=GaussianRasterizationSettings(**settings))(**inputs)
+    else:
+        rasterizer = GaussianRasterizer(raster_settings=GaussianRasterizationSettings(**settings,
+                                                                                      include_feature=include_feature))
+        _image, _feature, _radii = rasterizer(**inputs, language_feature_precomp=None)
+
+
 def new_gaussians(points: int) -> Dict[str, np.ndarray]:
     return {"xyz": np.zeros((points, 3), np.float32), "features": np.zeros((points, 3), np.float32)}
 
@@ -106,7 +152,8 @@ def capture(g: Dict, include_feature: bool) -> tuple:
     t = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in g.items()}
     head = (3, t["xyz"], t["features"], t["features"][:, :0], t["xyz"][:, :3], t["xyz"][:, :1].repeat(1, 4),
             t["xyz"][:, :1])
-    tail = (t["xyz"][:, 0], t["xyz"][:, :1], t["xyz"][:, :1], {"state": {}, "param_groups": []}, 1.0)
+    # spatial_lr_scale: the cameras' extent, a numpy float64 (getNerfppNorm's radius)
+    tail = (t["xyz"][:, 0], t["xyz"][:, :1], t["xyz"][:, :1], {"state": {}, "param_groups": []}, np.float64(1.1))
     return head + ((t["language_feature"],) if include_feature else ()) + tail
 
 
@@ -117,10 +164,12 @@ def restore(model_args: tuple) -> Dict[str, np.ndarray]:
     return g
 
 
-def load_checkpoint(path: str):
+def load_checkpoint(path: str, variant: str):
+    """The fork passes weights_only=False; upstream LangSplat and graphdeco call torch.load(path),
+    whose weights_only is True from torch 2.6 and refuses the numpy float64 in the tuple."""
     import torch
 
-    return torch.load(path, weights_only=False)
+    return torch.load(path, weights_only=False) if variant == "fork" else torch.load(path)
 
 
 def save_checkpoint(model_path: str, g: Dict, include_feature: bool, iteration: int) -> None:

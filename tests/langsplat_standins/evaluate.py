@@ -6,13 +6,16 @@
 Runs from eval/: it appends ".." to sys.path to import autoencoder.model. Reads levels 1 2 3 from
 <feat_dir>/<name>_{1,2,3}/train/ours_None/renders_npy, the autoencoder from
 <ae_ckpt_dir>/<name>/ae_ckpt/best_ckpt.pth (fork: <ae_ckpt_dir>/<name>/best_ckpt.pth), the labels
-from <json_folder>/<name>/frame_*.json, loads CLIP, and logs to <output_dir>/<name>/<time>.log.
+from <json_folder>/<name>/frame_*.json and, paired with them by sorted position, frame_*.jpg, loads
+CLIP, and logs to <output_dir>/<name>/<time>.log. Renders are copied into an array of the label
+info's height x width, and each label image is used with its render: all three sizes must agree.
 """
 from __future__ import annotations
 
 import glob
 import json
 import os
+import struct
 import sys
 import time
 from argparse import ArgumentParser
@@ -53,9 +56,18 @@ def main(fork: bool = False, argv=None) -> int:
     output = Path(args.output_dir) / name
     output.mkdir(parents=True, exist_ok=True)
     labels = sorted(glob.glob(os.path.join(args.json_folder, name, "frame_*.json")))
-    frames = [int(json.loads(Path(f).read_text())["info"]["name"].split("_")[-1].split(".jpg")[0]) - 1 for f in labels]
+    image_paths = sorted(glob.glob(os.path.join(args.json_folder, name, "frame_*.jpg")))
+    infos = [json.loads(Path(f).read_text())["info"] for f in labels]
+    frames = [int(info["name"].split("_")[-1].split(".jpg")[0]) - 1 for info in infos]
+    h, w = infos[-1]["height"], infos[-1]["width"]
     levels = [sorted(glob.glob(os.path.join(d, "*.npy")), key=lambda f: int(Path(f).stem)) for d in feat_dir]
-    feats = np.stack([[np.load(lvl[i]) for i in frames] for lvl in levels])  # IndexError if a view is missing
+    feats = np.zeros((len(levels), len(frames), h, w, 3), np.float32)
+    for i, lvl in enumerate(levels):
+        for j, idx in enumerate(frames):
+            feats[i][j] = np.load(lvl[idx])  # IndexError if a view is missing, ValueError if its size differs
+    for j in range(len(frames)):
+        if jpeg_size(image_paths[j]) != (h, w):  # IndexError when a frame_*.jpg is missing
+            raise RuntimeError(f"The size of tensor a ({w}) must match the size of tensor b at {image_paths[j]}")
     load_clip()
     ae = model(args.encoder_dims, args.decoder_dims)
     ae.load_state_dict(torch.load(ckpt, map_location="cpu"))
@@ -66,6 +78,13 @@ def main(fork: bool = False, argv=None) -> int:
     log.write_text(f"trunc thresh: {args.mask_thresh}\niou chosen: {score:.4f}\n"
                    f"Localization accuracy: {len(frames) / max(1, len(labels)):.4f}\n")
     return 0
+
+
+def jpeg_size(path: str):
+    """cv2.imread's (height, width), None for what it cannot read."""
+    data = Path(path).read_bytes()
+    at = data.find(b"\xff\xc0")
+    return struct.unpack(">HH", data[at + 5:at + 9]) if data[:2] == b"\xff\xd8" and at > 0 else None
 
 
 if __name__ == "__main__":

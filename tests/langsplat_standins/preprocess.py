@@ -19,16 +19,21 @@ if __package__ in (None, ""):
 
 import numpy as np
 
-from hpc.jobs.langsplat.checkout import CLIP_REPO_DIR, clip_weights
+CLIP_REPO = "laion/CLIP-ViT-B-16-laion2B-s34B-b88K"
 
 
 def load_clip() -> Path:
+    """open_clip through huggingface_hub, offline: revision "main" is read from refs/main, and the
+    weights from the snapshot of the commit it names; anything missing means a download, which fails."""
     home = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface"))
-    found = clip_weights(home)
-    if found is None:  # huggingface_hub would now try to download, which fails offline
-        raise OSError(f"We couldn't connect to 'https://huggingface.co' to load {CLIP_REPO_DIR} and it is "
-                      f"not in the cached files under {home / 'hub'}")
-    return found
+    repo = home / "hub" / ("models--" + CLIP_REPO.replace("/", "--"))
+    ref = repo / "refs" / "main"
+    commit = ref.read_text().strip() if ref.is_file() else None
+    for name in ("open_clip_pytorch_model.bin", "open_clip_model.safetensors"):
+        if commit and (repo / "snapshots" / commit / name).is_file():
+            return repo / "snapshots" / commit / name
+    raise OSError(f"We couldn't connect to 'https://huggingface.co' to load {CLIP_REPO} and it is "
+                  f"not in the cached files under {home / 'hub'}")
 
 
 def features_of(height: int, width: int, seed: int):
@@ -53,14 +58,17 @@ def main(argv=None) -> int:
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     images = os.path.join(args.dataset_path, "images")
     data_list = sorted(os.listdir(images))
+    from segment_anything import SamAutomaticMaskGenerator, sam_model_registry
+
     load_clip()
-    with open(args.sam_ckpt_path, "rb"):  # sam_model_registry loads it with torch.load
-        pass
+    sam = sam_model_registry["vit_h"](checkpoint=args.sam_ckpt_path).to("cuda")
+    mask_generator = SamAutomaticMaskGenerator(sam)
     save_folder = os.path.join(args.dataset_path, "language_features")
     os.makedirs(save_folder, exist_ok=True)
     for i, name in enumerate(data_list):
         stem = name.split(".")[0]
         height, width = Scene.png_size(Path(images) / name)
+        _default, _s, _m, _l = mask_generator.generate(name)  # LangSplat's SAM: four mask sets
         if args.resolution == -1 and height > 1080:
             height, width = 1080, round(width * 1080 / height)
         seg, feat = features_of(height, width, 42 + sum(map(ord, stem)))

@@ -36,7 +36,7 @@ def main(fork: bool = False, argv=None) -> int:
         merged = {}
     merged.update({k: v for k, v in vars(cmdline).items() if v is not None})
     model = Path(merged["model_path"])
-    params, _ = c.load_checkpoint(str(model / "chkpnt30000.pth"))
+    params, _ = c.load_checkpoint(str(model / "chkpnt30000.pth"), "fork" if fork else "upstream")
     g = c.restore(params)
     scene = c.Scene(merged["source_path"], merged.get("images") or "images")
     out = model / "train" / "ours_None"
@@ -44,6 +44,7 @@ def main(fork: bool = False, argv=None) -> int:
         (out / sub).mkdir(parents=True, exist_ok=True)
     for idx, name in enumerate(scene.names):
         h, w = scene.size(name)
+        c.first_render("fork" if fork else "upstream", h, w, merged["include_feature"])
         if merged["include_feature"]:
             pixel = g["language_feature"].mean(axis=0)
             gt = c.language_feature(scene.source, name, merged["language_features_name"], merged["feature_level"], (h, w))

@@ -48,7 +48,7 @@ def start(args, scene: c.Scene, include_feature: bool, variant: str):
     if include_feature and not args.start_checkpoint:
         raise ValueError("checkpoint missing!!!!!")
     if args.start_checkpoint:
-        params, first = c.load_checkpoint(args.start_checkpoint)
+        params, first = c.load_checkpoint(args.start_checkpoint, variant)
         if variant == "3dgs" and len(params) != 12:
             raise ValueError(f"too many values to unpack (expected 12, got {len(params)})")
         if len(params) == 12 and include_feature:
@@ -91,6 +91,8 @@ def main(variant: str = "upstream", argv=None) -> int:
     c.record(args.model_path, script=f"train.py ({variant})", start_iteration=first + 1,
              iterations=args.iterations, start_checkpoint=args.start_checkpoint, port=args.port)
     for it in range(first + 1, args.iterations + 1):
+        if it == first + 1:
+            c.first_render(variant, *scene.size(scene.names[0]), include_feature)
         step(g, scene, args, scene.names[(it - 1) % len(scene.names)], include_feature)
         save(args, g, it, include_feature)
         c.hold(it)

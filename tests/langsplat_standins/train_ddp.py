@@ -94,8 +94,11 @@ def main(argv=None) -> int:
         args.save_iterations.append(args.iterations)
     if rank == 0:
         c.record(args.model_path, script="train_ddp.py", start_iteration=first + 1, iterations=args.iterations,
-                 world_size=world, start_checkpoint=args.start_checkpoint, lr_scale=lr_scale)
+                 world_size=world, start_checkpoint=args.start_checkpoint, lr_scale=lr_scale,
+                 omp_num_threads=os.environ.get("OMP_NUM_THREADS"))
     for it in range(first + 1, args.iterations + 1):
+        if it == first + 1:
+            c.first_render("fork", *scene.size(scene.names[0]), True)
         epoch, k = divmod(it - 1, per_epoch)
         order = torch.randperm(cameras, generator=torch.Generator().manual_seed(epoch)).tolist()
         before = g["language_feature"].copy()
