@@ -1,6 +1,6 @@
 """Run the benchmarks and write BENCHMARKS.md at the repository root.
 
-    python -m bench                              # everything (about 8 minutes on 2 cores)
+    python -m bench                              # everything (several minutes)
     python -m bench --only checkpoint status     # some of them; the others' sections are kept
     python -m bench --quick                      # smaller sizes: a smoke test, not figures to keep
     python -m bench --list

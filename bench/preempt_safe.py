@@ -36,8 +36,8 @@ from bench.report import Section
 
 SIZES_MB = (100, 1000)
 # On a virtual machine the host takes back guest memory freed a few seconds ago, and filling the
-# page cache with it again costs ~3x (measured here: 1 GB written 0.67 s right after a 1 GB file
-# was deleted, 1.9-2.6 s five seconds later). The checkpoint is written seconds after the job
+# page cache with it again is several times slower than reusing memory freed just before (the
+# report's note on the fsync'd write says by how much). The checkpoint is written seconds after the job
 # freed anything (its start takes that long), so every probe waits as long before writing, after
 # a sync: both writes meet the same memory.
 SETTLE_S = 3.0

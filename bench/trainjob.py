@@ -38,9 +38,9 @@ def build(size_mb: int):
 def train_step(model, opt, step: int) -> None:
     """The compute of a step, then an SGD update that changes every parameter tensor in place.
 
-    The gradient covers a strided slice of each tensor, not all of it: a dense 1 GB update on
-    the CPU takes ~1.5 s here, where a GPU does it in milliseconds, and the preemption benchmark
-    would time that step instead of the stop. Its duration is reported beside the results.
+    The gradient covers a strided slice of each tensor, not all of it: a dense update of the
+    whole state is slow on a CPU where a GPU does it at once, and the preemption benchmark would
+    then time that step instead of the stop. Its duration is reported beside the results.
     """
     import torch
 

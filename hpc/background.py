@@ -6,8 +6,9 @@
 
 Fork mode: os.fork() gives the child a copy-on-write image of the training process, so the state
 as it was at the call is what the child writes, without copying it first (the kernel copies only
-the pages training changes while the child runs). Forking a process of 1 GB costs ~15-20 ms
-(page tables) against ~0.5 s for a fresh deep copy. The child:
+the pages training changes while the child runs). A fork copies page tables, not pages, so it
+costs a small fraction of a deep copy of the state, and the copy-on-write is paid only for what
+training touches while the child writes. The child:
   - blocks SIGTERM, SIGUSR2, SIGUSR1 and SIGINT (inherited from the forking thread, which blocks
     them around fork): a preemption signalled to every process of the job must not end a
     checkpoint half written; the training process handles the stop and waits for this child;
@@ -88,8 +89,8 @@ class ThreadJob:
 class ThreadWriter:
     """A writer thread kept between saves (one per checkpoint store), fed through a queue.
 
-    Starting a thread per save would cost the caller ~1-2 ms: Thread.start() waits until the new
-    thread runs, and that thread then holds the GIL while it pickles. Handing the job to a thread
+    Starting a thread per save would stall the caller: Thread.start() waits until the new thread
+    runs, and that thread then holds the GIL while it pickles. Handing the job to a thread
     already waiting returns at once. The thread leaves on close(), or after IDLE_S without work
     (longer than any sensible interval between saves: a store dropped without close() leaves no
     thread behind for ever), and is started again by the next job, also in a forked child, where

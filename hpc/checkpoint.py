@@ -152,7 +152,8 @@ class CheckpointStore:
 
     def _mode_for(self, state: Any) -> str:
         """'auto': fork for large states; a thread with a buffer copy below AUTO_FORK_BYTES, where
-        copying (~0.2 ms/MB into reused buffers) is cheaper than a fork (~3-7 ms with torch loaded)."""
+        copying into reused buffers (cost grows with the bytes) is cheaper than a fork (a fixed cost
+        for the page tables of a process with torch loaded); BENCHMARKS.md times both sides."""
         if self.mode != "auto":
             return self.mode
         if background.default_mode() == "thread" or _cpu_bytes(state) < AUTO_FORK_BYTES:

@@ -9,9 +9,9 @@ into the file object (a memoryview, no copy) and the wrapper updates the checksu
 blocking saves on a second thread, at the same time as the write).
 
 Checksum: crc32 (zlib), not sha256. It guards against torn and corrupted files, not against an
-adversary (weights_only loading is what keeps a hostile file from running code), and on the
-development machine it runs at ~2.3 GB/s against ~1.0-1.4 GB/s for sha256: with the disk at
-0.3-0.5 GB/s, sha256 would add a third to a blocking save. The byte count catches truncation.
+adversary (weights_only loading is what keeps a hostile file from running code), and it runs
+several times faster than sha256, so it stays well ahead of the disk instead of adding to the time
+of a blocking save (BENCHMARKS.md, checkpoint stall). The byte count catches truncation.
 Markers written before this format hold a sha256 hex string per file; verify() still accepts them.
 """
 
