@@ -1,7 +1,7 @@
 """Command line for the local cluster.
 
     python -m hpc.cluster up [--dir DIR] [--nodes N] [--gpus-per-node G] [--cpus-per-node C] [--install]
-                             [--configless] [--no-accounting] [--min-job-age S]
+                             [--configless] [--no-accounting] [--min-job-age S] [--max-array-size N]
     python -m hpc.cluster env|status|down [--dir DIR]
     python -m hpc.cluster preempt JOBID [--dir DIR]
     python -m hpc.cluster install
@@ -27,7 +27,8 @@ def _up(args: argparse.Namespace) -> None:
         install_packages()
     LocalCluster(args.dir, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
                  cpus_per_node=args.cpus_per_node, port_base=args.port_base, configless=args.configless,
-                 accounting=not args.no_accounting, min_job_age_s=args.min_job_age).up()
+                 accounting=not args.no_accounting, min_job_age_s=args.min_job_age,
+                 max_array_size=args.max_array_size).up()
 
 
 def _down(args: argparse.Namespace) -> None:
@@ -80,6 +81,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     up.add_argument("--no-accounting", action="store_true", help="no slurmdbd or MariaDB: sacct fails")
     up.add_argument("--min-job-age", type=int, default=600,
                     help="seconds slurmctld keeps an ended job (squeue -t all, scontrol) (default 600)")
+    up.add_argument("--max-array-size", type=int,
+                    help="MaxArraySize: tasks an array may hold, ids 0 to N-1 (default: as before, else 1001)")
     sub.add_parser("down", parents=[common], help="stop every process the cluster started")
     sub.add_parser("env", parents=[common], help="print what a shell of this site exports")
     sub.add_parser("status", parents=[common], help="daemons and sinfo")

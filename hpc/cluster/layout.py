@@ -50,12 +50,13 @@ class ClusterLayout:
     configless: bool = False
     accounting: bool = True
     min_job_age_s: int = 600  # how long slurmctld (squeue, scontrol) remembers an ended job
+    max_array_size: int = 1001  # MaxArraySize: an array's task ids run from 0 to this - 1 (SLURM's default)
     db_password: str = field(default="hpc-local-slurm", repr=False)
 
     @classmethod
     def create(cls, directory: str | Path, *, nodes: int = 2, gpus_per_node: int = 4,
                cpus_per_node: int = 8, port_base: int | None = None, configless: bool = False,
-               accounting: bool = True, min_job_age_s: int = 600) -> "ClusterLayout":
+               accounting: bool = True, min_job_age_s: int = 600, max_array_size: int = 1001) -> "ClusterLayout":
         path = str(Path(directory).expanduser().resolve())
         if not 1 <= nodes <= MAX_NODES:
             raise ValueError(f"--nodes {nodes}: expected 1..{MAX_NODES}. HINT: pass a smaller --nodes.")
@@ -66,13 +67,16 @@ class ClusterLayout:
         if min_job_age_s < 2:
             raise ValueError(f"--min-job-age {min_job_age_s}: expected at least 2 seconds (SLURM's minimum). "
                              "HINT: e.g. --min-job-age 10.")
+        if not 1 <= max_array_size <= 4_000_001:
+            raise ValueError(f"--max-array-size {max_array_size}: expected 1 to 4000001 (SLURM's range). "
+                             "HINT: e.g. --max-array-size 1001, SLURM's default.")
         digest = hashlib.sha1(path.encode()).hexdigest()
         if port_base is None:
             port_base = default_port_base(path)
         return cls(dir=path, name="hpc" + digest[:8], hostname=socket.gethostname().split(".")[0],
                    port_base=port_base, nodes=nodes, gpus_per_node=gpus_per_node,
                    cpus_per_node=cpus_per_node, configless=configless, accounting=accounting,
-                   min_job_age_s=min_job_age_s)
+                   min_job_age_s=min_job_age_s, max_array_size=max_array_size)
 
     # Ports ---------------------------------------------------------------------------------
     @property
@@ -194,6 +198,7 @@ MessageTimeout=20
 SlurmdTimeout=300
 SchedulerParameters=sched_interval=5
 JobRequeue=1
+MaxArraySize={c.max_array_size}
 {_accounting(c) + _configless(c)}# A job in `low` that a `high` job needs the nodes of gets SIGTERM, GraceTime seconds, then requeue.
 PreemptType=preempt/partition_prio
 PreemptMode=REQUEUE

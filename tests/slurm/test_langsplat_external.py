@@ -28,7 +28,8 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slurm
 # Each stage's upstream stages, as external.stages() chains them.
 AFTER = {"merge": {"preprocess"}, "ae_train": {"merge"}, "ae_encode": {"ae_train"}, "rgb": set(),
-         "preprocess": set(), "features": {"ae_encode", "rgb"}, "render": {"features"}, "eval": {"render"}}
+         "preprocess": set(), "features": {"ae_encode", "rgb"}, "render": set(), "eval": {"render"}}
+PER_ITEM = {"render": "features"}  # each level waits only for that level's task of this stage (aftercorr)
 
 
 @pytest.fixture(autouse=True)
@@ -45,10 +46,12 @@ def submit_external(world, run_dir: Path, checkout: str, *extra: str) -> RunDir:
 
 
 def submission_dependency(run: RunDir, stage: str, job_id: str) -> set:
-    """The job ids in the --dependency=afterok:... line of the sbatch script submitit wrote."""
+    """The --dependency line of the sbatch script submitit wrote: its afterok job ids, and
+    'aftercorr:<array id>' for a per-item wait."""
     script = (run.path / stage / "logs" / job_id.split("_")[0] / f"{job_id.split('_')[0]}_submission.sh")
-    found = re.findall(r"^#SBATCH --dependency=afterok:(\S+)$", script.read_text(), re.M)
-    return set(found[0].split(":")) if found else set()
+    found = re.findall(r"^#SBATCH --dependency=(\S+)$", script.read_text(), re.M)
+    terms = [t.partition(":") for t in found[0].split(",")] if found else []
+    return {j if kind == "afterok" else f"{kind}:{j}" for kind, _, ids in terms for j in ids.split(":")}
 
 
 def test_whole_fork_graph_runs_as_afterok_chained_jobs(slurm_cluster, world, tmp_path):  # noqa: F811
@@ -59,9 +62,10 @@ def test_whole_fork_graph_runs_as_afterok_chained_jobs(slurm_cluster, world, tmp
     assert sorted({stage for stage, _ in ids}) == sorted(AFTER)
     assert sorted(item for stage, item in ids if stage == "preprocess") == [0, 1]  # 6 images, 4 a shard
     for (stage, item), job_id in ids.items():
-        upstream = {j for (s, _), j in ids.items() if s in AFTER[stage]}
+        upstream = {j for (s, i), j in ids.items() if s in AFTER[stage] or (s, i) == (PER_ITEM.get(stage), item)}
         assert set(run.dependencies()[job_id]) == upstream, stage
-        assert submission_dependency(run, stage, job_id) == upstream, stage  # what sbatch was given
+        given = {f"aftercorr:{j.split('_')[0]}" for j in upstream} if stage in PER_ITEM else upstream
+        assert submission_dependency(run, stage, job_id) == given, stage  # what sbatch was given
         for before in upstream:
             assert datetime.fromisoformat(records[job_id].start) >= datetime.fromisoformat(records[before].end)
     # every output where the real scripts put it
