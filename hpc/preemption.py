@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from hpc import scheduler
 from hpc.rundir import atomic_write_text
 from hpc.stopsignal import (DEFAULT_TIMEOUT_SIGNAL, PREEMPT_SIGNAL, REASON_CODES,  # noqa: F401
                             StopFlag, StopRequest, StopVote, install)
@@ -67,25 +68,20 @@ REQUEUED_BY_SLURM = {"REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "PENDING"}
 _UNSET = {"", "None", "Unknown", "(null)"}
 
 
-def job_info(job_id: str, runner: Callable[..., Any] = subprocess.run,
-             what: str = "job", tries: int = 3) -> dict[str, str]:
-    """`scontrol -o show job|partition` as a dict (JobState, PreemptTime, ...); {} if unreachable.
-
-    A failed call is tried again: while a step is being ended (time limit, requeue) slurmstepd
-    signals every process of the step, and an scontrol started then can die of it (no stderr).
-    """
+def job_info(job_id: str, runner: Callable[..., Any] = subprocess.run, tries: int = 3) -> dict[str, str]:
+    """hpc.scheduler.job_info (JobState, PreemptTime, ...), or {} when SLURM cannot say: the signal
+    then decides. An scontrol that exits non-zero is asked again: while a step is being ended (time
+    limit, requeue) slurmstepd signals every process of the step, and an scontrol started then can
+    die of it (no stderr)."""
     for attempt in range(1, tries + 1):
         try:
-            out = runner(["scontrol", "-o", "show", what, str(job_id)], capture_output=True,
-                         text=True, timeout=30)
-        except (OSError, subprocess.TimeoutExpired) as err:
-            log.warning("could not ask SLURM about %s %s: %s", what, job_id, err)
+            return scheduler.job_info(job_id, runner=runner)
+        except scheduler.SlurmExit as err:
+            log.warning("try %d of %d: %s", attempt, tries, err)
+            time.sleep(0.2 * attempt)
+        except RuntimeError as err:  # scontrol could not run or gave no answer in time
+            log.warning("could not ask SLURM about job %s: %s", job_id, err)
             return {}
-        if not out.returncode:
-            return dict(tok.split("=", 1) for tok in out.stdout.split() if "=" in tok)
-        log.warning("scontrol show %s %s failed (exit status %s, try %d of %d): %s", what, job_id,
-                    out.returncode, attempt, tries, out.stderr.strip())
-        time.sleep(0.2 * attempt)
     return {}
 
 
@@ -165,10 +161,12 @@ def handle_stop(request: StopRequest, history: str | os.PathLike, job_id: str | 
     _record(Path(history), past, decision, info)
     log.warning("stop at SLURM JobState=%s Reason=%s: %s", state, info.get("Reason"), decision.why)
     if decision.requeue and decision.by == "hpc":
-        out = runner(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
-        if out.returncode:
-            return Decision(False, None, f"scontrol requeue {job_id} failed: {out.stderr.strip()}. "
-                            "HINT: submit with --requeue and check JobRequeue in slurm.conf", kind)
+        try:
+            scheduler.requeue(job_id, runner=runner)
+        except RuntimeError as err:
+            seen = str(err).partition(" HINT:")[0]
+            return Decision(False, None, f"{seen} HINT: submit with --requeue and check JobRequeue in "
+                            "slurm.conf", kind)
     return decision
 
 

@@ -22,7 +22,7 @@ import os
 import shutil
 import subprocess
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 # SLURM state (first word of sacct's State, squeue's %T) -> hpc state
 STATES: Dict[str, str] = {
@@ -252,15 +252,18 @@ def expand_array_id(job_id: str) -> List[str]:
 
 
 # ---------------------------------------------------------------- one job, through scontrol
-def job_info(job_id: str, env: Optional[Mapping[str, str]] = None, timeout_s: float = 30) -> Dict[str, str]:
-    """`scontrol -o show job JOBID` as a dict (JobState, Reason, Restarts, PreemptTime, ...).
-    Raises RuntimeError, with SLURM's words, if the job is unknown or SLURM does not answer."""
-    out = _run(["scontrol", "-o", "show", "job", str(job_id)], env, timeout_s)
+def job_info(job_id: str, env: Optional[Mapping[str, str]] = None, timeout_s: float = 30,
+             runner: Callable[..., Any] = subprocess.run) -> Dict[str, str]:
+    """`scontrol -o show job JOBID` as a dict (JobState, Reason, Restarts, PreemptTime, ...): hpc's one
+    parser of it. Raises SlurmExit, with SLURM's words, if the job is unknown; RuntimeError if SLURM
+    cannot be asked. `runner` runs the command (subprocess.run's arguments)."""
+    out = _run(["scontrol", "-o", "show", "job", str(job_id)], env, timeout_s, runner)
     return dict(tok.split("=", 1) for tok in out.split() if "=" in tok)
 
 
-def requeue(job_id: str, env: Optional[Mapping[str, str]] = None) -> None:
-    _run(["scontrol", "requeue", str(job_id)], env)
+def requeue(job_id: str, env: Optional[Mapping[str, str]] = None,
+            runner: Callable[..., Any] = subprocess.run) -> None:
+    _run(["scontrol", "requeue", str(job_id)], env, runner=runner)
 
 
 def start_now(job_id: str, env: Optional[Mapping[str, str]] = None) -> None:
@@ -275,15 +278,20 @@ def cancel(job_ids: Iterable[str], env: Optional[Mapping[str, str]] = None) -> L
     return ids
 
 
-def _run(cmd: List[str], env: Optional[Mapping[str, str]] = None, timeout_s: float = 60) -> str:
+class SlurmExit(RuntimeError):
+    """A SLURM client ran and exited non-zero; the message ends with its last line of stderr."""
+
+
+def _run(cmd: List[str], env: Optional[Mapping[str, str]] = None, timeout_s: float = 60,
+         runner: Callable[..., Any] = subprocess.run) -> str:
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
-                             env=dict(os.environ if env is None else env))
+        out = runner(cmd, capture_output=True, text=True, timeout=timeout_s,
+                     env=dict(os.environ if env is None else env))
     except (OSError, subprocess.TimeoutExpired) as err:
         raise RuntimeError(f"{cmd[0]} failed: {err}. HINT: does `scontrol ping` answer in this shell?") from None
     if out.returncode != 0:
         # SLURM's clients print a chain of errors; the last line is the one that decided
         last = (out.stderr.strip().splitlines() or ["no message"])[-1].strip()
-        raise RuntimeError(f"{' '.join(cmd[:2])} exited {out.returncode}: {last}. "
-                           "HINT: does `scontrol ping` answer in this shell?")
+        raise SlurmExit(f"{' '.join(cmd[:2])} exited {out.returncode}: {last}. "
+                        "HINT: does `scontrol ping` answer in this shell?")
     return out.stdout

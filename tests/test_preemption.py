@@ -134,3 +134,40 @@ def test_job_info_asks_again_when_scontrol_dies_while_the_step_ends():
 
     assert pre.job_info("5", runner) == {"JobId": "5", "JobState": "COMPLETING", "Reason": "TimeLimit"}
     assert len(calls) == 2
+
+
+def test_job_info_is_empty_at_once_when_scontrol_cannot_run():
+    calls = []
+
+    def runner(argv, **kw):
+        calls.append(argv)
+        raise FileNotFoundError("scontrol")
+
+    assert pre.job_info("5", runner) == {} and len(calls) == 1
+
+
+def test_a_failed_requeue_is_no_requeue_with_slurms_words_and_a_hint(tmp_path):
+    def runner(argv, **kw):
+        if argv[1] == "requeue":
+            return subprocess.CompletedProcess(argv, 1, "",
+                                               "scontrol: error: Requested operation is presently disabled\n")
+        return subprocess.CompletedProcess(argv, 0, "JobId=5 JobState=RUNNING PreemptTime=2026-11-22T02:55:43", "")
+
+    d = pre.handle_stop(pre.StopRequest("preempt", "SIGTERM"), tmp_path / "h.json", job_id="5", runner=runner)
+    assert not d.requeue and d.why.startswith("scontrol requeue exited 1: scontrol: error: Requested operation")
+    assert d.why.count("HINT:") == 1 and d.why.endswith("check JobRequeue in slurm.conf")
+
+
+def test_only_the_scheduler_adapter_runs_scontrol():
+    """hpc.scheduler holds every scontrol call and its parsers; the local cluster's own controls
+    (hpc.cluster.local starts and pings the daemons it runs) are the exception."""
+    import ast
+    from pathlib import Path
+
+    root = Path(pre.__file__).parent
+    allowed = {root / "scheduler.py", root / "cluster" / "local.py"}
+    runs = [f"{path.relative_to(root)}:{node.lineno}" for path in sorted(root.rglob("*.py")) if path not in allowed
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.List) and node.elts and isinstance(node.elts[0], ast.Constant)
+            and node.elts[0].value == "scontrol"]
+    assert runs == []

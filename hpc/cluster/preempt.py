@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 
-from hpc import scheduler
+from hpc import hostlist, scheduler
 from hpc.cluster.daemons import ClusterError
 from hpc.cluster.local import LocalCluster
 
@@ -35,7 +35,7 @@ def preempt(cluster: LocalCluster, job_id: str | int, *, release: bool = True,
     nodes = job_field(cluster, job_id, "NodeList")
     restarts = int(job_field(cluster, job_id, "Restarts") or 0)
     cpus = cluster.layout.cpus_per_node
-    n_nodes = len(cluster.run(["scontrol", "show", "hostnames", nodes]).stdout.split())
+    n_nodes = len(hostlist.expand(nodes))  # as `scontrol show hostnames` does, without a call
     cluster.run(["sbatch", "--partition=high", f"--nodelist={nodes}", f"--nodes={n_nodes}",
                  f"--ntasks-per-node={cpus}", "--cpus-per-task=1", "--job-name=hpc-preemptor",
                  "--output=/dev/null", "--wrap=true"])
