@@ -34,22 +34,13 @@ def env(**extra):
 
 
 def run(argv, cwd=None, python=None, runner=False, **extra):
-    """A stand-in script under `python` (the LangSplat environment's unless a graphdeco train.py),
-    through hpc's script runner when `runner`, as the stages run it."""
-    python = python or (WORLD_PYTHON["gs"] if Path(argv[0]).parts[-2:] == ("gs", "train.py") else WORLD_PYTHON["ls"])
+    """A stand-in script of a `world` under `python` (default: the world's LangSplat environment, or
+    graphdeco's for gs/train.py), through hpc's script runner when `runner`, as the stages run it."""
+    script = Path(argv[0])
+    root = next(p for p in script.parents if (p / "envs").is_dir())
+    python = python or root / "envs" / ("3dgs" if script.parent.name == "gs" else "langsplat") / "bin" / "python"
     argv = [es.RUNNER, *argv] if runner else argv
     return subprocess.run([str(python), *map(str, argv)], capture_output=True, text=True, cwd=cwd, env=env(**extra))
-
-
-WORLD_PYTHON = {}
-
-
-@pytest.fixture(autouse=True)
-def _pythons(tmp_path_factory):
-    """The two environments for run(), once per session."""
-    if not WORLD_PYTHON:
-        root = tmp_path_factory.mktemp("envs")
-        WORLD_PYTHON.update(ls=make_env(root / "langsplat", "langsplat"), gs=make_env(root / "3dgs", "3dgs"))
 
 
 def rgb_checkpoint(world, iterations=4):
@@ -240,6 +231,7 @@ def test_whole_graph_on_the_local_executor_fork(world, monkeypatch):
         first = json.loads((out / f"scene_{level}" / "standin.jsonl").read_text().splitlines()[0])
         # views: --epochs round(12/6)=2 on 2 ranks = 2 x (6 // 2) = 6 updates of 2 cameras, lr x 2
         assert (first["world_size"], first["iterations"], first["lr_scale"]) == (2, 6, 2)
+        assert first["omp_num_threads"] == "1"  # as torchrun sets it for 2 processes on a node
         assert os.readlink(out / f"scene_{level}" / "chkpnt30000.pth") == "chkpnt6.pth"
     assert (out / "scene_-1" / "chkpnt12.pth").is_file()  # fork train.py --no_include_feature: -m + _-1
     assert list((run_dir / "eval" / "scene").glob("*.log"))

@@ -47,11 +47,11 @@ def make_checkout(dest: Path, variant: str) -> Path:
     return Path(dest)
 
 
-def make_env(dest: Path, kind: str) -> Path:
-    """<dest>/bin/python: this interpreter with envs/<kind> (langsplat or 3dgs) on its path."""
+def make_env(dest: Path, kind: str, site: Path = None) -> Path:
+    """<dest>/bin/python: this interpreter with envs/<kind> (langsplat or 3dgs), or `site`, on its path."""
     python = Path(dest) / "bin" / "python"
     python.parent.mkdir(parents=True, exist_ok=True)
-    site = Path(__file__).resolve().parent / "envs" / kind
+    site = site or Path(__file__).resolve().parent / "envs" / kind
     python.write_text(f'#!/bin/sh\nPYTHONPATH="{site}${{PYTHONPATH:+:$PYTHONPATH}}" exec "{sys.executable}" "$@"\n')
     os.chmod(python, 0o755)
     return python
