@@ -4,7 +4,8 @@
     python -m bench --only checkpoint status     # some of them; the others' sections are kept
     python -m bench --quick                      # smaller sizes: a smoke test, not figures to keep
     python -m bench --list
-    python -m bench.reliability                  # the fault campaigns alone, into RELIABILITY.md
+
+The fault campaigns are apart, in the faults package: python -m faults.reliability writes RELIABILITY.md.
 
 A benchmark that cannot run (a module missing, no SLURM here) is reported as "not measured" with
 the reason; the others still run. The sections are also saved as JSON next to the report
@@ -42,9 +43,8 @@ BENCHMARKS = {
     "status": ("bench.status_calls", "Status: scheduler calls per poll",
                "one scheduler call per poll, whatever the job count"),
     "langsplat": ("bench.langsplat_cams", "LangSplat stage 2 throughput", "cameras per second at 1 and 2 ranks"),
-    "reliability": ("bench.reliability", "Reliability under injected faults",
-                    "0 checkpoints and 0 manifest entries lost"),
 }
+MOVED = {"reliability": "python -m faults.reliability"}  # not benchmarks: they count losses, not time
 
 
 def run_one(name: str, ctx: Context, command: str) -> Section:
@@ -78,8 +78,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     names: List[str] = args.only or list(BENCHMARKS)
     unknown = [n for n in names if n not in BENCHMARKS]
     if unknown:
+        moved = [MOVED[n] for n in unknown if n in MOVED]
         p.error(f"unknown benchmark(s) {unknown}; expected some of {list(BENCHMARKS)}. "
-                "HINT: python -m bench --list")
+                f"HINT: {' and '.join(moved) or 'python -m bench --list'}")
     command = "python -m bench" + (f" --only {' '.join(names)}" if args.only else "") + \
         (" --quick" if args.quick else "")
     started, info = time.time(), machine()

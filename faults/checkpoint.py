@@ -1,9 +1,9 @@
 """Fault campaigns against the checkpoint store: kills during saves and renames, readers during
 pruning, a second writer, malformed entries.
 
-    python -m bench.reliability          # every campaign with its full count, writes RELIABILITY.md
+    python -m faults.reliability          # every campaign with its full count, writes RELIABILITY.md
 
-Each campaign takes (scratch directory, count, seed) and returns a bench.faults_common.Outcome.
+Each campaign takes (scratch directory, count, seed) and returns a faults.common.Outcome.
 "Lost" means a checkpoint that was committed (its save returned) and then did not load, a load that
 raised or returned anything but one complete checkpoint, or a second writer that was let in.
 """
@@ -17,7 +17,7 @@ import time
 import warnings
 from pathlib import Path
 
-from bench.faults_common import (Outcome, Victim, committed, consistency, expected_state, quiet_load,
+from faults.common import (Outcome, Victim, committed, consistency, expected_state, quiet_load,
                                  save_forever)
 from hpc.checkpoint import CheckpointStore
 

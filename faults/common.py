@@ -1,10 +1,10 @@
 """What the fault campaigns share: victims to kill, the checkpoints they write, and how a loss is told.
 
-    python -c "from bench.faults_checkpoint import sigkill_saves as f; print(f(__import__('pathlib').Path('/tmp/x'), 3, 0))"
+    python -c "from faults.checkpoint import sigkill_saves as f; print(f(__import__('pathlib').Path('/tmp/x'), 3, 0))"
 
-Every campaign (bench.faults_checkpoint, bench.faults_disk, bench.faults_resume) takes (scratch
+Every campaign (faults.checkpoint, faults.disk, faults.resume) takes (scratch
 directory, count, seed) and returns an Outcome: faults injected, and how many of them lost
-something. The reliability report (bench.reliability) runs each once with a large count, the tests
+something. The reliability report (faults.reliability) runs each once with a large count, the tests
 (tests/test_checkpoint_faults.py) with small counts.
 
 Victims are forked from the calling process (torch already imported, so a kill costs milliseconds,

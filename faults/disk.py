@@ -1,6 +1,6 @@
 """A full disk under the checkpoint store: a small tmpfs, filled by a ballast file.
 
-    python -m bench.faults_disk /tmp/scratch 3 0     # 3 rounds, seed 0; prints the outcome as JSON
+    python -m faults.disk /tmp/scratch 3 0     # 3 rounds, seed 0; prints the outcome as JSON
 
 Mounting a tmpfs needs root, or at least CAP_SYS_ADMIN. Where `mount` is refused (a container
 without that capability), the campaign runs again in a child inside a new user and mount namespace
@@ -22,7 +22,7 @@ import warnings
 from pathlib import Path
 from typing import Iterator
 
-from bench.faults_common import SIZE, Outcome, consistency, expected_state
+from faults.common import SIZE, Outcome, consistency, expected_state
 from hpc.checkpoint import CheckpointStore
 
 REPO = Path(__file__).resolve().parent.parent
@@ -140,7 +140,7 @@ def full_disk(scratch: Path, rounds: int, seed: int, namespace: bool | None = No
 
 def _in_namespace(scratch: Path, rounds: int, seed: int, why: str) -> Outcome:
     """full_disk in a child inside a new user and mount namespace, where mounting is allowed."""
-    argv = [*UNSHARE, sys.executable, "-m", "bench.faults_disk", str(scratch), str(rounds), str(seed)]
+    argv = [*UNSHARE, sys.executable, "-m", "faults.disk", str(scratch), str(rounds), str(seed)]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     try:
         out = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO, timeout=600)

@@ -1,10 +1,9 @@
 """Reliability: every fault campaign once, the faults injected by kind and what they lost.
 
-    python -m bench.reliability                  # full counts (a few minutes on 2 cores), writes RELIABILITY.md
-    python -m bench.reliability --quick --out /tmp/R.md
-    python -m bench --only reliability           # the same table as a section of BENCHMARKS.md
+    python -m faults.reliability                 # every campaign with its full count, writes RELIABILITY.md
+    python -m faults.reliability --quick --out /tmp/R.md
 
-The campaigns are bench.faults_checkpoint, bench.faults_disk, bench.faults_resume and, for run
+The campaigns are faults.checkpoint, faults.disk, faults.resume and, for run
 directories, tests.submit_race (simultaneous submissions into one run dir). "Lost" counts
 checkpoints that were committed and then did not load (or loads that raised, returned nothing or
 mixed two checkpoints), resumed runs that did not end bitwise equal to the uninterrupted one,
@@ -23,7 +22,7 @@ from pathlib import Path
 from typing import Callable, List, NamedTuple, Optional, Sequence
 
 from bench.common import REPO, Context
-from bench.faults_common import Outcome
+from faults.common import Outcome
 from bench.report import Section, machine, render_section, stamp
 
 TITLE = "Reliability under injected faults"
@@ -39,7 +38,7 @@ class Campaign(NamedTuple):
 
 
 def _sigkill(mode: str) -> Callable[[Path, int, int], Outcome]:
-    from bench.faults_checkpoint import sigkill_saves
+    from faults.checkpoint import sigkill_saves
 
     return lambda scratch, n, seed: sigkill_saves(scratch, n, seed, mode)
 
@@ -55,9 +54,9 @@ def _submissions(scratch: Path, rounds: int, seed: int) -> Outcome:
 
 
 def campaigns() -> List[Campaign]:
-    from bench import faults_checkpoint as fc
-    from bench.faults_disk import full_disk
-    from bench.faults_resume import dropout_resume
+    from faults import checkpoint as fc
+    from faults.disk import full_disk
+    from faults.resume import dropout_resume
 
     return [
         Campaign("SIGKILL during saves, thread writer", _sigkill("thread"), 60, 4),
@@ -75,7 +74,7 @@ def campaigns() -> List[Campaign]:
 
 
 def run(ctx: Context, seed: int = SEED) -> Section:
-    command = "python -m bench --only reliability" + (" --quick" if ctx.quick else "")
+    command = "python -m faults.reliability" + (" --quick" if ctx.quick else "")
     sec = Section("reliability", TITLE, TARGET, command,
                   headers=["faults", "injected", "lost", "seconds", "what was checked"])
     injected = lost = 0
@@ -126,14 +125,14 @@ def render(sec: Section, command: str, started: float, info: dict) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.reliability", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m faults.reliability", description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="small counts: a smoke test, not figures to keep")
     p.add_argument("--seed", type=int, default=SEED)
     p.add_argument("--out", help=f"report path (default {REPO / 'RELIABILITY.md'}; with --quick "
                    f"{REPO / 'RELIABILITY-quick.md'})")
     args = p.parse_args(argv)
     out = Path(args.out or REPO / ("RELIABILITY-quick.md" if args.quick else "RELIABILITY.md"))
-    command = "python -m bench.reliability" + (" --quick" if args.quick else "") + \
+    command = "python -m faults.reliability" + (" --quick" if args.quick else "") + \
         (f" --seed {args.seed}" if args.seed != SEED else "")
     started, info = time.time(), machine()
     t0 = time.perf_counter()

@@ -1,6 +1,6 @@
 """A dropout and augmentation model, stopped by SIGTERM or SIGKILL and resumed, ends bitwise equal.
 
-    python -m bench.reliability          # runs dropout_resume among the other campaigns
+    python -m faults.reliability          # runs dropout_resume among the other campaigns
 
 The model draws dropout masks from the global torch RNG, and the dataset augments every sample
 (noise and a random sign) from the same RNG, in the main process. Data comes from s.loader, the
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from bench.faults_common import Outcome, Victim
+from faults.common import Outcome, Victim
 
 TOTAL, SAVE_EVERY, SAMPLES, BATCH = 24, 4, 40, 4  # 10 steps per epoch: stops land mid-epoch
 

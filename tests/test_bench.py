@@ -105,3 +105,17 @@ def test_quick_fsdp_sections_are_measured_beside_their_baselines(tmp_path):
         assert re.fullmatch(r"[\d.]+ MiB", cells[1]) and float(cells[1].split()[0]) > 0
         assert all(re.fullmatch(r"[\d.]+ (ms|s)", c) for c in (cells[3], cells[4], cells[8]))
     assert len(re.findall(r"- (met|NOT met): (DDP|FSDP): safe [\d.]+ (ms|s) after SIGTERM", text)) == 2
+
+
+def test_benchmarks_and_fault_campaigns_are_apart():
+    """bench/ measures time; the fault campaigns are the faults package, run as python -m faults.reliability."""
+    import bench.__main__ as cli
+
+    assert all(module.startswith("bench.") for module, _, _ in cli.BENCHMARKS.values())
+    assert not [p.name for p in (REPO / "bench").glob("*.py") if p.name.startswith("faults") or "reliab" in p.name]
+    run = subprocess.run([sys.executable, "-m", "bench", "--only", "reliability"], cwd=REPO, capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 2 and run.stderr.strip().splitlines()[-1].endswith("HINT: python -m faults.reliability")
+    run = subprocess.run([sys.executable, "-m", "faults.reliability", "--help"], cwd=REPO, capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 0 and run.stdout.startswith("usage: python -m faults.reliability"), run.stderr

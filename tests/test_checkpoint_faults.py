@@ -3,7 +3,7 @@ second writer, malformed entries, a dropout model stopped and resumed.
 
     python -m pytest tests/test_checkpoint_faults.py -q
 
-The campaigns are bench.faults_* (the reliability report runs them with large counts); here they
+The campaigns are the faults package (the reliability report runs them with large counts); here they
 run with small ones, next to deterministic cases that put the writer exactly where a race would.
 """
 
@@ -15,9 +15,9 @@ import pytest
 import torch
 
 import hpc.checkpoint
-from bench import faults_checkpoint as fc
-from bench import faults_disk, faults_resume
-from bench.faults_common import consistency, expected_state
+from faults import checkpoint as fc
+from faults import disk, resume
+from faults.common import consistency, expected_state
 from hpc.checkpoint import CheckpointStore
 
 
@@ -75,8 +75,8 @@ def test_full_disk_says_no_space_removes_partial_writes_and_recovers(tmp_path):
     bytes needed and free, leaves no partial file, the previous checkpoint loads, and the next save
     works once space is back."""
     try:
-        outcome = faults_disk.full_disk(tmp_path, rounds=3, seed=1)
-    except faults_disk.MountRefused as err:
+        outcome = disk.full_disk(tmp_path, rounds=3, seed=1)
+    except disk.MountRefused as err:
         pytest.skip(f"no small filesystem to fill: {err}")
     assert (outcome.faults, outcome.lost) == (3, 0), outcome.detail
 
@@ -85,8 +85,8 @@ def test_full_disk_in_a_user_namespace(tmp_path):
     """The fallback where mount is refused to the process itself (a container without
     CAP_SYS_ADMIN): the campaign runs in a child inside a user and mount namespace."""
     try:
-        outcome = faults_disk.full_disk(tmp_path, rounds=1, seed=2, namespace=True)
-    except faults_disk.MountRefused as err:
+        outcome = disk.full_disk(tmp_path, rounds=1, seed=2, namespace=True)
+    except disk.MountRefused as err:
         pytest.skip(f"no user namespace with a tmpfs here: {err}")
     assert (outcome.faults, outcome.lost) == (1, 0), outcome.detail
     assert "user namespace" in outcome.detail
@@ -157,8 +157,8 @@ def test_a_second_writer_is_refused_naming_the_holder_and_a_dead_holder_blocks_n
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     directory = tmp_path_factory.mktemp("clean")
-    faults_resume.Victim(faults_resume.train, directory).finish()
-    return faults_resume.weights(directory)
+    resume.Victim(resume.train, directory).finish()
+    return resume.weights(directory)
 
 
 @pytest.mark.parametrize("sig, stop_at, mode", [(signal.SIGTERM, 7, "thread"), (signal.SIGKILL, 14, "fork"),
@@ -166,16 +166,16 @@ def uninterrupted(tmp_path_factory):
 def test_dropout_and_augmentation_model_resumes_bitwise(tmp_path, uninterrupted, sig, stop_at, mode):
     """Dropout and augmentation draw from the global RNG, data comes from s.loader through
     TrainLoop; stopped mid-epoch and resumed, the parameters equal the uninterrupted run's."""
-    assert faults_resume.trial(tmp_path, stop_at, sig, mode, uninterrupted) == ""
-    assert all(torch.equal(a, b) for a, b in zip(faults_resume.weights(tmp_path), uninterrupted))
+    assert resume.trial(tmp_path, stop_at, sig, mode, uninterrupted) == ""
+    assert all(torch.equal(a, b) for a, b in zip(resume.weights(tmp_path), uninterrupted))
 
 
 # ------------------------------------------------------------------ the report
 def test_reliability_report_counts_faults_and_never_passes_a_campaign_that_did_not_run(tmp_path, monkeypatch):
-    from bench import reliability
+    from faults import reliability
 
     def refused(scratch, count, seed):
-        raise faults_disk.MountRefused("mount: permission denied")
+        raise disk.MountRefused("mount: permission denied")
 
     monkeypatch.setattr(reliability, "campaigns", lambda: [
         reliability.Campaign("malformed step-N entries", fc.malformed_entries, 50, 3),
@@ -183,7 +183,7 @@ def test_reliability_report_counts_faults_and_never_passes_a_campaign_that_did_n
     out = tmp_path / "R.md"
     assert reliability.main(["--quick", "--out", str(out)]) == 0
     text = out.read_text()
-    assert text.startswith("# Reliability\n") and "Produced by `python -m bench.reliability --quick`" in text
+    assert text.startswith("# Reliability\n") and "Produced by `python -m faults.reliability --quick`" in text
     assert "| malformed step-N entries | 3 | 0 |" in text
     assert "| full disk | not run | - |" in text and "mount: permission denied" in text
     assert "| **total** | **3** | **0** |" in text
