@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from hpc import config, submit
-from hpc.jobs.langsplat import external_stages as es
 from hpc.rundir import RunDir
 from tests.langsplat_standins.autoencoder import model as autoencoder
 from tests.langsplat_standins.checkout import jpeg, make_dim3, make_env
