@@ -61,6 +61,17 @@ def parts(todo: Sequence[Any], where: Mapping[Any, Ref], max_size: Optional[int]
     return out
 
 
+def locate(key: Any, placed: Mapping[Any, Ref], queued: Any) -> Ref:
+    """Where the task `key` is: submitted now (`placed`), queued from an earlier submission
+    (`queued`: key -> job id), or None."""
+    if key in placed:
+        return placed[key]
+    if key not in queued:
+        return None
+    assert isinstance(queued, Mapping), "a per-item wait needs the job ids of the queued tasks"
+    return queued[key]
+
+
 def dependency(part: Part, upstream: str, ids: Optional[Mapping[str, Sequence[str]]] = None
                ) -> Tuple[Optional[str], List[List[str]]]:
     """The --dependency term of `part` ('aftercorr:J' for an array, 'afterok:J_k' for one item,

@@ -188,8 +188,11 @@ def make_plan(pipe: PipelineDef, cfg: Any, run_dir: str, kind: str,
             notes.append(note)
         # wait for what is submitted now or still queued from an earlier submission
         after = tuple(s for s in stage.after if any(j.stage == s for j in jobs) or any(k[0] == s for k in queued))
-        where = {i: _upstream_task((stage.per_item_after, i), placed, queued)
+        where = {i: arrays.locate((stage.per_item_after, i), placed, queued)
                  for i in todo} if stage.per_item_after and kind == "slurm" else {}
+        # the local executor runs stages in order: it names the stage only when it runs it now
+        item_after = stage.per_item_after if kind == "slurm" or any(j.stage == stage.per_item_after
+                                                                    for j in jobs) else ""
         split = arrays.parts(todo, where, max_array_size if stage.items else None)
         if len(arrays.chunks(todo, max_array_size)) > 1 and stage.items:
             notes.append(f"stage {stage.name}: {len(todo)} items, more than the cluster's MaxArraySize "
@@ -199,7 +202,7 @@ def make_plan(pipe: PipelineDef, cfg: Any, run_dir: str, kind: str,
                           indices=tuple(stage.items.index(i) if stage.items else None for i in part.items),
                           resources=res, after=after, folder=f"{run_dir}/{stage.name}/logs/%j",
                           kind=kind, ranks=ranks[0], describe=stage.describe or stage.target,
-                          worlds=ranks, batch=tuple(stage.batch), item_after=stage.per_item_after,
+                          worlds=ranks, batch=tuple(stage.batch), item_after=item_after,
                           waits=part.waits if any(w is not None for w in part.waits) else (),
                           part=(k, len(split)))
             placed.update({(stage.name, i): (job.label, t) for t, i in enumerate(part.items)})
@@ -222,17 +225,6 @@ def _check_per_item(stage: StageDef, defined: Mapping[str, StageDef]) -> None:
     raise ConfigError(f"stage {stage.name}: per_item_after={stage.per_item_after!r} with items {list(stage.items)}; "
                       "expected an earlier array stage, not also in `after`, with every one of these items "
                       f"(earlier stages: {sorted(defined)}). HINT: fix the pipeline's StageDef list.")
-
-
-def _upstream_task(key: TaskKey, placed: Mapping[TaskKey, arrays.Ref],
-                   queued: Union[FrozenSet[TaskKey], Mapping[TaskKey, str]]) -> arrays.Ref:
-    """Where the task `key` waits on is: submitted now, queued from before (its job id), or nowhere."""
-    if key in placed:
-        return placed[key]
-    if key not in queued:
-        return None
-    assert isinstance(queued, Mapping), "per_item_after needs the job ids of the queued tasks"
-    return queued[key]
 
 
 def _item_wait(job: JobSpec, how: str) -> List[str]:

@@ -100,6 +100,8 @@ def test_without_a_max_array_size_nothing_is_split():
 def test_local_executor_runs_the_stage_after_the_whole_upstream():
     p = make(kind="local")
     assert "stage follow: items [0, 1, 2] 1 rank(s) per job after second (submitted when it has ended)" in p.summary()
+    done = {("first", None), *(("second", i) for i in range(3))}
+    assert "stage follow: items [0, 1, 2] 1 rank(s) per job\n" in make(kind="local", finished=done).summary()
 
 
 def test_parts_pure():
