@@ -66,7 +66,7 @@ def readers_during_prune(scratch: Path, loads: int, seed: int) -> Outcome:
 
 
 def _try_to_write(out, directory: Path, rank: int) -> None:
-    import hpc.checkpoint_lock as lock
+    import hpc.checkpoint.writer_lock as lock
 
     lock.OWNER_WAIT_S = 1.0  # a rank > 0 waits this long for its own rank 0 to hold the lock
     os.environ["SLURM_JOB_ID"] = f"second-{os.getpid()}"  # another job

@@ -20,9 +20,10 @@ import os
 import socket
 import subprocess
 import time
-import uuid
 from pathlib import Path
 from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Optional, Sequence, Tuple
+
+from hpc.atomic import write_bytes as atomic_write_bytes
 
 DONE = "done"
 LOCK = ".submit.lock"
@@ -227,35 +228,5 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write `data` to `path` so that a reader sees the old file or the whole new one, and the new one
-    survives a crash once this returns: a unique temporary name in the same directory, fsync, rename,
-    fsync of the directory (which makes the rename durable). A failed write leaves nothing behind."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # unique per process and call; mode 0o666 less the umask, like any new file (mkstemp's 0o600 is not)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    fsync_dir(path.parent)
-
-
 def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode())
-
-
-def fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -21,8 +21,8 @@ identical to one that was not, provided its data comes from such a loader or is 
 step (e.g. hpc.sharding.round_robin with epoch = step // steps_per_epoch).
 
 Under FSDP (``s.wrap(model, strategy="fsdp")``) the model and its optimizer are saved through
-DCP (hpc.dcp) into the same ``step-N/`` directory: each rank writes its shards, asynchronously,
-and the marker comes after DCP's metadata. A checkpoint holding such shards loads under either
+DCP (hpc.checkpoint.dcp_engine) into the same ``step-N/`` directory: each rank writes its
+shards, asynchronously, and the marker comes after DCP's metadata. A checkpoint holding such shards loads under either
 strategy and on any world size. A resume on another world size than the checkpoint's restores
 everything that is global (model, optimizer, schedulers, the loaders' positions, ``extra``); the
 per-rank RNG states cannot carry over (which rank would get which?), so every generator is
@@ -76,7 +76,7 @@ def _per_rank(obj: Any) -> bool:
 
 
 def _new_engine(session: Any) -> Any:
-    from hpc.dcp import DcpEngine
+    from hpc.checkpoint.dcp_engine import DcpEngine
 
     return DcpEngine(session)
 
@@ -123,7 +123,7 @@ class TrainLoop:
         self._tb = tensorboard
         self._writer: Any = None
         self.seed = seed  # reseeds the RNGs when a resume changes the world size
-        self._engine: Any = None  # hpc.dcp.DcpEngine, for a model sharded by FSDP
+        self._engine: Any = None  # hpc.checkpoint.dcp_engine.DcpEngine, for a model sharded by FSDP
         self._dcp_names: tuple[str, ...] = ()  # model (and optimizer) saved through it
 
     # ---------------------------------------------------------------- resume

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 import hpc.ddp
-from hpc.dcp import DcpEngine
+from hpc.checkpoint.dcp_engine import DcpEngine
 
 GLOBAL_BATCH = 12  # splits evenly over 1, 2, 3 and 4 ranks
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from hpc.checkpoint import CheckpointStore
-from hpc.checkpoint_io import Staging
+from hpc.checkpoint.staging import Staging
 
 MODES = pytest.mark.parametrize("mode", ["fork", "thread"])
 
@@ -123,7 +123,7 @@ def test_per_rank_state_two_ranks(tmp_path):
 
 
 def test_stale_rank_file_of_an_earlier_attempt_is_not_committed(tmp_path, monkeypatch):
-    import hpc.checkpoint as ck
+    import hpc.checkpoint.store as ck
     monkeypatch.setattr(ck, "RANK_WAIT_S", 0.3)
     monkeypatch.setenv("SLURM_JOB_ID", "42")
     monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
@@ -234,7 +234,7 @@ def test_sigkill_during_write_leaves_previous_loadable(tmp_path):
 
 
 def test_auto_mode_forks_only_for_large_states(tmp_path):
-    from hpc.background import ForkJob, ThreadJob
+    from hpc.checkpoint.background_writer import ForkJob, ThreadJob
 
     store = CheckpointStore(tmp_path)
     store.save(1, {"w": torch.zeros(1000)})
@@ -248,7 +248,7 @@ def test_auto_mode_forks_only_for_large_states(tmp_path):
 def test_a_hung_forked_writer_is_killed_at_its_deadline():
     import time
 
-    from hpc import background
+    from hpc.checkpoint import background_writer as background
 
     t0 = time.monotonic()
     job = background.ForkJob(time.sleep, (60,), timeout_s=0.5)

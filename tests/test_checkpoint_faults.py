@@ -14,7 +14,7 @@ import warnings
 import pytest
 import torch
 
-import hpc.checkpoint
+import hpc.checkpoint.reader
 from faults import checkpoint as fc
 from faults import disk, resume
 from faults.common import consistency, expected_state
@@ -108,13 +108,13 @@ def test_a_read_whose_checkpoint_is_pruned_meanwhile_reads_the_new_one(tmp_path,
             writer.save(2, expected_state(2), blocking=True)
 
     if moment == "opening rank-0.pt":
-        real_load = hpc.checkpoint.load_file
+        real_load = hpc.checkpoint.reader.load_file
 
         def racing_load(path, *args, **kwargs):
             prune_once(path) if path.name == "rank-0.pt" else None
             return real_load(path, *args, **kwargs)
 
-        monkeypatch.setattr(hpc.checkpoint, "load_file", racing_load)
+        monkeypatch.setattr(hpc.checkpoint.reader, "load_file", racing_load)
     else:
         real_map = torch.UntypedStorage.from_file
 

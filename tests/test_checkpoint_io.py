@@ -7,9 +7,10 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from hpc import background
+from hpc.checkpoint import background_writer as background
 from hpc.checkpoint import CheckpointStore
-from hpc.checkpoint_io import ChecksumWriter, Staging, _split, write_atomic, verify
+from hpc.checkpoint.files import ChecksumWriter, write_atomic, verify
+from hpc.checkpoint.staging import Staging, _split
 
 
 @settings(max_examples=200, deadline=None)

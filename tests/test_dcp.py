@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hpc.dcp import METADATA, DcpEngine
+from hpc.checkpoint.dcp_engine import METADATA, DcpEngine
 from test_fsdp import ATOL, load, max_difference, run_ranks
 
 STEPS, SAVE_AT = 5, 3

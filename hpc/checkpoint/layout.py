@@ -1,6 +1,6 @@
 """What the entries of a checkpoint store directory are, which are complete, and how they go away.
 
-    python -c "from hpc.checkpoint_layout import scan; print(scan('runs/x/rgb/checkpoints'))"
+    python -c "from hpc.checkpoint.layout import scan; print(scan('runs/x/rgb/checkpoints'))"
 
 Names (anything else in the directory is ignored)::
 
@@ -23,7 +23,7 @@ import re
 import shutil
 from pathlib import Path
 
-from hpc.checkpoint_io import verify
+from hpc.checkpoint.files import verify
 
 MARKER = "COMPLETE.json"
 SHARED = "shared.pt"

@@ -29,6 +29,8 @@ from typing import Any, Iterator
 
 import torch
 
+from hpc.atomic import replacing
+
 CHUNK = 8 * 2**20  # read size while verifying: large enough for full-speed reads, small in memory
 
 
@@ -100,54 +102,20 @@ def _no_record_crc() -> Iterator[None]:
         torch.serialization.set_crc32_options(before)
 
 
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_atomic(path: Path, obj: Any, overlap: bool = False) -> dict[str, Any]:
-    """torch.save `obj` to `path` via a temporary name + fsync + rename; return its checksum info.
-    `overlap`: checksum on a helper thread alongside the writes (for saves the caller waits on;
-    a forked writer stays single-threaded)."""
-    part = path.with_name(path.name + ".part")
+    """torch.save `obj` to `path` via hpc.atomic (``NAME.part``, fsync, rename); return its
+    checksum info. `overlap`: checksum on a helper thread alongside the writes (for saves the
+    caller waits on; a forked writer stays single-threaded)."""
     out = None
     try:
-        with open(part, "wb") as f, _no_record_crc():
+        with replacing(path, unique=False, sync_dir=False) as f, _no_record_crc():
             out = ChecksumWriter(f, overlap)
             torch.save(obj, out)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(part, path)
     except BaseException as err:
-        _unlink(part)  # a partial file on a full disk would keep it full for every later save
         if out is not None and out.error is not None and err is not out.error:
             raise out.error from err  # the disk's own error, not torch's "unexpected pos"
         raise
     return out.info()
-
-
-def write_bytes_atomic(path: Path, data: bytes) -> None:
-    """Small files (markers): temporary name + fsync + rename; no partial file left on failure."""
-    part = path.with_name(path.name + ".part")
-    try:
-        with open(part, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(part, path)
-    except BaseException:
-        _unlink(part)
-        raise
-
-
-def _unlink(path: Path) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
 
 
 _NO_SPACE = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded"}
@@ -171,14 +139,15 @@ def space_error(err: BaseException, directory: Path, needed: int) -> OSError | N
                    "works once there is room")
 
 
-def nbytes(obj: Any) -> int:
-    """Bytes of the tensors in `obj` (a checkpoint's size, less its small pickled structure)."""
+def nbytes(obj: Any, cpu_only: bool = False) -> int:
+    """Bytes of the tensors in `obj` (a checkpoint's size, less its small pickled structure);
+    `cpu_only`: of its CPU tensors only."""
     if isinstance(obj, torch.Tensor):
-        return obj.numel() * obj.element_size()
+        return 0 if cpu_only and obj.device.type != "cpu" else obj.numel() * obj.element_size()
     if isinstance(obj, dict):
-        return sum(nbytes(v) for v in obj.values())
+        return sum(nbytes(v, cpu_only) for v in obj.values())
     if isinstance(obj, (list, tuple)):
-        return sum(nbytes(v) for v in obj)
+        return sum(nbytes(v, cpu_only) for v in obj)
     return 0
 
 
@@ -231,116 +200,3 @@ def load_file(path: Path, map_location: Any = "cpu") -> Any:
             f"{path} holds objects that weights_only loading refuses ({err}). Loading never runs "
             "pickled code. HINT: save only tensors, numbers, strings and containers of them, e.g. "
             "model.state_dict() instead of the model.") from None
-
-
-class Staging:
-    """CPU copies of a state's tensors, in buffers kept from one save to the next.
-
-    A fresh deep copy pays allocation and a page fault per 4 KiB on every save; copy_ into a
-    buffer of the same shape and dtype (the usual case: a model's state has fixed shapes) is a
-    plain memcpy. Buffers are keyed by their position in the state. With `cpu_too=False` only
-    accelerator tensors are copied (the forked writer gets CPU tensors copy-on-write).
-
-    CPU-to-CPU copies of PARALLEL_MIN_BYTES and more are cut into equal byte ranges copied by
-    `threads` threads at once (torch's copy_ releases the GIL): one core does not saturate the
-    memory bus, and the training loop is blocked for the whole copy. Device-to-host copies stay on
-    the calling thread: they are asynchronous DMA on the current stream.
-
-    `pin=True` pins the buffers of device tensors for full-speed copies. The forked writer asks
-    for pageable buffers: drivers may mark pinned host memory MADV_DONTFORK (ROCm does; CUDA is
-    not documented either way), and a child reading such pages would crash.
-    """
-
-    PARALLEL_MIN_BYTES = 4 * 2**20  # below this, handing work to threads costs more than it saves
-
-    def __init__(self, threads: int | None = None) -> None:
-        self._buffers: dict[tuple, tuple[torch.Tensor, bool]] = {}  # key -> (buffer, pinned)
-        self.threads = max(1, threads if threads is not None else min(4, _usable_cpus()))
-        self._pool: tuple[int, ThreadPoolExecutor] | None = None  # (pid, executor)
-
-    def stage(self, obj: Any, cpu_too: bool, pin: bool = False) -> Any:
-        device_copies: list[tuple[torch.Tensor, torch.Tensor]] = []
-        host_copies: list[tuple[torch.Tensor, torch.Tensor]] = []
-        out = self._plan(obj, (), cpu_too, pin, device_copies, host_copies)
-        for dst, src in device_copies:
-            dst.copy_(src, non_blocking=True)
-        self._copy_host(host_copies)
-        if device_copies and torch.cuda.is_available():
-            torch.cuda.synchronize()  # the non_blocking copies must land before anyone reads them
-        return out
-
-    def _plan(self, obj: Any, key: tuple, cpu_too: bool, pin: bool,
-              device_copies: list, host_copies: list) -> Any:
-        """The copy of `obj` with fresh-or-reused buffers in place of its tensors; the copies
-        into them are listed, not yet made."""
-        if isinstance(obj, torch.Tensor):
-            on_device = obj.device.type != "cpu"
-            if not (cpu_too or on_device):
-                return obj
-            src = obj.detach()
-            dst = self._buffer(src, key, pin and on_device)
-            (device_copies if on_device else host_copies).append((dst, src))
-            return dst
-        if isinstance(obj, dict):
-            return type(obj)((k, self._plan(v, key + (k,), cpu_too, pin, device_copies, host_copies))
-                             for k, v in obj.items())
-        if isinstance(obj, (list, tuple)):
-            return type(obj)(self._plan(v, key + (i,), cpu_too, pin, device_copies, host_copies)
-                             for i, v in enumerate(obj))
-        return obj
-
-    def _buffer(self, t: torch.Tensor, key: tuple, pin: bool) -> torch.Tensor:
-        # pinned-ness is remembered, not asked of the tensor: is_pinned() may call into the driver
-        buf, pinned = self._buffers.get(key, (None, False))
-        if buf is None or buf.shape != t.shape or buf.dtype != t.dtype or pinned != pin:
-            buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=pin)
-            self._buffers[key] = (buf, pin)
-        return buf
-
-    def _copy_host(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        total = sum(dst.nbytes for dst, _ in pairs)
-        if self.threads == 1 or total < self.PARALLEL_MIN_BYTES:
-            _copy_pieces(pairs)
-            return
-        shares = _split(pairs, self.threads)
-        if self._pool is None or self._pool[0] != os.getpid():  # threads do not survive fork
-            self._pool = (os.getpid(), ThreadPoolExecutor(self.threads - 1, thread_name_prefix="checkpoint-stage"))
-        futures = [self._pool[1].submit(_copy_pieces, share) for share in shares[1:]]
-        _copy_pieces(shares[0])
-        for f in futures:
-            f.result()
-
-
-def _usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))  # the job's allocation, not the node's core count
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
-def _copy_pieces(pieces: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-    for dst, src in pieces:
-        dst.copy_(src)
-
-
-def _split(pairs: list[tuple[torch.Tensor, torch.Tensor]], n: int) -> list[list]:
-    """Cut the copies into `n` shares of (nearly) equal bytes. Contiguous tensors are cut into
-    flat ranges; a non-contiguous one goes whole into the share where it starts."""
-    total = sum(dst.nbytes for dst, _ in pairs)
-    quota = max(1, -(-total // n))
-    shares: list[list] = [[] for _ in range(n)]
-    offset = 0  # bytes assigned so far
-    for dst, src in pairs:
-        if not (src.is_contiguous() and dst.is_contiguous()) or dst.dtype != src.dtype or dst.numel() == 0:
-            shares[min(n - 1, offset // quota)].append((dst, src))
-            offset += dst.nbytes
-            continue
-        flat_dst, flat_src, size = dst.view(-1), src.view(-1), dst.element_size()
-        start = 0
-        while start < dst.numel():
-            share = min(n - 1, (offset + start * size) // quota)
-            end = dst.numel() if share == n - 1 else min(dst.numel(), -(-((share + 1) * quota - offset) // size))
-            shares[share].append((flat_dst[start:end], flat_src[start:end]))
-            start = end
-        offset += dst.nbytes
-    return shares

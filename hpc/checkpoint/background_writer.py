@@ -1,7 +1,7 @@
 """One background checkpoint write at a time: in a forked child (copy-on-write) or in a thread.
 
-    job = background.start(write, (step, state), mode="fork")   # returns at once
-    job = background.start(write, (step, state), "thread", writer)  # writer: a kept ThreadWriter
+    job = background_writer.start(write, (step, state), mode="fork")   # returns at once
+    job = background_writer.start(write, (step, state), "thread", writer)  # writer: a kept ThreadWriter
     seconds = job.wait()                                        # raises if the write failed
 
 Fork mode: os.fork() gives the child a copy-on-write image of the training process, so the state

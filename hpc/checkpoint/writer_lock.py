@@ -46,6 +46,18 @@ class StoreLocked(RuntimeError):
     """Another job writes into this checkpoint store."""
 
 
+def generation() -> str:
+    """Identifies this attempt of the job, identical on every rank without communication.
+
+    Stale rank files left in a temporary directory by a killed earlier attempt carry another
+    generation, so rank 0 never commits them. Computed in the training process, never in a
+    forked writer (whose parent pid is the training process).
+    """
+    env = os.environ
+    job = env.get("SLURM_JOB_ID") or env.get("TORCHELASTIC_RUN_ID") or f"pid{os.getppid()}"
+    return f"{job}.{env.get('SLURM_RESTART_COUNT', '0')}"
+
+
 def holder(generation: str) -> dict[str, Any]:
     return {"attempt": generation, "job": os.environ.get("SLURM_JOB_ID"), "host": socket.gethostname(),
             "pid": os.getpid(), "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}

@@ -1,6 +1,6 @@
 """Model and optimizer state through torch.distributed.checkpoint (DCP): sharded, resharded on load.
 
-    python -c "import hpc.dcp; help(hpc.dcp.DcpEngine)"
+    python -c "from hpc.checkpoint.dcp_engine import DcpEngine; help(DcpEngine)"
 
     with DcpEngine(s) as engine:                   # every rank, at the same point
         engine.save(tmp_dir, model, opt)           # blocks for the staging copy only

@@ -1,0 +1,82 @@
+"""Atomic file writes and directory fsync: the one implementation, for run directories and checkpoints.
+
+    python -c "from hpc.atomic import write_bytes; write_bytes('/tmp/x.json', b'{}')"
+
+A reader sees the old file or the whole new one, never a part: the bytes go to a temporary name in
+the same directory, are fsynced, and the temporary file is renamed over the target. A failed write
+removes its temporary file (a partial file on a full disk would keep the disk full).
+
+Two kinds of temporary name, because the two users differ:
+  - ``unique=True`` (run directories): ``.NAME.<pid>.<random>.tmp``, so that several processes
+    writing the same file (a manifest, a status file) never share a temporary file;
+  - ``unique=False`` (checkpoints): ``NAME.part``. Each checkpoint file has exactly one writer
+    (its rank, under the store's lock), and the fixed name lets a later writer and the fault
+    campaigns find what a killed write left behind.
+``sync_dir=True`` also fsyncs the directory, which makes the rename itself durable. A checkpoint's
+files skip it: the store fsyncs once, when it renames the whole step directory.
+
+Imports no torch: ``--dry-run`` and ``hpc.status`` write through it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from pathlib import Path
+from typing import BinaryIO, Iterator
+
+__all__ = ["replacing", "write_bytes", "fsync_dir", "temporary_name", "unlink_quietly"]
+
+
+def temporary_name(path: Path, unique: bool) -> Path:
+    """Where the bytes of `path` are written before the rename (see the module docstring)."""
+    if unique:
+        return path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    return path.with_name(path.name + ".part")
+
+
+@contextlib.contextmanager
+def replacing(path: str | os.PathLike, unique: bool = True, sync_dir: bool = True) -> Iterator[BinaryIO]:
+    """Yield a binary file; on a normal exit its bytes are fsynced and renamed to `path`.
+
+    An exception inside the block (or in the fsync or rename) removes the temporary file and
+    propagates; `path` is then untouched.
+    """
+    path = Path(path)
+    part = temporary_name(path, unique)
+    # mode 0o666 less the umask, like any new file (mkstemp's 0o600 is not)
+    fd = os.open(part, os.O_WRONLY | os.O_CREAT | (os.O_EXCL if unique else os.O_TRUNC), 0o666)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(part, path)
+    except BaseException:
+        unlink_quietly(part)
+        raise
+    if sync_dir:
+        fsync_dir(path.parent)
+
+
+def write_bytes(path: str | os.PathLike, data: bytes, unique: bool = True, sync_dir: bool = True) -> None:
+    """Write `data` to `path` atomically (see replacing); creates the parent directory."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with replacing(path, unique=unique, sync_dir=sync_dir) as fh:
+        fh.write(data)
+
+
+def fsync_dir(directory: str | os.PathLike) -> None:
+    """Make the renames and creations inside `directory` durable."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def unlink_quietly(path: str | os.PathLike) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)

@@ -1,0 +1,49 @@
+"""Atomic, discoverable checkpoints: ``step-N/`` directories written in the background.
+
+Usage::
+
+    store = CheckpointStore("run/stage/checkpoints", keep=3, rank=s.rank, world_size=s.world_size)
+    state = store.load()                     # newest valid checkpoint, or None on a first run
+    store.save(step, {"model": m.state_dict(), "per_rank": {"rng": rng.capture()}})
+    store.save(last, state, blocking=True)   # the final save waits for the disk
+    store.close()
+
+Layout of one checkpoint (every rank calls ``save``; rank 0 commits)::
+
+    step-120/shared.pt        state minus "per_rank", written by rank 0
+    step-120/rank-R.pt        state["per_rank"] of rank R (RNG, sampler position, ...)
+    step-120/COMPLETE.json    marker: step, files with their crc32 and size; written last
+    step-120/__R_0.distcp     with save(..., sharded=): model and optimizer shards (dcp_engine)
+    step-120/.metadata        DCP's index of those shards, written after every rank's data
+
+Files are written into ``.step-N.tmp/`` (temporary name, fsync, rename), then rank 0 writes the
+marker and renames the directory. A directory counts only with a marker whose checksums match, so a
+process killed mid-write leaves the previous checkpoint as the newest valid one. Loading uses
+``torch.load(weights_only=True)``: a checkpoint can never run pickled code.
+
+Costs (files, staging, background_writer): a background save forks a copy-on-write writer
+(``mode="fork"``) after copying accelerator tensors to reused CPU buffers; ``mode="thread"``
+copies every tensor into reused buffers and writes from a thread; ``mode="auto"`` (default, or
+HPC_CHECKPOINT_MODE) forks for states of 32 MiB and more, where the fork is the cheaper of the
+two. A blocking save (the final one, the one on a stop signal) streams the live state to disk in
+one pass, without any copy, its checksum computed on a second thread alongside the write.
+
+Parts (one concept each)::
+
+    store.py              CheckpointStore: save, commit, prune, recover (rank 0 commits)
+    reader.py             StoreReader: load the newest valid checkpoint, safe while a writer prunes
+    layout.py             names of the entries in a store directory, markers, verification
+    files.py              torch.save with a running checksum, verify, weights-only loads
+    staging.py            reused CPU buffers for background saves
+    background_writer.py  the forked or threaded writer of one background save
+    writer_lock.py        one writing job per store
+    dcp_engine.py         model and optimizer through torch.distributed.checkpoint (FSDP)
+    (hpc.atomic           atomic small-file writes and directory fsync, torch-free)
+"""
+
+from hpc.checkpoint.layout import DCP_METADATA, MARKER, SHARED
+from hpc.checkpoint.reader import PER_RANK_KEY, SHARDED_KEY, StoreReader
+from hpc.checkpoint.store import AUTO_FORK_BYTES, CheckpointStore, StoreLocked
+
+__all__ = ["CheckpointStore", "StoreReader", "StoreLocked", "MARKER", "SHARED", "DCP_METADATA",
+           "PER_RANK_KEY", "SHARDED_KEY", "AUTO_FORK_BYTES"]

@@ -1,0 +1,147 @@
+"""Reading a checkpoint store: the newest complete and valid checkpoint, safe while a writer prunes.
+
+    reader = StoreReader("run/stage/checkpoints", rank=0)
+    state = reader.load()          # newest valid checkpoint's state, or None
+    reader.latest()                # its step, nothing loaded
+
+CheckpointStore (hpc.checkpoint.store) is a StoreReader that also writes. Readers take no lock: a
+checkpoint renamed or deleted by the writer under a read is noticed (its inode or marker changed)
+and the read starts over from a fresh listing, so a result is always one complete checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+from hpc.checkpoint import layout
+from hpc.checkpoint.files import load_file
+from hpc.checkpoint.layout import DCP_METADATA, MARKER, SHARED
+
+log = logging.getLogger(__name__)
+
+PER_RANK_KEY = "per_rank"
+# load() puts the directory of a checkpoint holding DCP shards under this key (hpc.checkpoint.dcp_engine loads them)
+SHARDED_KEY = "sharded_dir"
+# A read whose checkpoint the writer replaced meanwhile starts over; this many times at most.
+READ_ATTEMPTS = 100
+_RACED = object()  # a read met a rename or deletion by the writer: scan again
+
+
+class StoreReader:
+    """Loads checkpoints of `directory` for `rank` (see the module docstring)."""
+
+    def __init__(self, directory: str | os.PathLike, rank: int = 0) -> None:
+        self.directory = Path(directory)
+        self.rank = rank
+        self._checked: dict[tuple, str] = {}  # (step, inode, marker mtime) -> problem ('' = valid)
+
+    def steps(self) -> list[int]:
+        """Steps of committed entries (valid or not), oldest first."""
+        return sorted(layout.scan(self.directory)["step"])
+
+    def latest(self) -> int | None:
+        """Newest step whose checkpoint is complete and passes its checksums (nothing loaded)."""
+        return self._walk(None, lambda path, names: True, warn=False)[0]
+
+    def load(self, step: int | None = None, map_location: Any = "cpu") -> dict[str, Any] | None:
+        """State of `step`, or of the newest valid checkpoint; None when there is none.
+
+        Incomplete or corrupted checkpoints are skipped with a warning that names them. The
+        returned dict holds this rank's own ``per_rank`` entry (None if it saved none). Safe
+        while a writer saves and prunes: a checkpoint renamed or deleted under a read is read
+        again from a fresh listing, so the result is always one complete checkpoint.
+        """
+        return self._walk(step, lambda path, names: self._read(path, names, map_location), warn=True)[1]
+
+    def _walk(self, step: int | None, read: Any, warn: bool) -> tuple[int | None, Any]:
+        for _ in range(READ_ATTEMPTS):
+            result = self._walk_once(step, read, warn)
+            if result is not _RACED:
+                return result
+        raise RuntimeError(
+            f"every one of {READ_ATTEMPTS} reads of {self.directory} met a checkpoint being replaced. "
+            "HINT: keep=2 or more leaves readers a complete checkpoint while the next is written.")
+
+    def _walk_once(self, step: int | None, read: Any, warn: bool) -> Any:
+        found = layout.scan(self.directory)
+        steps = sorted(set(found["step"]) | set(found["tmp"]) | set(found["old"]), reverse=True)
+        for s in steps if step is None else [step]:
+            for kind in ("step", "tmp", "old"):
+                path = found[kind].get(s)
+                if path is None or (kind == "old" and s in found["step"]):
+                    continue
+                if kind != "step" and not os.path.lexists(path / MARKER):
+                    if warn and kind == "tmp":
+                        warn_user(f"skipping incomplete checkpoint {path} (no completion marker: its "
+                              "write was interrupted, or is still running)")
+                    continue
+                result = self._attempt(path, read)
+                if result is _RACED:
+                    return _RACED
+                problem, value = result
+                if problem:
+                    warn_user(f"skipping checkpoint {path}: {problem}") if warn else None
+                    continue
+                if warn and kind != "step":
+                    warn_user(f"loaded checkpoint step {s} from {path}: complete, but the writer was "
+                          f"stopped before renaming it to step-{s}; its next save does that")
+                return s, value
+        return None, None
+
+    def _attempt(self, path: Path, read: Any) -> Any:
+        """(problem, value) of reading one entry, or _RACED when the writer renamed or deleted it
+        meanwhile (its inode or marker changed): such a problem is the writer's, not the disk's."""
+        before = layout.identity(path)
+        if before is None:
+            return _RACED
+        problem, names = layout.check(path)
+        value = None
+        if not problem:
+            try:
+                value = read(path, names)
+            except Exception as err:
+                # torch.load reports a file deleted under it as a RuntimeError, not an OSError
+                if layout.identity(path) != before:
+                    return _RACED
+                if not isinstance(err, (FileNotFoundError, NotADirectoryError)):
+                    raise
+                problem = f"{Path(err.filename or path).name} is missing"
+            if isinstance(value, str):
+                problem, value = value, None
+        if layout.identity(path) != before:
+            return _RACED
+        return problem, value
+
+    def _read(self, path: Path, names: set[str], map_location: Any) -> dict[str, Any] | str:
+        state = load_file(path / SHARED, map_location)
+        if not isinstance(state, dict):
+            return f"{SHARED} holds a {type(state).__name__}, not a checkpoint's dict"
+        own = f"rank-{self.rank}.pt"
+        state[PER_RANK_KEY] = load_file(path / own, map_location) if own in names else None
+        if DCP_METADATA in names:
+            state[SHARDED_KEY] = path
+        return state
+
+    def _problem(self, step: int, path: Path, known: str | None = None) -> str:
+        """What is wrong with step-N ('' if valid), verified once per directory and marker."""
+        ident = layout.identity(path)
+        key = (step, *ident) if ident else None
+        if known is not None:
+            if key:
+                self._checked[key] = known
+            return known
+        if key in self._checked:
+            return self._checked[key]
+        problem = layout.check(path)[0]
+        if key:
+            self._checked[key] = problem
+        return problem
+
+
+def warn_user(message: str) -> None:
+    log.warning(message)
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
