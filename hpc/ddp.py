@@ -27,10 +27,13 @@ import torch.distributed as dist
 from hpc.batching import BatchPlan, plan_batch
 from hpc.env import DistEnv, bind_device, from_environ
 from hpc.sharding import round_robin
+from hpc.teardown import EXIT_TIMEOUT_S, rendezvous_exit
 
 __all__ = ["Session", "session", "NullWriter"]
 
 log = logging.getLogger(__name__)
+# Sessions this process has left normally: every rank counts alike, so it names the exit rendezvous.
+_generation = 0
 
 
 class NullWriter:
@@ -235,6 +238,7 @@ def session(timeout_s: float = 600, backend: str | None = None, env: DistEnv | N
     device = _pick_device(env)
     _set_precision(device, tf32)
     backend = backend or ("nccl" if device.type == "cuda" else "gloo")
+    global _generation
     owns_group = False
     try:
         if env.world_size > 1 and not dist.is_initialized():
@@ -248,6 +252,11 @@ def session(timeout_s: float = 600, backend: str | None = None, env: DistEnv | N
             )
             owns_group = True
         yield Session(env, device, bf16=bf16)
+        if owns_group and dist.is_initialized():
+            # Not after an exception: a peer may be dead, and the others' teardown must not wait.
+            _generation += 1
+            rendezvous_exit(dist.distributed_c10d._get_default_store(), env.rank, env.world_size,
+                            _generation, timeout_s=min(timeout_s, EXIT_TIMEOUT_S))
     finally:
         if owns_group and dist.is_initialized():
             dist.destroy_process_group()

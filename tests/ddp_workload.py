@@ -75,6 +75,25 @@ def hang(s, args):
     return fail(s, args)
 
 
+def leave(s, args):
+    """A normal exit where the last rank is slow to leave: at its teardown each rank records which
+    peers had already finished their work (a file each writes as its very last act in the body)."""
+    import torch.distributed as dist
+
+    destroy = dist.destroy_process_group
+
+    def recording_destroy(*a, **kw):
+        done = sorted(int(p.stem.split("-")[1]) for p in Path(args.out).glob("left-*"))
+        Path(args.out, f"teardown-{s.rank}.json").write_text(json.dumps(done))
+        return destroy(*a, **kw)
+
+    dist.destroy_process_group = recording_destroy
+    s.all_reduce_sum(1.0)
+    if s.rank == s.world_size - 1:
+        time.sleep(1.0)  # still busy when the others have finished
+    return {}
+
+
 def stop_trial(trial: int, world: int) -> dict:
     """Which rank gets the signal, when, and how often the ranks vote: varied across trials.
 
@@ -113,7 +132,8 @@ def stop(s, args):
     return {"stops": stops}
 
 
-WORKLOADS = {"allreduce": allreduce, "train": train, "fail": fail, "hang": hang, "stop": stop}
+WORKLOADS = {"allreduce": allreduce, "train": train, "fail": fail, "hang": hang, "stop": stop,
+             "leave": leave}
 
 
 def main() -> int:
@@ -131,6 +151,7 @@ def main() -> int:
                       device=str(s.device), host=os.environ.get("SLURMD_NODENAME", ""),
                       source=s.env.source, master=f"{s.env.master_addr}:{s.env.master_port}")
         Path(args.out, f"rank-{s.rank}.json").write_text(json.dumps(result))
+        Path(args.out, f"left-{s.rank}").touch()  # the last act inside the session
     return 0
 
 

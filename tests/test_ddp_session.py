@@ -127,6 +127,30 @@ def test_hung_rank_times_out_the_others(tmp_path):
     assert all(3.5 < w < 15 for w in waited), waited
 
 
+def test_no_rank_tears_down_before_every_rank_has_finished(tmp_path):
+    """The exit rendezvous: a rank that destroyed its gloo group while a peer was still working
+    could abort that peer at exit. Here the last rank is still busy when the others finish; no
+    rank's teardown may start before every rank has left the session's body."""
+    codes, _, errors = run_local("leave", 3, tmp_path, "--timeout", "30")
+    assert codes == [0, 0, 0], errors
+    for rank in range(3):
+        assert json.loads((tmp_path / f"teardown-{rank}.json").read_text()) == [0, 1, 2], rank
+
+
+def test_a_peer_that_left_by_an_exception_delays_the_exit_by_the_bound_only(monkeypatch):
+    """rendezvous_exit answers False (and the caller tears down) when a peer never checks in."""
+    from hpc.teardown import rendezvous_exit
+
+    store = torch.distributed.HashStore()
+    started = time.monotonic()
+    assert rendezvous_exit(store, rank=0, world_size=2, generation=1, timeout_s=0.5) is False
+    assert time.monotonic() - started < 30  # bounded by its own timeout, not the group's
+    # the peer of the next exit has checked in already, and will have seen the release
+    store.add("hpc/exit/2/arrived", 1)
+    store.add("hpc/exit/2/released", 1)
+    assert rendezvous_exit(store, rank=0, world_size=2, generation=2, timeout_s=5) is True
+
+
 def torchrun_env(rank, world, **extra):
     return from_environ({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
                          "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999", **extra})
