@@ -43,25 +43,34 @@ def sigkill_saves(scratch: Path, kills: int, seed: int, mode: str = "thread") ->
 
 
 def readers_during_prune(scratch: Path, loads: int, seed: int) -> Outcome:
-    """load() `loads` times while a writer saves every step and prunes with keep=1. Lost: a load
-    that raised, returned None, or returned a mix of two checkpoints."""
+    """load() `loads` times while a writer saves every step and prunes with keep=1. The faults are
+    the prunes that happened under the readers (a read is the probe, not a fault). Lost: a load
+    that raised, returned None, or returned a mix of two checkpoints (each counted, and never more
+    than the prunes they met, plus one)."""
     directory = scratch / f"readers-{seed}"
     writer = Victim(save_forever, directory, "thread", 1)
     if not writer.wait_for("committed"):
         raise RuntimeError(f"the writer exited before its first checkpoint: {writer.finish()}")
-    outcome, seen = Outcome(0, 0, "keep=1"), set()
+    seen: set = set()
+    problems: list[str] = []
     try:
         for _ in range(loads):
             try:
                 state = quiet_load(directory)
                 problem = consistency(state)
-                seen.add(state and state["step"])
+                if state:
+                    seen.add(state["step"])
             except Exception as err:  # counted, not raised: the campaign reports every kind
                 problem = f"{type(err).__name__}: {err}"
-            outcome.add(problem)
+            if problem:
+                problems.append(problem)
     finally:
         writer.kill()
-    outcome.detail = f"{len(seen)} distinct checkpoints read while written, " + outcome.detail
+    prunes = max(seen) - min(seen) if seen else 0  # keep=1: every commit after the first pruned one
+    outcome = Outcome(prunes, min(len(problems), prunes + 1),
+                      f"{loads} loads (keep=1) met {prunes} prunes, {len(seen)} distinct checkpoints read")
+    if problems:
+        outcome.detail += f"; {len(problems)} bad loads, first: {problems[0]}"
     return outcome
 
 

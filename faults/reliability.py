@@ -3,8 +3,9 @@
     python -m faults.reliability                 # every campaign with its full count, writes RELIABILITY.md
     python -m faults.reliability --quick --out /tmp/R.md
 
-The campaigns are faults.checkpoint, faults.disk, faults.resume and, for run
-directories, tests.submit_race (simultaneous submissions into one run dir). "Lost" counts
+The campaigns are faults.checkpoint, faults.disk, faults.resume, faults.exits (normal exits of
+DDP jobs on a local SLURM cluster) and, for run directories, tests.submit_race (simultaneous
+submissions into one run dir). "Lost" counts
 checkpoints that were committed and then did not load (or loads that raised, returned nothing or
 mixed two checkpoints), resumed runs that did not end bitwise equal to the uninterrupted one,
 second writers let in, and manifest entries missing after concurrent submissions. A campaign that
@@ -53,6 +54,12 @@ def _submissions(scratch: Path, rounds: int, seed: int) -> Outcome:
                    f"one new run dir; {expected} manifest entries expected")
 
 
+def _normal_exits(scratch: Path, count: int, seed: int) -> Outcome:
+    from faults.exits import normal_exits
+
+    return normal_exits(scratch, count, seed)
+
+
 def campaigns() -> List[Campaign]:
     from faults import checkpoint as fc
     from faults.disk import full_disk
@@ -70,6 +77,7 @@ def campaigns() -> List[Campaign]:
         Campaign("dropout + augmentation run SIGTERMed or SIGKILLed, then resumed",
                  dropout_resume, 10, 2),
         Campaign("concurrent submissions into one run dir", _submissions, 9, 2),
+        Campaign("normal exits of a 2 x 2 DDP job under srun --kill-on-bad-exit", _normal_exits, 200, 4),
     ]
 
 

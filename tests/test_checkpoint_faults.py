@@ -131,7 +131,8 @@ def test_a_read_whose_checkpoint_is_pruned_meanwhile_reads_the_new_one(tmp_path,
 
 def test_concurrent_readers_during_pruning_always_get_a_complete_checkpoint(tmp_path):
     outcome = fc.readers_during_prune(tmp_path, loads=300, seed=3)
-    assert (outcome.faults, outcome.lost) == (300, 0), outcome.detail
+    assert outcome.lost == 0, outcome.detail
+    assert outcome.faults >= 1, outcome.detail  # the writer pruned under the readers at least once
 
 
 # ------------------------------------------------------------------ malformed entries

@@ -1,0 +1,94 @@
+"""Normal exits under srun: a 2 x 2 DDP job that trained to the end must never end FAILED.
+
+    python -c "from faults.exits import normal_exits as f; print(f(__import__('pathlib').Path('/tmp/x'), 10, 0))"
+
+Each exit is one task of an array job on a local SLURM cluster (hpc.cluster): 2 nodes x 2 tasks,
+`srun --kill-on-bad-exit=1`, the DDP training workload of the tests, then the process groups are
+torn down as every run's are. A task that aborts at exit (gloo's "terminate called without an
+active exception" when a peer tears its group down under a send) fails the step, and the job with
+it: under `afterok`, every later stage would then never start. Lost: an array task that did not
+end COMPLETED, or a rank that did not write its result, or an abort message in a log.
+
+The cluster is started in the scratch directory and stopped at the end, unless
+HPC_FAULTS_CLUSTER_DIR names one that is already up.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from faults.common import Outcome
+from hpc.cluster import LocalCluster
+
+REPO = Path(__file__).resolve().parents[1]
+WORKLOAD = REPO / "tests" / "ddp_workload.py"
+ABORT = "terminate called"
+ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
+         "BOOT_FAIL", "DEADLINE"}
+
+
+def _script(out: Path) -> str:
+    return f"""#!/bin/bash
+#SBATCH --nodes=2 --ntasks-per-node=2 --gres=gpu:2 --cpus-per-task=1 --time=10
+#SBATCH --output={out}/%a.log
+d={out}/$SLURM_ARRAY_TASK_ID
+mkdir -p "$d"
+export OMP_NUM_THREADS=1
+srun --kill-on-bad-exit=1 {sys.executable} {WORKLOAD} train "$d" --steps 3 --timeout 60
+"""
+
+
+def _states(job_id: str, env: dict) -> dict[str, str]:
+    out = subprocess.run(["sacct", "-j", job_id, "-X", "-n", "-P", "-o", "JobID,State"], env=env,
+                         capture_output=True, text=True).stdout
+    rows = (line.split("|") for line in out.splitlines() if "|" in line)
+    return {jid.split("_", 1)[1]: state.split()[0] for jid, state in rows if "_" in jid}
+
+
+def normal_exits(scratch: Path, count: int, seed: int, timeout_s: float = 3600) -> Outcome:
+    """Run `count` 2 x 2 jobs to their normal end; count those that did not end COMPLETED."""
+    del seed  # every exit is the same run: the race, not the input, varies
+    scratch.mkdir(parents=True, exist_ok=True)
+    given = os.environ.get("HPC_FAULTS_CLUSTER_DIR")
+    cluster = LocalCluster(given or scratch / "cluster")
+    owned = not cluster.is_up()
+    if owned:
+        cluster.up(log=lambda msg: None)
+    env = {**os.environ, **cluster.env(), "PYTHONPATH": str(REPO)}
+    out = scratch / "exits"
+    out.mkdir(exist_ok=True)
+    try:
+        script = scratch / "exits.sbatch"
+        script.write_text(_script(out))
+        job_id = subprocess.run(["sbatch", "--parsable", f"--array=0-{count - 1}", str(script)], env=env,
+                                check=True, capture_output=True, text=True).stdout.strip().split(";")[0]
+        deadline = time.monotonic() + timeout_s
+        states: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            states = _states(job_id, env)
+            if len(states) == count and all(s in ENDED for s in states.values()):
+                break
+            time.sleep(2)
+        outcome = Outcome(0, 0, f"{count} array tasks of a 2 x 2 DDP job (srun --kill-on-bad-exit=1), "
+                                f"each trained to its end; each ended COMPLETED with 4 results and no abort")
+        for task in range(count):
+            state = states.get(str(task), "never ended")
+            log = out / f"{task}.log"
+            text = log.read_text(errors="replace") if log.exists() else ""
+            results = len(list((out / str(task)).glob("rank-*.json")))
+            problem = ""
+            if state != "COMPLETED":
+                problem = f"task {task} ended {state}"
+            elif results != 4:
+                problem = f"task {task}: {results} of 4 ranks wrote their result"
+            elif ABORT in text:
+                problem = f"task {task}: '{ABORT}' in its log"
+            outcome.add(problem)
+        return outcome
+    finally:
+        if owned:
+            cluster.down(log=lambda msg: None)
