@@ -67,20 +67,31 @@ class Session:
         return self.world_size > 1 and dist.is_available() and dist.is_initialized()
 
     # -- models and data -------------------------------------------------------------------
-    def wrap(self, model: torch.nn.Module, strategy: str = "ddp", **kwargs) -> torch.nn.Module:
-        """Move to this task's device, then shard ("fsdp") or replicate ("ddp", the default).
+    def wrap(self, model: torch.nn.Module, strategy: str = "ddp", init_fn=None, **kwargs) -> torch.nn.Module:
+        """Put on this task's device, then shard ("fsdp") or replicate ("ddp", the default).
 
         One task alone gets the plain model under either strategy: there is nothing to share.
+        A model built on the meta device gets storage only here: under FSDP after sharding (each
+        rank allocates and initialises its shards only), otherwise before wrapping; it is
+        initialised by its modules' reset_parameters() or by `init_fn(model)` (hpc.fsdp).
         kwargs go to DistributedDataParallel, or to hpc.fsdp.shard (units=, mp_policy=).
         """
+        from hpc.fsdp import materialize, on_meta
+
         if strategy not in _STRATEGIES:
             raise ValueError(f"unknown strategy {strategy!r}; expected one of {sorted(_STRATEGIES)}. "
                              "HINT: s.wrap(model, strategy='fsdp') shards parameters, gradients and "
                              "optimizer state; 'ddp' keeps a full copy on every task")
-        model = model.to(self.device)
+        meta, sharded = on_meta(model), strategy == "fsdp" and self.distributed
+        if meta and not sharded:
+            model = materialize(model, self.device, init_fn)
+        elif not sharded:  # fully_shard moves one unit at a time: never the whole model at once
+            model = model.to(self.device)
         if not self.distributed:
             return model
         wrapped = _STRATEGIES[strategy](self, model, **kwargs)
+        if meta and sharded:
+            materialize(wrapped, self.device, init_fn)
         self._wrapped.append(wrapped)
         return wrapped
 

@@ -11,6 +11,12 @@ every ``nn.ModuleList`` in the model (transformer blocks, as torchtitan shards t
 root, which takes whatever parameters the units left (embeddings, heads). A model without a
 module list is one unit: correct, but it gathers all its parameters at once.
 
+A model too large for one device is built on the ``meta`` device (no memory), sharded there, and
+only then given storage: ``to_empty`` allocates each rank's shards on its device, and the shards
+are initialised by the modules' own ``reset_parameters`` or by ``init_fn(model)``. No rank ever
+holds the full model. A model built on the CPU is moved to the device one unit at a time by
+``fully_shard`` itself, so the device holds at most one unit's full parameters beside the shards.
+
 On CUDA the gathered parameters are bf16 and gradients are reduced in fp32
 (``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``): the shards and the optimizer
 keep fp32. On the CPU (gloo) everything stays in the model's own dtype.
@@ -18,11 +24,11 @@ keep fp32. On the CPU (gloo) everything stays in the model's own dtype.
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 
-__all__ = ["shard", "default_units", "default_policy"]
+__all__ = ["shard", "default_units", "default_policy", "on_meta", "materialize"]
 
 
 def default_units(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -48,9 +54,46 @@ def default_policy(device: torch.device):
     return MixedPrecisionPolicy()
 
 
+def on_meta(model: torch.nn.Module) -> bool:
+    """True when any parameter or buffer of `model` has no storage yet (built on ``meta``)."""
+    return any(t.is_meta for t in (*model.parameters(), *model.buffers()))
+
+
+def materialize(model: torch.nn.Module, device: torch.device,
+                init_fn: Callable[[torch.nn.Module], None] | None = None) -> torch.nn.Module:
+    """Give a meta model storage on `device` (its shards, once sharded) and initialise it.
+
+    `init_fn(model)` when given; otherwise every module that owns parameters or buffers calls its
+    own ``reset_parameters()``. Under FSDP the parameters are DTensors then, and the init writes
+    each rank's shard only.
+    """
+    model.to_empty(device=device)
+    if init_fn is not None:
+        init_fn(model)
+        return model
+    missing = []
+    for name, module in model.named_modules():
+        owns = any(True for _ in module.parameters(recurse=False)) or \
+            any(True for _ in module.buffers(recurse=False))
+        if not owns:
+            continue
+        if callable(getattr(module, "reset_parameters", None)):
+            with torch.no_grad():
+                module.reset_parameters()
+        else:
+            missing.append(f"{name or 'the model'} ({type(module).__name__})")
+    if missing:
+        raise ValueError(
+            f"a model built on meta has modules without reset_parameters(): {', '.join(missing)}; "
+            "expected every module that owns parameters to initialise itself. HINT: "
+            "s.wrap(model, strategy='fsdp', init_fn=my_init) with my_init(model) initialising them.")
+    return model
+
+
 def shard(model: torch.nn.Module, mesh, units: Iterable[torch.nn.Module] | None = None,
           mp_policy=None) -> torch.nn.Module:
-    """fully_shard each unit, then the root; returns the model (FSDP2 shards it in place)."""
+    """fully_shard each unit, then the root; returns the model (FSDP2 shards it in place).
+    A meta model stays on meta: call materialize() afterwards."""
     from torch.distributed.fsdp import fully_shard
 
     chosen = default_units(model) if units is None else list(units)
