@@ -16,9 +16,9 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterator, MutableMapping, Optional
+from typing import Any, Dict, Iterator, MutableMapping, Optional, Sequence, Tuple
 
-from hpc.rundir import RunDir
+from hpc.rundir import RunDir, task_key
 
 # Submitting from inside an allocation (an salloc shell, a job that submits the next stage) or a
 # launcher: sbatch exports the submitting environment into the new job, sbatch reads SBATCH_* as its
@@ -69,16 +69,25 @@ class StageContext:
 
 
 class StageTask:
+    """`needs`: tasks (stage, item) of the same run that must have their done marker before this one
+    runs; a sweep's array waits for the whole previous array to end (afterany), and each task then
+    checks its own point's (hpc.sweep)."""
+
     def __init__(self, run_dir: str, stage: str, target: str, item: Any = None,
-                 task_index: Optional[int] = None):
+                 task_index: Optional[int] = None, needs: Sequence[Tuple[str, Any]] = ()):
         self.run_dir, self.stage, self.target = run_dir, stage, target
-        self.item, self.task_index = item, task_index
+        self.item, self.task_index, self.needs = item, task_index, tuple(needs)
 
     def __call__(self) -> Any:
         from hpc import env as hpc_env  # at run time, in the task: keep the pickle small
 
         started = time.time()
         run = RunDir(self.run_dir)
+        missing = [task_key(*k) for k in getattr(self, "needs", ()) if not run.is_done(*k)]  # older pickles: none
+        if missing:
+            raise RuntimeError(f"{task_key(self.stage, self.item)} did not run: {', '.join(missing)} has no done "
+                               f"marker (it failed or was cancelled); expected it finished first. HINT: python -m "
+                               f"hpc.status {run.path.parent}, then resubmit the sweep")
         dist = _local_env(hpc_env) or hpc_env.from_environ()
         if dist.source != "single":
             dist.export()  # RANK/WORLD_SIZE/MASTER_* for torch.distributed and user code
@@ -108,7 +117,7 @@ class StageTask:
         import submitit
 
         return submitit.helpers.DelayedSubmission(StageTask(self.run_dir, self.stage, self.target,
-                                                            self.item, self.task_index))
+                                                            self.item, self.task_index, getattr(self, "needs", ())))
 
 
 def _local_env(hpc_env: Any) -> Any:

@@ -108,9 +108,10 @@ class JobSpec:
             return sbatch.slurm_parameters(self.resources, self.stage, dependency, setup)
         return sbatch.local_parameters(self.resources)
 
-    def sbatch_text(self, python: Optional[str] = None, setup: Sequence[str] = ()) -> str:
+    def sbatch_text(self, python: Optional[str] = None, setup: Sequence[str] = (), how: str = "afterok") -> str:
+        """`how`: the dependency type on the `after` stages (a sweep's arrays wait afterany)."""
         per_item, _ = self.item_dependency()
-        dependency = ",".join([f"afterok:<{s}>" for s in self.after] + [per_item] * bool(per_item)) or None
+        dependency = ",".join([f"{how}:<{s}>" for s in self.after] + [per_item] * bool(per_item)) or None
         size = len(self.items) if self.is_array else None
         params = sbatch.slurm_parameters(self.resources, self.stage, dependency, setup)
         return sbatch.render(params, self.folder, size, python)

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from hpc import scheduler
+from hpc import scheduler, sweepdir
 from hpc.rundir import DONE, RunDir, task_key
 
 # What a job left behind -> hpc state: for local/debug jobs (no scheduler), and for SLURM jobs that
@@ -56,9 +56,10 @@ class TaskStatus:
     nodes: Optional[int] = None  # nodes it got
 
 
-def collect(run: RunDir) -> List[TaskStatus]:
+def collect(run: RunDir, answer: Optional[Tuple[scheduler.Answer, Dict[str, Any]]] = None) -> List[TaskStatus]:
+    """`answer`: query_run()'s, when one call asked for several runs (a sweep's points)."""
     tasks = run.tasks()
-    records, never = query_run(run)
+    records, never = answer or query_run(run)
     rows = []
     for t in tasks:
         jid, stage, item = t["job_id"], t["stage"], t["item"]
@@ -82,11 +83,11 @@ def collect(run: RunDir) -> List[TaskStatus]:
     return rows
 
 
-def query_run(run: RunDir) -> Tuple[scheduler.Answer, Dict[str, Optional[scheduler.JobRecord]]]:
-    """One scheduler call for the SLURM jobs of a run and the jobs they wait for: (records, the
+def query_run(*runs: RunDir) -> Tuple[scheduler.Answer, Dict[str, Optional[scheduler.JobRecord]]]:
+    """One scheduler call for the SLURM jobs of the runs and the jobs they wait for: (records, the
     pending jobs that can never start -> the upstream record that failed)."""
-    after = run.dependencies()
-    ids = run.slurm_jobs()
+    after = {jid: deps for run in runs for jid, deps in run.dependencies().items()}
+    ids = [jid for run in runs for jid in run.slurm_jobs()]
     records = scheduler.query(ids + [u for jid in ids for u in after.get(jid, [])])
     return records, scheduler.never_starts(records, after)
 
@@ -256,6 +257,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--json", action="store_true", help="print the same as JSON")
     args = p.parse_args(argv)
     run = RunDir(args.run_dir)
+    if sweepdir.is_sweep(args.run_dir):
+        return sweepdir.main(args.run_dir, args.json)
     if not run.manifest_path.exists():
         print(f"error: {run.manifest_path} not found; expected a run directory made by python -m hpc.submit. "
               "HINT: pass the 'run dir:' path printed at submission.", file=sys.stderr)

@@ -3,6 +3,7 @@
     python -m hpc.submit langsplat --levels 0 1 2 [--cluster auto|slurm|local|debug] [--profile sandbox]
         [--run-dir DIR] [--dry-run] [--wait] [key=value ...]
     python -m hpc.submit run --nodes 2 --gpus-per-node 8 -- python train.py --lr 1e-3
+    python -m hpc.submit tiny [key=value ...] --sweep tiny.score=1,2 tiny.sleep_s=0,1   # hpc.sweep
 
 Thin entry point: arguments -> config (hpc.config) -> plan (hpc.plan) -> submit_plan (submitit).
 Returns as soon as SLURM has the jobs (afterok chains the stages; nothing here stays alive),
@@ -22,11 +23,11 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from hpc import config as hconfig
 from hpc import plan as hplan
-from hpc import scheduler, status
+from hpc import scheduler, status, sweepdir
 from hpc.rundir import RunDir, code_version
 
 
-VALUE_OPTIONS = ("--run-dir", "--profile", "--cluster", "--nodes", "--gpus-per-node")  # take one value
+VALUE_OPTIONS = ("--run-dir", "--profile", "--cluster", "--nodes", "--gpus-per-node", "--sweep-file")  # take one value
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -47,17 +48,27 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--run-dir", help="run directory; an existing one resumes (done tasks are skipped)")
     p.add_argument("--dry-run", action="store_true", help="print the plan and sbatch scripts only")
     p.add_argument("--wait", action="store_true", help="follow the jobs until they end")
+    p.add_argument("--sweep", nargs="*", metavar="KEY=V1,V2",
+                   help="run the grid of these values, each stage as one array job (hpc.sweep); "
+                        "every token after it up to the next option is an axis")
+    p.add_argument("--sweep-file", help="a YAML grid (key: [values]) for --sweep")
     # key=value tokens are taken out first, so `--levels 0 1 a.b=c` does not read a.b=c as a level;
     # the value of an option (--run-dir /data/a=b) is never one
-    overrides, rest, argv = [], [], iter(argv)
+    overrides, rest, sweep, in_sweep, argv = [], [], None, False, iter(argv)
     for a in argv:
-        if a in VALUE_OPTIONS:
+        in_sweep = a == "--sweep" or (in_sweep and not a.startswith("-"))
+        if a == "--sweep":
+            sweep = sweep or []
+        elif in_sweep:  # every token after --sweep up to the next option is an axis
+            sweep.append(a)
+        elif a in VALUE_OPTIONS:
             rest += [a, *[v for v in [next(argv, None)] if v is not None]]
         else:
             (overrides if "=" in a and not a.startswith("-") else rest).append(a)
     args = p.parse_args(rest)
     args.overrides = args.overrides + overrides
     args.command = command
+    args.sweep = sweep
     return args
 
 
@@ -125,18 +136,20 @@ def check_partitions(cfg: Any, dry_run: bool = False) -> None:
                 f"expected one of {sorted(known)}. HINT: pass stages.{name}.partition=<one of those> or --profile.")
 
 
-def current_state(pipe: hplan.PipelineDef, cfg: Any, run: RunDir, kind: str):
+def current_state(pipe: hplan.PipelineDef, cfg: Any, run: RunDir, kind: str, answer: Any = None):
     """(finished task keys, queued task key -> job id, never), read only: `never` are the jobs that
     can never start (an upstream job failed); a submission cancels them so that its plan submits
-    their tasks again, a dry run leaves them be."""
+    their tasks again, a dry run leaves them be. `answer`: status.query_run()'s for several runs."""
     keys = [(s.name, i) for s in pipe.stages(cfg) for i in (s.items or (None,))]
     finished = run.finished(keys)
     tasks = {(t["stage"], t["item"]): t["job_id"] for t in run.tasks()}
     if kind != "slurm" or not tasks:
         return finished, {}, []
-    records, never = status.query_run(run)
-    queued = {k: jid for k, jid in tasks.items() if k not in finished and jid in records
-              and records[jid].state in scheduler.ACTIVE and jid not in never}
+    records, never = answer or status.query_run(run)
+    # sacct lists a job once slurmdbd has it: one just submitted is queued, as hpc.status says
+    unlisted = set(run.slurm_jobs()) if records.source == "sacct" else set()
+    queued = {k: jid for k, jid in tasks.items() if k not in finished and jid not in never and (
+              records[jid].state in scheduler.ACTIVE if jid in records else jid in unlisted)}
     return finished, queued, sorted(never)
 
 
@@ -222,6 +235,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 def submit(args: argparse.Namespace) -> int:
     """Plan and submit. The run dir's lock is held from reading its state to the last manifest write;
     a dry run reads the state and changes nothing: no scancel, no sbatch, no file written."""
+    if args.sweep is not None or args.sweep_file or sweepdir.is_sweep(args.run_dir):
+        from hpc import sweep  # a grid of runs: hpc.sweep does the same for every point
+
+        return sweep.submit(args)
     pipe, cfg, run, kind, notes = build(args)
     if args.dry_run:
         finished, queued, _ = current_state(pipe, cfg, run, kind)

@@ -10,6 +10,7 @@ status and resubmission.
 """
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,7 @@ class TinySection:
     release_file: str = ""  # when set, slow items wait until this file exists instead of slow_s
     third: bool = False  # add stage `third`, after `second`: it checks that every item's output exists
     follow: bool = False  # add stage `follow`, item k after second[k]: it checks that item's output exists
+    score: float = 0.0  # each `second` task writes it to its metrics.json (a metric for sweeps)
 
 
 @dataclass
@@ -79,6 +81,7 @@ def second(ctx: Any) -> dict:
     if ctx.item in ctx.cfg["tiny"]["fail_items"]:
         raise RuntimeError(f"second: item {ctx.item} failing on request (tiny.fail_items)")
     (ctx.stage_dir / f"out-{ctx.item}.txt").write_text(f"{ctx.item} rank {ctx.env.rank}\n")
+    (ctx.stage_dir / "metrics.json").write_text(json.dumps({"score": ctx.cfg["tiny"]["score"]}))
     return {"item": ctx.item}
 
 

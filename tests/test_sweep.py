@@ -1,0 +1,122 @@
+"""Sweeps without a scheduler: the command line, the plan of a sweep's arrays (dry run), what a
+resubmission skips, and the one-line errors. The sweep on SLURM is tests/slurm/test_sweep.py.
+
+    python -m pytest tests/test_sweep.py -q
+"""
+import json
+
+import pytest
+
+from hpc import grid, plan, submit, sweep, sweepdir
+from hpc.rundir import RunDir
+
+SLURM = ["--cluster", "slurm", "cluster.partitions=[low]"]  # partitions given: no sinfo call
+
+
+@pytest.fixture(autouse=True)
+def tiny(monkeypatch):
+    monkeypatch.setitem(plan.PIPELINES, "tiny", "tests.tiny_pipeline")
+
+
+def test_tokens_after_sweep_are_axes_and_the_others_overrides():
+    args = submit.parse_args(["tiny", "tiny.sleep_s=1", "--sweep", "tiny.score=1,2", "tiny.parts=[0,1],[2]",
+                              "--dry-run", "tiny.third=true", "--sweep-file", "g.yaml"])
+    assert args.sweep == ["tiny.score=1,2", "tiny.parts=[0,1],[2]"]
+    assert args.overrides == ["tiny.sleep_s=1", "tiny.third=true"]
+    assert args.dry_run and args.sweep_file == "g.yaml"
+    assert submit.parse_args(["tiny"]).sweep is None
+
+
+def test_dry_run_plans_one_array_per_stage_across_the_points(tmp_path, capsys):
+    code = submit.main(["tiny", *SLURM, "--dry-run", "--run-dir", str(tmp_path / "s"), "tiny.parts=[0,1,2]",
+                        "--sweep", "tiny.score=1,2", "tiny.sleep_s=0,1"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "stage first: one array of 4 task(s) over 4 point(s)" in out
+    assert "stage second: one array of 12 task(s) over 4 point(s)" in out
+    assert "#SBATCH --array=0-3" in out and "#SBATCH --array=0-11" in out
+    assert "--dependency='afterany:<first>'" in out
+    for p in grid.points({"tiny.score": [1, 2], "tiny.sleep_s": [0, 1]}):
+        assert f"point {p.signature} {p.describe()}: new" in out
+    assert not (tmp_path / "s").exists()  # a dry run writes nothing
+
+
+def _done(run, stage, item=None):
+    run.mark_done(stage, item, {"world_size": 1})
+
+
+def test_resubmission_skips_done_points_resumes_the_others_and_reports_removed_ones(tmp_path, capsys):
+    s = sweepdir.SweepDir(tmp_path / "s")
+    old = grid.points({"tiny.score": [1, 2, 3]})
+    s.save("tiny", {"tiny.score": [1, 2, 3]}, ["tiny.parts=[0,1]", "cluster.kind=local"], None, old)
+    a, b, c = (s.point(p.signature) for p in old)
+    for stage, item in [("first", None), ("second", 0), ("second", 1)]:
+        _done(a, stage, item)
+    _done(b, "first")
+    code = submit.main(["tiny", "--dry-run", "--run-dir", str(s.path), "--sweep", "tiny.score=1,2,4"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    new = grid.points({"tiny.score": [4]})[0]
+    assert f"point {old[0].signature} tiny.score=1: done" in out
+    assert f"point {old[1].signature} tiny.score=2: resume: 2 of 3 task(s) to submit, 1 done" in out
+    assert f"point {new.signature} tiny.score=4: new: 3 of 3" in out
+    assert f"point {old[2].signature} (tiny.score=3) is no longer in the grid" in out
+    assert "stage first: one array of 1 task(s) over 1 point(s)" in out  # only the new point's
+    assert "stage second: one array of 4 task(s) over 2 point(s)" in out  # tiny.parts=[0,1] was recorded
+    assert c.path.name == old[2].signature and not c.path.exists()
+
+
+def test_the_recorded_grid_is_used_when_none_is_given(tmp_path, capsys):
+    s = sweepdir.SweepDir(tmp_path / "s")
+    pts = grid.points({"tiny.score": [1, 2]})
+    s.save("tiny", {"tiny.score": [1, 2]}, ["cluster.kind=local"], None, pts)
+    assert submit.main(["tiny", "--dry-run", "--run-dir", str(s.path)]) == 0
+    out = capsys.readouterr().out
+    assert all(f"point {p.signature}" in out for p in pts) and "2 point(s)" in out
+
+
+def test_point_configs_and_stage_items(tmp_path):
+    pipe = plan.get_pipeline("tiny")
+    base = submit.build(submit.parse_args(["tiny", "--cluster", "local", "--run-dir", str(tmp_path)]))[1]
+    pts = grid.points({"tiny.parts": [[0], [1, 2]], "tiny.score": [0.5]})
+    cfgs = {p.signature: sweep._point_config(base, p, pipe) for p in pts}
+    assert [list(c.tiny.parts) for c in cfgs.values()] == [[0], [1, 2]]
+    assert base.tiny.score == 0.0  # the base is left as it was
+    merged = {s.name: s for s in sweep.merged_stages(sweep._defs(pipe, cfgs))}
+    sig0, sig1 = cfgs
+    assert merged["first"].items == ((sig0, None), (sig1, None))
+    assert merged["second"].items == ((sig0, 0), (sig1, 1), (sig1, 2))
+    assert sweep.afterany([["7_0"], ["7_1", "6"]], {"first": ["7_0", "7_1"]}) == "afterany:6:7"
+    assert sweep.afterany([["7_0"]], {"first": ["7_0", "7_1"]}) == "afterany:7_0"
+    assert sweep.latest(["a=1", "b=2", "a=3"]) == ["b=2", "a=3"]
+
+
+def one_line_error(code, capsys, *words):
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "HINT" in lines[0], err
+    for word in words:
+        assert word in lines[0], (word, lines[0])
+
+
+@pytest.mark.parametrize("axes, words", [
+    (["tiny.score"], ["has no '='"]),
+    (["tiny.score="], ["empty value"]),
+    (["tiny.score=1,,2"], ["empty value"]),
+    (["tiny.nope=1,2"], ["unknown config key", "tiny.score"]),
+    (["tiny.score=1", "tiny.score=2"], ["given twice"]),
+    (["stages.first.nodes=1,2"], ["shared by all points"]),
+    (["tiny.score=abc"], ["tiny.score='abc'", "type"]),
+    ([], ["no axes"]),
+])
+def test_bad_sweeps_are_refused_in_one_line(tmp_path, capsys, axes, words):
+    code = submit.main(["tiny", "--cluster", "local", "--dry-run", "--run-dir", str(tmp_path / "s"), "--sweep", *axes])
+    one_line_error(code, capsys, *words)
+
+
+def test_a_run_dir_is_not_a_sweep_dir(tmp_path, capsys):
+    RunDir(tmp_path).start("tiny", "{}\n", "local")
+    code = submit.main(["tiny", "--cluster", "local", "--dry-run", "--run-dir", str(tmp_path), "--sweep", "tiny.score=1"])
+    one_line_error(code, capsys, "is a run, not a sweep")
+    json.loads((tmp_path / "manifest.json").read_text())  # untouched
