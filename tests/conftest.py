@@ -12,6 +12,13 @@ site (HPC_TEST_CONFIGLESS_DIR / HPC_TEST_NO_ACCOUNTING_DIR reuse a running one a
 Tests that need the cluster carry `@pytest.mark.slurm`. Outside CI they are skipped, with the reason,
 when the SLURM programs are missing; in CI (CI=true) a missing SLURM fails them instead, so they
 can never be skipped silently there.
+
+In parallel (pytest-xdist, `-n 3 --dist loadgroup` in pyproject.toml) the SLURM test files are
+dealt into the groups of SLURM_GROUPS: each group runs in order on one worker, against that
+worker's own cluster (its own directory, port block and job ids, so DDP jobs of two clusters never
+share a MASTER_PORT), while the unit tests spread over every worker. Most of a SLURM test's time is
+waiting on the scheduler, not the CPU, so two clusters side by side roughly halve it. `-n 0` runs
+everything in one process, as before.
 """
 
 from __future__ import annotations
@@ -27,8 +34,53 @@ from hpc.cluster.local import missing_binaries
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
+# SLURM test files by group, balanced by their measured durations (README, "Test durations"): a
+# file not named here goes to the second group. The site variants stay together: a configless
+# cluster owns the host's default munge socket, so only one may run at a time.
+SLURM_GROUPS = {
+    "slurm-a": {"test_preemption.py", "test_langsplat_external.py", "test_ddp.py", "test_node_range.py"},
+}
+DEFAULT_SLURM_GROUP = "slurm-b"
+# Job ids each cluster of a worker starts at, apart by this (more jobs than one session submits).
+JOB_ID_STRIDE = 1000
+VARIANTS = ("main", "configless", "no_accounting")
+
+
+def _worker_index() -> int:
+    """0 in a serial run, else this xdist worker's number (gw0, gw1, ...)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    return int(worker[2:]) if worker[2:].isdigit() else 0
+
+
+def _cluster_dir(env_var: str, prefix: str) -> str:
+    given = os.environ.get(env_var)
+    if given and "PYTEST_XDIST_WORKER" in os.environ:
+        return f"{given}-{os.environ['PYTEST_XDIST_WORKER']}"  # one cluster per worker
+    return given or tempfile.mkdtemp(prefix=prefix)
+
+
+def _cluster_args(variant: str) -> dict:
+    """The first job id of this worker's cluster of `variant`, and a free block of ports."""
+    from hpc.cluster import layout as L
+    from hpc.cluster.daemons import port_free
+
+    slot = _worker_index() * len(VARIANTS) + VARIANTS.index(variant)
+    args = {"first_job_id": 1 + JOB_ID_STRIDE * slot}
+    blocks = (L.PORT_RANGE[1] - L.PORT_RANGE[0]) // L.PORT_BLOCK
+    for i in range(blocks):  # from a block of its own, the first one whose ports are all free
+        base = L.PORT_RANGE[0] + ((slot * 37 + i) % blocks) * L.PORT_BLOCK
+        if all(port_free(p) for p in range(base, base + L.PORT_BLOCK)):
+            args["port_base"] = base
+            break
+    return args
+
 
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "slurm" in item.keywords:
+            name = item.path.name
+            group = next((g for g, files in SLURM_GROUPS.items() if name in files), DEFAULT_SLURM_GROUP)
+            item.add_marker(pytest.mark.xdist_group(group))
     missing = missing_binaries()
     if not missing or IN_CI:
         return
@@ -44,10 +96,12 @@ def slurm_cluster():
     missing = missing_binaries()
     if missing:
         pytest.fail(f"SLURM programs missing: {', '.join(missing)}. HINT: python -m hpc.cluster install")
-    directory = os.environ.get("HPC_TEST_CLUSTER_DIR") or tempfile.mkdtemp(prefix="hpc-test-cluster-")
+    directory = _cluster_dir("HPC_TEST_CLUSTER_DIR", "hpc-test-cluster-")
     cluster = LocalCluster(directory)
     # A cluster already running in HPC_TEST_CLUSTER_DIR belongs to whoever started it: reuse, leave up.
     owned = not cluster.is_up()
+    if owned:
+        cluster = LocalCluster(directory, **_cluster_args("main"))
     cluster.up(log=lambda msg: None)
     saved = os.environ.get("SLURM_CONF")
     os.environ.update(cluster.env())
@@ -66,11 +120,13 @@ def _variant(name: str, **kw):
     missing = missing_binaries()
     if missing:
         pytest.fail(f"SLURM programs missing: {', '.join(missing)}. HINT: python -m hpc.cluster install")
-    directory = (os.environ.get(f"HPC_TEST_{name.upper()}_DIR")
-                 or tempfile.mkdtemp(prefix=f"hpc-test-{name.replace('_', '-')}-"))
+    directory = _cluster_dir(f"HPC_TEST_{name.upper()}_DIR", f"hpc-test-{name.replace('_', '-')}-")
     # small nodes: the variants run a few one-task jobs beside the session cluster
     cluster = LocalCluster(directory, nodes=2, gpus_per_node=2, cpus_per_node=4, **kw)
     owned = not cluster.is_up()
+    if owned:
+        cluster = LocalCluster(directory, nodes=2, gpus_per_node=2, cpus_per_node=4, **kw,
+                               **_cluster_args(name))
     cluster.up(log=lambda msg: None)
     try:
         yield cluster

@@ -20,6 +20,7 @@ PORT_BLOCK = 32
 # Below the range hpc.env derives MASTER_PORT from (20000+), so a rendezvous never lands on a daemon.
 PORT_RANGE = (10000, 20000)
 MAX_NODES = PORT_BLOCK - 3
+MAX_JOB_ID = 0x03FF0000  # SLURM's largest job id (MaxJobId's default and limit)
 
 STATE_FILE = "cluster.json"
 # A configless site's clients find munged where libmunge looks by default: there is no slurm.conf to
@@ -51,12 +52,16 @@ class ClusterLayout:
     accounting: bool = True
     min_job_age_s: int = 600  # how long slurmctld (squeue, scontrol) remembers an ended job
     max_array_size: int = 1001  # MaxArraySize: an array's task ids run from 0 to this - 1 (SLURM's default)
+    # FirstJobId: clusters that run side by side on one host (parallel test workers) start their
+    # job ids apart, since a DDP job's MASTER_PORT is derived from its job id (hpc.env).
+    first_job_id: int = 1
     db_password: str = field(default="hpc-local-slurm", repr=False)
 
     @classmethod
     def create(cls, directory: str | Path, *, nodes: int = 2, gpus_per_node: int = 4,
                cpus_per_node: int = 8, port_base: int | None = None, configless: bool = False,
-               accounting: bool = True, min_job_age_s: int = 600, max_array_size: int = 1001) -> "ClusterLayout":
+               accounting: bool = True, min_job_age_s: int = 600, max_array_size: int = 1001,
+               first_job_id: int = 1) -> "ClusterLayout":
         path = str(Path(directory).expanduser().resolve())
         if not 1 <= nodes <= MAX_NODES:
             raise ValueError(f"--nodes {nodes}: expected 1..{MAX_NODES}. HINT: pass a smaller --nodes.")
@@ -70,13 +75,16 @@ class ClusterLayout:
         if not 1 <= max_array_size <= 4_000_001:
             raise ValueError(f"--max-array-size {max_array_size}: expected 1 to 4000001 (SLURM's range). "
                              "HINT: e.g. --max-array-size 1001, SLURM's default.")
+        if not 1 <= first_job_id <= MAX_JOB_ID:
+            raise ValueError(f"first job id {first_job_id}: expected 1 to {MAX_JOB_ID} (SLURM's range). "
+                             "HINT: e.g. 1, SLURM's default.")
         digest = hashlib.sha1(path.encode()).hexdigest()
         if port_base is None:
             port_base = default_port_base(path)
         return cls(dir=path, name="hpc" + digest[:8], hostname=socket.gethostname().split(".")[0],
                    port_base=port_base, nodes=nodes, gpus_per_node=gpus_per_node,
                    cpus_per_node=cpus_per_node, configless=configless, accounting=accounting,
-                   min_job_age_s=min_job_age_s, max_array_size=max_array_size)
+                   min_job_age_s=min_job_age_s, max_array_size=max_array_size, first_job_id=first_job_id)
 
     # Ports ---------------------------------------------------------------------------------
     @property
@@ -199,13 +207,17 @@ SlurmdTimeout=300
 SchedulerParameters=sched_interval=5
 JobRequeue=1
 MaxArraySize={c.max_array_size}
-{_accounting(c) + _configless(c)}# A job in `low` that a `high` job needs the nodes of gets SIGTERM, GraceTime seconds, then requeue.
+{_first_job_id(c)}{_accounting(c) + _configless(c)}# A job in `low` that a `high` job needs the nodes of gets SIGTERM, GraceTime seconds, then requeue.
 PreemptType=preempt/partition_prio
 PreemptMode=REQUEUE
 {nodes}
 PartitionName=low Nodes={c.nodelist} Default=YES MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=REQUEUE GraceTime={c.grace_time_s}
 PartitionName=high Nodes={c.nodelist} MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF
 """
+
+
+def _first_job_id(c: ClusterLayout) -> str:
+    return f"FirstJobId={c.first_job_id}\n" if c.first_job_id != 1 else ""
 
 
 def _accounting(c: ClusterLayout) -> str:

@@ -47,11 +47,12 @@ class LocalCluster:
     def __init__(self, directory: str | Path, *, nodes: int | None = None, gpus_per_node: int | None = None,
                  cpus_per_node: int | None = None, port_base: int | None = None,
                  configless: bool | None = None, accounting: bool | None = None,
-                 min_job_age_s: int | None = None, max_array_size: int | None = None):
+                 min_job_age_s: int | None = None, max_array_size: int | None = None,
+                 first_job_id: int | None = None):
         existing = L.ClusterLayout.load(directory)
         given = dict(nodes=nodes, gpus_per_node=gpus_per_node, cpus_per_node=cpus_per_node,
                      configless=configless, accounting=accounting, min_job_age_s=min_job_age_s,
-                     max_array_size=max_array_size,
+                     max_array_size=max_array_size, first_job_id=first_job_id,
                      # keep the ports already chosen for this directory (they may have been moved off a busy block)
                      port_base=port_base)
         kw = {k: v if v is not None else getattr(existing, k) if existing else None for k, v in given.items()}
