@@ -93,3 +93,13 @@ def test_max_array_size_is_rendered_and_checked():
     assert "\nMaxArraySize=4\n" in L.render_slurm_conf(fixed_layout(max_array_size=4))
     with pytest.raises(ValueError, match="--max-array-size 0: expected 1 to 4000001.*HINT"):
         L.ClusterLayout.create("/tmp/cluster-a", max_array_size=0)
+
+
+def test_first_job_id_is_rendered_only_when_moved_and_checked(tmp_path):
+    assert "FirstJobId" not in L.render_slurm_conf(fixed_layout())  # SLURM's default, 1
+    assert "\nFirstJobId=3001\n" in L.render_slurm_conf(fixed_layout(first_job_id=3001))
+    c = L.ClusterLayout.create(tmp_path, first_job_id=3001)
+    c.save()
+    assert L.ClusterLayout.load(tmp_path).first_job_id == 3001
+    with pytest.raises(ValueError, match="first job id 0: expected 1 to .*HINT"):
+        L.ClusterLayout.create(tmp_path, first_job_id=0)
