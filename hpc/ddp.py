@@ -19,6 +19,8 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
+import os
+from pathlib import Path
 from typing import Iterable, Iterator
 
 import torch
@@ -26,6 +28,7 @@ import torch.distributed as dist
 
 from hpc.batching import BatchPlan, plan_batch
 from hpc.env import DistEnv, bind_device, from_environ
+from hpc.hangs import attempt_dir, flight_recorder_env
 from hpc.sharding import round_robin
 from hpc.teardown import EXIT_TIMEOUT_S, rendezvous_exit
 
@@ -52,7 +55,8 @@ class NullWriter:
 class Session:
     """What a training task needs to know and do about the other tasks."""
 
-    def __init__(self, env: DistEnv, device: torch.device, bf16: bool = False):
+    def __init__(self, env: DistEnv, device: torch.device, bf16: bool = False, timeout_s: float = 600,
+                 train_timeout_s: float | None = None):
         self.env = env
         self.rank, self.local_rank, self.world_size = env.rank, env.local_rank, env.world_size
         self.device = device
@@ -61,6 +65,9 @@ class Session:
         self._samplers: list = []
         self._wrapped: list[torch.nn.Module] = []
         self._mesh = None
+        # collectives wait timeout_s during start-up, train_timeout_s once training_started()
+        self.train_timeout_s = train_timeout_s or timeout_s
+        self._timeout_pending = train_timeout_s is not None
 
     @property
     def distributed(self) -> bool:
@@ -170,6 +177,15 @@ class Session:
             t = t.to(original)
         return t if is_tensor else t.item()
 
+    def training_started(self) -> None:
+        """After the first step (TrainLoop calls it): collectives wait train_timeout_s from here on.
+        A barrier first, as torchtitan does: no rank may meet the shorter timeout of a peer while
+        it is still in its start-up (compiling, loading a checkpoint)."""
+        if self._timeout_pending and self.distributed:
+            self.barrier()
+            dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=self.train_timeout_s))
+        self._timeout_pending = False
+
     def barrier(self) -> None:
         if not self.distributed:
             return
@@ -231,6 +247,12 @@ def _pick_device(env: DistEnv, cuda_count: int | None = None) -> torch.device:
     return torch.device("cpu")
 
 
+def _trace_dir(env: DistEnv) -> Path | None:
+    """The attempt's hangs/ directory of an hpc task (HPC_CHECKPOINT_DIR is <task>/checkpoints)."""
+    base = os.environ.get("HPC_CHECKPOINT_DIR")
+    return attempt_dir(Path(base).parent, env.job_id, env.restart_count) if base else None
+
+
 def _set_precision(device: torch.device, tf32: bool) -> None:
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = tf32
@@ -239,11 +261,13 @@ def _set_precision(device: torch.device, tf32: bool) -> None:
 
 @contextlib.contextmanager
 def session(timeout_s: float = 600, backend: str | None = None, env: DistEnv | None = None,
-            tf32: bool = True, bf16: bool = False) -> Iterator[Session]:
+            tf32: bool = True, bf16: bool = False, train_timeout_s: float | None = None) -> Iterator[Session]:
     """Initialise torch.distributed from the environment; always clean up.
 
     timeout_s bounds the rendezvous and every collective: a peer that died makes the others
-    raise after timeout_s instead of blocking until the job's time limit.
+    raise after timeout_s instead of blocking until the job's time limit. train_timeout_s, usually
+    shorter, replaces it after the first training step (Session.training_started). Under NCCL the
+    flight recorder keeps the last collectives and dumps them on a timeout (hpc.hangs).
     """
     env = env or from_environ()
     device = _pick_device(env)
@@ -255,6 +279,9 @@ def session(timeout_s: float = 600, backend: str | None = None, env: DistEnv | N
         if env.world_size > 1 and not dist.is_initialized():
             if device.type == "cuda":
                 torch.cuda.set_device(device)  # before init, or NCCL puts every rank on GPU 0
+            if "nccl" in backend:  # NCCL reads these when the group is made; a value set already wins
+                for key, value in flight_recorder_env(_trace_dir(env)).items():
+                    os.environ.setdefault(key, value)
             # tcp:// with explicit rank and size: no os.environ writes needed.
             dist.init_process_group(
                 backend, init_method=f"tcp://{env.master_addr}:{env.master_port}",
@@ -262,7 +289,7 @@ def session(timeout_s: float = 600, backend: str | None = None, env: DistEnv | N
                 timeout=datetime.timedelta(seconds=timeout_s),
             )
             owns_group = True
-        yield Session(env, device, bf16=bf16)
+        yield Session(env, device, bf16=bf16, timeout_s=timeout_s, train_timeout_s=train_timeout_s)
         if owns_group and dist.is_initialized():
             # Not after an exception: a peer may be dead, and the others' teardown must not wait.
             _generation += 1

@@ -40,6 +40,7 @@ from hpc.stopsignal import (DEFAULT_TIMEOUT_SIGNAL, PREEMPT_SIGNAL, REASON_CODES
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_TIMEOUTS = 3
+DEFAULT_MAX_HANGS = 3  # requeues after a hang (hpc.watchdog); a hang that comes back every time is a bug
 
 
 # ------------------------------------------------------------------ what SLURM says about the job
@@ -51,7 +52,7 @@ class Decision:
     requeue: bool
     by: str | None
     why: str
-    kind: str  # 'preempt' | 'timeout' | 'cancelled' | 'finished'
+    kind: str  # 'preempt' | 'timeout' | 'hang' | 'cancelled' | 'finished'
 
 
 # SLURM job state -> what happened to the job. Any other state (RUNNING, COMPLETING) falls through
@@ -108,13 +109,21 @@ def classify(info: dict[str, str], signal_kind: str, restart_count: int = 0) -> 
 
 
 def decide(kind: str, state: str, timeouts_done: int, max_timeouts: int,
-           by: str = "hpc") -> Decision:
-    """Requeue table: preemption always, timeout up to `max_timeouts` times, never otherwise.
+           by: str = "hpc", hangs_done: int = 0, max_hangs: int = DEFAULT_MAX_HANGS) -> Decision:
+    """Requeue table: preemption always, timeout up to `max_timeouts` times, a hang (hpc.watchdog)
+    up to `max_hangs` times, never otherwise.
 
     `state` is what SLURM showed (for the message), `by` who requeues ('hpc' or 'slurm').
     """
     if kind == "preempt":
         return Decision(True, by, f"preempted (SLURM JobState={state})", kind)
+    if kind == "hang":
+        if hangs_done < max_hangs:
+            return Decision(True, by, f"a rank hung: requeue {hangs_done + 1} of at most {max_hangs} "
+                                      "for hangs, from the last checkpoint", kind)
+        return Decision(False, None, f"hung {hangs_done + 1} times, more than max_hangs={max_hangs}. "
+                        "HINT: read the stacks under the task's hangs/ directory (python -m hpc.status "
+                        "names the rank and host)", kind)
     if kind == "timeout":
         if timeouts_done < max_timeouts:
             return Decision(True, by, f"time limit near: requeue {timeouts_done + 1} of at most "
@@ -137,6 +146,7 @@ def load_history(path: Path) -> dict[str, Any]:
 def _record(path: Path, history: dict[str, Any], decision: Decision, info: dict[str, str]) -> None:
     history["timeouts" if decision.kind == "timeout" else "preemptions"] += decision.kind in (
         "timeout", "preempt")
+    history["hangs"] = history.get("hangs", 0) + (decision.kind == "hang")
     history["events"].append({"time": time.time(), "restart": info.get("Restarts"),
                               "state": info.get("JobState"), **asdict(decision)})
     atomic_write_text(Path(path), json.dumps(history, indent=1))
@@ -157,7 +167,8 @@ def handle_stop(request: StopRequest, history: str | os.PathLike, job_id: str | 
     kind, by_slurm = classify(info, request.reason, restarts)
     evidence = f"{state}, PreemptTime={info.get('PreemptTime', '?')}"
     past = load_history(Path(history))
-    decision = decide(kind, evidence, past["timeouts"], max_timeouts, "slurm" if by_slurm else "hpc")
+    decision = decide(kind, evidence, past["timeouts"], max_timeouts, "slurm" if by_slurm else "hpc",
+                      past.get("hangs", 0))
     _record(Path(history), past, decision, info)
     log.warning("stop at SLURM JobState=%s Reason=%s: %s", state, info.get("Reason"), decision.why)
     if decision.requeue and decision.by == "hpc":

@@ -9,8 +9,9 @@ job that has left the queue has ended and its outcome is what it left behind: a 
 (COMPLETED), submitit's result file (COMPLETED, or FAILED with the error), or nothing (ENDED, said
 as such). Done markers, progress (tqdm's last redraw in the rank-0 stderr log, else the last line of
 its stdout log), the world size and node count the task got (its done marker, else the latest start
-line of its rank-0 log: under a node range it need not be the one requested) and the task's outputs
-come from the run directory.
+line of its rank-0 log: under a node range it need not be the one requested), the task's outputs
+and the newest hang its watchdog recorded (the stuck ranks and their hosts, hpc.hangs) come from the
+run directory.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from hpc import scheduler, sweepdir
+from hpc import hangs, scheduler, sweepdir
 from hpc.rundir import DONE, RunDir, task_key
 
 # What a job left behind -> hpc state: for local/debug jobs (no scheduler), and for SLURM jobs that
@@ -54,6 +55,7 @@ class TaskStatus:
     error: str = ""  # last line of the rank-0 stderr log (the exception of a failed task)
     world_size: Optional[int] = None  # ranks the task got (None: not started, or nothing says)
     nodes: Optional[int] = None  # nodes it got
+    hang: str = ""  # the newest hang the watchdog recorded: stuck ranks and hosts (hpc.hangs)
 
 
 def collect(run: RunDir, answer: Optional[Tuple[scheduler.Answer, Dict[str, Any]]] = None) -> List[TaskStatus]:
@@ -78,7 +80,7 @@ def collect(run: RunDir, answer: Optional[Tuple[scheduler.Answer, Dict[str, Any]
                                rec.elapsed if rec else _done_elapsed(run, stage, item),
                                tqdm_progress(err) or last_progress(run.log_path(stage, jid)),
                                outputs(run.task_dir(stage, item)), "", last_progress(err),
-                               *world(run, stage, item, jid)))
+                               *world(run, stage, item, jid), hangs.summary(run.task_dir(stage, item))))
     _explain(rows, records, never, run.job_tasks())
     return rows
 
@@ -225,6 +227,7 @@ def format_table(rows: List[TaskStatus]) -> str:
     widths = [max(len(x) for x in col) for col in zip(head, *body)] if body else [len(h) for h in head]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in [head, *body]]
     lines += [f"  {r.task} outputs: {', '.join(r.outputs)}" for r in rows if r.outputs]
+    lines += [f"  {r.task} hang: {r.hang}" for r in rows if r.hang]
     return "\n".join(lines)
 
 

@@ -1,0 +1,59 @@
+"""A hung rank on the real local cluster: one rank of a 2 x 2 job stops itself, the watchdog of the
+others saves their stacks, names the stuck rank and its host, and requeues the job, which resumes
+from its last checkpoint and finishes.
+
+    CI=true python -m pytest tests/slurm/test_hang.py -q -p no:cacheprovider
+
+The job (tests/hang_pipeline.py) has watchdog_s = 5 s and a training collective timeout of 30 s:
+without the watchdog the job would fail at that timeout, without stacks and without a requeue.
+"""
+import json
+from pathlib import Path
+
+import pytest
+
+from hpc import plan, status, submit
+from hpc.cluster.preempt import job_field
+from hpc.hangs import HANGS, REPORT
+from hpc.rundir import DONE, RunDir
+from tests.slurm.test_pipeline import ended, wait_until
+from tests.slurm.test_preemption import release
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slurm
+
+
+@pytest.fixture(autouse=True)
+def hang_pipeline(monkeypatch):
+    monkeypatch.setitem(plan.PIPELINES, "hang", "tests.hang_pipeline")
+    monkeypatch.chdir(ROOT)  # jobs import tests.hang_pipeline from the submission directory
+
+
+def reports(out: Path) -> list:
+    return [json.loads(p.read_text()) for p in (out / HANGS).glob(f"*/{REPORT}")]
+
+
+def test_a_stopped_rank_is_named_and_its_job_requeued_from_the_last_checkpoint(slurm_cluster, tmp_path):
+    assert submit.main(["hang", "--cluster", "slurm", "--run-dir", str(tmp_path / "run")]) == 0
+    run = RunDir(tmp_path / "run")
+    ((job, out),) = [(t["job_id"], run.task_dir("train")) for t in run.tasks()]
+    (report,) = wait_until(lambda: reports(out), timeout_s=120, what="the watchdog's report")
+    wait_until(lambda: int(job_field(slurm_cluster, job, "Restarts") or 0) == 1, what="the requeue")
+    release(slurm_cluster, job)  # a requeued job waits for its begin time
+    records = wait_until(lambda: ended(run), timeout_s=120, what="the requeued job to end")
+    assert records[job].state == "COMPLETED", records[job]
+
+    host = json.loads((out / "where-3.json").read_text())["host"]
+    assert report["stuck"] == [3] and report["hosts"] == {"3": host}, report
+    assert report["answered"] == [0, 1, 2] and report["decision"]["requeue"], report
+    assert report["idle_s"] < 30  # the watchdog ended it, long before the collective timeout
+    attempt = Path(report["dir"])
+    for rank in (0, 1, 2):  # each live rank's stacks, its main thread inside the training loop
+        assert "hang_workload.py" in (attempt / f"rank-{rank}.txt").read_text(), rank
+    done = json.loads((out / DONE).read_text())
+    assert done["world_size"] == 4 and done["result"]["step"] == 12
+    assert 0 < done["result"]["resumed_from"] <= 4  # from the last checkpoint before the hang
+
+    (row,) = status.collect(run)
+    assert f"rank 3 on {host} did not answer" in row.hang and "requeued" in row.hang
+    assert f"train hang: rank 3 on {host}" in status.format_table([row])
