@@ -40,6 +40,8 @@ BENCHMARKS = {
                         "FSDP checkpoint stall and preemption to safe, beside DDP (gloo, 2 ranks)",
                         "training blocked per asynchronous save <= 10% of a blocking save; "
                         "SIGTERM -> checkpoint committed <= 2 x fsync'd write of the same bytes + 0.5 s"),
+    "sweep": ("bench.sweep", "Sweep submission: 100 points, 2 stages",
+              "a 100-point sweep of a 2-stage pipeline submitted within 2 s, in 2 sbatch calls"),
     "status": ("bench.status_calls", "Status: scheduler calls per poll",
                "one scheduler call per poll, whatever the job count"),
     "langsplat": ("bench.langsplat_cams", "LangSplat stage 2 throughput", "cameras per second at 1 and 2 ranks"),

@@ -6,7 +6,9 @@ resubmission skips, and the one-line errors. The sweep on SLURM is tests/slurm/t
 import json
 
 import pytest
+import yaml
 
+from hpc import config as hconfig
 from hpc import grid, plan, submit, sweep, sweepdir
 from hpc.rundir import RunDir
 
@@ -79,11 +81,15 @@ def test_point_configs_and_stage_items(tmp_path):
     pipe = plan.get_pipeline("tiny")
     base = submit.build(submit.parse_args(["tiny", "--cluster", "local", "--run-dir", str(tmp_path)]))[1]
     pts = grid.points({"tiny.parts": [[0], [1, 2]], "tiny.score": [0.5]})
-    cfgs = {p.signature: sweep._point_config(base, p, pipe) for p in pts}
-    assert [list(c.tiny.parts) for c in cfgs.values()] == [[0], [1, 2]]
-    assert base.tiny.score == 0.0  # the base is left as it was
-    merged = {s.name: s for s in sweep.merged_stages(sweep._defs(pipe, cfgs))}
-    sig0, sig1 = cfgs
+    defs = sweep.resolve(base, pts, pipe)
+    texts = [hconfig.to_yaml(cfg) for _, cfg in sweep.configs(base, pts)]
+    assert [yaml.safe_load(t)["tiny"]["parts"] for t in texts] == [[0], [1, 2]]
+    assert base.tiny.score == 0.0 and list(base.tiny.parts) == [0, 1, 2]  # the base is left as it was
+    # a whole section as an axis merges into the base's section, and nothing leaks to the next point
+    sections = grid.points({"tiny": [{"score": 1.0}, {"sleep_s": 2.0}]})
+    assert [(c.tiny.score, c.tiny.sleep_s) for _, c in sweep.configs(base, sections)] == [(1.0, 0.0), (0.0, 2.0)]
+    merged = {s.name: s for s in sweep.merged_stages(defs)}
+    sig0, sig1 = defs
     assert merged["first"].items == ((sig0, None), (sig1, None))
     assert merged["second"].items == ((sig0, 0), (sig1, 1), (sig1, 2))
     assert sweep.afterany([["7_0"], ["7_1", "6"]], {"first": ["7_0", "7_1"]}) == "afterany:6:7"

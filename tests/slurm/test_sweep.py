@@ -98,7 +98,8 @@ def test_a_failed_point_holds_back_no_other_and_is_resubmitted(slurm_cluster, tm
     assert [r.state for r in rows] == ["COMPLETED", "FAILED"]
     tasks = {t.task: t for t in status.collect(sweep.point(bad.signature))}
     assert tasks["first"].state == "FAILED" and tasks["second[0]"].state == "FAILED"
-    assert "did not run: first has no done marker" in tasks["second[0]"].error, tasks["second[0]"]
+    err = sweep.point(bad.signature).log_path("second", tasks["second[0]"].job_id, stream="err").read_text()
+    assert "second[0] did not run: first has no done marker" in err, err
     assert not (sweep.point(bad.signature).task_dir("second", 0) / "out-0.txt").exists()
     # resubmitted without --sweep: the recorded grid; the good point is skipped
     calls.write_text("")
