@@ -46,7 +46,8 @@ class Point:
 
 def describe(overrides: Mapping[str, Any]) -> str:
     """'tiny.score=1 tiny.sleep_s=0.5': the overrides as a user would type them."""
-    return " ".join(f"{k}={v if isinstance(v, str) else json.dumps(v, default=str)}" for k, v in overrides.items())
+    return " ".join(f"{k}={v if isinstance(v, str) else json.dumps(v, default=str, separators=(',', ':'))}"
+                    for k, v in overrides.items())
 
 
 def signature(overrides: Mapping[str, Any]) -> str:
