@@ -20,9 +20,10 @@ data loaders (``s.loader(...)``, hpc.sampler), so a run that was stopped and res
 identical to one that was not, provided its data comes from such a loader or is a function of the
 step (e.g. hpc.sharding.round_robin with epoch = step // steps_per_epoch).
 
-Under FSDP (``s.wrap(model, strategy="fsdp")``) the model and its optimizer are saved through
-DCP (hpc.checkpoint.dcp_engine) into the same ``step-N/`` directory: each rank writes its
-shards, asynchronously, and the marker comes after DCP's metadata. A checkpoint holding such shards loads under either
+The model and its optimizer (one model, at most one optimizer registered) are saved through
+DCP (hpc.checkpoint.dcp_engine) into the same ``step-N/`` directory under either strategy and at
+any world size: each rank writes its shards (under DDP, its share of the replicated tensors),
+asynchronously, and the marker comes after DCP's metadata. So every checkpoint loads under either
 strategy and on any world size. A resume on another world size than the checkpoint's restores
 everything that is global (model, optimizer, schedulers, the loaders' positions, ``extra``); the
 per-rank RNG states cannot carry over (which rank would get which?), so every generator is
@@ -53,7 +54,7 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
-from hpc import preemption, rng, watchdog
+from hpc import preemption, rng
 from hpc.stopsignal import StopFlag, StopVote
 from hpc.checkpoint import SHARDED_KEY, CheckpointStore
 
@@ -103,7 +104,7 @@ class TrainLoop:
     def __init__(self, session: Any, out_dir: str | os.PathLike, save_every: int = 100,
                  keep: int = 3, max_timeouts: int = preemption.DEFAULT_MAX_TIMEOUTS,
                  timeout_signal: str = preemption.DEFAULT_TIMEOUT_SIGNAL, check_every: int = 1,
-                 tensorboard: bool = True, seed: int = 0, watchdog_s: float | None = None) -> None:
+                 tensorboard: bool = True, seed: int = 0) -> None:
         if save_every < 1 or check_every < 1:
             raise ValueError(f"save_every={save_every}, check_every={check_every}; expected >= 1. "
                              "HINT: save_every=100 saves every 100 steps.")
@@ -125,8 +126,6 @@ class TrainLoop:
         self.seed = seed  # reseeds the RNGs when a resume changes the world size
         self._engine: Any = None  # hpc.checkpoint.dcp_engine.DcpEngine, for a model sharded by FSDP
         self._dcp_names: tuple[str, ...] = ()  # model (and optimizer) saved through it
-        # ends a hung job and requeues it (hpc.watchdog); None when watchdog_s (HPC_WATCHDOG_S) is 0
-        self.watchdog = watchdog.for_loop(self, watchdog_s)
 
     # ---------------------------------------------------------------- resume
     def resume(self, objects: dict[str, Any]) -> int:
@@ -138,7 +137,7 @@ class TrainLoop:
         state = self.store.load()
         step = self._agree(state["step"] if state else -1)
         sharded = state.get(SHARDED_KEY) if state else None
-        if sharded is not None or any(_fsdp(o) for o in self.objects.values()):
+        if sharded is not None or self._through_dcp():
             self._dcp_names = self._sharded_objects()
             self._engine = self._engine or _new_engine(self.s)  # collective: every rank, here
         if step < 0:
@@ -178,6 +177,15 @@ class TrainLoop:
                  os.environ.get("SLURM_RESTART_COUNT", "0"))
         return step
 
+    def _through_dcp(self) -> bool:
+        """The model and its optimizer go through DCP whenever they can (one model, at most one
+        optimizer), whatever the strategy and world size: one format, so that any checkpoint
+        resumes under either strategy on any world size. Under FSDP they must."""
+        objs = list(self.objects.values())
+        models = sum(isinstance(o, torch.nn.Module) for o in objs)
+        optims = sum(isinstance(o, torch.optim.Optimizer) for o in objs)
+        return any(_fsdp(o) for o in objs) or (models == 1 and optims <= 1)
+
     def _sharded_objects(self) -> tuple[str, ...]:
         """Names of the model and its optimizer that go through DCP: one model, at most one
         optimizer (get_state_dict pairs them to key optimizer state by parameter name)."""
@@ -209,26 +217,19 @@ class TrainLoop:
 
     # ------------------------------------------------------------------ loop
     def steps(self, total: int) -> Iterator[int]:
-        """Yield steps resumed+1 .. total; after each: periodic save and the agreed stop check.
-        The watchdog watches from the first step's end to the last's."""
-        try:
-            for step in range(self.step + 1, total + 1):
-                self.current = step
-                yield step
-                self.step = step
-                self.watchdog.beat(step) if self.watchdog else None
-                if step == self.resumed_step + 1:
-                    self.s.training_started()  # the training collective timeout from here on
-                if step == total:  # done: finish() writes the final checkpoint, no stop needed
-                    break
-                if step % self.save_every == 0:
-                    self.save()
-                if step % self.check_every == 0:
-                    request = self.vote.poll()
-                    if request:
-                        self._stop(request)
-        finally:
-            self.watchdog.rest() if self.watchdog else None
+        """Yield steps resumed+1 .. total; after each: periodic save and the agreed stop check."""
+        for step in range(self.step + 1, total + 1):
+            self.current = step
+            yield step
+            self.step = step
+            if step == total:  # done: finish() writes the final checkpoint, no stop needed
+                break
+            if step % self.save_every == 0:
+                self.save()
+            if step % self.check_every == 0:
+                request = self.vote.poll()
+                if request:
+                    self._stop(request)
 
     def state(self) -> dict[str, Any]:
         """Shared objects (model, optimizer: equal on every rank) go in rank 0's file; objects
@@ -253,7 +254,6 @@ class TrainLoop:
         log.warning("stopping at step %d: %s (signal %s on this rank)", self.step, request.reason,
                     request.signal)
         self.vote.close()  # every rank launched the vote in flight: let it end before exiting
-        self.watchdog.stop() if self.watchdog else None
         self.save(blocking=True)
         self.s.barrier()  # rank 0 has committed the checkpoint before anyone is requeued
         decision = None
@@ -275,7 +275,6 @@ class TrainLoop:
         """Synchronous final checkpoint; every rank returns after rank 0 committed it. Once."""
         if self._finished:
             return
-        self.watchdog.stop() if self.watchdog else None
         self.vote.close()
         self.save(blocking=True)
         self.s.barrier()
@@ -300,9 +299,6 @@ class TrainLoop:
 
     def _abandon(self, exc: BaseException) -> None:
         """Exit on an exception (a stop's SystemExit included): no final checkpoint, no collective."""
-        if self.watchdog is not None:
-            self.watchdog.wait_for_end()  # in a hang, the watchdog's verdict ends the process
-            self.watchdog.stop()
         self.vote.abandon()
         if not isinstance(exc, (SystemExit, preemption.JobNotRequeued)):
             log.warning("leaving the training loop at step %d on %s: no final checkpoint, the "
