@@ -54,7 +54,7 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
-from hpc import preemption, rng
+from hpc import preemption, rng, watchdog
 from hpc.stopsignal import StopFlag, StopVote
 from hpc.checkpoint import SHARDED_KEY, CheckpointStore
 
@@ -104,7 +104,7 @@ class TrainLoop:
     def __init__(self, session: Any, out_dir: str | os.PathLike, save_every: int = 100,
                  keep: int = 3, max_timeouts: int = preemption.DEFAULT_MAX_TIMEOUTS,
                  timeout_signal: str = preemption.DEFAULT_TIMEOUT_SIGNAL, check_every: int = 1,
-                 tensorboard: bool = True, seed: int = 0) -> None:
+                 tensorboard: bool = True, seed: int = 0, watchdog_s: float | None = None) -> None:
         if save_every < 1 or check_every < 1:
             raise ValueError(f"save_every={save_every}, check_every={check_every}; expected >= 1. "
                              "HINT: save_every=100 saves every 100 steps.")
@@ -126,6 +126,8 @@ class TrainLoop:
         self.seed = seed  # reseeds the RNGs when a resume changes the world size
         self._engine: Any = None  # hpc.checkpoint.dcp_engine.DcpEngine, for a model sharded by FSDP
         self._dcp_names: tuple[str, ...] = ()  # model (and optimizer) saved through it
+        # ends a hung job and requeues it (hpc.watchdog); None when watchdog_s (HPC_WATCHDOG_S) is 0
+        self.watchdog = watchdog.for_loop(self, watchdog_s)
 
     # ---------------------------------------------------------------- resume
     def resume(self, objects: dict[str, Any]) -> int:
@@ -217,19 +219,26 @@ class TrainLoop:
 
     # ------------------------------------------------------------------ loop
     def steps(self, total: int) -> Iterator[int]:
-        """Yield steps resumed+1 .. total; after each: periodic save and the agreed stop check."""
-        for step in range(self.step + 1, total + 1):
-            self.current = step
-            yield step
-            self.step = step
-            if step == total:  # done: finish() writes the final checkpoint, no stop needed
-                break
-            if step % self.save_every == 0:
-                self.save()
-            if step % self.check_every == 0:
-                request = self.vote.poll()
-                if request:
-                    self._stop(request)
+        """Yield steps resumed+1 .. total; after each: periodic save and the agreed stop check.
+        The watchdog watches from the first step's end to the last's."""
+        try:
+            for step in range(self.step + 1, total + 1):
+                self.current = step
+                yield step
+                self.step = step
+                self.watchdog.beat(step) if self.watchdog else None
+                if step == self.resumed_step + 1:
+                    self.s.training_started()  # the training collective timeout from here on
+                if step == total:  # done: finish() writes the final checkpoint, no stop needed
+                    break
+                if step % self.save_every == 0:
+                    self.save()
+                if step % self.check_every == 0:
+                    request = self.vote.poll()
+                    if request:
+                        self._stop(request)
+        finally:
+            self.watchdog.rest() if self.watchdog else None
 
     def state(self) -> dict[str, Any]:
         """Shared objects (model, optimizer: equal on every rank) go in rank 0's file; objects
@@ -254,6 +263,7 @@ class TrainLoop:
         log.warning("stopping at step %d: %s (signal %s on this rank)", self.step, request.reason,
                     request.signal)
         self.vote.close()  # every rank launched the vote in flight: let it end before exiting
+        self.watchdog.stop() if self.watchdog else None
         self.save(blocking=True)
         self.s.barrier()  # rank 0 has committed the checkpoint before anyone is requeued
         decision = None
@@ -275,6 +285,7 @@ class TrainLoop:
         """Synchronous final checkpoint; every rank returns after rank 0 committed it. Once."""
         if self._finished:
             return
+        self.watchdog.stop() if self.watchdog else None
         self.vote.close()
         self.save(blocking=True)
         self.s.barrier()
@@ -299,6 +310,9 @@ class TrainLoop:
 
     def _abandon(self, exc: BaseException) -> None:
         """Exit on an exception (a stop's SystemExit included): no final checkpoint, no collective."""
+        if self.watchdog is not None:
+            self.watchdog.wait_for_end()  # in a hang, the watchdog's verdict ends the process
+            self.watchdog.stop()
         self.vote.abandon()
         if not isinstance(exc, (SystemExit, preemption.JobNotRequeued)):
             log.warning("leaving the training loop at step %d on %s: no final checkpoint, the "
