@@ -60,5 +60,5 @@ def train(out_dir: str, total: int = 40, step_s: float = 0.15, save_every: int =
                             restart=int(os.environ.get("SLURM_RESTART_COUNT", "0")))
                 time.sleep(step_s)  # leaves room to preempt in the middle of the run
         if s.is_main:
-            torch.save({k: v for k, v in loop.state()["objects"]["model"].items()}, out / "weights.pt")
+            torch.save(getattr(model, "module", model).state_dict(), out / "weights.pt")
         return {"rank": s.rank, "step": loop.step, "resumed_from": start}

@@ -78,17 +78,25 @@ def release(cluster, job_id: str) -> None:
     wait_for(started, f"job {job_id} pending without the begin-time hold", timeout=120)
 
 
+@pytest.fixture(scope="module")
+def reference_weights(slurm_cluster, tmp_path_factory) -> Path:
+    """The uninterrupted run, once for both writers: the ballast only adds state to the checkpoint,
+    it changes no weight."""
+    ref_dir = tmp_path_factory.mktemp("reference")
+    ref = executor(ref_dir / "logs").submit(workload.train, str(ref_dir), total=TOTAL)
+    assert [r["step"] for r in ref.results()] == [TOTAL] * 4
+    return ref_dir / "weights.pt"
+
+
 @pytest.mark.parametrize("ballast_mb", [0, 64], ids=["thread-writer", "forked-writer"])
-def test_preempted_twice_ends_bitwise_identical(slurm_cluster, tmp_path, ballast_mb):
+def test_preempted_twice_ends_bitwise_identical(slurm_cluster, reference_weights, tmp_path, ballast_mb):
     """Small states are written by the store's writer thread; with 64 MB more in rank 0's state
     (hpc.checkpoint.AUTO_FORK_BYTES: 32 MiB) every background save forks a writer."""
     from hpc.checkpoint import AUTO_FORK_BYTES
 
     assert ballast_mb == 0 or ballast_mb * 2**20 >= AUTO_FORK_BYTES
-    ref_dir, cut_dir = tmp_path / "reference", tmp_path / "preempted"
-    ref_dir.mkdir(), cut_dir.mkdir()
-    ref = executor(tmp_path / "ref-logs").submit(workload.train, str(ref_dir), total=TOTAL, ballast_mb=ballast_mb)
-    assert [r["step"] for r in ref.results()] == [TOTAL] * 4
+    cut_dir = tmp_path / "preempted"
+    cut_dir.mkdir()
 
     job = executor(tmp_path / "cut-logs").submit(workload.train, str(cut_dir), total=TOTAL, ballast_mb=ballast_mb)
     # Early enough that the scheduler (sched_interval=5 s) preempts before the run ends.
@@ -105,7 +113,7 @@ def test_preempted_twice_ends_bitwise_identical(slurm_cluster, tmp_path, ballast
     assert runs[0]["resumed_from"] == 0 and all(a["resumed_from"] > 0 for a in runs[1:]), (targets, runs)
     history = json.loads((cut_dir / "checkpoints" / "requeue.json").read_text())
     assert history["preemptions"] == 2 and history["timeouts"] == 0
-    a = torch.load(ref_dir / "weights.pt", weights_only=True)
+    a = torch.load(reference_weights, weights_only=True)
     b = torch.load(cut_dir / "weights.pt", weights_only=True)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), targets
 
