@@ -26,6 +26,8 @@ import uuid
 from pathlib import Path
 from typing import BinaryIO, Iterator, List
 
+from hpc.sharedfs import fsync_dir  # EINVAL or ENOTSUP there (some network filesystems): said once
+
 __all__ = ["replacing", "write_bytes", "fsync_dir", "temporary_name", "unlink_quietly", "batched"]
 
 # Directories inside which batched() is active: writes skip their fsyncs until the block ends.
@@ -96,15 +98,6 @@ def write_bytes(path: str | os.PathLike, data: bytes, unique: bool = True, sync_
     path.parent.mkdir(parents=True, exist_ok=True)
     with replacing(path, unique=unique, sync_dir=sync_dir) as fh:
         fh.write(data)
-
-
-def fsync_dir(directory: str | os.PathLike) -> None:
-    """Make the renames and creations inside `directory` durable."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def unlink_quietly(path: str | os.PathLike) -> None:

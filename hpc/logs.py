@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import List, Optional, Sequence
 
 from hpc.rundir import RunDir, RunDirError
+from hpc.sharedfs import listed
 
 
 def select(run: RunDir, stage: Optional[str], task: Optional[str], rank: int, stream: str) -> List[Path]:
@@ -34,7 +35,7 @@ def select(run: RunDir, stage: Optional[str], task: Optional[str], rank: int, st
 
 def follow(path: Path, poll_s: float = 1.0) -> None:
     """Like tail -f: print what is appended until interrupted."""
-    while not path.exists():
+    while path.name not in listed(path.parent):  # a listing, not a lookup NFS would answer from its cache
         time.sleep(poll_s)
     with path.open() as fh:
         while True:

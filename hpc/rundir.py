@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Optional, Sequence, Tuple
 
 from hpc.atomic import write_bytes as atomic_write_bytes
+from hpc.sharedfs import local_locks, lock_error
 
 DONE = "done"
 LOCK = ".submit.lock"
@@ -147,13 +148,17 @@ class RunDir:
         submissions into one run dir neither lose each other's manifest entries nor both run every
         task. A second submission waits up to `wait_s` (default LOCK_WAIT_S), saying so once, then
         is refused. flock belongs to the open file: it is released when the holder exits, however it
-        exits, and it works across NFS clients (Linux emulates it with POSIX locks there)."""
+        exits, and it works across NFS clients (Linux emulates it with POSIX locks there). A mount
+        whose locks are node-local (Lustre's localflock, NFS's nolock) gets a warning, since they keep
+        nothing on other nodes out; a filesystem without locks is refused with the reason."""
         wait_s = LOCK_WAIT_S if wait_s is None else wait_s
         self.path.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             deadline, told = time.monotonic() + wait_s, False
-            while not _try_lock(fd):
+            warning = local_locks(self.path)
+            say(f"warning: {warning}") if warning else None
+            while not _try_lock(fd, self.path / LOCK):
                 holder = os.pread(fd, 512, 0).decode(errors="replace").strip() or "a process"
                 if time.monotonic() >= deadline:
                     raise RunDirError(
@@ -175,11 +180,16 @@ class RunDir:
         return self.path / stage / "logs" / job_id / f"{job_id}_{rank}_log.{stream}"
 
 
-def _try_lock(fd: int) -> bool:
+def _try_lock(fd: int, path: Path) -> bool:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         return False
+    except OSError as err:  # a filesystem without locks: say so, not "no space" (hpc.sharedfs)
+        problem = lock_error(path, err)
+        if problem is None:
+            raise
+        raise RunDirError(problem) from None
     return True
 
 

@@ -2,7 +2,7 @@
 
     info = write_atomic(Path("step-5/shared.pt"), state)   # {"crc32": "1a2b3c4d", "bytes": 123}
     problem = verify(Path("step-5/shared.pt"), info)       # '' when the file is intact
-    state = load_file(Path("step-5/shared.pt"))            # weights_only, memory-mapped
+    state = load_file(Path("step-5/shared.pt"))            # weights_only, mapped (local disk only)
 
 Writing is one pass over the bytes: torch.save writes each tensor's storage straight from memory
 into the file object (a memoryview, no copy) and the wrapper updates the checksum on the way (for
@@ -30,6 +30,7 @@ from typing import Any, Iterator
 import torch
 
 from hpc.atomic import replacing
+from hpc.sharedfs import mmap_ok
 
 CHUNK = 8 * 2**20  # read size while verifying: large enough for full-speed reads, small in memory
 
@@ -191,10 +192,12 @@ def file_info(path: Path) -> dict[str, Any]:
 
 
 def load_file(path: Path, map_location: Any = "cpu") -> Any:
-    """weights_only torch.load, memory-mapped: tensors are backed by the page cache (which the
-    verification pass just filled) instead of a second copy in memory."""
+    """weights_only torch.load, memory-mapped on a local disk: tensors are backed by the page cache
+    (which the verification pass just filled) instead of a second copy in memory. On a network
+    filesystem it reads into memory: there a page fault after another node pruned the file would be
+    SIGBUS, a crash (hpc.sharedfs)."""
     try:
-        return torch.load(path, map_location=map_location, weights_only=True, mmap=True)
+        return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap_ok(path))
     except pickle.UnpicklingError as err:
         raise ValueError(
             f"{path} holds objects that weights_only loading refuses ({err}). Loading never runs "

@@ -24,6 +24,7 @@ from hpc.checkpoint.reader import PER_RANK_KEY, StoreReader, warn_user
 from hpc.checkpoint.staging import Staging
 from hpc.checkpoint.writer_lock import StoreLocked, WriterLock, wait_for_owner
 from hpc.checkpoint.writer_lock import generation as job_attempt
+from hpc.sharedfs import listed
 
 __all__ = ["CheckpointStore", "StoreLocked", "AUTO_FORK_BYTES", "RANK_WAIT_S"]
 
@@ -191,25 +192,30 @@ class CheckpointStore(StoreReader):
             pass  # rank 0 then waits RANK_WAIT_S for this rank, as for a rank that died
 
     def _collect_ranks(self, tmp: Path, generation: str) -> dict[str, str]:
-        """Wait for every rank's file of this generation; return name -> checksum info."""
-        files, deadline = {}, time.monotonic() + RANK_WAIT_S
-        for r in range(self.world_size):
-            done = tmp / f"rank-{r}.done"
-            while True:
+        """Wait for every rank's file of this generation; return name -> checksum info. A file is
+        looked for in a listing of the directory, never by opening its name before it exists: NFS
+        would answer that lookup from its cache of misses for up to a minute (hpc.sharedfs)."""
+        files, pending, deadline, pause = {}, list(range(self.world_size)), time.monotonic() + RANK_WAIT_S, 0.05
+        while pending:
+            names = listed(tmp)
+            for r in [r for r in pending if f"rank-{r}.done" in names]:
                 try:
-                    info = json.loads(done.read_text())
+                    info = json.loads((tmp / f"rank-{r}.done").read_text())
                 except (OSError, ValueError):
                     info = {}
                 if isinstance(info, dict) and info.get("generation") == generation:
                     if "error" in info:
                         raise RuntimeError(f"rank {r} could not write its checkpoint file: {info['error']}")
                     files[f"rank-{r}.pt"] = info["file"]
-                    break
-                if time.monotonic() > deadline:
-                    raise TimeoutError(
-                        f"rank {r} did not write {done} within {RANK_WAIT_S:.0f}s; checkpoint "
-                        f"left incomplete. HINT: every rank must call save() with the same step.")
-                time.sleep(0.05)
+                    pending.remove(r)
+            if pending and time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"rank {pending[0]} did not write {tmp / f'rank-{pending[0]}.done'} within "
+                    f"{RANK_WAIT_S:.0f}s; checkpoint left incomplete. HINT: every rank must call save() "
+                    "with the same step.")
+            if pending:
+                time.sleep(pause)
+                pause = min(pause * 1.5, 0.5)  # each look lists the whole directory
         return files
 
     def _commit(self, step: int, tmp: Path, files: dict[str, str]) -> None:

@@ -14,7 +14,9 @@ process holding that file dies, SIGKILL included (on NFS, when the client's leas
 dead holder leaves is only the text naming it, which the next holder overwrites. A forked checkpoint
 writer shares its parent's lock, so a write still running when its trainer died keeps the store
 locked until it ends. Where the filesystem has no flock (Lustre mounted without ``-o flock``), the
-store warns once and writes unlocked, as it did before there was a lock.
+store warns once and writes unlocked, as it did before there was a lock; where the lock is taken on
+this node only (Lustre's ``localflock``, NFS's ``nolock``), it warns that a writer on another node
+is not kept out.
 
 Within one process, stores of the same directory share the lock: a test or a notebook that builds a
 second store without closing the first is one writer, not two.
@@ -32,6 +34,8 @@ import time
 import warnings
 from pathlib import Path
 from typing import Any
+
+from hpc.sharedfs import LOCK_HINT, local_locks
 
 log = logging.getLogger(__name__)
 
@@ -110,8 +114,9 @@ class WriterLock:
                 os.close(fd)
                 raise
             _warn(f"checkpoint store {self.path.parent}: the filesystem does not support flock "
-                  f"({err.strerror}); writing without a lock, so a second writer is not refused. "
-                  "HINT: mount Lustre with -o flock.")
+                  f"({err.strerror}); writing without a lock, so a second writer is not refused. {LOCK_HINT}")
+        local = local_locks(self.path.parent)  # localflock, nolock: no lock against other nodes' writers
+        _warn(f"checkpoint store: {local}") if local else None
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(holder(self.generation)).encode(), 0)
         os.fsync(fd)
