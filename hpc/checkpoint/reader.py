@@ -11,13 +11,15 @@ and the read starts over from a fresh listing, so a result is always one complet
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
-from hpc.checkpoint import layout
+from hpc.checkpoint import layout, read_lease
 from hpc.checkpoint.files import load_file
 from hpc.checkpoint.layout import DCP_METADATA, MARKER, SHARED
 
@@ -28,6 +30,7 @@ PER_RANK_KEY = "per_rank"
 SHARDED_KEY = "sharded_dir"
 # A read whose checkpoint the writer replaced meanwhile starts over; this many times at most.
 READ_ATTEMPTS = 100
+SETTLE_ATTEMPTS = 40  # reading(): 50 ms apart
 _RACED = object()  # a read met a rename or deletion by the writer: scan again
 
 
@@ -56,6 +59,38 @@ class StoreReader:
         again from a fresh listing, so the result is always one complete checkpoint.
         """
         return self._walk(step, lambda path, names: self._read(path, names, map_location), warn=True)[1]
+
+    @contextlib.contextmanager
+    def reading(self, step: int | None = None, map_location: Any = "cpu") -> Iterator[dict[str, Any] | None]:
+        """load() under a read lease (hpc.checkpoint.read_lease): the checkpoint whose state is
+        yielded is not pruned before the block ends, so its DCP shards (``state[SHARDED_KEY]``)
+        can be read inside it. None when there is no valid checkpoint."""
+        for _ in range(READ_ATTEMPTS):  # all candidates pruned between listing and lease: list again
+            candidates = [step] if step is not None else sorted(self._candidates(), reverse=True)
+            for s in candidates:
+                with read_lease.shared(self.directory, s):
+                    state = self._settled(s, map_location)
+                    if state is not None:
+                        yield state
+                        return
+            if step is not None or not candidates:
+                break
+        yield None
+
+    def _settled(self, step: int, map_location: Any) -> dict[str, Any] | None:
+        """load(step), waiting a moment for a committed .step-N.tmp to get its final name: the
+        shards are read by path after this returns, and the writer's rename would move them."""
+        for _ in range(SETTLE_ATTEMPTS):
+            state = self.load(step, map_location)
+            where = state.get(SHARDED_KEY) if state else None
+            if where is None or where.name == layout.name("step", step):
+                return state
+            time.sleep(0.05)
+        return state  # a writer killed before its rename: nothing moves it any more
+
+    def _candidates(self) -> set[int]:
+        found = layout.scan(self.directory)
+        return set(found["step"]) | set(found["tmp"]) | set(found["old"])
 
     def _walk(self, step: int | None, read: Any, warn: bool) -> tuple[int | None, Any]:
         for _ in range(READ_ATTEMPTS):

@@ -17,7 +17,7 @@ from typing import Any
 
 from hpc.atomic import fsync_dir, write_bytes
 from hpc.checkpoint import background_writer as background
-from hpc.checkpoint import layout
+from hpc.checkpoint import layout, read_lease
 from hpc.checkpoint.files import file_info, nbytes, space_error, write_atomic
 from hpc.checkpoint.layout import DCP_METADATA, MARKER, SHARED
 from hpc.checkpoint.reader import PER_RANK_KEY, StoreReader, warn_user
@@ -271,7 +271,9 @@ class CheckpointStore(StoreReader):
         for step in sorted(found["step"], reverse=True):
             path = found["step"][step]
             if len(kept) >= self.keep and step != committed:
-                layout.remove(path)
+                with read_lease.exclusive(self.directory, step) as free:
+                    if free:  # else a reader holds a lease: kept until a later save
+                        layout.remove(path)
                 continue
             problem = self._problem(step, path)
             if not problem:

@@ -1,0 +1,86 @@
+"""A reader of DCP shards holds a read lease: the writer's pruning (keep=1) waits for it.
+
+    python -m pytest -q tests/test_checkpoint_lease.py
+
+One process plays both jobs: a writer store with keep=1 saving model shards through DCP
+(hpc.checkpoint.dcp_engine), and an evaluation reader that loads the newest checkpoint, lets the
+writer commit (and prune) the next one, and only then reads the shards, as DCP does after load()
+returned. flock leases conflict between separate open files, so one process is enough.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from hpc.checkpoint import SHARDED_KEY, CheckpointStore, StoreReader
+from hpc.checkpoint.dcp_engine import DcpEngine
+
+
+def _save(store: CheckpointStore, engine: DcpEngine, model: torch.nn.Module, step: int) -> None:
+    with torch.no_grad():
+        model.weight.fill_(step)
+
+    def shards(directory, blocking):
+        engine.save(directory, model, blocking=True)
+        return engine.wait
+
+    store.save(step, {"step": step}, blocking=True, sharded=shards)
+
+
+@pytest.fixture
+def writer(tmp_path):
+    store, engine, model = CheckpointStore(tmp_path, keep=1), DcpEngine(), torch.nn.Linear(4, 4)
+    yield lambda step: _save(store, engine, model, step)
+    store.close()
+    engine.close()
+
+
+def test_a_reader_under_a_lease_loads_the_shards_the_writer_would_have_pruned(tmp_path, writer):
+    writer(1)
+    reader, target = StoreReader(tmp_path), torch.nn.Linear(4, 4)
+    with reader.reading() as state:
+        assert state["step"] == 1
+        writer(2)  # keep=1: step-1 is beyond keep now, but leased
+        assert (tmp_path / "step-1").is_dir()
+        DcpEngine().load(state[SHARDED_KEY], target)
+    assert bool((target.weight == 1).all())
+    writer(3)  # the lease is gone: pruning catches up
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-3"]
+
+
+def test_without_a_lease_the_same_read_fails(tmp_path, writer):
+    """What an evaluation job met before leases: load() returned, the shards went."""
+    writer(1)
+    state = StoreReader(tmp_path).load()
+    writer(2)
+    with pytest.raises(Exception):
+        DcpEngine().load(state[SHARDED_KEY], torch.nn.Linear(4, 4))
+
+
+def test_a_reader_never_meets_half_a_checkpoint_while_a_writer_saves_and_prunes(tmp_path, writer):
+    writer(1)
+    done, errors = threading.Event(), []
+
+    def keep_writing():
+        try:
+            for step in range(2, 12):
+                writer(step)
+        except BaseException as err:  # reported by the main thread
+            errors.append(err)
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=keep_writing)
+    thread.start()
+    reader, loaded = StoreReader(tmp_path), []
+    while not done.is_set():
+        target = torch.nn.Linear(4, 4)
+        with reader.reading() as state:
+            DcpEngine().load(state[SHARDED_KEY], target)
+        assert bool((target.weight == state["step"]).all())
+        loaded.append(state["step"])
+    thread.join()
+    assert not errors and loaded
