@@ -221,7 +221,7 @@ def _ddp(s: Session, model: torch.nn.Module, **ddp_kwargs) -> torch.nn.Module:
 def _fsdp(s: Session, model: torch.nn.Module, **kwargs) -> torch.nn.Module:
     from hpc.fsdp import shard
 
-    return shard(model, s.mesh, **kwargs)
+    return shard(model, s.mesh, bf16=s.bf16, **kwargs)  # the session's precision, never forced
 
 
 # strategy name -> how to wrap a model that is already on this task's device

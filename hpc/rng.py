@@ -46,22 +46,24 @@ def _restore_python(s: tuple) -> None:
     random.setstate((version, tuple(internal), gauss))
 
 
-def _capture_cuda() -> list[torch.Tensor] | None:
+def _capture_cuda() -> torch.Tensor | None:
+    """The generator state of this rank's device only: a resume with another GPUs-per-node split
+    (2 x 4 to 1 x 8) binds each rank to a device again, and that device takes this state."""
     # Querying CUDA state would initialise CUDA in a CPU-only job; skip when unused.
     if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
         return None
-    return torch.cuda.get_rng_state_all()
+    return torch.cuda.get_rng_state(torch.cuda.current_device())
 
 
-def _restore_cuda(s: list[torch.Tensor] | None) -> None:
+def _restore_cuda(s: torch.Tensor | list[torch.Tensor] | None) -> None:
     if s is None or not torch.cuda.is_available():
         return
-    if len(s) != torch.cuda.device_count():
-        raise ValueError(
-            f"checkpoint has CUDA RNG states for {len(s)} devices, this process sees "
-            f"{torch.cuda.device_count()}. HINT: resume with the same --gpus-per-node as the run "
-            "that wrote the checkpoint, or drop the 'cuda' entry to reseed CUDA generators.")
-    torch.cuda.set_rng_state_all(s)
+    device = torch.cuda.current_device()
+    if isinstance(s, (list, tuple)):  # written before: one state per visible device
+        if device >= len(s):
+            return  # this rank's device had no state of its own: its generator stays as seeded
+        s = s[device]
+    torch.cuda.set_rng_state(s, device)
 
 
 _CAPTURE = {"python": _capture_python, "numpy": _capture_numpy,

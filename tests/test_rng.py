@@ -56,3 +56,26 @@ def test_cpu_only_process_has_no_cuda_state():
 def test_unknown_source_is_rejected_with_hint():
     with pytest.raises(ValueError, match="HINT"):
         rng.restore({"jax": 1})
+
+
+def test_cuda_state_is_this_ranks_device_only_and_restores_on_another_split(monkeypatch):
+    """Faked device layout: 8 visible GPUs, this rank bound to cuda:5 (a 1 x 8 node). A resume on
+    a 2 x 4 split binds the same rank to cuda:1 and sees 4 devices: the state must still load."""
+    from hpc import rng
+
+    states = {i: torch.full((4,), i, dtype=torch.uint8) for i in range(8)}
+    written: dict = {}
+    current = {"device": 5, "count": 8}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: current["count"])
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current["device"])
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": states[device])
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: [states[i] for i in range(current["count"])])
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda s, device="cuda": written.__setitem__(device, s))
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", lambda ss: written.update(enumerate(ss)))
+    saved = rng._capture_cuda()
+    assert torch.equal(saved, states[5])
+    current.update(device=1, count=4)
+    rng._restore_cuda(saved)
+    assert list(written) == [1] and torch.equal(written[1], states[5])
