@@ -46,6 +46,7 @@ BREAKS_AFTEROK = frozenset({"FAILED", "CANCELLED", "TIMEOUT"})
 # SLURM's reason for such a job (squeue shows it at once; sacct's Reason may still say Dependency).
 NEVER = "DependencyNeverSatisfied"
 SACCT_FIELDS = ("JobID", "State", "Reason", "Elapsed", "Start", "End", "ExitCode", "NodeList")
+HISTORY_FIELDS = ("JobID", "Submit", "Eligible", "Start", "End", "State", "Reason")  # each start (history)
 # squeue -O with "|" as each field's suffix (an empty width never truncates); no exit code there.
 SQUEUE_FIELDS = ("JobArrayID", "State", "Reason", "TimeUsed", "StartTime", "EndTime", "NodeList", "RestartCnt")
 NO_ACCOUNTING = "accounting storage is disabled"  # sacct's words on a site without slurmdbd
@@ -191,6 +192,25 @@ def parse_sacct(text: str, wanted: Iterable[str]) -> Dict[str, JobRecord]:
         out[jid] = JobRecord(jid, hpc_state(state, reason), state, reason, elapsed, start, end, code, nodes,
                              restarts)
     return out
+
+
+def history(job_ids: Iterable[str]) -> Optional[Dict[str, List[Dict[str, str]]]]:
+    """Every start of each job, as HISTORY_FIELDS -> value, from one `sacct -D` call (a requeued job
+    has one record per start); None where accounting is disabled (hpc.timeline)."""
+    ids = sorted(set(job_ids))
+    if _site() in _NO_ACCOUNTING:
+        return None
+    if not ids:
+        return {}
+    try:
+        out = _run(["sacct", "-X", "-D", "-P", "-n", "-o", ",".join(HISTORY_FIELDS), "-j", ",".join(base_ids(ids))])
+    except RuntimeError as err:
+        if NO_ACCOUNTING not in str(err):
+            raise
+        _NO_ACCOUNTING.add(_site())
+        return None
+    rows = _rows(out, len(HISTORY_FIELDS), ids, keep_all=True)
+    return {jid: [dict(zip(HISTORY_FIELDS, r)) for r in recs] for jid, recs in rows.items()}
 
 
 def parse_squeue(text: str, wanted: Iterable[str]) -> Dict[str, JobRecord]:

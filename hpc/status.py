@@ -258,17 +258,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m hpc.status", description="state of a run's jobs")
     p.add_argument("run_dir")
     p.add_argument("--json", action="store_true", help="print the same as JSON")
+    p.add_argument("--timeline", metavar="FILE", help="draw each task's attempts over time into FILE "
+                   "(.svg or .png; needs pip install 'hpc[plot]')")
     args = p.parse_args(argv)
     run = RunDir(args.run_dir)
-    if sweepdir.is_sweep(args.run_dir):
-        return sweepdir.main(args.run_dir, args.json)
-    if not run.manifest_path.exists():
+    if not run.manifest_path.exists() and not sweepdir.is_sweep(args.run_dir):
         print(f"error: {run.manifest_path} not found; expected a run directory made by python -m hpc.submit. "
               "HINT: pass the 'run dir:' path printed at submission.", file=sys.stderr)
         return 2
     try:
+        if args.timeline:  # a picture of the run (hpc.timeline), or of a sweep: one row per point
+            from hpc import timeline
+
+            return timeline.main(args.run_dir, args.timeline)
+        if sweepdir.is_sweep(args.run_dir):
+            return sweepdir.main(args.run_dir, args.json)
         rows = collect(run)
-    except RuntimeError as err:
+    except (RuntimeError, ValueError) as err:  # the scheduler, a damaged file, a bad --timeline name
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(json.dumps([asdict(r) for r in rows], indent=1) if args.json else format_table(rows))

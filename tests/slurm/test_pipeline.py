@@ -4,6 +4,7 @@ the `run` pipeline. Uses the tiny test pipeline (tests/tiny_pipeline.py), not th
     python -m pytest tests/slurm/test_pipeline.py -m slurm
 """
 import json
+import re
 import subprocess
 import sys
 import time
@@ -242,6 +243,12 @@ def test_run_pipeline_is_requeued_on_preemption_and_resumes(slurm_cluster, tmp_p
     assert int(ckpt.read_text()) == 30 and run.is_done("main")
     row = status.collect(run)[0]
     assert row.state == "COMPLETED" and row.restarts >= 1
+    # the picture of the run (sacct -D): one bar per attempt, each with the world size it got
+    assert status.main([str(run_dir), "--timeline", str(tmp_path / "run.svg")]) == 0
+    svg = (tmp_path / "run.svg").read_text()
+    bars = re.findall(r'id="attempt-main-(\d+)-(\d+)"', svg)
+    assert bars == [(job_id, str(n)) for n in range(1, row.restarts + 2)], bars
+    assert svg.count(">2 ranks<") == len(bars) and "stopped for a preemption" in svg
 
 
 def test_auto_picks_slurm_and_partitions_come_from_the_cluster(slurm_cluster, tmp_path, capsys):

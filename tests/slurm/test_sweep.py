@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc import grid, plan, scheduler, status, submit, sweepdir
+from hpc import grid, plan, scheduler, status, submit, sweepdir, timeline
 from tests.slurm.test_pipeline import counting_path, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,6 +87,10 @@ def test_each_stage_is_one_array_and_a_resubmission_skips_done_points(slurm_clus
     rows = wait_until(lambda: settled(sweep), what="point 3 to end")
     assert {r.point: r.state for r in rows if r.in_grid} == {two.signature: "COMPLETED", three.signature: "COMPLETED"}
     assert [r.in_grid for r in rows] == [False, True, True]
+    # its picture: one row per point, a lane per task, one attempt each
+    picture = timeline.collect(str(sweep.path))
+    assert [r.label.split()[0] for r in picture] == [one.signature, two.signature, three.signature]
+    assert [[sum(bool(s.gid) for s in lane.segments) for lane in r.lanes] for r in picture] == [[1, 1, 1]] * 3
 
 
 def test_a_failed_point_holds_back_no_other_and_is_resubmitted(slurm_cluster, tmp_path, calls, capsys):
