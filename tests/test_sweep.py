@@ -11,6 +11,7 @@ import yaml
 from hpc import config as hconfig
 from hpc import grid, plan, submit, sweep, sweepdir
 from hpc.rundir import RunDir
+from tests.test_cli_errors import one_line_error
 
 SLURM = ["--cluster", "slurm", "cluster.partitions=[low]"]  # partitions given: no sinfo call
 
@@ -95,15 +96,6 @@ def test_point_configs_and_stage_items(tmp_path):
     assert sweep.afterany([["7_0"], ["7_1", "6"]], {"first": ["7_0", "7_1"]}) == "afterany:6:7"
     assert sweep.afterany([["7_0"]], {"first": ["7_0", "7_1"]}) == "afterany:7_0"
     assert sweep.latest(["a=1", "b=2", "a=3"]) == ["b=2", "a=3"]
-
-
-def one_line_error(code, capsys, *words):
-    err = capsys.readouterr().err
-    assert code == 2, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "HINT" in lines[0], err
-    for word in words:
-        assert word in lines[0], (word, lines[0])
 
 
 @pytest.mark.parametrize("axes, words", [

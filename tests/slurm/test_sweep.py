@@ -6,21 +6,13 @@ resubmission skips done points and resumes the others, and a failed point holds 
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from hpc import grid, plan, scheduler, status, submit, sweepdir, timeline
-from tests.slurm.test_pipeline import counting_path, wait_until
+from hpc import grid, scheduler, status, submit, sweepdir, timeline
+from tests.slurm.test_pipeline import ROOT, counting_path, tiny, wait_until  # noqa: F401 (tiny: autouse)
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slurm
-
-
-@pytest.fixture(autouse=True)
-def tiny(monkeypatch):
-    monkeypatch.setitem(plan.PIPELINES, "tiny", "tests.tiny_pipeline")
-    monkeypatch.chdir(ROOT)  # jobs import tests.tiny_pipeline from the submission directory
 
 
 @pytest.fixture
