@@ -43,6 +43,7 @@ _PROFILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # a plain file name 
 LIMITS: Dict[str, Tuple[int, Optional[int]]] = {
     "nodes": (1, 10_000), "gpus_per_node": (0, 64), "tasks_per_node": (1, 1024), "cpus_per_task": (1, 1024),
     "time_min": (1, 366 * 24 * 60), "signal_delay_s": (0, None), "max_timeouts": (0, 1000), "local_tasks": (1, 64),
+    "max_node_failures": (0, 1000),
 }
 
 
@@ -66,6 +67,7 @@ class Resources:
     constraint: Optional[str] = None  # --constraint (node features)
     signal_delay_s: int = 120  # SIGUSR2 this many seconds before the time limit (checkpoint window)
     max_timeouts: int = 3  # how often a job that hit its time limit is requeued
+    max_node_failures: int = 3  # how often a job is requeued after a node failure, failed nodes excluded (hpc.nodefail)
     local_tasks: int = 1  # processes when run by the local executor (CPU, one machine)
     array_parallelism: Optional[int] = None  # array tasks running at once (sbatch --array=0-N%P); None: submitit's 256
     extra: Dict[str, str] = field(default_factory=dict)  # further sbatch options, name -> value

@@ -105,15 +105,19 @@ class JobSpec:
 
     def executor_parameters(self, dependency: Optional[str] = None, setup: Sequence[str] = ()) -> Dict[str, Any]:
         if self.kind == "slurm":
-            return sbatch.slurm_parameters(self.resources, self.stage, dependency, setup)
+            return sbatch.slurm_parameters(self.resources, self.stage, dependency, setup, self.run_dir)
         return sbatch.local_parameters(self.resources)
+
+    @property
+    def run_dir(self) -> str:
+        return self.folder.rsplit("/", 3)[0]  # the folder is <run_dir>/<stage>/logs/%j (make_plan)
 
     def sbatch_text(self, python: Optional[str] = None, setup: Sequence[str] = (), how: str = "afterok") -> str:
         """`how`: the dependency type on the `after` stages (a sweep's arrays wait afterany)."""
         per_item, _ = self.item_dependency()
         dependency = ",".join([f"{how}:<{s}>" for s in self.after] + [per_item] * bool(per_item)) or None
         size = len(self.items) if self.is_array else None
-        params = sbatch.slurm_parameters(self.resources, self.stage, dependency, setup)
+        params = sbatch.slurm_parameters(self.resources, self.stage, dependency, setup, self.run_dir)
         return sbatch.render(params, self.folder, size, python)
 
 

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from hpc import scheduler
+from hpc import requeue, scheduler
 from hpc.rundir import atomic_write_text
 from hpc.stopsignal import (DEFAULT_TIMEOUT_SIGNAL, PREEMPT_SIGNAL, REASON_CODES,  # noqa: F401
                             StopFlag, StopRequest, StopVote, install)
@@ -178,6 +178,11 @@ def handle_stop(request: StopRequest, history: str | os.PathLike, job_id: str | 
             seen = str(err).partition(" HINT:")[0]
             return Decision(False, None, f"{seen} HINT: submit with --requeue and check JobRequeue in "
                             "slurm.conf", kind)
+    if decision.requeue:  # SLURM pins the node count it last granted: give a node range back (hpc.requeue)
+        try:
+            requeue.after_requeue(job_id)
+        except RuntimeError as err:  # the batch script's hpc.afterstep tries again
+            log.warning("node range of job %s not restored: %s", job_id, err)
     return decision
 
 

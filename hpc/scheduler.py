@@ -288,7 +288,19 @@ def requeue(job_id: str, env: Optional[Mapping[str, str]] = None,
 
 def start_now(job_id: str, env: Optional[Mapping[str, str]] = None) -> None:
     """Lift a requeued job's begin-time hold (SLURM holds it back about two minutes)."""
-    _run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env)
+    update_job(job_id, {"StartTime": "now"}, env)
+
+
+def update_job(job_id: str, fields: Mapping[str, str], env: Optional[Mapping[str, str]] = None) -> None:
+    """`scontrol update JobId=J KEY=VALUE ...` (StartTime, NumTasks, ExcNodeList, ...)."""
+    _run(["scontrol", "update", f"JobId={job_id}", *(f"{k}={v}" for k, v in fields.items())], env)
+
+
+def node_states(nodes: str, env: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+    """Node -> State (IDLE, MIXED+NOT_RESPONDING, DOWN, ...) of a hostlist ("n[1-2]"): one scontrol call."""
+    rows = [dict(t.split("=", 1) for t in line.split() if "=" in t)
+            for line in _run(["scontrol", "-o", "show", "node", nodes], env).splitlines()]
+    return {r["NodeName"]: r.get("State", "") for r in rows if "NodeName" in r}
 
 
 def cancel(job_ids: Iterable[str], env: Optional[Mapping[str, str]] = None) -> List[str]:

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from hpc import hangs, scheduler, sweepdir
+from hpc import hangs, nodefail, scheduler, sweepdir
 from hpc.rundir import DONE, RunDir, task_key
 
 # What a job left behind -> hpc state: for local/debug jobs (no scheduler), and for SLURM jobs that
@@ -56,6 +56,7 @@ class TaskStatus:
     world_size: Optional[int] = None  # ranks the task got (None: not started, or nothing says)
     nodes: Optional[int] = None  # nodes it got
     hang: str = ""  # the newest hang the watchdog recorded: stuck ranks and hosts (hpc.hangs)
+    recovery: str = ""  # node failures, excluded nodes and the latest decision (hpc.nodefail)
 
 
 def collect(run: RunDir, answer: Optional[Tuple[scheduler.Answer, Dict[str, Any]]] = None) -> List[TaskStatus]:
@@ -80,7 +81,8 @@ def collect(run: RunDir, answer: Optional[Tuple[scheduler.Answer, Dict[str, Any]
                                rec.elapsed if rec else _done_elapsed(run, stage, item),
                                tqdm_progress(err) or last_progress(run.log_path(stage, jid)),
                                outputs(run.task_dir(stage, item)), "", last_progress(err),
-                               *world(run, stage, item, jid), hangs.summary(run.task_dir(stage, item))))
+                               *world(run, stage, item, jid), hangs.summary(run.task_dir(stage, item)),
+                               recovery=nodefail.summary(run.task_dir(stage, item))))
     _explain(rows, records, never, run.job_tasks())
     return rows
 
@@ -216,7 +218,7 @@ def _tail(log: Path, tail_bytes: int) -> str:
 def outputs(task_dir: Path) -> List[str]:
     if not task_dir.exists():
         return []
-    skip = {"logs", DONE}
+    skip = {"logs", DONE, nodefail.HISTORY}
     return sorted(p.name for p in task_dir.iterdir() if p.name not in skip and not p.name.startswith("task-"))
 
 
@@ -228,6 +230,7 @@ def format_table(rows: List[TaskStatus]) -> str:
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in [head, *body]]
     lines += [f"  {r.task} outputs: {', '.join(r.outputs)}" for r in rows if r.outputs]
     lines += [f"  {r.task} hang: {r.hang}" for r in rows if r.hang]
+    lines += [f"  {r.task} node failures: {r.recovery}" for r in rows if r.recovery]
     return "\n".join(lines)
 
 

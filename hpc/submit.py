@@ -254,7 +254,9 @@ def submit(args: argparse.Namespace) -> int:
         if not plan.jobs:
             print(f"nothing to submit: every task of {run.path} is done or queued")
             return 0
-        run.start(pipe.name, hconfig.to_yaml(cfg), kind, code_version(_user_module_file(args.pipeline)))
+        # pipeline_arg: how to name the pipeline again, for a resubmission from a job (hpc.afterstep)
+        run.start(pipe.name, hconfig.to_yaml(cfg), kind,
+                  {**code_version(_user_module_file(args.pipeline)), "pipeline_arg": args.pipeline})
         ids = submit_plan(plan, run, list(cfg.cluster.setup))
     print(f"run dir: {run.path}")
     for stage, jids in ids.items():

@@ -30,6 +30,7 @@ class ElasticSection:
     save_every: int = 1
     hold_at: int = 0  # 0: no hold
     hold_s: float = 120.0
+    hold_once: bool = False  # hold only in an attempt that starts from scratch (not one resumed from a checkpoint)
 
 
 @dataclass
@@ -68,7 +69,7 @@ def train(ctx: Any) -> dict:
             with open(ctx.stage_dir / "attempts.jsonl", "a") as f:
                 f.write(json.dumps({"tag": tag, "world_size": loop.s.world_size, "nodes": ctx.env.num_nodes,
                                     "resumed_from": loop.resumed_step}) + "\n")
-        if step == cfg["hold_at"]:
+        if step == cfg["hold_at"] and not (cfg["hold_once"] and loop.resumed_step):
             deadline = time.monotonic() + cfg["hold_s"]
             while loop.flag.reason is None and time.monotonic() < deadline:
                 time.sleep(0.05)

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from hpc import config, plan, submit
+from hpc import config, plan, sbatch, submit
 from hpc.rundir import RunDir
 
 BASE = Path(tempfile.mkdtemp(prefix="hpc-render-"))  # run dirs are made under it, never written
@@ -42,7 +42,8 @@ def dry_run_scripts(argv):
 
 
 def check_script(text, job, run, setup, expected):
-    """The script is exactly: header, one #SBATCH line per expected option, setup lines, srun line."""
+    """The script is exactly: header, one #SBATCH line per expected option, hpc's setup lines (srun under
+    hpc.afterstep, given the run dir as one word) and the config's, srun line."""
     lines = text.split("\n")  # bash ends a command at \n, and only there
     assert lines[:3] == ["#!/bin/bash", "", "# Parameters"], text
     flags, i = {}, 3
@@ -54,9 +55,11 @@ def check_script(text, job, run, setup, expected):
         i += 1
     assert set(flags) == set(expected), (sorted(flags), sorted(expected))
     assert all(flags[k] == v for k, v in expected.items()), (flags, expected)
-    if setup:
-        assert lines[i:i + 2 + len(setup)] == ["", "# setup", *setup], text
-        i += 2 + len(setup)
+    ours = sbatch.afterstep_setup(job.resources, str(run.path))
+    assert shlex.split(ours[1])[2:7] == [sys.executable, "-u", "-m", "hpc.afterstep", str(run.path)], ours
+    setup = ours + list(setup)
+    assert lines[i:i + 2 + len(setup)] == ["", "# setup", *setup], text
+    i += 2 + len(setup)
     assert lines[i:i + 3] == ["", "# command", "export SUBMITIT_EXECUTOR=slurm"] and lines[i + 4:] == [""], text
     out = f"{run.path}/{job.stage}/logs/" + ("%A_%a/%A_%a" if job.is_array else "%j/%j")
     assert shlex.split(lines[i + 3]) == [

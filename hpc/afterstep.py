@@ -1,0 +1,143 @@
+"""hpc's batch-level wrapper around srun: a node failure is requeued with the failed nodes excluded,
+and a node range gets all of its node counts back after any requeue.
+
+    PYTHON -u -m hpc.afterstep RUN_DIR -- srun ARGS...    # what `srun` means in hpc's sbatch scripts
+
+It runs srun and exits with srun's status. It acts on the job's SIGTERM and on srun's failure:
+- A node failure, a preemption and a requeue each send SIGTERM to every process of the job, this
+  one included, and SLURM's SIGKILL follows KillWait seconds later (30 by default). srun itself may
+  not return before that: it waits KillWait + 2 s for the steps of a node that died. So this process
+  acts on the SIGTERM itself, with SIGTERM ignored meanwhile, which its scontrol calls inherit.
+- srun ending with an error on its own (a rank that died, an error in the user's code) is looked
+  at once srun has returned; it is retried only when a node of the job has failed.
+What it decides, and why, goes to the task's history (hpc.nodefail, shown by hpc.status) and to
+the job's log. The batch script runs on the job's first node, beside rank 0: if that node is the
+one that fails, nothing of the job is left to act, and SLURM requeues it (--requeue) as it was.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence
+
+from hpc import hostlist, nodefail, preemption, requeue, scheduler
+from hpc.rundir import RunDir
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) < 3 or args[1] != "--":
+        print("usage: python -m hpc.afterstep RUN_DIR -- srun ARGS...", file=sys.stderr)
+        return 2
+    run = RunDir(args[0])
+    return supervise(["srun", *args[2:]], lambda why: act(run, why))
+
+
+def supervise(argv: Sequence[str], on_end: Callable[[str], bool]) -> int:
+    """Run argv to its end; call on_end(why) on each SIGTERM until it returns True (it acted), and
+    once more if argv failed and nothing was done yet. Returns argv's exit status."""
+    acted = [False]
+
+    def on_term(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        acted[0] = acted[0] or on_end("SIGTERM")
+        signal.signal(signal.SIGTERM, signal.SIG_IGN if acted[0] else on_term)
+
+    before = signal.signal(signal.SIGTERM, on_term)
+    try:
+        code = subprocess.Popen(list(argv)).wait()
+        if code != 0 and not acted[0]:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            on_end(f"srun exited {code}")
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    return code if code >= 0 else 128 - code  # killed by a signal: as the shell would say it
+
+
+def act(run: RunDir, why: str) -> bool:
+    """after_step, with what it did in the job's log; True when it did something."""
+    try:
+        action, line = after_step(run, os.environ)
+    except Exception as err:  # srun's exit status stays the job's: never replace it with ours
+        action, line = None, f"nothing done: {type(err).__name__}: {err}"
+    if action is None or action.do != "none":
+        print(f"[hpc] {why}: {line}", file=sys.stderr, flush=True)
+    return action is not None and action.do != "none"
+
+
+def after_step(run: RunDir, env: Mapping[str, str]) -> tuple:
+    """Read SLURM, decide (hpc.nodefail.decide), carry it out, record it: (action, in words)."""
+    job_id = env["SLURM_JOB_ID"]
+    array_task = env.get("SLURM_ARRAY_TASK_ID")
+    key = f"{env['SLURM_ARRAY_JOB_ID']}_{array_task}" if array_task else job_id  # as the manifest has it
+    restart = int(env.get("SLURM_RESTART_COUNT") or 0)
+    info = preemption.job_info(job_id)
+    failed = nodefail.failed_nodes(scheduler.node_states(env["SLURM_JOB_NODELIST"]))
+    task = next((t for t in run.tasks() if any(j["job_id"] == key for j in t["jobs"])), None)
+    stage = task["stage"] if task else env.get("SLURM_JOB_NAME", "?")
+    task_dir = run.task_dir(stage, task["item"]) if task else None
+    history = nodefail.load(task_dir) if task_dir else {}
+    mark = nodefail.progress_mark(task_dir) if task_dir else None
+    already = nodefail.requeued(info, restart)
+    action = nodefail.decide(history, failed, already, mark, nodefail.env_limit(env), stage)
+    done = carry_out(action, job_id, info, already, restart, str(run.path), stage, env)
+    if task_dir and action.do != "none":
+        nodefail.record(task_dir, history, action, key, restart, failed, mark, done)
+    return action, f"{action.why}: {done}"
+
+
+def carry_out(action: nodefail.Action, job_id: str, info: Dict[str, str], already: bool, restart: int,
+              run_dir: str, stage: str, env: Mapping[str, str]) -> str:
+    if action.do == "none":
+        return "left as it is"
+    if action.do == "reopen":
+        return _said(requeue.after_requeue(job_id, (), env), "requeued")
+    if action.do == "stop":
+        if already:  # SLURM requeued it for the node failure on its own: take that back
+            scheduler.cancel([job_id])
+            return f"stopped; SLURM's requeue of job {job_id} cancelled"
+        return "stopped"
+    exclude = sorted(set(requeue.excluded(info)) | set(action.exclude))
+    if not already:
+        try:
+            scheduler.requeue(job_id)
+        except RuntimeError as err:
+            info = preemption.job_info(job_id)
+            if not nodefail.requeued(info, restart):  # nor has SLURM requeued it meanwhile
+                new = requeue.resubmit_after(job_id, run_dir, stage, exclude, info)
+                seen = str(err).partition(" HINT:")[0]
+                return (f"requeue refused ({seen}); job {new} submits the task again into the run "
+                        f"directory once job {job_id} has ended, excluding {','.join(exclude)}")
+    return _said(requeue.after_requeue(job_id, exclude, env), f"requeued as job {job_id}")
+
+
+def _said(values: Dict[str, str], what: str) -> str:
+    return f"{what} with {' '.join(f'{k}={v}' for k, v in values.items())}" if values else what
+
+
+def resubmit(run_dir: str, stage: str, nodes: Sequence[str]) -> None:
+    """hpc.submit into `run_dir`, as its first submission named the pipeline, with `nodes` added to
+    the stage's excluded nodes (stages.X.extra.exclude, saved in config.yaml for later ones). The
+    job hpc.requeue.resubmit_after submits runs it."""
+    from hpc import config as hconfig
+    from hpc import plan as hplan
+    from hpc import submit
+
+    run = RunDir(run_dir)
+    manifest: Dict[str, Any] = run.manifest()
+    spec = manifest.get("pipeline_arg") or manifest["pipeline"]
+    pipe = hplan.get_pipeline(spec)
+    cfg = hconfig.load(pipe.schema, spec, saved=run.config_path, extra=pipe.templates)
+    key = next(s.resources or s.name for s in pipe.stages(cfg) if s.name == stage)
+    before = str(cfg.stages[key].extra.get("exclude") or "")
+    exclude = sorted(set(hostlist.expand(before) if before else []) | set(nodes))
+    overrides = [f"stages.{key}.extra.exclude={','.join(exclude)}"] if exclude else []
+    code = submit.main([spec, "--run-dir", run_dir, *overrides])
+    if code != 0:
+        raise RuntimeError(f"resubmitting {stage} into {run_dir} failed (exit status {code}); see the error above")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

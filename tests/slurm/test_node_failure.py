@@ -1,0 +1,147 @@
+"""Node failures on the real local cluster: a node dies under a 1-2 node job, which resumes on the other.
+
+    python -m pytest tests/slurm/test_node_failure.py -m slurm
+
+The tests play the failure of the last node: its slurmd is killed, then the job's processes on it (a
+node that dies takes them along), then SLURM is told that the node is DOWN, as slurmctld says
+itself once SlurmdTimeout (300 s in the sandbox) has passed. The node is brought back (slurmd
+started again, the node resumed) before the job may start again, so only the exclusion keeps the
+job off it; and after the test, whatever happens.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hpc import nodefail, plan, submit
+from hpc.cluster.preempt import job_field, release_hold
+from hpc.rundir import DONE, RunDir
+from tests.slurm.test_pipeline import ended, job_ids, wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slurm
+STEPS, HOLD_AT = 5, 3
+
+
+@pytest.fixture(autouse=True)
+def pipelines(monkeypatch):
+    monkeypatch.setitem(plan.PIPELINES, "elastic", "tests.elastic_pipeline")
+    monkeypatch.chdir(ROOT)  # jobs import tests.* from the submission directory
+
+
+def node_state(cluster, node):
+    out = cluster.run(["scontrol", "show", "node", node]).stdout
+    return next(w.split("=", 1)[1] for w in out.split() if w.startswith("State="))
+
+
+def bring_back(cluster, node):
+    """slurmd started again (`up` starts what is missing) and the node in service."""
+    cluster.up(log=lambda msg: None)
+    cluster.run(["scontrol", "update", f"nodename={node}", "state=resume"], check=False)  # may be back already
+    wait_until(lambda: not {"DOWN", "DRAIN", "NOT_RESPONDING"} & set(node_state(cluster, node).split("+")),
+               60, f"{node} back in service")
+
+
+@pytest.fixture
+def failing_node(slurm_cluster):
+    node = slurm_cluster.nodes[-1]
+    try:
+        yield node
+    finally:  # the next test must find every node in service
+        bring_back(slurm_cluster, node)
+
+
+def job_processes(job_id, node):
+    """Pids of the job's tasks on `node`, with the slurmstepd above them (their environment says so)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            env = set((entry / "environ").read_bytes().split(b"\0"))
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError):
+            continue
+        if {f"SLURM_JOB_ID={job_id}".encode(), f"SLURMD_NODENAME={node}".encode()} <= env:
+            found.add(int(entry.name))
+            if b"slurmstepd" in Path(f"/proc/{parent}/cmdline").read_bytes():
+                found.add(parent)
+    return found
+
+
+def fail_node(cluster, node, job_id):
+    """The node dies under the job: its slurmd and the job's processes there, then SLURM marks it DOWN."""
+    own_id = job_field(cluster, job_id, "JobId")  # an array task's processes see its own job id, not 12_0
+    os.kill(int(cluster.layout.path("run", f"slurmd-{node}.pid").read_text()), signal.SIGKILL)
+    for pid in job_processes(own_id, node):
+        os.kill(pid, signal.SIGKILL)
+    cluster.run(["scontrol", "update", f"nodename={node}", "state=down", "reason=hpc-node-failure-test"])
+
+
+def history(run, stage, item=None):
+    return json.loads((run.task_dir(stage, item) / nodefail.HISTORY).read_text())
+
+
+def status_text(run):
+    return subprocess.run([sys.executable, "-m", "hpc.status", str(run.path)], capture_output=True, text=True,
+                          check=True).stdout
+
+
+def test_a_node_failure_requeues_the_job_without_the_node_from_its_checkpoint(slurm_cluster, failing_node, tmp_path):
+    assert submit.main(["elastic", "--cluster", "slurm", "--run-dir", str(tmp_path / "run"), "stages.train.nodes=1-2",
+                        f"elastic.steps={STEPS}", f"elastic.hold_at={HOLD_AT}", "elastic.hold_once=true"]) == 0
+    run = RunDir(tmp_path / "run")
+    out, job = run.task_dir("train"), job_ids(run)[("train", None)]
+    wait_until(lambda: (out / "checkpoints" / f"step-{HOLD_AT - 1}" / "COMPLETE.json").is_file(), 180,
+               f"the checkpoint of step {HOLD_AT - 1}")  # then every rank waits before step HOLD_AT
+    assert job_field(slurm_cluster, job, "NumNodes") == "2"
+    fail_node(slurm_cluster, failing_node, job)
+    wait_until(lambda: failing_node in job_field(slurm_cluster, job, "ExcNodeList"), 60, "the node excluded")
+    bring_back(slurm_cluster, failing_node)  # from here on, only the exclusion keeps the job off it
+    release_hold(slurm_cluster, job, time.monotonic() + 30)
+    wait_until(lambda: (out / DONE).is_file(), 120, "the requeued job to finish training")
+    # sacct lists the attempt that ended NODE_FAIL before the requeued one: wait for the latter
+    records = wait_until(lambda: (r := ended(run)) and r[job].restarts == 1 and r, 60, "its end in sacct")
+    assert records[job].state == "COMPLETED", records[job]
+    assert failing_node not in records[job].nodes, records[job]
+    done = json.loads((out / DONE).read_text())
+    assert (done["world_size"], done["nodes"]) == (2, 1)
+    first, second = [json.loads(line) for line in (out / "attempts.jsonl").read_text().splitlines()]
+    assert (first["world_size"], second["world_size"], second["resumed_from"]) == (4, 2, HOLD_AT - 1)
+    seen = history(run, "train")
+    assert (seen["node_failures"], seen["excluded"]) == (1, [failing_node]), seen
+    text = status_text(run)
+    assert f"node failures: 1 node failure(s), excluded: {failing_node}" in text, text
+    assert f"requeued as job {job}" in text and f"ExcNodeList={failing_node}" in text, text
+
+
+def test_where_requeue_is_refused_a_new_job_runs_the_task_without_the_node(slurm_cluster, failing_node, tmp_path):
+    release = tmp_path / "release"
+    run_dir = tmp_path / "run"
+    # named by module path: the resubmission runs in a job of its own, where no alias is registered
+    assert submit.main(["tests.tiny_pipeline", "--cluster", "slurm", "--run-dir", str(run_dir), "tiny.parts=[0]",
+                        "tiny.third=true", "stages.second.nodes=1-2", "stages.second.tasks_per_node=2", "tiny.slow_items=[0]",
+                        f"tiny.release_file={release}"]) == 0
+    run = RunDir(run_dir)
+    job = job_ids(run)[("second", 0)]
+    wait_until(lambda: "item 0 working" in _text(run.log_path("second", job)), 60, "second[0] at work")
+    assert job_field(slurm_cluster, job, "NumNodes") == "2"
+    slurm_cluster.run(["scontrol", "update", f"jobid={job}", "requeue=0"])  # as a site that refuses requeue
+    fail_node(slurm_cluster, failing_node, job)
+    wait_until(lambda: (run.task_dir("second", 0) / nodefail.HISTORY).exists(), 60, "the failure recorded")
+    bring_back(slurm_cluster, failing_node)
+    release.touch()
+    wait_until(lambda: job_ids(run)[("second", 0)] != job and ended(run), 120, "the new job and the stage after")
+    records = ended(run)
+    new = job_ids(run)[("second", 0)]
+    assert records[new].state == "COMPLETED" and failing_node not in records[new].nodes, records[new]
+    assert records[job_ids(run)[("third", None)]].state == "COMPLETED"  # it waited on the failed job
+    assert "refused" in history(run, "second", 0)["events"][-1]["done"]
+    assert f"exclude: {failing_node}" in (run.path / "config.yaml").read_text()
+
+
+def _text(path):
+    return path.read_text() if path.exists() else ""
