@@ -19,18 +19,17 @@ stages.*, cluster.* and run.* are not swept; key=value before --sweep applies to
 from __future__ import annotations
 
 import argparse
-import copy
-from typing import Any, Dict, FrozenSet, Iterator, List, Mapping, Sequence, Tuple
+from typing import Any, Dict, FrozenSet, List, Mapping, Sequence, Tuple
 
 from hpc import config as hconfig
 from hpc import grid as hgrid
 from hpc import plan as hplan
-from hpc import scheduler, status, submit as hsubmit
+from hpc import scheduler, status, submit as hsubmit, sweepconfig
 from hpc.atomic import batched
 from hpc.rundir import RunDir, RunDirError, code_version
 from hpc.sweepdir import SweepDir, follow
 
-Defs = Dict[str, Dict[str, hplan.StageDef]]  # signature -> stage name -> that point's StageDef
+from hpc.sweepconfig import Defs
 
 
 def submit(args: argparse.Namespace) -> int:
@@ -40,7 +39,7 @@ def submit(args: argparse.Namespace) -> int:
     sweep = SweepDir(run.path)
     grid = _grid(args, recorded, base, pipe.name)
     points = hgrid.points(grid)
-    defs = resolve(base, points, pipe)
+    defs = sweepconfig.resolve(base, points, pipe)
     if args.dry_run:
         plan, states, _ = _plan(pipe, base, defs, sweep, kind, None)
         print(summary(plan, points, states, sweep.removed(points) + [f"note: {n}" for n in notes]))
@@ -60,8 +59,9 @@ def submit(args: argparse.Namespace) -> int:
             return 0
         code = code_version(hsubmit._user_module_file(args.pipeline))
         now = {sig for job in plan.jobs for sig, _ in job.items}
-        for point, cfg in configs(base, [p for p in points if p.signature in now]):
-            sweep.point(point.signature).start(pipe.name, hconfig.to_yaml(cfg), kind, code)
+        texts = sweepconfig.texts(base, [p for p in points if p.signature in now])
+        for sig, text in texts.items():
+            sweep.point(sig).start(pipe.name, text, kind, code)
         ids = submit_arrays(plan, sweep, defs, list(base.cluster.setup))
     print(f"sweep dir: {sweep.path}")
     for label, jids in ids.items():
@@ -107,35 +107,6 @@ def _grid(args: argparse.Namespace, recorded: Mapping[str, Any], base: Any, pipe
             raise hgrid.SweepError(f"--sweep {key}: value {bad[0]!r} contains a control character; expected "
                                    "printable text. HINT: write each value on one line, without escapes.")
     return grid
-
-
-def configs(base: Any, points: Sequence[hgrid.Point]) -> Iterator[Tuple[hgrid.Point, Any]]:
-    """(point, its config) in turn: the base with the point's overrides, type-checked. One copy of
-    the base is updated point after point (each sets every swept key): a copy or a fresh load per
-    point costs far more. Each config is valid until the next point is yielded."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    cfg = copy.deepcopy(base)
-    for point in points:
-        for key, value in point.overrides.items():
-            try:  # a mapping merges into the base's, as a key=value override would
-                value = OmegaConf.merge(OmegaConf.select(base, key), value) if isinstance(value, dict) else value
-                OmegaConf.update(cfg, key, value, merge=False)
-            except OmegaConfBaseException as err:
-                detail = str(getattr(err, "msg", err)).splitlines()[0]
-                raise hgrid.SweepError(f"--sweep {key}={value!r}: {detail}; expected a value of the key's type. "
-                                       f"HINT: see the pipeline's config dataclass for {key}.") from None
-        yield point, cfg
-
-
-def resolve(base: Any, points: Sequence[hgrid.Point], pipe: hplan.PipelineDef) -> Defs:
-    """Each point's stages, after the pipeline's own checks of its config."""
-    defs = {}
-    for point, cfg in configs(base, points):
-        pipe.validate(cfg)
-        defs[point.signature] = {s.name: s for s in pipe.stages(cfg)}
-    return defs
 
 
 def merged_stages(defs: Defs) -> List[hplan.StageDef]:

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from hpc import config as hconfig
-from hpc import grid, plan, submit, sweep, sweepdir
+from hpc import grid, plan, submit, sweep, sweepconfig, sweepdir
 from hpc.rundir import RunDir
 from tests.test_cli_errors import one_line_error
 
@@ -82,13 +82,13 @@ def test_point_configs_and_stage_items(tmp_path):
     pipe = plan.get_pipeline("tiny")
     base = submit.build(submit.parse_args(["tiny", "--cluster", "local", "--run-dir", str(tmp_path)]))[1]
     pts = grid.points({"tiny.parts": [[0], [1, 2]], "tiny.score": [0.5]})
-    defs = sweep.resolve(base, pts, pipe)
-    texts = [hconfig.to_yaml(cfg) for _, cfg in sweep.configs(base, pts)]
+    defs = sweepconfig.resolve(base, pts, pipe)
+    texts = [hconfig.to_yaml(cfg) for _, cfg in sweepconfig.configs(base, pts)]
     assert [yaml.safe_load(t)["tiny"]["parts"] for t in texts] == [[0], [1, 2]]
     assert base.tiny.score == 0.0 and list(base.tiny.parts) == [0, 1, 2]  # the base is left as it was
     # a whole section as an axis merges into the base's section, and nothing leaks to the next point
     sections = grid.points({"tiny": [{"score": 1.0}, {"sleep_s": 2.0}]})
-    assert [(c.tiny.score, c.tiny.sleep_s) for _, c in sweep.configs(base, sections)] == [(1.0, 0.0), (0.0, 2.0)]
+    assert [(c.tiny.score, c.tiny.sleep_s) for _, c in sweepconfig.configs(base, sections)] == [(1.0, 0.0), (0.0, 2.0)]
     merged = {s.name: s for s in sweep.merged_stages(defs)}
     sig0, sig1 = defs
     assert merged["first"].items == ((sig0, None), (sig1, None))
@@ -96,6 +96,19 @@ def test_point_configs_and_stage_items(tmp_path):
     assert sweep.afterany([["7_0"], ["7_1", "6"]], {"first": ["7_0", "7_1"]}) == "afterany:6:7"
     assert sweep.afterany([["7_0"]], {"first": ["7_0", "7_1"]}) == "afterany:7_0"
     assert sweep.latest(["a=1", "b=2", "a=3"]) == ["b=2", "a=3"]
+
+
+@pytest.mark.parametrize("pipeline, extra, axes", [
+    ("tiny", ["--cluster", "local"], {"tiny.score": [1.5, 2], "tiny.parts": [[0], [1, 2]]}),
+    ("tiny", ["--cluster", "local", "run.name=r${tiny.score}"], {"tiny.score": [1.5, 2]}),  # an interpolation
+    ("langsplat", ["--profile", "sandbox", "--cluster", "local"], {"langsplat.trainer.cameras_per_step": [1, 2]}),
+])
+def test_each_points_config_yaml_is_what_to_yaml_writes(tmp_path, pipeline, extra, axes):
+    base = submit.build(submit.parse_args([pipeline, *extra, "--run-dir", str(tmp_path)]))[1]
+    pts = grid.points(axes)
+    expected = [hconfig.to_yaml(cfg) for _, cfg in sweepconfig.configs(base, pts)]
+    assert list(sweepconfig.texts(base, pts).values()) == expected
+    assert len(set(expected)) == len(pts)
 
 
 @pytest.mark.parametrize("axes, words", [
