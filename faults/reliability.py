@@ -4,7 +4,8 @@
     python -m faults.reliability --quick --out /tmp/R.md
 
 The campaigns are faults.checkpoint, faults.disk, faults.resume, faults.exits (normal exits of
-DDP jobs on a local SLURM cluster) and, for run directories, tests.submit_race (simultaneous
+DDP jobs on a local SLURM cluster), faults.hangs (hung ranks and the watchdog), faults.sharedfs
+(NFS and Lustre behaviours, injected) and, for run directories, tests.submit_race (simultaneous
 submissions into one run dir). "Lost" counts
 checkpoints that were committed and then did not load (or loads that raised, returned nothing or
 mixed two checkpoints), resumed runs that did not end bitwise equal to the uninterrupted one,
@@ -62,7 +63,9 @@ def _normal_exits(scratch: Path, count: int, seed: int) -> Outcome:
 
 def campaigns() -> List[Campaign]:
     from faults import checkpoint as fc
+    from faults import sharedfs as fs
     from faults.disk import full_disk
+    from faults.hangs import hung_ranks
     from faults.resume import dropout_resume
 
     return [
@@ -78,6 +81,11 @@ def campaigns() -> List[Campaign]:
                  dropout_resume, 10, 2),
         Campaign("concurrent submissions into one run dir", _submissions, 9, 2),
         Campaign("normal exits of a 2 x 2 DDP job under srun --kill-on-bad-exit", _normal_exits, 200, 4),
+        Campaign("a rank hung (SIGSTOP, or asleep in its step): watchdog", hung_ranks, 10, 2),
+        Campaign("shared FS: directory fsync answers EINVAL", fs.dir_fsync_einval, 30, 4),
+        Campaign("shared FS: NFS negative lookup cache while rank 0 commits", fs.negative_cache, 20, 3),
+        Campaign("shared FS: checkpoint pruned after an NFS load", fs.pruned_after_load, 20, 3),
+        Campaign("shared FS: flock answers ENOLCK", fs.no_locks, 20, 3),
     ]
 
 

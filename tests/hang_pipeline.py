@@ -19,12 +19,12 @@ from hpc.plan import PipelineDef, StageDef
 
 @dataclass
 class HangSection:
-    steps: int = 12
+    steps: int = 4
     step_s: float = 0.1
     save_every: int = 2
-    watchdog_s: float = 5.0
+    watchdog_s: float = 3.0
     stop_rank: int = 3
-    stop_at: int = 4
+    stop_at: int = 3
     timeout_s: float = 60.0  # collectives during start-up
     train_timeout_s: float = 30.0  # and after the first step: longer than the watchdog
 

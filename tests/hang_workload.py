@@ -3,8 +3,8 @@
     RANK=.. WORLD_SIZE=.. MASTER_ADDR=.. python tests/hang_workload.py stall OUT '{"watchdog_s": 2, ...}'
 
 `stall` trains a small DDP model through TrainLoop with a watchdog; in the first attempt (restart 0)
-rank cfg["stop_rank"] sends itself SIGSTOP after step cfg["stop_at"] (once a checkpoint is
-committed), as a rank that hangs without dying. Each rank records where it runs (where-R.json). `timeout` switches to the training collective
+rank cfg["stop_rank"] hangs inside step cfg["stop_at"] (once a checkpoint is committed): it sends
+itself SIGSTOP (cfg["how"] "stop", the default) or sleeps for good ("sleep"). Each rank records where it runs (where-R.json). `timeout` switches to the training collective
 timeout, then rank 0 waits in an all-reduce that rank 1 never joins and writes what happened.
 """
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -40,9 +41,13 @@ def stall(out: str | Path, cfg: dict) -> dict:
                 loss.backward()
                 opt.step()
                 if s.rank == cfg["stop_rank"] and step == cfg["stop_at"] and s.env.restart_count == 0:
-                    while loop.store.latest() is None:  # a checkpoint to resume from, then the stop
+                    while loop.store.latest() is None:  # a checkpoint to resume from, then the hang
                         time.sleep(0.05)
-                    os.kill(os.getpid(), signal.SIGSTOP)
+                    if cfg.get("how", "stop") == "stop":
+                        os.kill(os.getpid(), signal.SIGSTOP)
+                    else:
+                        while True:  # alive, in Python, but never done with its step
+                            time.sleep(1)
                 time.sleep(cfg.get("step_s", 0.05))
         return {"rank": s.rank, "step": loop.step, "resumed_from": start, "world_size": s.world_size}
 
@@ -68,6 +73,23 @@ def timeout(out: str | Path, cfg: dict) -> None:
             while not (out / "outcome.json").exists():
                 time.sleep(0.05)
         os._exit(0)  # the group is broken: no teardown
+
+
+def launch(kind: str, world: int, out: Path, cfg: dict) -> list:
+    """`world` processes of `kind` on this machine, with the variables torchrun sets."""
+    import subprocess
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = str(sock.getsockname()[1])
+    procs = []
+    for rank in range(world):
+        env = {"PATH": os.environ["PATH"], "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
+               "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+               "OMP_NUM_THREADS": "1", "HPC_WATCHDOG_S": ""}
+        procs.append(subprocess.Popen([sys.executable, __file__, kind, str(out), json.dumps(cfg)],
+                                      env=env, stderr=subprocess.PIPE, text=True))
+    return procs
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
+from faults.sharedfs import NegativeCache, write_mounts
 from hpc import atomic, sharedfs
 from hpc.checkpoint import CheckpointStore, store as store_module
 from hpc.checkpoint.files import load_file, write_atomic
@@ -32,9 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def fake_mounts(monkeypatch, tmp_path: Path, fstype: str, options: str = "rw,relatime") -> Path:
-    """A /proc/mounts where `tmp_path` is a mount of `fstype`, below a local root."""
-    mounts = tmp_path.parent / f"mounts-{tmp_path.name}"
-    mounts.write_text(f"/dev/vda / ext4 rw 0 0\nserver:/export {tmp_path} {fstype} {options} 0 0\n")
+    mounts = write_mounts(tmp_path, fstype, options)
     monkeypatch.setattr(sharedfs, "MOUNTS", str(mounts))
     return mounts
 
@@ -179,42 +178,6 @@ def test_node_local_locks_are_warned_about(monkeypatch, tmp_path):
     lock.release()
 
 
-class NegativeCache:
-    """A client that remembers a failed lookup, as NFS keeps a negative dentry, until the directory
-    is read again (a changed directory drops its cached misses). Only lookups by Path.read_text and
-    os.stat are cached; os.listdir always asks the server."""
-
-    def __init__(self, monkeypatch) -> None:
-        self.misses: set[str] = set()
-        real_read, real_stat, real_listdir = Path.read_text, os.stat, os.listdir
-
-        def read_text(path, *a, **kw):
-            self._lookup(str(path), real_stat)
-            return real_read(path, *a, **kw)
-
-        def stat(path, *a, **kw):
-            self._lookup(os.fspath(path), real_stat)
-            return real_stat(path, *a, **kw)
-
-        def listdir(path="."):
-            names = real_listdir(path)
-            self.misses = {m for m in self.misses if os.path.dirname(m) != os.fspath(path).rstrip("/")}
-            return names
-
-        monkeypatch.setattr(Path, "read_text", read_text)
-        monkeypatch.setattr(os, "stat", stat)
-        monkeypatch.setattr(os, "listdir", listdir)
-
-    def _lookup(self, path: str, real_stat) -> None:
-        if path in self.misses:
-            raise FileNotFoundError(errno.ENOENT, "cached miss", path)
-        try:
-            real_stat(path)
-        except FileNotFoundError:
-            self.misses.add(path)
-            raise
-
-
 def test_rank_0_sees_a_peer_file_that_appeared_after_its_first_look(monkeypatch, tmp_path):
     """Rank 0 commits once rank 1's done file exists. It looks before rank 1 has written it; on NFS
     a lookup of that name would keep failing from the cache long after (here: for good)."""
@@ -222,12 +185,12 @@ def test_rank_0_sees_a_peer_file_that_appeared_after_its_first_look(monkeypatch,
     tmp = tmp_path / ".step-1.tmp"
     tmp.mkdir()
     store = CheckpointStore(tmp_path, rank=0, world_size=2)
-    cache = NegativeCache(monkeypatch)
     result = {}
-    looker = threading.Thread(target=lambda: result.update(files=store._collect_ranks(tmp, "g")))
-    looker.start()
-    time.sleep(0.3)  # rank 0 has looked at least once
-    (tmp / "rank-0.done").write_bytes(json.dumps({"generation": "g", "file": {"bytes": 1}}).encode())
-    (tmp / "rank-1.done").write_bytes(json.dumps({"generation": "g", "file": {"bytes": 2}}).encode())
-    looker.join(timeout=30)
+    with NegativeCache() as cache:
+        looker = threading.Thread(target=lambda: result.update(files=store._collect_ranks(tmp, "g")))
+        looker.start()
+        time.sleep(0.3)  # rank 0 has looked at least once
+        (tmp / "rank-0.done").write_bytes(json.dumps({"generation": "g", "file": {"bytes": 1}}).encode())
+        (tmp / "rank-1.done").write_bytes(json.dumps({"generation": "g", "file": {"bytes": 2}}).encode())
+        looker.join(timeout=30)
     assert result.get("files") == {"rank-0.pt": {"bytes": 1}, "rank-1.pt": {"bytes": 2}}, cache.misses

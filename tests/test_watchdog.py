@@ -8,18 +8,12 @@ The same hang runs as a 2 x 2 job on the local cluster in tests/slurm/test_hang.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from hpc import hangs, preemption, watchdog
-from tests.test_ddp_session import free_port
-
-WORKLOAD = Path(__file__).with_name("hang_workload.py")
+from tests.hang_workload import launch
 
 
 class Clock:
@@ -161,23 +155,11 @@ def test_flight_recorder_dumps_into_the_attempt_directory(tmp_path):
     assert (tmp_path / "hangs" / "7.1" / "nccl").is_dir()
 
 
-def start(kind: str, world: int, out: Path, cfg: dict) -> list:
-    port = str(free_port())
-    procs = []
-    for rank in range(world):
-        env = {"PATH": os.environ["PATH"], "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
-               "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
-               "OMP_NUM_THREADS": "1"}
-        procs.append(subprocess.Popen([sys.executable, str(WORKLOAD), kind, str(out), json.dumps(cfg)],
-                                      env=env, stderr=subprocess.PIPE, text=True))
-    return procs
-
-
 def test_a_stopped_rank_ends_the_others_with_stacks_and_a_report(tmp_path):
     """Rank 1 stops itself after step 3; rank 0 is blocked in the next gradient all-reduce. Not
     under SLURM there is nothing to requeue, so rank 0 ends with status 1 (under srun
     --kill-on-bad-exit that ends the step)."""
-    procs = start("stall", 2, tmp_path, {"watchdog_s": 2, "stop_rank": 1, "stop_at": 3, "steps": 50,
+    procs = launch("stall", 2, tmp_path, {"watchdog_s": 2, "stop_rank": 1, "stop_at": 3, "steps": 50,
                                          "timeout_s": 600})
     try:
         code = procs[0].wait(timeout=120)
@@ -198,7 +180,7 @@ def test_a_stopped_rank_ends_the_others_with_stacks_and_a_report(tmp_path):
 def test_the_training_timeout_replaces_the_startup_timeout(tmp_path):
     """After training_started() an all-reduce that a peer never joins raises after the training
     timeout (2 s), long before the start-up timeout (600 s) would."""
-    procs = start("timeout", 2, tmp_path, {"timeout_s": 600, "train_timeout_s": 2})
+    procs = launch("timeout", 2, tmp_path, {"timeout_s": 600, "train_timeout_s": 2})
     try:
         codes = [p.wait(timeout=90) for p in procs]
     finally:
