@@ -27,9 +27,8 @@ from hpc import plan as hplan
 from hpc import scheduler, status, submit as hsubmit, sweepconfig
 from hpc.atomic import batched
 from hpc.rundir import RunDir, RunDirError, code_version
-from hpc.sweepdir import SweepDir, follow
-
 from hpc.sweepconfig import Defs
+from hpc.sweepdir import SweepDir, follow
 
 
 def submit(args: argparse.Namespace) -> int:
