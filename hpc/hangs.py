@@ -84,6 +84,7 @@ class HangDir:
         """This rank's stacks, every thread, after a header line; renamed into place when complete."""
         final = self.path / f"rank-{self.rank}.txt"
         part = final.with_name(final.name + ".part")
+        self.path.mkdir(parents=True, exist_ok=True)  # the last rank to leave may have removed it
         with open(part, "w") as fh:
             fh.write(json.dumps(header) + "\n")
             fh.flush()
@@ -120,6 +121,7 @@ class HangDir:
 
 
 def _create(path: Path, content: dict[str, Any]) -> bool:
+    path.parent.mkdir(parents=True, exist_ok=True)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     except FileExistsError:

@@ -73,7 +73,7 @@ class Watchdog:
         self.gather_s = gather_s or max(3 * self.poll_s, min(timeout_s / 4, 30.0))
         self.clock, self.exit, self.extra_dump = clock, exit, extra_dump
         self.step: int | None = None  # last completed step
-        self._last, self._beats = clock(), 0
+        self._last, self._beats, self._resting = clock(), 0, False
         self._since: float | None = None  # when this rank fired, or answered a request
         self._fired = False
         self._stop = threading.Event()
@@ -92,11 +92,11 @@ class Watchdog:
 
     def beat(self, step: int) -> None:
         """A step completed (cheap: no lock, no system call)."""
-        self.step, self._beats, self._last = step, self._beats + 1, self.clock()
+        self.step, self._beats, self._resting, self._last = step, self._beats + 1, False, self.clock()
 
     def rest(self) -> None:
-        """Outside the steps (before the first, after the last): nothing to watch until the next beat."""
-        self._beats = 0
+        """After the last step: nothing to watch until the next beat, startup_s or not."""
+        self._beats, self._resting = 0, True
 
     def stop(self) -> None:
         """Stop watching (the loop ended, or stops for a signal); a normal exit cleans up."""
@@ -123,7 +123,7 @@ class Watchdog:
         """One look: 'off', 'watching', 'fired', 'asked', 'gathering' or 'ended'."""
         now = self.clock()
         if self._since is None:
-            limit = self.timeout_s if self._beats else self.startup_s
+            limit = self.timeout_s if self._beats else None if self._resting else self.startup_s
             idle = now - self._last
             if limit is None:
                 return "off"

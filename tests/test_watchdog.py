@@ -104,6 +104,11 @@ def test_nothing_is_watched_before_the_first_step_or_after_rest_unless_startup_i
     (early,) = ranks(tmp_path / "b", 1, clock, [], exits, startup_s=30.0)
     clock.now += 31
     assert early.check() == "fired"
+    (after,) = ranks(tmp_path / "c", 1, clock, [], exits, startup_s=30.0)
+    after.beat(1)
+    after.rest()  # the loop ended: not even startup_s applies any more
+    clock.now += 31
+    assert after.check() == "off"
 
 
 def test_the_verdict_is_written_even_when_the_requeue_fails(tmp_path):
