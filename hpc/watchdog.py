@@ -70,7 +70,7 @@ class Watchdog:
         self.hang, self.world_size, self.host = HangDir(directory, rank), world_size, host
         self.timeout_s, self.startup_s, self.decide = timeout_s, startup_s, decide
         self.poll_s = poll_s or min(max(timeout_s / 10, 0.2), 10.0)
-        self.gather_s = gather_s or max(3 * self.poll_s, min(timeout_s / 4, 30.0))
+        self.gather_s = gather_s or max(3 * self.poll_s, min(timeout_s / 4, 30.0), 2.0)  # a rank its load delayed still answers
         self.clock, self.exit, self.extra_dump = clock, exit, extra_dump
         self.step: int | None = None  # last completed step
         self._last, self._beats, self._resting = clock(), 0, False
