@@ -4,28 +4,28 @@ with checkpoints every SAVE_EVERY steps: hpc.trainloop.TrainLoop (background sav
 vote) against the hand-written loop saving model and optimizer with torch.save on rank 0.
 
     python -m bench --only ddp
-    RANK=0 ... python -m bench.ddp_overhead --variant hpc --steps 50     # one rank (torchrun-style env)
+    RANK=0 ... python -m bench.ddp_overhead --pair session --out DIR     # one rank (torchrun-style env)
 
-Each launch starts 2 processes with torchrun-style variables; the variants alternate launches and
-every measured step time (after warm-up) of rank 0 is pooled per variant. A step's time runs from
-the top of one iteration to the top of the next, so it includes what the loop does between steps
-(TrainLoop's saves and votes). Without checkpoints medians are compared; with them means, since a
-save lands in one step of SAVE_EVERY and a median would not see it.
+Each launch starts 2 processes with torchrun-style variables that train both variants of a pair
+(hand-written A, hpc B) in alternating blocks of steps (bench.interleave). A step's time runs from
+the top of one step to the top of the next, so it includes what the loop does between steps
+(TrainLoop's saves and votes). Without checkpoints the median step per block is compared; with
+them the mean, since a save lands in one step of SAVE_EVERY and a median would not see it.
 """
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
 import time
 from statistics import mean
 from typing import Dict, List
 
-from bench.common import REPO, Context, child_env, emit, fmt_s, free_port, median
+from bench.common import Context, emit, fmt_s, median
+from bench.interleave import BOOTSTRAP, Arm, Estimate, p90, paired_ratio, pooled, run_blocks
+from bench.ranks import WORLD, repeated_note, run_ranks
 from bench.report import Section
 
 TARGET = 1.02
-WORLD = 2
+LAUNCHES, BLOCKS = 4, 8  # launches per pair, block pairs per launch
 BATCH = 32
 WARMUP = 10
 SAVE_EVERY = 20
@@ -74,25 +74,47 @@ def _sgd(model):
     return torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)  # momentum: optimizer state
 
 
-def with_hpc(steps: int, out: str, checkpoints: bool = False) -> List[float]:
-    import hpc.ddp
-    from hpc.trainloop import TrainLoop
-
-    with hpc.ddp.session(timeout_s=120) as s:
-        model, data = _model_and_data()
-        model = s.wrap(model)
-        opt = _sgd(model)
-        loader = s.loader(data, batch_size=BATCH, seed=0)
-        if not checkpoints:
-            return _steps(model, opt, loader, s.all_reduce_mean, range(steps + WARMUP))
-        with TrainLoop(s, out, save_every=SAVE_EVERY, tensorboard=False) as loop:
-            loop.resume({"model": model, "optimizer": opt, "data": loader})
-            return _steps(model, opt, loader, s.all_reduce_mean, loop.steps(steps + WARMUP))
+def batches_by_hand(loader, sampler):
+    """Endless batches as a hand-written loop draws them: set_epoch, then the epoch's batches."""
+    epoch = 0
+    while True:
+        sampler.set_epoch(epoch)
+        yield from loader
+        epoch += 1
 
 
-def with_torch(steps: int, out: str, checkpoints: bool = False) -> List[float]:
-    """What a user writes by hand: init from the environment, DDP, DistributedSampler."""
+def stepper(model, opt, batches, reduce_mean, ticks=None, after_step=None):
+    """One training step per call: `ticks` (TrainLoop.steps) is advanced first, as a `for` does."""
+    import torch
+
+    def step():
+        i = next(ticks) if ticks is not None else None
+        x, y = next(batches)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        reduce_mean(loss.detach())  # the logged loss, averaged over ranks
+        if after_step is not None:
+            after_step(i)
+    return step
+
+
+def init_by_hand():
+    """What a user writes by hand: the process group from torchrun-style variables."""
     import datetime
+    import os
+
+    import torch.distributed as dist
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo", init_method=f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
+                            rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
+    return rank, world
+
+
+def hand_written(rank: int, world: int, out: str, checkpoints: bool) -> Arm:
+    """DDP, DistributedSampler, an all_reduce of the loss; torch.save on rank 0 every SAVE_EVERY."""
     import os
 
     import torch
@@ -100,103 +122,133 @@ def with_torch(steps: int, out: str, checkpoints: bool = False) -> List[float]:
     from torch.nn.parallel import DistributedDataParallel
     from torch.utils.data import DataLoader, DistributedSampler
 
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group("gloo", init_method=f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
-                            rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
+    model, data = _model_and_data()
+    model = DistributedDataParallel(model)
+    sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=0, drop_last=True)
+    loader = DataLoader(data, batch_size=BATCH, sampler=sampler, drop_last=True)
+    opt, count = _sgd(model), [0]
+
+    def reduce_mean(t):
+        dist.all_reduce(t)
+        return t / world
+
+    def save(_):
+        count[0] += 1
+        if checkpoints and rank == 0 and count[0] % SAVE_EVERY == 0:
+            torch.save({"model": model.module.state_dict(), "optimizer": opt.state_dict(), "step": count[0]},
+                       os.path.join(out, "checkpoint.pt"))
+
+    return Arm("torch", stepper(model, opt, batches_by_hand(loader, sampler), reduce_mean, after_step=save))
+
+
+def with_hpc(s, stack, out: str, checkpoints: bool, total: int) -> Arm:
+    """s.wrap, s.loader(...).batches(), s.all_reduce_mean; with checkpoints inside a TrainLoop, whose
+    background write still running at the end of a block is waited for inside the block."""
+    from hpc.trainloop import TrainLoop
+
+    model, data = _model_and_data()
+    model = s.wrap(model)
+    opt = _sgd(model)
+    loader = s.loader(data, batch_size=BATCH, seed=0)
+    if not checkpoints:
+        return Arm("hpc", stepper(model, opt, loader.batches(), s.all_reduce_mean))
+    loop = stack.enter_context(TrainLoop(s, out, save_every=SAVE_EVERY, tensorboard=False))
+    loop.resume({"model": model, "optimizer": opt, "data": loader})
+    return Arm("hpc", stepper(model, opt, loader.batches(), s.all_reduce_mean, ticks=iter(loop.steps(total))),
+               block_end=loop.store.wait)
+
+
+def child(pair: str, blocks: int, size: int, out: str, b_first: bool, only: str = "") -> dict:
+    """Both arms in these processes, trained in alternating blocks (bench.interleave)."""
+    import contextlib
+
+    import torch.distributed as dist
+
+    import hpc.ddp
+
+    rank, world = init_by_hand()
     try:
-        model, data = _model_and_data()
-        model = DistributedDataParallel(model)
-        sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=0, drop_last=True)
-        loader = DataLoader(data, batch_size=BATCH, sampler=sampler, drop_last=True)
-
-        def reduce_mean(t):
-            dist.all_reduce(t)
-            return t / world
-
-        def save(step):
-            if checkpoints and rank == 0 and (step + 1) % SAVE_EVERY == 0:
-                torch.save({"model": model.module.state_dict(), "optimizer": opt.state_dict(),
-                            "step": step}, os.path.join(out, "checkpoint.pt"))
-
-        opt = _sgd(model)
-        times = _steps(model, opt, loader, reduce_mean, range(steps + WARMUP), save)
+        with contextlib.ExitStack() as stack:
+            s = stack.enter_context(hpc.ddp.session(timeout_s=120))  # finds the group made above
+            checkpoints = pair == "save"
+            a = hand_written(rank, world, out, checkpoints)
+            b = with_hpc(s, stack, out, checkpoints, total=(blocks + 1) * size + 1)
+            times = run_blocks(a, b, blocks, size, b_first, only)
         dist.barrier()  # rank 0 may still be saving: tearing gloo down under it aborts the peer
         return times
     finally:
         dist.destroy_process_group()
 
 
-def launch(variant: str, steps: int, out) -> List[float]:
-    port = str(free_port())
-    procs = []
-    for rank in range(WORLD):
-        env = child_env({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(WORLD),
-                         "LOCAL_WORLD_SIZE": str(WORLD), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
-                         "OMP_NUM_THREADS": "1"})
-        procs.append(subprocess.Popen([sys.executable, "-m", "bench.ddp_overhead", "--variant", variant,
-                                       "--steps", str(steps), "--out", str(out)], env=env, cwd=REPO, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True))
-    outs = [p.communicate(timeout=600) for p in procs]
-    if any(p.returncode for p in procs):
-        raise RuntimeError(f"{variant} DDP ranks failed: {[o[1][-800:] for o in outs]}")
-    import json
-
-    return json.loads(outs[0][0].strip().splitlines()[-1])["step_s"]
+def measure(ctx: Context, module: str, pairs: Dict[str, str], launches: int, blocks: int, size: int,
+            repeated: List[str]) -> Dict[str, List[dict]]:
+    """`launches` launches per pair, the pairs alternating, B first in every other launch."""
+    runs: Dict[str, List[dict]] = {p: [] for p in pairs}
+    for i in range(launches):
+        for p in pairs:
+            out = ctx.scratch(f"{module}-{p}-{i}")
+            args = ["--pair", p, "--blocks", str(blocks), "--block-steps", str(size), "--out", str(out)]
+            args += ["--b-first"] if i % 2 else []
+            runs[p].append(run_ranks(module, args, out, f"{module} {p}", repeated))
+    return runs
 
 
-def _row(sec: Section, name: str, ts: List[float], base: float, stat) -> None:
-    p90 = sorted(ts)[int(0.9 * (len(ts) - 1))]
-    sec.rows.append([name, fmt_s(median(ts)), fmt_s(mean(ts)), fmt_s(p90), str(len(ts)),
-                     f"{stat(ts) / base:.3f}x"])
+def rows(sec: Section, names: Dict[str, str], runs: List[dict], stat: str, target: float) -> Estimate:
+    """A row per arm of one pair; the verdict of B's ratio to A's; the estimate."""
+    est = paired_ratio(runs, "torch", "hpc", stat)
+    for arm, ratio in (("torch", "1.000x"), ("hpc", est.text())):
+        ts = pooled(runs, arm)
+        sec.rows.append([names[arm], fmt_s(median(ts)), fmt_s(mean(ts)), fmt_s(p90(ts)), str(len(ts)),
+                         ratio, "1.000x" if arm == "torch" else f"{est.p90_ratio:.3f}x"])
+    sec.verdicts.append((f"{names['hpc']}: {est.text()} of {names['torch']} ({stat} step per block, "
+                         f"{est.pairs} block pairs in {est.launches} launches; target {target}x): "
+                         f"{est.verdict(target)}", est.hi <= target))
+    return est
+
+
+HEADERS = ["variant", "median step", "mean step", "p90 step", "steps measured", "ratio (95% interval)",
+           "p90 ratio"]
 
 
 def run(ctx: Context) -> Section:
-    steps, rounds = (2 * SAVE_EVERY, 1) if ctx.quick else (6 * SAVE_EVERY, 3)
+    launches, blocks, size = (1, 1, SAVE_EVERY) if ctx.quick else (LAUNCHES, BLOCKS, 2 * SAVE_EVERY)
     sec = Section("ddp", "DDP overhead (gloo, 2 ranks)",
                   f"hpc session step time <= {TARGET} x hand-written torch DDP; TrainLoop with "
                   f"checkpoints <= {TARGET} x hand-written with torch.save on rank 0",
-                  "python -m bench --only ddp" + (" --quick" if ctx.quick else ""),
-                  headers=["variant", "median step", "mean step", "p90 step", "steps measured", "ratio"])
-    times: Dict[str, List[float]] = {v: [] for v in VARIANTS}
-    for i in range(rounds):
-        for v in VARIANTS:
-            times[v] += launch(v, steps, ctx.scratch(f"ddp-{v}-{i}"))
-    base = median(times["torch"])
-    _row(sec, VARIANTS["torch"], times["torch"], base, median)
-    _row(sec, VARIANTS["hpc"], times["hpc"], base, median)
-    base_save = mean(times["torch-save"])
-    _row(sec, VARIANTS["torch-save"], times["torch-save"], base_save, mean)
-    _row(sec, VARIANTS["trainloop"], times["trainloop"], base_save, mean)
-    ratio = median(times["hpc"]) / base
-    sec.verdicts.append((f"hpc session step {ratio:.3f}x the hand-written one (median; target {TARGET}x)",
-                         ratio <= TARGET))
-    ratio = mean(times["trainloop"]) / base_save
-    sec.verdicts.append((f"TrainLoop with checkpoints {ratio:.3f}x the hand-written loop with torch.save "
-                         f"(mean; target {TARGET}x)", ratio <= TARGET))
+                  "python -m bench --only ddp" + (" --quick" if ctx.quick else ""), headers=HEADERS)
+    repeated: List[str] = []
+    runs = measure(ctx, "ddp_overhead", {"session": "", "save": ""}, launches, blocks, size, repeated)
+    rows(sec, {"torch": VARIANTS["torch"], "hpc": VARIANTS["hpc"]}, runs["session"], "median", TARGET)
+    rows(sec, {"torch": VARIANTS["torch-save"], "hpc": VARIANTS["trainloop"]}, runs["save"], "mean", TARGET)
     sec.notes += [
         f"MLP 512-1024-1024-10, batch {BATCH} per rank, SGD with momentum, loss averaged over ranks every "
-        f"step; {WORLD} local processes with one thread each, gloo over 127.0.0.1; {rounds} launch(es) per "
-        f"variant, alternating, {WARMUP} warm-up steps dropped per launch",
-        f"checkpoint rows: model and optimizer every {SAVE_EVERY} steps (TrainLoop also the data position "
-        "and RNG states, written in the background, and its stop vote every step); their ratio is of means, "
-        "the first two rows' of medians",
-        "on a 2-core machine shared with other work the spread between launches is several percent, "
-        "larger than the difference being measured: read the ratio with the p90 column"]
+        f"step; {WORLD} local processes with one thread each, gloo over 127.0.0.1",
+        f"both variants of a pair train in the same two processes, in alternating blocks of {size} steps "
+        f"(A B, B A, ...; one warm-up block each, dropped), {blocks} block pairs per launch, {launches} "
+        "launches per pair, B first in every other launch: a change of load hits both alike. The ratio "
+        "is the sum over block pairs of hpc's block statistic over the hand-written one's (median step "
+        "per block; mean per block for the checkpoint pair, since a save lands in one step of "
+        f"{SAVE_EVERY}); the interval is a two-level bootstrap (launches, then block pairs, "
+        f"{BOOTSTRAP} resamples). A target counts as met only when the whole interval is at or below it",
+        f"checkpoint pair: model and optimizer every {SAVE_EVERY} steps (TrainLoop also the data position "
+        "and RNG states, written in the background, and its stop vote every step); a background write "
+        "still running at the end of a TrainLoop block is waited for inside that block"] + repeated_note(repeated)
     return sec
 
 
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m bench.ddp_overhead")
-    p.add_argument("--variant", choices=sorted(VARIANTS), required=True)
-    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--pair", choices=("session", "save"), required=True)
+    p.add_argument("--blocks", type=int, default=BLOCKS, help="block pairs after the warm-up blocks")
+    p.add_argument("--block-steps", type=int, default=2 * SAVE_EVERY)
+    p.add_argument("--b-first", action="store_true", help="hpc's block first in each pair")
+    p.add_argument("--only", choices=("torch", "hpc"), default="", help="train this arm only (bench.profile)")
     p.add_argument("--out", required=True, help="directory for the checkpoints")
     a = p.parse_args()
     import torch
 
     torch.set_num_threads(1)
-    run_variant = with_torch if a.variant.startswith("torch") else with_hpc
-    step_s = run_variant(a.steps, a.out, checkpoints=a.variant in ("torch-save", "trainloop"))
-    emit({"step_s": step_s})
+    emit(child(a.pair, a.blocks, a.block_steps, a.out, a.b_first, a.only))
 
 
 if __name__ == "__main__":

@@ -28,7 +28,8 @@ from typing import Dict, List
 
 from bench.common import Context, emit, fmt_s, fsync_write_seconds, median
 from bench.ddp_overhead import WARMUP, _sgd, _steps
-from bench.fsdp_step import BATCH, model_and_data, rank0_result, repeated_note, run_ranks, start_ranks
+from bench.fsdp_step import BATCH, model_and_data
+from bench.ranks import rank0_result, repeated_note, run_ranks, start_ranks
 from bench.preempt_safe import settled_probe
 from bench.report import Section
 

@@ -166,16 +166,19 @@ class Session:
         return self._reduce(value, mean=False)
 
     def _reduce(self, value, mean: bool):
-        is_tensor = torch.is_tensor(value)
-        t = value.detach().clone() if is_tensor else torch.tensor(float(value), dtype=torch.float64)
-        if self.distributed:
-            original = t.device
-            t = t.to(self.device)  # nccl reduces only CUDA tensors, gloo only CPU ones
-            dist.all_reduce(t, op=dist.ReduceOp.SUM)
-            if mean:
-                t = t / self.world_size
-            t = t.to(original)
-        return t if is_tensor else t.item()
+        # Called every step: one copy of the value (all_reduce works in place), one collective,
+        # nothing else. A tensor stays a tensor, so nothing waits for the device here.
+        if not torch.is_tensor(value):
+            return self._reduce(torch.tensor(float(value), dtype=torch.float64), mean).item()
+        t = value.detach()
+        if not self.distributed:
+            return t.clone()
+        here = t.device == self.device  # nccl reduces only CUDA tensors, gloo only CPU ones
+        t = t.clone() if here else t.to(self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        if mean:
+            t = t.div_(self.world_size) if t.is_floating_point() else t / self.world_size
+        return t if here else t.to(value.device)
 
     def training_started(self) -> None:
         """After the first step (TrainLoop calls it): collectives wait train_timeout_s from here on.

@@ -55,6 +55,7 @@ import torch
 import torch.distributed as dist
 
 from hpc import preemption, rng, watchdog
+from hpc.scalars import PendingScalars
 from hpc.stopsignal import StopFlag, StopVote
 from hpc.checkpoint import SHARDED_KEY, CheckpointStore
 
@@ -123,6 +124,7 @@ class TrainLoop:
         self._saved_step: int | None = None
         self._tb = tensorboard
         self._writer: Any = None
+        self._scalars = PendingScalars()  # logged device values on their way to the host
         self.seed = seed  # reseeds the RNGs when a resume changes the world size
         self._engine: Any = None  # hpc.checkpoint.dcp_engine.DcpEngine, for a model sharded by FSDP
         self._dcp_names: tuple[str, ...] = ()  # model (and optimizer) saved through it
@@ -349,9 +351,10 @@ class TrainLoop:
     def log(self, tag: str, value: Any, step: int | None = None) -> None:
         """Scalar on rank 0 at `step` (default: the current step); steps <= resumed are skipped."""
         step = self.current if step is None else step
-        if step > self.resumed_step:
-            self.writer.add_scalar(tag, float(value), step)
+        if step > self.resumed_step and self._tb and self.s.is_main:  # elsewhere: no device wait
+            self._scalars.add(self.writer.add_scalar, tag, value, step)  # hpc.scalars: never waits
 
     def close_writer(self) -> None:
         if self._writer is not None:
+            self._scalars.flush(block=True)
             self._writer.close()
