@@ -22,7 +22,7 @@ import subprocess
 import sys
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
-from hpc import hostlist, nodefail, preemption, requeue, scheduler
+from hpc import hostlist, nodefail, preemption, requeue, scheduler, sweepdir
 from hpc.rundir import RunDir
 
 
@@ -72,6 +72,7 @@ def after_step(run: RunDir, env: Mapping[str, str]) -> tuple:
     job_id = env["SLURM_JOB_ID"]
     array_task = env.get("SLURM_ARRAY_TASK_ID")
     key = f"{env['SLURM_ARRAY_JOB_ID']}_{array_task}" if array_task else job_id  # as the manifest has it
+    run = sweepdir.run_for(run.path, key)  # a sweep's array task: the run directory of its point
     restart = int(env.get("SLURM_RESTART_COUNT") or 0)
     info = preemption.job_info(job_id)
     failed = nodefail.failed_nodes(scheduler.node_states(env["SLURM_JOB_NODELIST"]))

@@ -56,7 +56,8 @@ def submit(args: argparse.Namespace) -> int:
         if not plan.jobs:
             print(f"nothing to submit: every task of every point of {sweep.path} is done or queued")
             return 0
-        code = code_version(hsubmit._user_module_file(args.pipeline))
+        # pipeline_arg: how a job names the pipeline to resubmit its point (hpc.afterstep, as hpc.submit)
+        code = {**code_version(hsubmit._user_module_file(args.pipeline)), "pipeline_arg": args.pipeline}
         now = {sig for job in plan.jobs for sig, _ in job.items}
         texts = sweepconfig.texts(base, [p for p in points if p.signature in now])
         for sig, text in texts.items():

@@ -86,6 +86,19 @@ class SweepDir:
             link.symlink_to(Path("..", "..", stage, "logs"))
 
 
+def run_for(path: Any, job_id: str) -> RunDir:
+    """The run directory that recorded job `job_id` ('12_3'): `path` itself, or for a sweep, whose
+    arrays serve every point, the point whose manifest names the job (`path` when none does)."""
+    if not is_sweep(str(path)):
+        return RunDir(path)
+    sweep = SweepDir(path)
+    for sig in sweep.record()["points"]:
+        run = sweep.point(sig)
+        if any(j["job_id"] == job_id for t in run.tasks() for j in t["jobs"]):
+            return run
+    return RunDir(path)
+
+
 @dataclass
 class PointStatus:
     point: str  # signature, the point's directory name

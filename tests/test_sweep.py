@@ -131,3 +131,14 @@ def test_a_run_dir_is_not_a_sweep_dir(tmp_path, capsys):
     code = submit.main(["tiny", "--cluster", "local", "--dry-run", "--run-dir", str(tmp_path), "--sweep", "tiny.score=1"])
     one_line_error(code, capsys, "is a run, not a sweep")
     json.loads((tmp_path / "manifest.json").read_text())  # untouched
+
+
+def test_a_job_of_a_sweep_array_finds_its_point(tmp_path):
+    s = sweepdir.SweepDir(tmp_path / "s")
+    one, two = grid.points({"tiny.score": [1, 2]})
+    s.save("tiny", {"tiny.score": [1, 2]}, [], None, [one, two])
+    s.point(two.signature).start("tiny", "{}\n", "slurm")
+    s.point(two.signature).record_all("second", [(0, "7_2"), (1, "7_3")], "slurm")
+    assert sweepdir.run_for(s.path, "7_3").path == s.point(two.signature).path
+    assert sweepdir.run_for(s.path, "8_0").path == s.path  # no point recorded it
+    assert sweepdir.run_for(tmp_path / "run", "7_3").path == (tmp_path / "run").resolve()  # not a sweep
