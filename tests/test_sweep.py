@@ -128,7 +128,8 @@ def test_bad_sweeps_are_refused_in_one_line(tmp_path, capsys, axes, words):
 
 def test_a_run_dir_is_not_a_sweep_dir(tmp_path, capsys):
     RunDir(tmp_path).start("tiny", "{}\n", "local")
-    code = submit.main(["tiny", "--cluster", "local", "--dry-run", "--run-dir", str(tmp_path), "--sweep", "tiny.score=1"])
+    code = submit.main(["tiny", "--cluster", "local", "--dry-run", "--run-dir", str(tmp_path),
+                        "--sweep", "tiny.score=1"])
     one_line_error(code, capsys, "is a run, not a sweep")
     json.loads((tmp_path / "manifest.json").read_text())  # untouched
 

@@ -56,7 +56,8 @@ def test_each_stage_is_one_array_and_a_resubmission_skips_done_points(slurm_clus
     assert first == second and all(len(ids) == 1 for ids in first.values())  # shared arrays, one per stage
     # hpc.status on the sweep dir: one row per point from one scheduler call
     calls.write_text("")
-    out = subprocess.run([sys.executable, "-m", "hpc.status", str(sweep.path)], capture_output=True, text=True, cwd=ROOT)
+    out = subprocess.run([sys.executable, "-m", "hpc.status", str(sweep.path)], capture_output=True, text=True,
+                         cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert calls.read_text().split() == ["sacct"]
     assert f"{two.signature}  tiny.score=2  COMPLETED  3/3" in out.stdout, out.stdout
