@@ -44,6 +44,16 @@ def test_dry_run_plans_one_array_per_stage_across_the_points(tmp_path, capsys):
     assert not (tmp_path / "s").exists()  # a dry run writes nothing
 
 
+def test_a_per_item_stage_waits_task_by_task_across_the_points(tmp_path, capsys):
+    code = submit.main(["tiny", *SLURM, "--dry-run", "--run-dir", str(tmp_path / "s"), "tiny.follow=true",
+                        "tiny.parts=[0,1]", "--sweep", "tiny.score=1,2"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "stage follow: one array of 4 task(s) over 2 point(s), 1 rank(s) per task, after second[k] " \
+           "for each task k (aftercorr)" in out
+    assert "--dependency='aftercorr:<second>'" in out
+
+
 def _done(run, stage, item=None):
     run.mark_done(stage, item, {"world_size": 1})
 
