@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import argparse
 import collections
+import io
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -89,9 +91,41 @@ def profile(target: str, arm: str, blocks: int, size: int) -> Path:
     return out
 
 
+SUBMIT = ["-m", "hpc.submit", "langsplat", "--levels", "0", "1", "2", "--profile", "sandbox"]
+
+
+def profile_submission(real: bool) -> Path:
+    """The whole submission command: `-X importtime` (imports, cumulative, largest first) and
+    cProfile (cumulative time, largest first). `real` submits (SLURM_CONF must name a cluster)."""
+    import pstats
+
+    name = "submission-real" if real else "submission-dry-run"
+    with tempfile.TemporaryDirectory(prefix="hpc-profile-") as tmp:
+        argv = [*SUBMIT, "--run-dir", f"{tmp}/run-imports"] + ([] if real else ["--dry-run"])
+        imports = subprocess.run([sys.executable, "-X", "importtime", *argv], capture_output=True, text=True,
+                                 cwd=tmp, check=True).stderr
+        argv[argv.index("--run-dir") + 1] = f"{tmp}/run"
+        prof = f"{tmp}/run.prof"
+        subprocess.run([sys.executable, "-m", "cProfile", "-o", prof, *argv], capture_output=True, text=True,
+                       cwd=tmp, check=True)
+        stats = io.StringIO()
+        pstats.Stats(prof, stream=stats).sort_stats("cumulative").print_stats(40)
+    rows = [ln.split("|") for ln in imports.splitlines() if ln.startswith("import time:") and "|" in ln]
+    rows = [(int(r[1]), r[2].rstrip()) for r in rows[1:] if r[1].strip().isdigit()]
+    load = open("/proc/loadavg").read().split()[:3]
+    out = REPO / "bench" / "profiles" / f"{name}.txt"
+    head = [f"# command: python -m bench.profile {'submission-real' if real else 'submission'}",
+            f"# profiles `python {' '.join(argv)}` (a temporary run directory); load average after: "
+            f"{' '.join(load)}", "", "## python -X importtime: cumulative us, module (top 25)"]
+    head += [f"{us:8d}  {mod}" for us, mod in sorted(rows, reverse=True)[:25]]
+    head += ["", "## cProfile, cumulative (profiling slows Python calls: read the shares, not the seconds)"]
+    out.write_text("\n".join(head) + "\n" + stats.getvalue())
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m bench.profile")
-    p.add_argument("target", nargs="?", choices=sorted(TARGETS))
+    p.add_argument("target", nargs="?", choices=sorted(TARGETS) + ["submission", "submission-real"])
     p.add_argument("arm", nargs="?", choices=("torch", "hpc"), default="hpc")
     p.add_argument("--blocks", type=int, default=10)
     p.add_argument("--block-steps", type=int, default=40)
@@ -99,6 +133,9 @@ def main() -> None:
     a = p.parse_args()
     if a.list or a.target is None:
         print("\n".join(f"{k:15s} bench.{m} --pair {pair}" for k, (m, pair) in TARGETS.items()))
+        return
+    if a.target.startswith("submission"):
+        print(profile_submission(real=a.target == "submission-real"))
         return
     print(profile(a.target, a.arm, a.blocks, a.block_steps))
 

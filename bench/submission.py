@@ -14,16 +14,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
+import os
 import sys
 import time
 from pathlib import Path
 from typing import Dict, List
 
 from bench.common import Context, best_effort, emit, fmt_s, median, timed
+from bench.interleave import paired_ratio
 from bench.report import Section
 
 TARGET_S = 0.5
+TARGET_RATIO = 1.0  # hpc's real submission over plain submitit's
+DRY_S = 0.3
+REPEATS = 12
 LEVELS = ["0", "1", "2"]
 # The sandbox profile's resources (templates/profiles/sandbox.yaml), spelled as sbatch options.
 RGB_OPTS = ["-p", "low", "-N", "1", "--ntasks-per-node=1", "--cpus-per-task=1", "--gpus-per-node=1",
@@ -69,15 +73,18 @@ def _cancel_all(cluster) -> None:
 
 
 def run(ctx: Context) -> Section:
-    sec = Section("submission", "Submission wall time", f"a real submission within {TARGET_S} s",
+    sec = Section("submission", "Submission wall time",
+                  f"a real submission within {TARGET_S} s and at most {TARGET_RATIO}x plain submitit; "
+                  f"a dry run within {DRY_S} s",
                   "python -m bench --only submission" + (" --quick" if ctx.quick else ""),
                   headers=["variant", "command", "median wall", "runs"])
     cluster = ctx.cluster()
     env = ctx.slurm_env()
+    load = os.getloadavg()
     nodes = ",".join(cluster.nodes)
     cluster.run(["scontrol", "update", f"NodeName={nodes}", "State=DRAIN", "Reason=bench-submission"])
     try:
-        times = _measure(ctx, env, cluster, repeats=3 if ctx.quick else 5)
+        times = _measure(ctx, env, cluster, repeats=3 if ctx.quick else REPEATS)
     finally:
         _cancel_all(cluster)
         best_effort(lambda: cluster.run(["scontrol", "update", f"NodeName={nodes}", "State=RESUME"]))
@@ -95,6 +102,14 @@ def run(ctx: Context) -> Section:
     sec.verdicts.append((f"real submission of 2 jobs (1 + array of 3) took {fmt_s(real)} "
                          f"(target {TARGET_S} s); plain submitit {fmt_s(median(times['plain submitit']))}, "
                          f"bare sbatch {fmt_s(median(times['bare sbatch']))}", real <= TARGET_S))
+    rounds = [{"submitit": [[a]], "hpc": [[b]]} for a, b in zip(times["plain submitit"], times["hpc real"])]
+    est = paired_ratio(rounds, "submitit", "hpc")
+    sec.verdicts.append((f"hpc real / plain submitit, the same two jobs: {est.text()} (per-round pairs, "
+                         f"{est.pairs} rounds; target {TARGET_RATIO}x): {est.verdict(TARGET_RATIO)}",
+                         est.hi <= TARGET_RATIO))
+    dry = median(times["hpc dry-run"])
+    sec.verdicts.append((f"dry run took {fmt_s(dry)} (target {DRY_S} s on a quiet machine; load at the "
+                         f"start {' '.join(f'{x:.1f}' for x in load)})", dry <= DRY_S))
     sec.notes += [
         "wall time of the whole command including the Python interpreter start; the nodes are drained "
         "so the submitted jobs stay pending and are cancelled after each round",

@@ -224,14 +224,11 @@ def _git_head(place: Path) -> Tuple[Optional[str], Optional[str]]:
 
 
 def hpc_version() -> str:
-    from importlib import metadata
+    # hpc.__version__, the one pyproject.toml also states: importlib.metadata would scan every
+    # installed distribution, a cost of the same order as importing submitit, on every submission.
+    from hpc import __version__
 
-    try:
-        return metadata.version("hpc")
-    except metadata.PackageNotFoundError:  # run from a checkout that was never installed
-        from hpc import __version__
-
-        return __version__
+    return __version__
 
 
 def _now() -> str:
