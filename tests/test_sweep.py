@@ -44,6 +44,16 @@ def test_dry_run_plans_one_array_per_stage_across_the_points(tmp_path, capsys):
     assert not (tmp_path / "s").exists()  # a dry run writes nothing
 
 
+def test_a_grid_file_stands_in_for_the_flags(tmp_path, capsys):
+    path = tmp_path / "grid.yaml"
+    path.write_text("tiny.score: [1, 2]\ntiny.sleep_s: [0, 0.5]\n")
+    code = submit.main(["tiny", *SLURM, "--dry-run", "--run-dir", str(tmp_path / "s"), "--sweep-file", str(path)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    for p in grid.points({"tiny.score": [1, 2], "tiny.sleep_s": [0, 0.5]}):
+        assert f"point {p.signature} {p.describe()}: new" in out
+
+
 def test_a_per_item_stage_waits_task_by_task_across_the_points(tmp_path, capsys):
     code = submit.main(["tiny", *SLURM, "--dry-run", "--run-dir", str(tmp_path / "s"), "tiny.follow=true",
                         "tiny.parts=[0,1]", "--sweep", "tiny.score=1,2"])
