@@ -59,7 +59,7 @@ def supervise(argv: Sequence[str], on_end: Callable[[str], bool]) -> int:
 def act(run: RunDir, why: str) -> bool:
     """after_step, with what it did in the job's log; True when it did something."""
     try:
-        action, line = after_step(run, os.environ)
+        action, line = after_step(run, os.environ, srun_ended=why != "SIGTERM")
     except Exception as err:  # srun's exit status stays the job's: never replace it with ours
         action, line = None, f"nothing done: {type(err).__name__}: {err}"
     if action is None or action.do != "none":
@@ -67,7 +67,7 @@ def act(run: RunDir, why: str) -> bool:
     return action is not None and action.do != "none"
 
 
-def after_step(run: RunDir, env: Mapping[str, str]) -> tuple:
+def after_step(run: RunDir, env: Mapping[str, str], srun_ended: bool = True) -> tuple:
     """Read SLURM, decide (hpc.nodefail.decide), carry it out, record it: (action, in words)."""
     job_id = env["SLURM_JOB_ID"]
     array_task = env.get("SLURM_ARRAY_TASK_ID")
@@ -82,7 +82,8 @@ def after_step(run: RunDir, env: Mapping[str, str]) -> tuple:
     history = nodefail.load(task_dir) if task_dir else {}
     mark = nodefail.progress_mark(task_dir) if task_dir else None
     already = nodefail.requeued(info, restart)
-    action = nodefail.decide(history, failed, already, mark, nodefail.env_limit(env), stage)
+    action = nodefail.decide(history, failed, already, mark, nodefail.env_limit(env), stage,
+                             preempted=srun_ended and nodefail.preempted(info))
     done = carry_out(action, job_id, info, already, restart, str(run.path), stage, env)
     if task_dir and action.do != "none":
         nodefail.record(task_dir, history, action, key, restart, failed, mark, done)
@@ -109,8 +110,9 @@ def carry_out(action: nodefail.Action, job_id: str, info: Dict[str, str], alread
             if not nodefail.requeued(info, restart):  # nor has SLURM requeued it meanwhile
                 new = requeue.resubmit_after(job_id, run_dir, stage, exclude, info)
                 seen = str(err).partition(" HINT:")[0]
+                without = f", excluding {','.join(exclude)}" if exclude else ""
                 return (f"requeue refused ({seen}); job {new} submits the task again into the run "
-                        f"directory once job {job_id} has ended, excluding {','.join(exclude)}")
+                        f"directory once job {job_id} has ended{without}")
     return _said(requeue.after_requeue(job_id, exclude, env), f"requeued as job {job_id}")
 
 

@@ -59,6 +59,11 @@ def requeued(info: Mapping[str, str], restart_count: int) -> bool:
     return state in QUEUED_AGAIN or (restarts.isdigit() and int(restarts) > restart_count)
 
 
+def preempted(info: Mapping[str, str]) -> bool:
+    """Whether SLURM has preempted the job (PreemptTime is set from the preemption on)."""
+    return info.get("PreemptTime", "None") not in ("", "None", "Unknown", "(null)")
+
+
 def progress_mark(task_dir: Path, depth: int = 3) -> Optional[int]:
     """The newest committed checkpoint step under `task_dir` (step-N/COMPLETE.json, at most `depth`
     directories down), or None before the first."""
@@ -85,11 +90,16 @@ def no_progress_streak(events: Sequence[Mapping[str, Any]], mark: Optional[int])
 
 
 def decide(history: Mapping[str, Any], failed: Sequence[str], already_requeued: bool, mark: Optional[int],
-           limit: int, stage: str) -> Action:
+           limit: int, stage: str, preempted: bool = False) -> Action:
     """The table: a node failure is requeued while under `limit` and making progress; a requeue for
-    any other reason only gets its node range back; every other end is left as it is."""
+    any other reason only gets its node range back; a preempted job whose srun has ended without a
+    requeue is requeued (its ranks died of the SIGTERM before they could requeue it, while starting,
+    say: SLURM does not requeue a job that ends within GraceTime); every other end is left as it is."""
     if not failed:
-        return Action("reopen", "requeued") if already_requeued else Action("none", "not a node failure")
+        if already_requeued:
+            return Action("reopen", "requeued")
+        return Action("requeue", "preempted, and not requeued by the job") if preempted else \
+            Action("none", "not a node failure")
     nodes, count = ",".join(failed), history.get("node_failures", 0) + 1
     if count > limit:
         return Action("stop", f"node failure {count} (on {nodes}): more than stages.{stage}.max_node_failures="

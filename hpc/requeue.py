@@ -95,8 +95,8 @@ def resubmit_after(job_id: str, run_dir: str, stage: str, exclude: Sequence[str]
     extra = {"dependency": f"afterany:{job_id}", **{flag: info[key] for key, flag in (
         ("Account", "account"), ("QOS", "qos")) if info.get(key, "") not in _UNSET}}
     executor = submitit.SlurmExecutor(folder=f"{run_dir}/{stage}/logs/resubmit-%j")
+    partition = {"partition": info["Partition"]} if info.get("Partition", "") not in _UNSET else {}
     executor.update_parameters(job_name=f"hpc-resubmit-{stage}", nodes=1, ntasks_per_node=1, cpus_per_task=1,
-                               time=10, additional_parameters=extra,
-                               **({"partition": info["Partition"]} if info.get("Partition", "") not in _UNSET else {}))
+                               time=10, additional_parameters=extra, **partition)
     with submission_env():
         return str(executor.submit(resubmit, run_dir, stage, list(exclude)).job_id)

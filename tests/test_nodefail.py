@@ -44,6 +44,14 @@ def test_a_requeue_for_another_reason_only_reopens_the_node_range():
     assert decide(failed=(), already=True).do == "reopen"
 
 
+def test_a_preempted_job_that_ended_without_a_requeue_is_requeued():
+    """Its ranks died of the preemption's SIGTERM before they could requeue it themselves."""
+    action = nodefail.decide({}, [], False, None, 3, "train", preempted=True)
+    assert (action.do, action.exclude) == ("requeue", ())
+    assert nodefail.preempted({"PreemptTime": "2026-01-01T00:00:00"})
+    assert not nodefail.preempted({"PreemptTime": "None"}) and not nodefail.preempted({})
+
+
 def test_a_node_failure_is_requeued_with_the_node_excluded():
     action = decide(failed=("n2", "n5"))
     assert (action.do, action.exclude) == ("requeue", ("n2", "n5"))

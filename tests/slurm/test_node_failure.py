@@ -123,8 +123,8 @@ def test_where_requeue_is_refused_a_new_job_runs_the_task_without_the_node(slurm
     run_dir = tmp_path / "run"
     # named by module path: the resubmission runs in a job of its own, where no alias is registered
     assert submit.main(["tests.tiny_pipeline", "--cluster", "slurm", "--run-dir", str(run_dir), "tiny.parts=[0]",
-                        "tiny.third=true", "stages.second.nodes=1-2", "stages.second.tasks_per_node=2", "tiny.slow_items=[0]",
-                        f"tiny.release_file={release}"]) == 0
+                        "tiny.third=true", "stages.second.nodes=1-2", "stages.second.tasks_per_node=2",
+                        "tiny.slow_items=[0]", f"tiny.release_file={release}"]) == 0
     run = RunDir(run_dir)
     job = job_ids(run)[("second", 0)]
     wait_until(lambda: "item 0 working" in _text(run.log_path("second", job)), 60, "second[0] at work")

@@ -46,20 +46,21 @@ def submit_run(run_dir, script):
 
 
 # The script ends on SIGTERM, and rank 0's wrapper (hpc.jobs.run) requeues the job with scontrol.
-BY_HPC = "test -e {release} || exec sleep 600"
+BY_HPC = "touch {ready}/$SLURM_PROCID; test -e {release} || exec sleep 600"
 # The script outlives SIGTERM: SLURM requeues the job once GraceTime has run out, and hpc's code
 # in the tasks never gets to act; only the batch script's wrapper of srun (hpc.afterstep) does.
-BY_SLURM = "trap '' TERM; test -e {release} || sleep 600"
+BY_SLURM = "trap '' TERM; touch {ready}/$SLURM_PROCID; test -e {release} || sleep 600"
 
 
 @pytest.mark.parametrize("script", [BY_HPC, BY_SLURM], ids=["requeued-by-hpc", "requeued-by-slurm"])
 def test_a_requeued_node_range_job_restarts_on_the_node_left(slurm_cluster, drain, tmp_path, script):
-    release = tmp_path / "release"  # the next attempt ends at once
-    run, (stage, item) = submit_run(tmp_path / "run", script.format(release=release)), ("main", None)
+    release, ready = tmp_path / "release", tmp_path / "ready"  # with release, the next attempt ends at once
+    ready.mkdir()
+    run, (stage, item) = submit_run(tmp_path / "run", script.format(release=release, ready=ready)), ("main", None)
     job = job_ids(run)[(stage, item)]
     wait_until(lambda: job_field(slurm_cluster, job, "JobState") == "RUNNING", 60, "the job running")
     assert job_field(slurm_cluster, job, "NumNodes") == "2"
-    wait_until(lambda: run.log_path(stage, job, rank=3).exists(), 60, "every rank started")
+    wait_until(lambda: len(list(ready.iterdir())) == 4, 60, "the script running on every rank")
     preempt(slurm_cluster, job, release=False)
     # the preemptor needs every node: it must have run before one is drained, or it waits ahead of the job
     wait_until(lambda: not slurm_cluster.run(["squeue", "-h", "-n", "hpc-preemptor"]).stdout.strip(), 60,
