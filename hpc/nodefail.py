@@ -146,8 +146,8 @@ def summary(task_dir: Path) -> str:
         return ""
     last = next((e for e in reversed(history["events"]) if e["kind"] == "node_failure"), {})
     excluded = ", ".join(history.get("excluded", [])) or "none"
-    return (f"{history['node_failures']} node failure(s), excluded: {excluded}; last: "
-            f"{last.get('done') or last.get('why', '')}")
+    said = f"{last.get('why')} ({last.get('done')})" if last.get("do") == "stop" else last.get("done", "")
+    return f"{history['node_failures']} node failure(s), excluded: {excluded}; last: {said}"
 
 
 def env_limit(environ: Mapping[str, str] = os.environ) -> int:

@@ -120,6 +120,9 @@ def test_the_history_counts_failures_and_excluded_nodes_for_status(tmp_path):
     saved = json.loads((tmp_path / nodefail.HISTORY).read_text())
     assert (saved["node_failures"], saved["excluded"], len(saved["events"])) == (1, ["n2"], 2)
     assert nodefail.summary(tmp_path) == "1 node failure(s), excluded: n2; last: requeued as job 12"
+    stop = decide(failed=("n3",), history=nodefail.load(tmp_path), limit=1)
+    nodefail.record(tmp_path, nodefail.load(tmp_path), stop, "12", 2, ["n3"], 5, "stopped")
+    assert nodefail.summary(tmp_path) == f"2 node failure(s), excluded: n2; last: {stop.why} (stopped)"
 
 
 @given(lo=st.integers(1, 50), extra=st.integers(0, 50), per_node=st.integers(1, 16))
