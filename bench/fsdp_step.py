@@ -16,7 +16,7 @@ import argparse
 from typing import List
 
 from bench.common import Context, emit
-from bench.ddp_overhead import HEADERS, _sgd, batches_by_hand, init_by_hand, measure, rows, stepper
+from bench.ddp_overhead import HEADERS, PROFILE_NOTE, _sgd, batches_by_hand, init_by_hand, measure, rows, stepper
 from bench.interleave import Arm, run_blocks
 from bench.ranks import WORLD, repeated_note
 from bench.report import Section
@@ -130,7 +130,7 @@ def run(ctx: Context) -> Section:
         f"{size} steps, {blocks} block pairs per launch, {launches} launches per pair (bench.interleave, as "
         "the DDP section); hand-written data comes from DistributedSampler, hpc's from s.loader (its "
         "resumable loader); a target counts as met only when the whole 95% interval is at or below it",
-        ] + repeated_note(repeated)
+        PROFILE_NOTE] + repeated_note(repeated)
     return sec
 
 

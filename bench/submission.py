@@ -30,6 +30,11 @@ TARGET_S = 0.5
 TARGET_RATIO = 1.0  # hpc's real submission over plain submitit's
 DRY_S = 0.3
 REPEATS = 12
+PROFILE_NOTE = ("where hpc's time goes: bench/profiles/submission-dry-run.txt and submission-real.txt "
+                "(python -m bench.profile submission[-real]); besides what plain submitit does (interpreter, "
+                "import submitit, 2 sbatch calls) hpc imports omegaconf and yaml, builds the structured config "
+                "and merges its layers, imports the pipeline's modules, asks scontrol show config once "
+                "(MaxArraySize) and git rev-parse once, and writes the run directory")
 LEVELS = ["0", "1", "2"]
 # The sandbox profile's resources (templates/profiles/sandbox.yaml), spelled as sbatch options.
 RGB_OPTS = ["-p", "low", "-N", "1", "--ntasks-per-node=1", "--cpus-per-task=1", "--gpus-per-node=1",
@@ -122,7 +127,8 @@ def run(ctx: Context) -> Section:
         "wall time of the whole command including the Python interpreter start; the nodes are drained "
         "so the submitted jobs stay pending and are cancelled after each round",
         "hpc real also creates the run directory (manifest.json, config.yaml) and loads the YAML config; "
-        "the dry-run renders the sbatch scripts through submitit without calling sbatch"]
+        "the dry-run renders the sbatch scripts through submitit without calling sbatch",
+        PROFILE_NOTE]
     return sec
 
 
