@@ -188,6 +188,8 @@ def make_plan(pipe: PipelineDef, cfg: Any, run_dir: str, kind: str,
         if not todo:
             continue
         res = dict(_plain(cfg.stages[stage.resources or stage.name]))
+        if kind == "slurm" and stage.batch:  # every node count SLURM may grant, not only the ends
+            _check_batch(f"stages.{stage.resources or stage.name}.nodes", res, stage.batch[0])
         ranks, note = _ranks(stage.name, res, kind)
         if note:
             notes.append(note)
