@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import warnings
 from pathlib import Path
 
 import pytest
@@ -75,6 +76,21 @@ def _cluster_args(variant: str) -> dict:
     return args
 
 
+def _start(make, directory: str) -> LocalCluster:
+    """Bring a cluster up; if it does not come up (a daemon slow to start on a loaded machine),
+    take down what started and try once more in a fresh directory, saying why."""
+    cluster = make(directory)
+    try:
+        cluster.up(log=lambda msg: None)
+        return cluster
+    except Exception as err:  # noqa: BLE001 - reported with the retry, raised if that fails too
+        cluster.down(log=lambda msg: None)
+        warnings.warn(f"local cluster in {directory} did not come up ({err}); trying a fresh directory")
+    cluster = make(tempfile.mkdtemp(prefix=Path(directory).name.rstrip("-_") + "-retry-"))
+    cluster.up(log=lambda msg: None)
+    return cluster
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slurm" in item.keywords:
@@ -101,8 +117,7 @@ def slurm_cluster():
     # A cluster already running in HPC_TEST_CLUSTER_DIR belongs to whoever started it: reuse, leave up.
     owned = not cluster.is_up()
     if owned:
-        cluster = LocalCluster(directory, **_cluster_args("main"))
-    cluster.up(log=lambda msg: None)
+        cluster = _start(lambda d: LocalCluster(d, **_cluster_args("main")), directory)
     saved = os.environ.get("SLURM_CONF")
     os.environ.update(cluster.env())
     try:
@@ -125,9 +140,8 @@ def _variant(name: str, **kw):
     cluster = LocalCluster(directory, nodes=2, gpus_per_node=2, cpus_per_node=4, **kw)
     owned = not cluster.is_up()
     if owned:
-        cluster = LocalCluster(directory, nodes=2, gpus_per_node=2, cpus_per_node=4, **kw,
-                               **_cluster_args(name))
-    cluster.up(log=lambda msg: None)
+        cluster = _start(lambda d: LocalCluster(d, nodes=2, gpus_per_node=2, cpus_per_node=4, **kw,
+                                                **_cluster_args(name)), directory)
     try:
         yield cluster
     finally:
