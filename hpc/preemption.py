@@ -175,15 +175,22 @@ def handle_stop(request: StopRequest, history: str | os.PathLike, job_id: str | 
         try:
             scheduler.requeue(job_id, runner=runner)
         except RuntimeError as err:
-            seen = str(err).partition(" HINT:")[0]
-            return Decision(False, None, f"{seen} HINT: submit with --requeue and check JobRequeue in "
-                            "slurm.conf", kind)
+            if not _taken(job_id, restarts, runner):
+                seen = str(err).partition(" HINT:")[0]
+                return Decision(False, None, f"{seen} HINT: submit with --requeue and check JobRequeue in "
+                                "slurm.conf", kind)
     if decision.requeue:  # SLURM pins the node count it last granted: give a node range back (hpc.requeue)
         try:
             requeue.after_requeue(job_id)
         except RuntimeError as err:  # the batch script's hpc.afterstep tries again
             log.warning("node range of job %s not restored: %s", job_id, err)
     return decision
+
+
+def _taken(job_id: str, restarts: int, runner: Callable[..., Any]) -> bool:
+    """Whether SLURM requeued the job although scontrol failed: a requeue ends the job's steps at
+    once, and an scontrol run from inside one (the hang watchdog's) can die of that SIGTERM."""
+    return classify(job_info(job_id, runner), "", restarts)[1]
 
 
 class JobNotRequeued(RuntimeError):

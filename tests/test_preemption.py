@@ -158,6 +158,21 @@ def test_a_failed_requeue_is_no_requeue_with_slurms_words_and_a_hint(tmp_path):
     assert d.why.count("HINT:") == 1 and d.why.endswith("check JobRequeue in slurm.conf")
 
 
+def test_a_requeue_whose_scontrol_died_of_the_requeue_itself_counts_when_slurm_shows_it(tmp_path):
+    """The requeue signals every process of the job's steps, the scontrol that asked for it too."""
+    asked = []
+
+    def runner(argv, **kw):
+        asked.append(argv[1])
+        if argv[1] == "requeue":
+            return subprocess.CompletedProcess(argv, -15, "", "")
+        state = "JobState=RUNNING Restarts=0" if "requeue" not in asked else "JobState=REQUEUED Restarts=1"
+        return subprocess.CompletedProcess(argv, 0, f"JobId=5 {state}", "")
+
+    d = pre.handle_stop(pre.StopRequest("hang"), tmp_path / "h.json", job_id="5", runner=runner)
+    assert d.requeue and d.kind == "hang" and asked[1:3] == ["requeue", "-o"], (d, asked)  # asked again
+
+
 def test_only_the_scheduler_adapter_runs_scontrol():
     """hpc.scheduler holds every scontrol call and its parsers; the local cluster's own controls
     (hpc.cluster.local starts and pings the daemons it runs) are the exception."""
