@@ -58,6 +58,7 @@ from hpc import preemption, rng, watchdog
 from hpc.scalars import PendingScalars
 from hpc.stopsignal import StopFlag, StopVote
 from hpc.checkpoint import SHARDED_KEY, CheckpointStore
+from hpc.checkpoint.layout import marker_files
 
 log = logging.getLogger(__name__)
 
@@ -138,8 +139,8 @@ class TrainLoop:
         Returns the step to continue after (0 on a first run).
         """
         self.objects = dict(objects)
-        state = self.store.load()
-        step = self._agree(state["step"] if state else -1)
+        state = self._agreed_state()
+        step = state["step"] if state else -1
         sharded = state.get(SHARDED_KEY) if state else None
         if sharded is not None or self._through_dcp():
             self._dcp_names = self._sharded_objects()
@@ -207,17 +208,40 @@ class TrainLoop:
         self._engine.save(directory, *(self.objects[n] for n in self._dcp_names), blocking=blocking)
         return self._engine.wait
 
-    def _agree(self, step: int) -> int:
-        """Every rank must resume from the same step; a mismatch would deadlock the first step."""
+    def _agreed_state(self) -> dict[str, Any] | None:
+        """The newest checkpoint that every rank can read. Each rank verifies only what it reads
+        (its own files, and the shards its DCP load plan names); one all-reduce per candidate
+        agrees, so a corrupt file makes every rank go back to the same older step."""
+        for step in sorted(self.store.candidates(), reverse=True) + [-1]:
+            state = self.store.load(step) if step >= 0 else None
+            problem = "" if step < 0 else "it failed verification" if state is None else self._unread(state)
+            if problem and state is not None:
+                log.warning("skipping checkpoint step %d: %s", step, problem)
+            if self._agree(step, not problem):
+                return state
+            log.warning("checkpoint step %d failed verification on some rank: trying an older one", step)
+        return None
+
+    def _unread(self, state: dict[str, Any]) -> str:
+        where = state.get(SHARDED_KEY)
+        if where is None:
+            return ""
+        from hpc.checkpoint.dcp_engine import unverified
+
+        return unverified(where, marker_files(where), *(self.objects[n] for n in self._sharded_objects()))
+
+    def _agree(self, step: int, ok: bool) -> bool:
+        """One all-reduce: whether every rank can read `step`; the ranks must name the same
+        step, or the first training step would deadlock."""
         if not self.s.distributed:
-            return step
-        t = torch.tensor([step, -step], dtype=torch.int64, device=self.s.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        if int(t[0]) != -int(t[1]):
+            return ok
+        t = torch.tensor([int(ok), step, -step], dtype=torch.int64, device=self.s.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        if int(t[1]) != -int(t[2]):
             raise RuntimeError(
-                f"ranks found different newest checkpoints (steps {-int(t[1])}..{int(t[0])}) in "
+                f"ranks found different checkpoints (steps {int(t[1])}..{-int(t[2])}) in "
                 f"{self.store.directory}. HINT: every rank must see the same shared filesystem path.")
-        return step
+        return bool(t[0])
 
     # ------------------------------------------------------------------ loop
     def steps(self, total: int) -> Iterator[int]:

@@ -25,7 +25,7 @@ WORKLOAD = Path(__file__).with_name("anyresume_workload.py")
 CONFIGS = [(strategy, world) for strategy in ("ddp", "fsdp") for world in (1, 2, 4)]
 
 
-def launch(world: int, *args: str) -> None:
+def launch(world: int, *args: str, workload: Path = WORKLOAD) -> None:
     port = str(free_port())
     procs = []
     for rank in range(world):
@@ -33,7 +33,7 @@ def launch(world: int, *args: str) -> None:
                "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
                "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
                "HPC_WATCHDOG_S": "0"}
-        procs.append(subprocess.Popen([sys.executable, str(WORKLOAD), *args], env=env,
+        procs.append(subprocess.Popen([sys.executable, str(workload), *args], env=env,
                                       stderr=subprocess.PIPE, text=True))
     errors = [p.communicate(timeout=300)[1] for p in procs]
     assert [p.returncode for p in procs] == [0] * world, "\n".join(errors)

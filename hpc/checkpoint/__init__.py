@@ -17,8 +17,10 @@ Layout of one checkpoint (every rank calls ``save``; rank 0 commits)::
     step-120/.metadata        DCP's index of those shards, written after every rank's data
 
 Files are written into ``.step-N.tmp/`` (temporary name, fsync, rename), then rank 0 writes the
-marker and renames the directory. A directory counts only with a marker whose checksums match, so a
-process killed mid-write leaves the previous checkpoint as the newest valid one. Loading uses
+marker and renames the directory, from the checksums each rank reported for its own files (rank 0
+reads no other rank's data). A directory counts only with a marker whose sizes match, and a load
+verifies the checksums of what it reads, so a process killed mid-write leaves the previous
+checkpoint as the newest valid one. Loading uses
 ``torch.load(weights_only=True)``: a checkpoint can never run pickled code.
 
 Costs (files, staging, background_writer): a background save forks a copy-on-write writer

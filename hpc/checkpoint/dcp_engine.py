@@ -28,12 +28,13 @@ from __future__ import annotations
 import contextlib
 import os
 import warnings
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["DcpEngine", "state_dicts", "METADATA"]
+__all__ = ["DcpEngine", "state_dicts", "unverified", "own_shards", "METADATA"]
 
 SINGLE_PROCESS_WARNING = r"torch\.distributed is disabled, unavailable or uninitialized"
 METADATA = ".metadata"  # written by DCP's coordinator after every rank's data files
@@ -164,3 +165,44 @@ class DcpEngine:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def unverified(directory: str | os.PathLike, files: dict, model: torch.nn.Module,
+               optimizer: torch.optim.Optimizer | None = None) -> str:
+    """'' when the data files that this rank's load of `directory` reads match their checksums
+    in `files` (the marker's), else what is wrong. Only the bytes that DCP's load plan for this
+    rank's layout reads are read, not every rank's files (and no collective)."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+
+    from hpc.checkpoint.files import verify_ranges
+
+    metadata = FileSystemReader(str(directory)).read_metadata()
+    planner = DefaultLoadPlanner()
+    planner.set_up_planner(state_dicts(model, optimizer), metadata, False)
+    ranges: dict[str, list[tuple[int, int]]] = {}
+    for item in planner.create_local_plan().items:
+        where = metadata.storage_data[item.storage_index]
+        ranges.setdefault(where.relative_path, []).append((where.offset, where.length))
+    for name in sorted(ranges):
+        if name not in files:
+            return f"{name} is not in the completion marker"
+        problem = verify_ranges(Path(directory) / name, files[name], ranges[name])
+        if problem:
+            return problem
+    return ""
+
+
+def own_shards(directory: Path, rank: int) -> dict[str, dict]:
+    """Checksum info of this rank's DCP data files (``__R_K.distcp``, R its rank in the save's
+    group), one crc32 per tensor stored (from DCP's .metadata, on disk once a save returned):
+    read right after they were written, while the page cache still holds them."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    from hpc.checkpoint.files import ranges_info
+
+    ranges: dict[str, list[tuple[int, int]]] = {}
+    for where in FileSystemReader(str(directory)).read_metadata().storage_data.values():
+        if where.relative_path.startswith(f"__{rank}_"):
+            ranges.setdefault(where.relative_path, []).append((where.offset, where.length))
+    return {name: ranges_info(Path(directory) / name, r) for name, r in sorted(ranges.items())}

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import json
 import os
 import pickle
 import zlib
@@ -156,6 +157,8 @@ def verify(path: Path, expected: Any) -> str:
     """'' when `path` matches `expected` (write_atomic's info, or a legacy sha256 hex string),
     else what is wrong. Reads in chunks into one reused buffer: never the whole file in memory."""
     legacy = isinstance(expected, str)
+    if not legacy and isinstance(expected.get("items"), list):
+        return verify_ranges(path, expected, [(off, length) for off, length, _ in expected["items"]])
     digest = hashlib.sha256() if legacy else None
     crc, size, buf = 0, 0, bytearray(CHUNK)
     try:
@@ -182,13 +185,55 @@ def verify(path: Path, expected: Any) -> str:
 
 
 def file_info(path: Path) -> dict[str, Any]:
-    """write_atomic's info ({"crc32", "bytes"}) of a file another writer made (DCP's shards)."""
+    """write_atomic's info ({"crc32", "bytes"}) of a file another writer made (DCP's metadata)."""
     crc, size, buf = 0, 0, bytearray(CHUNK)
     with open(path, "rb", buffering=0) as f:
         while n := f.readinto(buf):
             crc = zlib.crc32(memoryview(buf)[:n], crc)
             size += n
     return {"crc32": f"{crc:08x}", "bytes": size}
+
+
+def ranges_info(path: Path, ranges: list[tuple[int, int]]) -> dict[str, Any]:
+    """Info of a file read in pieces (a DCP shard file): a crc32 per (offset, length) range, so
+    that a reader of some of its tensors verifies exactly the bytes it reads, not the whole file.
+    "items" lists [offset, length, crc32]; "crc32" is that of the items' text."""
+    with open(path, "rb", buffering=0) as f:
+        items = [[off, length, f"{_range_crc(f, off, length):08x}"] for off, length in sorted(set(ranges))]
+    text = json.dumps(items)
+    return {"crc32": f"{zlib.crc32(text.encode()):08x}", "bytes": os.stat(path).st_size, "items": items}
+
+
+def _range_crc(f: Any, offset: int, length: int) -> int:
+    crc, left = 0, length
+    f.seek(offset)
+    while left > 0:
+        data = f.read(min(left, CHUNK))
+        if not data:
+            break
+        crc, left = zlib.crc32(data, crc), left - len(data)
+    return crc
+
+
+def verify_ranges(path: Path, info: dict[str, Any], ranges: list[tuple[int, int]]) -> str:
+    """'' when the (offset, length) `ranges` of `path` match ranges_info's `info`, else what is
+    wrong; reads those ranges only. An info without items (any other file): the whole file."""
+    items = info.get("items") if isinstance(info, dict) else None
+    if not isinstance(items, list):
+        return verify(path, info)
+    known = {(off, length): crc for off, length, crc in items}
+    try:
+        if os.stat(path).st_size != info.get("bytes"):
+            return f"{path.name} has {os.stat(path).st_size} bytes, the marker says {info.get('bytes')} (truncated)"
+        with open(path, "rb", buffering=0) as f:
+            for off, length in sorted(set(ranges)):
+                if known.get((off, length)) != f"{_range_crc(f, off, length):08x}":
+                    return f"{path.name} does not match its crc32 checksum at offset {off} (corrupted)"
+    except FileNotFoundError:
+        return f"{path.name} is missing"
+    except OSError as err:
+        return f"{path.name} is unreadable ({err.strerror})"
+    return ""
 
 
 def load_file(path: Path, map_location: Any = "cpu") -> Any:

@@ -41,6 +41,9 @@ class StoreReader:
         self.directory = Path(directory)
         self.rank = rank
         self._checked: dict[tuple, str] = {}  # (step, inode, marker mtime) -> problem ('' = valid)
+        # names whose checksums a load verifies, None: every file (a reader on its own: an
+        # evaluation job). A rank of a training job verifies only what it reads (CheckpointStore).
+        self.crc: set[str] | None = None
 
     def steps(self) -> list[int]:
         """Steps of committed entries (valid or not), oldest first."""
@@ -66,7 +69,7 @@ class StoreReader:
         yielded is not pruned before the block ends, so its DCP shards (``state[SHARDED_KEY]``)
         can be read inside it. None when there is no valid checkpoint."""
         for _ in range(READ_ATTEMPTS):  # all candidates pruned between listing and lease: list again
-            candidates = [step] if step is not None else sorted(self._candidates(), reverse=True)
+            candidates = [step] if step is not None else sorted(self.candidates(), reverse=True)
             for s in candidates:
                 with read_lease.shared(self.directory, s):
                     state = self._settled(s, map_location)
@@ -88,7 +91,8 @@ class StoreReader:
             time.sleep(0.05)
         return state  # a writer killed before its rename: nothing moves it any more
 
-    def _candidates(self) -> set[int]:
+    def candidates(self) -> set[int]:
+        """Steps that may hold a checkpoint (committed, or with a commit still to finish)."""
         found = layout.scan(self.directory)
         return set(found["step"]) | set(found["tmp"]) | set(found["old"])
 
@@ -133,7 +137,7 @@ class StoreReader:
         before = layout.identity(path)
         if before is None:
             return _RACED
-        problem, names = layout.check(path)
+        problem, names = layout.check(path, self.crc)
         value = None
         if not problem:
             try:
@@ -162,7 +166,9 @@ class StoreReader:
         return state
 
     def _problem(self, step: int, path: Path, known: str | None = None) -> str:
-        """What is wrong with step-N ('' if valid), verified once per directory and marker."""
+        """What is wrong with step-N ('' if valid), checked once per directory and marker. Its
+        marker and file sizes are trusted, nothing is read: the writer checksummed every file
+        while writing it, and a load verifies what it reads."""
         ident = layout.identity(path)
         key = (step, *ident) if ident else None
         if known is not None:
@@ -171,7 +177,7 @@ class StoreReader:
             return known
         if key in self._checked:
             return self._checked[key]
-        problem = layout.check(path)[0]
+        problem = layout.check(path, crc=())[0]
         if key:
             self._checked[key] = problem
         return problem

@@ -17,7 +17,7 @@ from typing import Any
 
 from hpc.atomic import fsync_dir, write_bytes
 from hpc.checkpoint import background_writer as background
-from hpc.checkpoint import layout, read_lease
+from hpc.checkpoint import dcp_engine, layout, read_lease
 from hpc.checkpoint.files import file_info, nbytes, space_error, write_atomic
 from hpc.checkpoint.layout import DCP_METADATA, MARKER, SHARED
 from hpc.checkpoint.reader import PER_RANK_KEY, StoreReader, warn_user
@@ -54,6 +54,7 @@ class CheckpointStore(StoreReader):
         self._pending: int | None = None  # step of the background write in flight
         self._lock: WriterLock | None = None  # rank 0's, taken at the first save (readers never lock)
         self._claimed = False
+        self.crc = {SHARED, f"rank-{rank}.pt", DCP_METADATA}  # what this rank reads besides shards
         self._staging = Staging()
         self._writer = background.ThreadWriter()
         self.stats = {"saves": 0, "copy_s": 0.0, "waited_s": 0.0, "write_s": 0.0}
@@ -65,9 +66,9 @@ class CheckpointStore(StoreReader):
 
         `sharded(directory, blocking)` (optional, every rank) writes model and optimizer shards
         into the checkpoint's temporary directory through DCP and returns a function that waits
-        for them. The writer waits for it before its own files: rank 0's marker, which lists
-        and checksums the shards and DCP's .metadata, is written after DCP finished. Such a save
-        runs on the writer thread (a forked writer cannot wait on DCP's thread).
+        for them. Each rank then checksums its own shards and reports them with its rank file;
+        rank 0's marker is made from the reports, never by reading another rank's data. Such a
+        save runs on the writer thread (a forked writer cannot wait on DCP's thread).
 
         Background (default): the caller pays for copying accelerator tensors to CPU and a fork
         (thread mode: copying every tensor). A save that is due while the previous write still
@@ -155,17 +156,19 @@ class CheckpointStore(StoreReader):
         tmp = self.directory / layout.name("tmp", step)
         try:
             tmp.mkdir(exist_ok=True)
+            report: dict[str, Any] = {"generation": generation}
             if shards is not None:
                 shards()  # this rank's shards on disk; on rank 0 also DCP's metadata
+                report["shards"] = dcp_engine.own_shards(tmp, self.rank)
             if per_rank is not None:
-                info = write_atomic(tmp / f"rank-{self.rank}.pt", per_rank, overlap)
-                write_bytes(tmp / f"rank-{self.rank}.done", json.dumps(
-                    {"generation": generation, "file": info}).encode())
+                report["file"] = write_atomic(tmp / f"rank-{self.rank}.pt", per_rank, overlap)
+            if len(report) > 1:
+                write_bytes(tmp / f"rank-{self.rank}.done", json.dumps(report).encode())
             if self.rank == 0:
                 files = {SHARED: write_atomic(tmp / SHARED, shared, overlap)}
-                if shards is not None:
-                    files.update(_dcp_files(tmp))
-                if per_rank is not None:
+                if shards is not None:  # DCP's index, written by rank 0: the only file it reads
+                    files[DCP_METADATA] = file_info(tmp / DCP_METADATA)
+                if len(report) > 1:
                     files.update(self._collect_ranks(tmp, generation))
                 self._commit(step, tmp, files)
         except BaseException as err:
@@ -192,7 +195,8 @@ class CheckpointStore(StoreReader):
             pass  # rank 0 then waits RANK_WAIT_S for this rank, as for a rank that died
 
     def _collect_ranks(self, tmp: Path, generation: str) -> dict[str, str]:
-        """Wait for every rank's file of this generation; return name -> checksum info. A file is
+        """Wait for every rank's report of this generation; return name -> checksum info of the
+        files the ranks wrote (their rank-R.pt, their DCP shards): rank 0 reads none. A file is
         looked for in a listing of the directory, never by opening its name before it exists: NFS
         would answer that lookup from its cache of misses for up to a minute (hpc.sharedfs)."""
         files, pending, deadline, pause = {}, list(range(self.world_size)), time.monotonic() + RANK_WAIT_S, 0.05
@@ -206,7 +210,9 @@ class CheckpointStore(StoreReader):
                 if isinstance(info, dict) and info.get("generation") == generation:
                     if "error" in info:
                         raise RuntimeError(f"rank {r} could not write its checkpoint file: {info['error']}")
-                    files[f"rank-{r}.pt"] = info["file"]
+                    if "file" in info:
+                        files[f"rank-{r}.pt"] = info["file"]
+                    files.update(info.get("shards", {}))
                     pending.remove(r)
             if pending and time.monotonic() > deadline:
                 raise TimeoutError(
@@ -247,11 +253,11 @@ class CheckpointStore(StoreReader):
         for step in sorted(set(found["tmp"]) | set(found["old"])):
             tmp, old = found["tmp"].get(step), found["old"].get(step)
             final = self.directory / layout.name("step", step)
-            if tmp is not None and (tmp / MARKER).exists() and not layout.check(tmp)[0]:
+            if tmp is not None and (tmp / MARKER).exists() and not layout.check(tmp, crc=())[0]:
                 self._swap_in(step, tmp)
                 said.append(f"finished the commit of checkpoint step {step}: {tmp} was complete "
                             "(its marker verifies) but the writer was stopped before renaming it")
-            elif old is not None and not os.path.lexists(final) and not layout.check(old)[0]:
+            elif old is not None and not os.path.lexists(final) and not layout.check(old, crc=())[0]:
                 os.replace(old, final)
                 said.append(f"restored {final} from {old}: a re-save of step {step} was stopped "
                             "between its two renames, before the new copy was complete")
@@ -292,9 +298,3 @@ class CheckpointStore(StoreReader):
                 layout.remove(path)
         for path in found["gone"].values():
             layout.discard(path)
-
-def _dcp_files(tmp: Path) -> dict[str, dict]:
-    """Checksum info of DCP's files in a temporary directory, every rank's shards included:
-    DCP's coordinator writes .metadata only after all of them are written."""
-    names = [DCP_METADATA] + sorted(n for n in os.listdir(tmp) if n.endswith(".distcp"))
-    return {n: file_info(tmp / n) for n in names}

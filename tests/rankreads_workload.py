@@ -1,0 +1,90 @@
+"""What each rank reads at a commit and at a resume: /proc/self/io around TrainLoop's own calls.
+
+    python tests/rankreads_workload.py save ROOT     # in every task of a 2-rank gloo group
+    python tests/rankreads_workload.py resume ROOT
+
+``save``: an FSDP model trains 3 steps with checkpoints at steps 2 and 3; the bytes each rank read
+(rchar: every read call, page cache or disk) while its blocking save of step 3 committed go to
+ROOT/reads-<rank>.json. ``resume``: the same for TrainLoop.resume; then rank 0 corrupts one byte of
+rank 1's shard of step 3, and a second resume (every rank) must go back to step 2, the ranks
+agreeing although only rank 1 reads that file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+import hpc.ddp
+from hpc.trainloop import TrainLoop
+
+WIDTH, BLOCKS = 512, 4  # 1 MiB of float32 weights per block; Adam state doubles it twice over
+
+
+def rchar() -> int:
+    fields = dict(line.split(": ") for line in Path("/proc/self/io").read_text().splitlines())
+    return int(fields["rchar"])
+
+
+def build(s):
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(*(torch.nn.Linear(WIDTH, WIDTH, bias=False) for _ in range(BLOCKS)))
+    model = s.wrap(net, strategy="fsdp")
+    return model, torch.optim.AdamW(model.parameters(), lr=0.01)
+
+
+def train(model, opt) -> None:
+    model(torch.randn(4, WIDTH)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+
+
+def save(s, root: Path) -> dict:
+    model, opt = build(s)
+    with TrainLoop(s, root, save_every=2, tensorboard=False) as loop:
+        loop.resume({"model": model, "optimizer": opt})
+        for _ in loop.steps(3):
+            train(model, opt)
+        loop.store.wait()
+        before = rchar()
+        loop.save(blocking=True)
+        return {"commit": rchar() - before}
+
+
+def resumed(s, root: Path) -> tuple[int, int]:
+    """(step resumed from, bytes read by the resume)."""
+    model, opt = build(s)
+    with TrainLoop(s, root, tensorboard=False) as loop:
+        before = rchar()
+        step = loop.resume({"model": model, "optimizer": opt})
+        return step, rchar() - before
+
+
+def resume(s, root: Path) -> dict:
+    resumed(s, root)  # the first load imports modules: their reads are no checkpoint's
+    first, read = resumed(s, root)
+    if s.is_main:
+        shard = root / "checkpoints" / "step-3" / "__1_0.distcp"
+        data = bytearray(shard.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        shard.write_bytes(bytes(data))
+    s.barrier()
+    second = resumed(s, root)[0]
+    return {"resume": read, "first": first, "second": second}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("mode", choices=["save", "resume"])
+    p.add_argument("root", type=Path)
+    a = p.parse_args()
+    with hpc.ddp.session(timeout_s=120) as s:
+        result = {"save": save, "resume": resume}[a.mode](s, a.root)
+        (a.root / f"{a.mode}-{s.rank}.json").write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

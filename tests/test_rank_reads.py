@@ -1,0 +1,52 @@
+"""Each rank reads only its own part of a checkpoint: at a commit, at a resume, and to agree on validity.
+
+    python -m pytest -q tests/test_rank_reads.py
+
+Two gloo ranks run tests/rankreads_workload.py. At a commit, rank 0 makes the marker from the
+checksums the ranks report and reads none of rank 1's shards; at a resume, a rank checksums only
+what its load reads (its own shards at the same world size) and then loads them: twice its share
+at most, never the other rank's. A corrupt shard that only its own rank reads still makes both
+ranks resume from the older checkpoint (one all-reduce of a validity flag).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from test_any_resume import launch
+
+WORKLOAD = Path(__file__).with_name("rankreads_workload.py")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("reads")
+    launch(2, "save", str(root), workload=WORKLOAD)
+    shards = {r: (root / "checkpoints" / "step-3" / f"__{r}_0.distcp").stat().st_size for r in (0, 1)}
+    launch(2, "resume", str(root), workload=WORKLOAD)
+    results = {r: {**json.loads((root / f"save-{r}.json").read_text()),
+                   **json.loads((root / f"resume-{r}.json").read_text())} for r in (0, 1)}
+    return shards, results
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_commit_reads_no_other_ranks_shards(run, rank):
+    shards, results = run
+    own, other = shards[rank], shards[1 - rank]
+    assert results[rank]["commit"] < own + other // 2  # its own shard once (checksum), plus metadata
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_resume_reads_only_what_the_rank_loads(run, rank):
+    shards, results = run
+    own, other = shards[rank], shards[1 - rank]
+    assert results[rank]["resume"] < 2 * own + other // 2  # checksum pass, then the load itself
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_the_ranks_agree_to_skip_a_shard_only_one_of_them_reads(run, rank):
+    _, results = run
+    assert (results[rank]["first"], results[rank]["second"]) == (3, 2)
