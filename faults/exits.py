@@ -49,6 +49,26 @@ def _states(job_id: str, env: dict) -> dict[str, str]:
     return {jid.split("_", 1)[1]: state.split()[0] for jid, state in rows if "_" in jid}
 
 
+def tally(states: dict[str, str], out: Path, count: int) -> Outcome:
+    """Each array task's exit judged from its sacct state, its ranks' results and its log."""
+    outcome = Outcome(0, 0, f"{count} array tasks of a 2 x 2 DDP job (srun --kill-on-bad-exit=1), "
+                            f"each trained to its end; each ended COMPLETED with 4 results and no abort")
+    for task in range(count):
+        state = states.get(str(task), "never ended")
+        log = out / f"{task}.log"
+        text = log.read_text(errors="replace") if log.exists() else ""
+        results = len(list((out / str(task)).glob("rank-*.json")))
+        problem = ""
+        if state != "COMPLETED":
+            problem = f"task {task} ended {state}"
+        elif results != 4:
+            problem = f"task {task}: {results} of 4 ranks wrote their result"
+        elif ABORT in text:
+            problem = f"task {task}: '{ABORT}' in its log"
+        outcome.add(problem)
+    return outcome
+
+
 def normal_exits(scratch: Path, count: int, seed: int, timeout_s: float = 3600) -> Outcome:
     """Run `count` 2 x 2 jobs to their normal end; count those that did not end COMPLETED."""
     del seed  # every exit is the same run: the race, not the input, varies
@@ -73,22 +93,7 @@ def normal_exits(scratch: Path, count: int, seed: int, timeout_s: float = 3600) 
             if len(states) == count and all(s in ENDED for s in states.values()):
                 break
             time.sleep(2)
-        outcome = Outcome(0, 0, f"{count} array tasks of a 2 x 2 DDP job (srun --kill-on-bad-exit=1), "
-                                f"each trained to its end; each ended COMPLETED with 4 results and no abort")
-        for task in range(count):
-            state = states.get(str(task), "never ended")
-            log = out / f"{task}.log"
-            text = log.read_text(errors="replace") if log.exists() else ""
-            results = len(list((out / str(task)).glob("rank-*.json")))
-            problem = ""
-            if state != "COMPLETED":
-                problem = f"task {task} ended {state}"
-            elif results != 4:
-                problem = f"task {task}: {results} of 4 ranks wrote their result"
-            elif ABORT in text:
-                problem = f"task {task}: '{ABORT}' in its log"
-            outcome.add(problem)
-        return outcome
+        return tally(states, out, count)
     finally:
         if owned:
             cluster.down(log=lambda msg: None)
