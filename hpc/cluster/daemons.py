@@ -105,6 +105,13 @@ def port_open(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+def unix_socket_live(path: Path) -> bool:
+    """Something accepts connections on the Unix socket at `path` (a leftover file refuses them)."""
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(0.5)
+        return s.connect_ex(str(path)) == 0
+
+
 def port_free(port: int) -> bool:
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

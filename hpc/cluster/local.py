@@ -9,7 +9,8 @@ Nodes are several slurmd daemons on this host with fake GPUs (character devices)
 default partition, preempted with requeue by jobs in `high`. Site variants: `configless=True`
 (slurmd fetches the config with --conf-server inside a private mount namespace, so its
 /run/slurm/conf link stays on the node; this host's shell then plays a login node that knows only
-SLURM_CONF_SERVER; munged takes the default socket, so one configless cluster per machine) and
+SLURM_CONF_SERVER; munged serves the default socket: the host's own munged where one runs there, as
+on a real site, else one this cluster starts) and
 `accounting=False` (no MariaDB, no slurmdbd).
 """
 
@@ -23,7 +24,8 @@ import time
 from pathlib import Path
 
 from hpc.cluster import layout as L
-from hpc.cluster.daemons import MARK, ClusterError, Daemon, job_processes, port_free, port_open, terminate
+from hpc.cluster.daemons import (MARK, ClusterError, Daemon, job_processes, port_free, port_open, terminate,
+                                 unix_socket_live)
 
 REQUIRED = ["munged", "mariadbd", "mariadb-install-db", "mariadb", "slurmdbd", "slurmctld", "slurmd",
             "sacctmgr", "sbatch", "scontrol", "sinfo", "unshare", "mount"]
@@ -89,15 +91,17 @@ class LocalCluster:
             raise ClusterError(f"missing programs: {', '.join(missing)}. HINT: run "
                                "`python -m hpc.cluster install` (as root), or "
                                "`apt-get install -y slurm-wlm slurmdbd mariadb-server munge`.")
-        daemons = self._daemons()
         if self.is_up():
             log(f"cluster {self.layout.name} already up in {self.dir}")
             return
+        self._choose_munged(log)
+        daemons = self._daemons()
         self._check_ports(daemons)
         self._write_files()
         env = self._daemon_env()
         by_name = {d.name: d for d in daemons}
-        log("starting munged"); by_name["munged"].start(env)
+        if "munged" in by_name:
+            log("starting munged"); by_name["munged"].start(env)
         if self.layout.accounting:
             self._init_db(env)
             log("starting mariadbd"); by_name["mariadbd"].start(env)
@@ -154,17 +158,39 @@ class LocalCluster:
         return self._run(argv, check=check)
 
     # Internals ---------------------------------------------------------------------------
+    @property
+    def _host_munged(self) -> Path:
+        """Present while a configless cluster uses the host's munged instead of its own."""
+        return self.layout.path("munge", "host-munged")
+
+    def _choose_munged(self, log) -> None:
+        """A configless cluster's daemons and clients all reach munged at the default socket. Where
+        the host already runs one there (apt's munge package starts it on most machines), they use
+        it, as on a real site: it is not ours to stop. A socket file nobody answers on is a leftover
+        of a killed munged, and is removed so ours can bind it."""
+        c = self.layout
+        if not c.configless or self._own_munged().pid():
+            return
+        self._host_munged.unlink(missing_ok=True)
+        if unix_socket_live(c.munge_socket):
+            self._host_munged.parent.mkdir(parents=True, exist_ok=True)
+            self._host_munged.write_text(f"{c.munge_socket}\n")
+            log(f"using the munged that already serves {c.munge_socket}")
+        elif c.munge_socket.exists():
+            c.munge_socket.unlink()
+
+    def _own_munged(self) -> Daemon:
+        c = self.layout
+        return Daemon("munged", [find_binary("munged") or "munged", "-F", "--force", f"--socket={c.munge_socket}",
+                                 f"--key-file={c.path('munge', 'munge.key')}",
+                                 f"--pid-file={c.path('munge', 'munged.pid')}",
+                                 f"--seed-file={c.path('munge', 'munged.seed')}",
+                                 f"--log-file={c.path('log', 'munged.log')}"],
+                      c, ready=lambda: c.munge_socket.exists())
+
     def _daemons(self) -> list[Daemon]:
         c = self.layout
-        ms = str(c.munge_socket)
-        daemons = [
-            Daemon("munged", [find_binary("munged") or "munged", "-F", "--force", f"--socket={ms}",
-                              f"--key-file={c.path('munge', 'munge.key')}",
-                              f"--pid-file={c.path('munge', 'munged.pid')}",
-                              f"--seed-file={c.path('munge', 'munged.seed')}",
-                              f"--log-file={c.path('log', 'munged.log')}"],
-                   c, ready=lambda: c.munge_socket.exists()),
-        ]
+        daemons = [] if self._host_munged.exists() else [self._own_munged()]
         if c.accounting:
             daemons += [self._mariadbd(), Daemon("slurmdbd", [find_binary("slurmdbd") or "slurmdbd", "-D"], c,
                                                  ready=lambda: port_open(c.dbd_port))]
@@ -206,11 +232,6 @@ class LocalCluster:
     def _check_ports(self, daemons: list[Daemon]) -> None:
         if any(d.pid() for d in daemons):
             return  # partly running: its ports are ours
-        if self.layout.configless and self.layout.munge_socket.exists():
-            raise ClusterError(
-                f"{self.layout.munge_socket} exists: another munged (a system one, or another configless "
-                "cluster) owns the default socket, which a configless cluster needs for itself. HINT: stop "
-                "it, or bring this cluster up without --configless.")
         busy = [p for p in self.layout.all_ports() if not port_free(p)]
         if busy:
             raise ClusterError(
