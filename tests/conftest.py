@@ -13,17 +13,20 @@ Tests that need the cluster carry `@pytest.mark.slurm`. Outside CI they are skip
 when the SLURM programs are missing; in CI (CI=true) a missing SLURM fails them instead, so they
 can never be skipped silently there.
 
-In parallel (pytest-xdist, `-n 3 --dist loadgroup` in pyproject.toml) the SLURM test files are
-dealt into the groups of SLURM_GROUPS: each group runs in order on one worker, against that
-worker's own cluster (its own directory, port block and job ids, so DDP jobs of two clusters never
-share a MASTER_PORT), while the unit tests spread over every worker. Most of a SLURM test's time is
-waiting on the scheduler, not the CPU, so two clusters side by side roughly halve it. `-n 0` runs
-everything in one process, as before.
+In parallel (pytest-xdist, `-n 3 --dist loadfile` in pyproject.toml) each test file runs on one
+worker, and every worker that runs a SLURM test brings up its own cluster (its own directory, port
+block and job ids, so DDP jobs of two clusters never share a MASTER_PORT); each test starts on that
+cluster's empty queue with every node idle. Most of a SLURM test's time is waiting on the
+scheduler, not the CPU, so clusters side by side divide it. The site variants share one file, so
+one worker: a configless cluster's munged serves the host's default socket, which a second
+configless cluster elsewhere would lose when the first is taken down. `-n 0` runs everything in
+one process.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import warnings
 from pathlib import Path
@@ -35,13 +38,6 @@ from hpc.cluster.local import missing_binaries
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
-# SLURM test files by group, balanced by their measured durations (README, "Test durations"): a
-# file not named here goes to the second group. The site variants stay together: a configless
-# cluster owns the host's default munge socket, so only one may run at a time.
-SLURM_GROUPS = {
-    "slurm-a": {"test_preemption.py", "test_langsplat_external.py", "test_ddp.py", "test_node_range.py"},
-}
-DEFAULT_SLURM_GROUP = "slurm-b"
 # Job ids each cluster of a worker starts at, apart by this (more jobs than one session submits).
 JOB_ID_STRIDE = 1000
 VARIANTS = ("main", "configless", "no_accounting")
@@ -92,11 +88,6 @@ def _start(make, directory: str) -> LocalCluster:
 
 
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if "slurm" in item.keywords:
-            name = item.path.name
-            group = next((g for g, files in SLURM_GROUPS.items() if name in files), DEFAULT_SLURM_GROUP)
-            item.add_marker(pytest.mark.xdist_group(group))
     missing = missing_binaries()
     if not missing or IN_CI:
         return
@@ -124,7 +115,7 @@ def slurm_cluster():
         yield cluster
     finally:
         if owned:
-            cluster.down(log=lambda msg: None)
+            _take_down(cluster)
         if saved is None:
             os.environ.pop("SLURM_CONF", None)
         else:
@@ -146,7 +137,25 @@ def _variant(name: str, **kw):
         yield cluster
     finally:
         if owned:
-            cluster.down(log=lambda msg: None)
+            _take_down(cluster)
+
+
+def _take_down(cluster: LocalCluster) -> None:
+    """Stop a cluster this session started, and remove its directory unless it was named for us
+    (a directory under HPC_TEST_*_DIR is kept for its logs)."""
+    cluster.down(log=lambda msg: None)
+    if Path(cluster.dir).name.startswith("hpc-test-") and Path(cluster.dir).parent == Path(tempfile.gettempdir()):
+        shutil.rmtree(cluster.dir, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _settled_clusters(request):
+    """Each SLURM test starts on an empty queue with every node idle: a test that failed midway
+    cannot leave a job holding nodes, or a node not yet answering, to the next one on its worker.
+    (The site-variant clusters serve one module, whose module-scoped job must outlive its tests.)"""
+    if "slurm_cluster" in request.fixturenames:
+        request.getfixturevalue("slurm_cluster").settle()
+    yield
 
 
 @pytest.fixture(scope="session")

@@ -68,8 +68,8 @@ def check_script(text, job, run, setup, expected):
         f"{run.path}/{job.stage}/logs/%j"], lines[i + 3]
 
 
-# The property and its check run in one process, in this order, also under pytest-xdist.
-@pytest.mark.xdist_group("sbatch-render-property")
+# The property and its check run in one process, in this order, also under pytest-xdist (one file, one
+# worker: `--dist loadfile`).
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @example(partition="low", qos="q", extra={"x\ntouch /tmp/PWNED\n#": "v"}, setup=[], name="r")
 @example(partition="low", qos="q", extra={"mail-type": "END\ntouch /tmp/PWNED"}, setup=[], name="r")
@@ -109,7 +109,6 @@ def base_flags(job, run):
             "output": f"{out}_0_log.out", "error": f"{out}_0_log.err"}
 
 
-@pytest.mark.xdist_group("sbatch-render-property")
 def test_the_property_saw_accepted_configs():
     """Runs after the property test (file order): it checked scripts, not only refusals."""
     assert ACCEPTED.count(True) >= 5, (ACCEPTED.count(True), len(ACCEPTED))

@@ -144,6 +144,22 @@ class LocalCluster:
             terminate(sorted(set(leftovers)), timeout_s=5)
             log(f"stopped {len(set(leftovers))} leftover job processes")
 
+    def settle(self, timeout_s: float = 60.0) -> None:
+        """Cancel every job and wait until each node is idle and answering: the state a test of
+        the cluster starts from, whatever the test before it left (a job still running, a node just
+        put back in service and not yet responding)."""
+        self._cancel_all()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            out = self._run(["sinfo", "-h", "-N", "-o", "%N %t"], check=False).stdout
+            states = dict(line.split() for line in out.splitlines() if line.strip())
+            if states and all(states.get(n) == "idle" for n in self.nodes):
+                return
+            time.sleep(0.3)
+        raise ClusterError(f"nodes not idle {timeout_s:.0f} s after cancelling every job:\n"
+                           f"{self._run(['sinfo', '-N'], check=False).stdout}HINT: a node left drained or "
+                           "down is put back with `scontrol update nodename=N state=resume`.")
+
     def status(self) -> str:
         lines, daemons = [], self._daemons()
         for d in daemons:
