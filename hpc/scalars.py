@@ -32,7 +32,7 @@ class PendingScalars:
         if torch.is_tensor(value) and value.is_cuda:
             host = value.detach().to("cpu", non_blocking=True)  # lands in pinned memory
             event = torch.cuda.Event()
-            event.record()
+            event.record(torch.cuda.current_stream(value.device))  # the copy's stream, on its own device
             self._queue.append((write, tag, host, event, step))
         else:
             write(tag, float(value), step)

@@ -144,9 +144,12 @@ class StopVote:
             if self._host is None:
                 self._host = torch.zeros(1, dtype=torch.int32, pin_memory=True)
                 self._event = torch.cuda.Event()
-            work.wait()  # orders the current stream after the all-reduce; the host goes on
-            self._host.copy_(self._buf, non_blocking=True)
-            self._event.record()
+            # On the vote buffer's device, which need not be the current one in a process that
+            # drives several GPUs: the wait, the copy and the event must all be on its stream.
+            with torch.cuda.device(self._buf.device):
+                work.wait()  # orders the device's current stream after the all-reduce; the host goes on
+                self._host.copy_(self._buf, non_blocking=True)
+                self._event.record(torch.cuda.current_stream(self._buf.device))
             self._pending = (self._event.synchronize, self._host)
         else:
             self._pending = (work.wait, self._buf)

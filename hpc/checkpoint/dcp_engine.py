@@ -34,6 +34,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hpc.checkpoint.staging import source_devices, synchronize, tensors_in
+
 __all__ = ["DcpEngine", "state_dicts", "unverified", "own_shards", "METADATA"]
 
 SINGLE_PROCESS_WARNING = r"torch\.distributed is disabled, unavailable or uninitialized"
@@ -95,6 +97,9 @@ class DcpEngine:
 
         self.wait()  # one save at a time: its staging buffers are the next one's
         state = state_dicts(model, optimizer)
+        # DCP copies on each tensor's current stream: work on a side stream or another device
+        # must have finished first, or the checkpoint holds half an update that its checksum vouches for.
+        synchronize(source_devices(tensors_in(state)))
         if blocking:
             with _plain_errors(self.rank):
                 dcp.save(state, checkpoint_id=str(directory), process_group=self.group)

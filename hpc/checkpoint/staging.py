@@ -45,11 +45,14 @@ class Staging:
         device_copies: list[tuple[torch.Tensor, torch.Tensor]] = []
         host_copies: list[tuple[torch.Tensor, torch.Tensor]] = []
         out = self._plan(obj, (), cpu_too, pin, device_copies, host_copies)
+        devices = source_devices(src for _, src in device_copies)
+        # Every stream of every source device first: the state may have been written on a side
+        # stream, or on a device other than the current one (a process driving several GPUs).
+        synchronize(devices)
         for dst, src in device_copies:
             dst.copy_(src, non_blocking=True)
         self._copy_host(host_copies)
-        if device_copies and torch.cuda.is_available():
-            torch.cuda.synchronize()  # the non_blocking copies must land before anyone reads them
+        synchronize(devices)  # the non_blocking copies must land before anyone reads them
         return out
 
     def _plan(self, obj: Any, key: tuple, cpu_too: bool, pin: bool,
@@ -92,6 +95,31 @@ class Staging:
         _copy_pieces(shares[0])
         for f in futures:
             f.result()
+
+
+def tensors_in(obj: Any):
+    """Every tensor in a nested structure of dicts, lists and tuples."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from tensors_in(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from tensors_in(v)
+
+
+def source_devices(tensors) -> list[torch.device]:
+    """The CUDA devices the tensors live on, in index order."""
+    found = {t.device for t in tensors if t.device.type == "cuda"}
+    return sorted(found, key=lambda d: d.index if d.index is not None else -1)
+
+
+def synchronize(devices: list[torch.device]) -> None:
+    """Wait for all work on every stream of each device (the current device alone is not enough)."""
+    if devices and torch.cuda.is_available():
+        for device in devices:
+            torch.cuda.synchronize(device)
 
 
 def _usable_cpus() -> int:

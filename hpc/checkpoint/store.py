@@ -21,7 +21,7 @@ from hpc.checkpoint import dcp_engine, layout, read_lease
 from hpc.checkpoint.files import file_info, nbytes, space_error, write_atomic
 from hpc.checkpoint.layout import DCP_METADATA, MARKER, SHARED
 from hpc.checkpoint.reader import PER_RANK_KEY, StoreReader, warn_user
-from hpc.checkpoint.staging import Staging
+from hpc.checkpoint.staging import Staging, source_devices, synchronize, tensors_in
 from hpc.checkpoint.writer_lock import StoreLocked, WriterLock, wait_for_owner
 from hpc.checkpoint.writer_lock import generation as job_attempt
 from hpc.sharedfs import listed
@@ -86,6 +86,7 @@ class CheckpointStore(StoreReader):
         self.stats["saves"] += 1
         self.stats["waited_s"] += t1 - t0
         if blocking:
+            synchronize(source_devices(tensors_in(args[1:3])))  # every stream and device (see Staging)
             self._write(*args, overlap=True, shards=shards)
             self.stats["write_s"] += time.perf_counter() - t1
             return
