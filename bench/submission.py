@@ -8,7 +8,9 @@ and with plain submitit, all on the benchmark's local SLURM cluster.
 Each figure is the wall time of the whole command, interpreter start included, as a user sees it;
 the variants are interleaved and the median of the repeats is kept. The nodes are drained while
 this runs so that the submitted jobs stay pending (they are cancelled afterwards) and no training
-competes with the measurement.
+competes with the measurement. The commands run from this checkout, so a real submission snapshots
+it (hpc.snapshot); `--no-snapshot` beside it, and the snapshot alone (a first copy into a new run
+directory, and the reuse of a resubmission whose files did not change), say what the snapshot costs.
 """
 from __future__ import annotations
 
@@ -19,9 +21,9 @@ import resource
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Any, Dict, List
 
-from bench.common import Context, best_effort, emit, fmt_s, median
+from bench.common import REPO, Context, best_effort, emit, fmt_s, median
 from bench.common import timed as timed_wall
 from bench.interleave import paired_ratio
 from bench.report import Section
@@ -29,6 +31,7 @@ from bench.report import Section
 TARGET_S = 0.5
 TARGET_RATIO = 1.0  # hpc's real submission over plain submitit's
 DRY_S = 0.3
+SNAPSHOT_BUDGET_S = 0.1  # the code snapshot's share of TARGET_S, for this repository
 REPEATS = 12
 PROFILE_NOTE = ("where hpc's time goes: bench/profiles/submission-dry-run.txt and submission-real.txt "
                 "(python -m bench.profile submission[-real]); besides what plain submitit does (interpreter, "
@@ -96,8 +99,10 @@ def run(ctx: Context) -> Section:
         _cancel_all(cluster)
         best_effort(lambda: cluster.run(["scontrol", "update", f"NodeName={nodes}", "State=RESUME"]))
     hpc = "python -m hpc.submit langsplat --levels 0 1 2 --profile sandbox --run-dir R"
+    snap = snapshot_cost(ctx, repeats=3 if ctx.quick else REPEATS)
     labels = {
         "hpc real": f"`{hpc}`",
+        "hpc real, no snapshot": f"`{hpc} --no-snapshot`",
         "hpc dry-run": f"`{hpc} --dry-run`",
         "bare sbatch": "`bash -c 'sbatch ...; sbatch --array=0-2 --dependency=afterok:...'` (2 sbatch calls)",
         "plain submitit": "`python -m bench.submission --submitit F` (SlurmExecutor, executor.batch())",
@@ -106,6 +111,10 @@ def run(ctx: Context) -> Section:
     for name, label in labels.items():
         sec.rows.append([name, label, fmt_s(median(times[name])), fmt_s(median(times[f"{name} cpu"])),
                          str(len(times[name]))])
+    for name, label in (("snapshot copy", "`hpc.snapshot.take` of this checkout into a new run dir (in process)"),
+                        ("snapshot reused", "the same, into a run dir whose snapshot has the same files")):
+        sec.rows.append([name, label, fmt_s(median(snap[name])), fmt_s(median(snap[f"{name} cpu"])),
+                         str(len(snap[name]))])
     real = median(times["hpc real"])
     sec.verdicts.append((f"real submission of 2 jobs (1 + array of 3) took {fmt_s(real)} "
                          f"(target {TARGET_S} s); plain submitit {fmt_s(median(times['plain submitit']))}, "
@@ -119,6 +128,14 @@ def run(ctx: Context) -> Section:
     est = paired_ratio(cpu, "submitit", "hpc")
     sec.verdicts.append((f"the same in CPU time (user + system of the command and its children, which load "
                          f"does not stretch): {est.text()}: {est.verdict(TARGET_RATIO)}", est.hi <= TARGET_RATIO))
+    copy = median(snap["snapshot copy"])
+    sec.verdicts.append((f"the code snapshot of this repository ({snap['files']} files, {snap['mb']:.1f} MB) took "
+                         f"{fmt_s(copy)} ({fmt_s(median(snap['snapshot copy cpu']))} of CPU) to copy and "
+                         f"{fmt_s(median(snap['snapshot reused']))} to reuse "
+                         f"(budget {fmt_s(SNAPSHOT_BUDGET_S)}); a submission with it {fmt_s(real)} "
+                         f"({fmt_s(median(times['hpc real cpu']))} of CPU), without it "
+                         f"{fmt_s(median(times['hpc real, no snapshot']))} "
+                         f"({fmt_s(median(times['hpc real, no snapshot cpu']))} of CPU)", copy <= SNAPSHOT_BUDGET_S))
     dry, dry_cpu = median(times["hpc dry-run"]), median(times["hpc dry-run cpu"])
     sec.verdicts.append((f"dry run took {fmt_s(dry)}, {fmt_s(dry_cpu)} of CPU (target {DRY_S} s on a quiet "
                          f"machine; load at the start {' '.join(f'{x:.1f}' for x in load)}: on a quiet machine "
@@ -126,27 +143,53 @@ def run(ctx: Context) -> Section:
     sec.notes += [
         "wall time of the whole command including the Python interpreter start; the nodes are drained "
         "so the submitted jobs stay pending and are cancelled after each round",
-        "hpc real also creates the run directory (manifest.json, config.yaml) and loads the YAML config; "
+        "hpc real also creates the run directory (manifest.json, config.yaml), loads the YAML config and "
+        "snapshots this checkout (git ls-files, then a copy of each file, hashed as it is read); "
         "the dry-run renders the sbatch scripts through submitit without calling sbatch",
         PROFILE_NOTE]
     return sec
 
 
-def _cpu() -> float:
-    use = resource.getrusage(resource.RUSAGE_CHILDREN)
+def snapshot_cost(ctx: Context, repeats: int) -> Dict[str, Any]:
+    """The snapshot of this checkout alone, in this process: a first copy, and a reuse."""
+    from hpc import snapshot
+    from hpc.rundir import code_version
+
+    base = ctx.scratch("snapshot")
+    source = snapshot.source_of(code_version(None, REPO)["code_dir"], REPO, [base])
+    out: Dict[str, Any] = {k: [] for k in ("snapshot copy", "snapshot reused", "snapshot copy cpu",
+                                           "snapshot reused cpu")}
+
+    def take(name: str, run_dir: Path) -> Any:
+        c0 = _cpu(resource.RUSAGE_SELF) + _cpu()  # this process with its copying threads, and git
+        taken = snapshot.take(source, run_dir, max_mb=100)
+        out[f"{name} cpu"].append(_cpu(resource.RUSAGE_SELF) + _cpu() - c0)
+        out[name].append(taken.seconds)
+        return taken
+
+    for i in range(repeats):
+        first = take("snapshot copy", base / f"run-{i}")
+        if not take("snapshot reused", base / f"run-{i}").reused:
+            raise RuntimeError(f"the snapshot of {REPO} changed between two takes; is something writing there?")
+    out.update(files=first.files, mb=first.bytes / 1e6)
+    return out
+
+
+def _cpu(who: int = resource.RUSAGE_CHILDREN) -> float:
+    use = resource.getrusage(who)
     return use.ru_utime + use.ru_stime
 
 
 def _measure(ctx: Context, env: Dict[str, str], cluster, repeats: int) -> Dict[str, List[float]]:
     """Wall times per variant, and under "<variant> cpu" the CPU time (user + system) of the
     command and its children: what the command itself costs, whatever the load."""
-    times: Dict[str, List[float]] = {k: [] for k in
-                                     ("hpc real", "hpc dry-run", "bare sbatch", "plain submitit", "python start")}
+    times: Dict[str, List[float]] = {k: [] for k in ("hpc real", "hpc real, no snapshot", "hpc dry-run",
+                                                     "bare sbatch", "plain submitit", "python start")}
     times.update({f"{k} cpu": [] for k in list(times)})
 
     def timed(argv: List[str], env: Dict[str, str], name: str) -> float:
         c0 = _cpu()
-        wall = timed_wall(argv, env=env)
+        wall = timed_wall(argv, env=env, cwd=REPO)  # from this checkout, as users submit from theirs
         times[f"{name} cpu"].append(_cpu() - c0)
         return wall
     base = ctx.scratch("submission")
@@ -154,6 +197,8 @@ def _measure(ctx: Context, env: Dict[str, str], cluster, repeats: int) -> Dict[s
     for i in range(repeats):  # interleaved: a busy moment on the machine hits every variant
         times["hpc dry-run"].append(timed([*hpc, "--run-dir", str(base / f"dry-{i}"), "--dry-run"], env, "hpc dry-run"))
         times["hpc real"].append(timed([*hpc, "--run-dir", str(base / f"real-{i}")], env, "hpc real"))
+        times["hpc real, no snapshot"].append(timed([*hpc, "--run-dir", str(base / f"bare-{i}"), "--no-snapshot"],
+                                                    env, "hpc real, no snapshot"))
         folder = base / f"sbatch-{i}"
         folder.mkdir()
         times["bare sbatch"].append(timed(["bash", "-c", bare_sbatch_script(folder)], env, "bare sbatch"))
@@ -169,10 +214,14 @@ def _measure(ctx: Context, env: Dict[str, str], cluster, repeats: int) -> Dict[s
 def _check_submitted(base: Path, repeats: int) -> None:
     """The real submissions must have recorded 4 tasks each, or the timing measured a failure."""
     for i in range(repeats):
-        manifest = json.loads((base / f"real-{i}" / "manifest.json").read_text())
-        if len(manifest.get("tasks", {})) != 1 + len(LEVELS):
-            raise RuntimeError(f"hpc.submit run {i} recorded {len(manifest.get('tasks', {}))} tasks, "
-                               f"expected {1 + len(LEVELS)}; see {base / f'real-{i}'}")
+        for name, snapshotted in ((f"real-{i}", True), (f"bare-{i}", False)):
+            manifest = json.loads((base / name / "manifest.json").read_text())
+            if len(manifest.get("tasks", {})) != 1 + len(LEVELS):
+                raise RuntimeError(f"hpc.submit run {name} recorded {len(manifest.get('tasks', {}))} tasks, "
+                                   f"expected {1 + len(LEVELS)}; see {base / name}")
+            if bool(manifest.get("snapshot")) != snapshotted:
+                raise RuntimeError(f"hpc.submit run {name}: snapshot {manifest.get('snapshot')!r}, expected "
+                                   f"{'one' if snapshotted else 'none'}; see {base / name}")
 
 
 def main() -> None:

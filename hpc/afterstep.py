@@ -137,7 +137,8 @@ def resubmit(run_dir: str, stage: str, nodes: Sequence[str]) -> None:
     before = str(cfg.stages[key].extra.get("exclude") or "")
     exclude = sorted(set(hostlist.expand(before) if before else []) | set(nodes))
     overrides = [f"stages.{key}.extra.exclude={','.join(exclude)}"] if exclude else []
-    code = submit.main([spec, "--run-dir", run_dir, *overrides])
+    # the same code as the job it replaces: the run's snapshot, never what the live tree holds now
+    code = submit.main([spec, "--run-dir", run_dir, "--same-snapshot", *overrides])
     if code != 0:
         raise RuntimeError(f"resubmitting {stage} into {run_dir} failed (exit status {code}); see the error above")
 

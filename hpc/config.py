@@ -84,11 +84,13 @@ class ClusterSettings:
 
 @dataclass
 class RunSettings:
-    """Where the run directory lives."""
+    """Where the run directory lives, and the code its jobs run."""
 
     name: Optional[str] = None  # run name; default <pipeline>-<timestamp>
     root: str = "runs"  # parent of new run directories
     run_dir: Optional[str] = None  # explicit run directory (resubmit into it to resume)
+    snapshot: bool = True  # copy the code into <run>/code/ at submission, and run the jobs from it (hpc.snapshot)
+    snapshot_max_mb: float = 100.0  # a larger snapshot is refused before anything is submitted
 
 
 @dataclass
@@ -235,6 +237,9 @@ def check_resources(cfg: DictConfig) -> None:
     if cfg.cluster.kind not in CLUSTER_KINDS:
         raise ConfigError(f"cluster.kind={cfg.cluster.kind!r}; expected one of {list(CLUSTER_KINDS)}. "
                           "HINT: --cluster auto picks slurm when sbatch answers, else local.")
+    if cfg.run.snapshot_max_mb <= 0:
+        raise ConfigError(f"run.snapshot_max_mb={cfg.run.snapshot_max_mb}; expected a size in MB above 0. "
+                          "HINT: raise it, or pass --no-snapshot (run.snapshot=false) to copy nothing.")
     directives = [line for line in cfg.cluster.setup if str(line).lstrip().startswith("#SBATCH")]
     if directives:  # sbatch reads #SBATCH lines up to the first command, so these would be options
         raise ConfigError(f"cluster.setup has #SBATCH line(s) {directives}; expected shell commands. "

@@ -2,11 +2,15 @@
 
     executor = make_executor("slurm", "runs/x/rgb/logs/%j"); executor.submit(StageTask(...))
 
-StageTask is what submitit pickles: the run directory, the stage name, the array item and a
-"module:function" target; nothing heavy. In every task it builds a StageContext, calls the target,
-and rank 0 writes the done marker. On SIGUSR2 (time limit near) submitit calls checkpoint(), which
-resubmits the same task; it resumes from what the stage saved under its task directory.
-Preemption (SIGTERM, PreemptMode=REQUEUE) is requeued by SLURM itself with the same job id.
+StageTask is what submitit pickles: the run directory, the stage name, the array item, a
+"module:function" target, where the code snapshot is and the run id; nothing heavy. In every task
+it exports the task's variables (HPC_CHECKPOINT_DIR, the tracker ids of hpc.tracking, the
+snapshot's PYTHONPATH), moves into the snapshot (hpc.snapshot), imports the target from there,
+builds a StageContext, calls the target, and rank 0 writes the done marker. A requeued job unpickles
+the same task, so it runs the same snapshot. On SIGUSR2 (time limit near) submitit calls
+checkpoint(), which resubmits the same task (snapshot included); it resumes from what the stage
+saved under its task directory. Preemption (SIGTERM, PreemptMode=REQUEUE) is requeued by SLURM
+itself with the same job id.
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, MutableMapping, Optional, Sequence, Tuple
 
 from hpc.rundir import RunDir, task_key
+from hpc.snapshot import JobCode
 
 # Submitting from inside an allocation (an salloc shell, a job that submits the next stage) or a
 # launcher: sbatch exports the submitting environment into the new job, sbatch reads SBATCH_* as its
@@ -74,12 +79,16 @@ class StageTask:
     checks its own point's (hpc.sweep)."""
 
     def __init__(self, run_dir: str, stage: str, target: str, item: Any = None,
-                 task_index: Optional[int] = None, needs: Sequence[Tuple[str, Any]] = ()):
+                 task_index: Optional[int] = None, needs: Sequence[Tuple[str, Any]] = (),
+                 code: Optional[JobCode] = None, run_id: str = ""):
         self.run_dir, self.stage, self.target = run_dir, stage, target
         self.item, self.task_index, self.needs = item, task_index, tuple(needs)
+        self.code = code  # the snapshot to import from (hpc.snapshot); None: the live tree
+        self.run_id = run_id  # the manifest's run id (hpc.tracking)
 
     def __call__(self) -> Any:
         from hpc import env as hpc_env  # at run time, in the task: keep the pickle small
+        from hpc import tracking
 
         started = time.time()
         run = RunDir(self.run_dir)
@@ -94,7 +103,14 @@ class StageTask:
         stage_dir = run.task_dir(self.stage, self.item)
         stage_dir.mkdir(parents=True, exist_ok=True)
         # set, not setdefault: sbatch exports the submitting shell's environment, which may carry one
-        os.environ["HPC_CHECKPOINT_DIR"] = str(stage_dir / "checkpoints")
+        exported = {"HPC_CHECKPOINT_DIR": str(stage_dir / "checkpoints")}
+        run_id, code = getattr(self, "run_id", ""), getattr(self, "code", None)  # older pickles: neither
+        if run_id:
+            exported.update(tracking.environ(run_id, self.stage, self.item, stage_dir))
+        if code is not None:
+            exported.update(code.environ(os.environ))
+            code.enter()  # before the target is imported: it comes from the snapshot
+        os.environ.update(exported)
         # the world the job got, which a node range (sbatch --nodes=MIN-MAX) leaves to the scheduler
         print(f"[hpc] stage {self.stage} item {self.item} rank {dist.rank}/{dist.world_size} "
               f"on {dist.num_nodes} node(s) job {dist.job_id} restart {dist.restart_count}", flush=True)
@@ -104,7 +120,11 @@ class StageTask:
 
         cfg = OmegaConf.to_container(OmegaConf.load(run.config_path), resolve=True)
         ctx = StageContext(run.path, stage_dir, cfg, self.stage, self.task_index, self.item, dist)
-        result = func(ctx)
+        try:
+            result = func(ctx)
+        finally:  # a requeue leaves by SystemExit: the next attempt resumes the same tracker run
+            if dist.rank == 0:
+                tracking.record(stage_dir)
         if dist.rank == 0:
             run.mark_done(self.stage, self.item, {"started": started, "finished": time.time(), "job_id": dist.job_id,
                                                   "world_size": dist.world_size, "nodes": dist.num_nodes,
@@ -116,8 +136,9 @@ class StageTask:
         """Called by submitit on the time-limit signal: requeue a fresh copy of this task."""
         import submitit
 
-        return submitit.helpers.DelayedSubmission(StageTask(self.run_dir, self.stage, self.target,
-                                                            self.item, self.task_index, getattr(self, "needs", ())))
+        return submitit.helpers.DelayedSubmission(StageTask(
+            self.run_dir, self.stage, self.target, self.item, self.task_index, getattr(self, "needs", ()),
+            getattr(self, "code", None), getattr(self, "run_id", "")))
 
 
 def _local_env(hpc_env: Any) -> Any:

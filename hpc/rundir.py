@@ -3,10 +3,12 @@
     python -m hpc.status runs/langsplat-20260101-120000     # reads what this module writes
 
 Layout:
-    <run>/manifest.json        pipeline, the user's code version (git commit of the pipeline module's
-                               checkout or of the working directory) and hpc's version, submissions
-                               (time, job ids per stage and task, the job ids each job waits for)
+    <run>/manifest.json        pipeline, run id (hpc.tracking), the user's code version (git commit of
+                               the pipeline module's checkout or of the working directory), its snapshot
+                               and hpc's version, submissions (time, job ids per stage and task, the
+                               job ids each job waits for, the snapshot each job runs)
     <run>/config.yaml          the resolved config
+    <run>/code/<hash>/         the code snapshot the jobs import (hpc.snapshot); <hash>.json lists its files
     <run>/.submit.lock         held (flock) by the submission that is reading state and writing the manifest
     <run>/<stage>/logs/<jobid>/<jobid>_<rank>_log.{out,err}   submitit's per-rank logs
     <run>/<stage>/[task-<item>/]  done, checkpoints/, tensorboard/, outputs
@@ -95,14 +97,19 @@ class RunDir:
                            "HINT: restore it, or move it away to start the run's bookkeeping afresh "
                            "(done markers are kept, so finished tasks are still skipped).")
 
-    def start(self, pipeline: str, config_yaml: str, kind: str, code: Optional[Dict[str, Any]] = None) -> None:
+    def start(self, pipeline: str, config_yaml: str, kind: str, code: Optional[Dict[str, Any]] = None) -> str:
         """Create the directory (or reopen it) and save config.yaml; keeps earlier submissions.
-        `code`: the submitted code's version (code_version()), recorded with this submission."""
+        `code`: the submitted code's version (code_version()) and its snapshot, recorded with this
+        submission. Returns the run id (hpc.tracking), made at the first submission and kept."""
+        from hpc.tracking import new_run_id
+
         self.path.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.config_path, config_yaml)
         data = self.manifest() or {"pipeline": pipeline, "submissions": [], "tasks": {}}
+        data.setdefault("run_id", new_run_id(self.path.name))
         data.update(pipeline=pipeline, executor=kind, updated=_now(), **(code or {}))
         self._write(data)
+        return data["run_id"]
 
     def record(self, stage: str, item: Any, job_id: str, kind: str, after: Sequence[str] = ()) -> None:
         """Remember the job that runs (stage, item); older attempts stay in the history.
@@ -110,14 +117,17 @@ class RunDir:
         self.record_all(stage, [(item, job_id)], kind, after)
 
     def record_all(self, stage: str, jobs: Sequence[Tuple[Any, str]], kind: str,
-                   after: Sequence[str] = (), each_after: Sequence[Sequence[str]] = ()) -> None:
+                   after: Sequence[str] = (), each_after: Sequence[Sequence[str]] = (),
+                   code: Optional[str] = None) -> None:
         """record() for every (item, job_id) of one submission (an array): one manifest write.
-        `each_after`: per job, the further job ids it alone waits for (its own task, aftercorr)."""
+        `each_after`: per job, the further job ids it alone waits for (its own task, aftercorr).
+        `code`: the hash of the snapshot the jobs run (None: the live tree)."""
         data = self.manifest()
         for n, (item, job_id) in enumerate(jobs):
             entry = data["tasks"].setdefault(task_key(stage, item), {"stage": stage, "item": item, "jobs": []})
             waits = list(after) + [j for j in (each_after[n] if n < len(each_after) else ()) if j]
-            entry["jobs"].append({"job_id": job_id, "executor": kind, "submitted": _now(), "after": waits})
+            entry["jobs"].append({"job_id": job_id, "executor": kind, "submitted": _now(), "after": waits,
+                                  "code": code})
             entry["job_id"] = job_id
             data["submissions"].append({"time": _now(), "stage": stage, "item": item, "job_id": job_id})
         self._write(data)

@@ -11,7 +11,8 @@ as such). Done markers, progress (tqdm's last redraw in the rank-0 stderr log, e
 its stdout log), the world size and node count the task got (its done marker, else the latest start
 line of its rank-0 log: under a node range it need not be the one requested), the task's outputs
 and the newest hang its watchdog recorded (the stuck ranks and their hosts, hpc.hangs) come from the
-run directory.
+run directory. Below the table: the run id, and whether the live code still matches the snapshot the
+jobs import (hpc.snapshot: a stat of each file, a hash only where one changed).
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from hpc import hangs, nodefail, scheduler, sweepdir
+from hpc import hangs, nodefail, scheduler, snapshot, sweepdir
 from hpc.rundir import DONE, RunDir, task_key
 
 # What a job left behind -> hpc state: for local/debug jobs (no scheduler), and for SLURM jobs that
@@ -280,7 +281,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (RuntimeError, ValueError) as err:  # the scheduler, a damaged file, a bad --timeline name
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(json.dumps([asdict(r) for r in rows], indent=1) if args.json else format_table(rows))
+    if args.json:
+        print(json.dumps([asdict(r) for r in rows], indent=1))
+        return 0
+    print(format_table(rows))
+    manifest = run.manifest()
+    print(f"run id: {manifest.get('run_id', '-')} (HPC_RUN_ID in every task)")
+    print(snapshot.status_line(manifest.get("snapshot")))
     return 0
 
 

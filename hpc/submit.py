@@ -1,11 +1,12 @@
 """Submit a pipeline.
 
     python -m hpc.submit langsplat --levels 0 1 2 [--cluster auto|slurm|local|debug] [--profile sandbox]
-        [--run-dir DIR] [--dry-run] [--wait] [key=value ...]
+        [--run-dir DIR] [--dry-run] [--wait] [--no-snapshot] [key=value ...]
     python -m hpc.submit run --nodes 2 --gpus-per-node 8 -- python train.py --lr 1e-3
     python -m hpc.submit tiny [key=value ...] --sweep tiny.score=1,2 tiny.sleep_s=0,1   # hpc.sweep
 
-Thin entry point: arguments -> config (hpc.config) -> plan (hpc.plan) -> submit_plan (submitit).
+Thin entry point: arguments -> config (hpc.config) -> plan (hpc.plan) -> code snapshot (hpc.snapshot)
+-> submit_plan (submitit).
 Returns as soon as SLURM has the jobs (afterok chains the stages; nothing here stays alive),
 except with the local executor, which has no dependencies and so runs the stages in order.
 One submission at a time per run dir (a lock held from reading its state to the last manifest write);
@@ -23,7 +24,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from hpc import config as hconfig
 from hpc import plan as hplan
-from hpc import scheduler, status, sweepdir
+from hpc import scheduler, snapshot, status, sweepdir
 from hpc.rundir import RunDir, code_version
 
 
@@ -52,6 +53,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                    help="run the grid of these values, each stage as one array job (hpc.sweep); "
                         "every token after it up to the next option is an axis")
     p.add_argument("--sweep-file", help="a YAML grid (key: [values]) for --sweep")
+    p.add_argument("--no-snapshot", action="store_true",
+                   help="run the jobs from the live tree, not a copy of the code taken now (run.snapshot=false)")
+    p.add_argument("--same-snapshot", action="store_true",
+                   help="resubmit with the code snapshot the run's last submission took, not the live code "
+                        "(what hpc's own resubmissions do)")
     # key=value tokens are taken out first, so `--levels 0 1 a.b=c` does not read a.b=c as a level;
     # the value of an option (--run-dir /data/a=b) is never one
     overrides, rest, sweep, in_sweep, argv = [], [], None, False, iter(argv)
@@ -118,6 +124,8 @@ def pipe_flags(args: argparse.Namespace) -> List[str]:
                 f"stages.main.tasks_per_node={max(1, args.gpus_per_node)}"]
     if args.command:
         out.append(f"script.command={json.dumps(args.command)}")  # JSON list: YAML reads it verbatim
+    if getattr(args, "no_snapshot", False):
+        out.append("run.snapshot=false")
     return out
 
 
@@ -153,9 +161,11 @@ def current_state(pipe: hplan.PipelineDef, cfg: Any, run: RunDir, kind: str, ans
     return finished, queued, sorted(never)
 
 
-def submit_plan(plan: hplan.Plan, run: RunDir, setup: Sequence[str] = ()) -> Dict[str, List[str]]:
+def submit_plan(plan: hplan.Plan, run: RunDir, setup: Sequence[str] = (), code: Optional[snapshot.JobCode] = None,
+                run_id: str = "") -> Dict[str, List[str]]:
     """Submit every job of the plan through submitit; returns stage -> job ids. Variables of an
-    enclosing allocation or launcher are hidden meanwhile (hpc.executor.submission_env)."""
+    enclosing allocation or launcher are hidden meanwhile (hpc.executor.submission_env). Every task
+    runs `code` (a snapshot; None: the live tree) and exports `run_id` (hpc.tracking)."""
     from hpc.executor import StageTask, drop_unexpanded_folder, make_executor, submission_env
 
     ids: Dict[str, List[str]] = {}
@@ -172,12 +182,13 @@ def submit_plan(plan: hplan.Plan, run: RunDir, setup: Sequence[str] = ()) -> Dic
             if plan.kind != "debug":
                 dependency = ",".join(d for d in (afterok(upstream), per_item) if d) or None
                 executor.update_parameters(**job.executor_parameters(dependency, setup))
-            tasks = [StageTask(str(run.path), job.stage, job.target, item, index)
+            tasks = [StageTask(str(run.path), job.stage, job.target, item, index, code=code, run_id=run_id)
                      for item, index in zip(job.items, job.indices)]
             with executor.batch():  # one sbatch --array for an array stage
                 submitted = [executor.submit(t) for t in tasks]
             by_label[job.label] = [str(sj.job_id) for sj in submitted]
-            run.record_all(job.stage, list(zip(job.items, by_label[job.label])), plan.kind, upstream, each)
+            run.record_all(job.stage, list(zip(job.items, by_label[job.label])), plan.kind, upstream, each,
+                           code.hash if code else None)
             ids.setdefault(job.stage, []).extend(by_label[job.label])
             previous = submitted
         if plan.kind != "slurm":
@@ -240,8 +251,11 @@ def submit(args: argparse.Namespace) -> int:
 
         return sweep.submit(args)
     pipe, cfg, run, kind, notes = build(args)
+    module_file = _user_module_file(args.pipeline)
+    code = code_version(module_file)
     if args.dry_run:
         finished, queued, _ = current_state(pipe, cfg, run, kind)
+        notes = [*notes, _snapshot_note(cfg, run, kind, code)]
         print(_plan(pipe, cfg, run, kind, finished, queued, notes).render(setup=list(cfg.cluster.setup)))
         return 0
     with run.submission_lock(say=lambda line: print(line, file=sys.stderr)):
@@ -254,10 +268,11 @@ def submit(args: argparse.Namespace) -> int:
         if not plan.jobs:
             print(f"nothing to submit: every task of {run.path} is done or queued")
             return 0
+        snap = take_snapshot(cfg, run.path, kind, code, run.manifest().get("snapshot") if args.same_snapshot else None)
         # pipeline_arg: how to name the pipeline again, for a resubmission from a job (hpc.afterstep)
-        run.start(pipe.name, hconfig.to_yaml(cfg), kind,
-                  {**code_version(_user_module_file(args.pipeline)), "pipeline_arg": args.pipeline})
-        ids = submit_plan(plan, run, list(cfg.cluster.setup))
+        run_id = run.start(pipe.name, hconfig.to_yaml(cfg), kind,
+                           {**code, "pipeline_arg": args.pipeline, "snapshot": snap and snap.record()})
+        ids = submit_plan(plan, run, list(cfg.cluster.setup), job_code(snap, args.pipeline, module_file), run_id)
     print(f"run dir: {run.path}")
     for stage, jids in ids.items():
         print(f"  {stage}: {' '.join(jids)}")
@@ -272,12 +287,49 @@ def _plan(pipe: hplan.PipelineDef, cfg: Any, run: RunDir, kind: str, finished: A
     return dataclasses.replace(plan, notes=plan.notes + tuple(notes))
 
 
+def _module(pipeline: str) -> str:
+    return hplan.PIPELINES.get(pipeline, pipeline).partition(":")[0]
+
+
 def _user_module_file(pipeline: str) -> Optional[str]:
     """The file of a user's pipeline module (get_pipeline imported it); None for hpc's own."""
-    module = hplan.PIPELINES.get(pipeline, pipeline).partition(":")[0]
+    module = _module(pipeline)
     if module.split(".")[0] == "hpc":
         return None
     return getattr(sys.modules.get(module), "__file__", None)
+
+
+def take_snapshot(cfg: Any, where: Path, kind: str, code: Dict[str, Any],
+                  same: Optional[Dict[str, Any]] = None) -> Optional[snapshot.Snapshot]:
+    """Copy the user's code into `where` (a run or sweep dir; hpc.snapshot), or reuse a copy there
+    whose files did not change; `same`: a manifest's snapshot record to run again as it is
+    (--same-snapshot). None when run.snapshot=false, or for the debug executor, which runs the jobs
+    in this very process: its imports are the live tree's, whatever the snapshot holds."""
+    if not cfg.run.snapshot or kind == "debug":
+        return None
+    found = snapshot.recorded(same) if same else None
+    if found is None:
+        source = snapshot.source_of(code.get("code_dir"), Path.cwd(), [where, Path(cfg.run.root)])
+        found = snapshot.take(source, where, cfg.run.snapshot_max_mb)
+    print(found.summary())
+    return found
+
+
+def job_code(snap: Optional[snapshot.Snapshot], pipeline: str, module_file: Optional[str]
+             ) -> Optional[snapshot.JobCode]:
+    """Where the tasks run and import from: the snapshot's copies of this directory and of the
+    pipeline module's import root."""
+    return snap and snap.job_code(Path.cwd(), snapshot.import_root(module_file, _module(pipeline)))
+
+
+def _snapshot_note(cfg: Any, run: RunDir, kind: str, code: Dict[str, Any]) -> str:
+    """What a submission would snapshot, for the dry run (which copies nothing)."""
+    if not cfg.run.snapshot:
+        return "code: no snapshot (run.snapshot=false): the jobs import the live tree when they start"
+    if kind == "debug":
+        return "code: no snapshot: the debug executor runs the jobs in this process, on the live tree"
+    where = f"the git checkout {code['code_dir']}" if code.get("code_dir") else f"the directory {Path.cwd()}"
+    return f"code: {where} is copied into {run.path / snapshot.CODE}/ at submission, and every job imports that copy"
 
 
 if __name__ == "__main__":

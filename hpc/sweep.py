@@ -19,7 +19,7 @@ stages.*, cluster.* and run.* are not swept; key=value before --sweep applies to
 from __future__ import annotations
 
 import argparse
-from typing import Any, Dict, FrozenSet, List, Mapping, Sequence, Tuple
+from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
 from hpc import config as hconfig
 from hpc import grid as hgrid
@@ -57,12 +57,16 @@ def submit(args: argparse.Namespace) -> int:
             print(f"nothing to submit: every task of every point of {sweep.path} is done or queued")
             return 0
         # pipeline_arg: how a job names the pipeline to resubmit its point (hpc.afterstep, as hpc.submit)
-        code = {**code_version(hsubmit._user_module_file(args.pipeline)), "pipeline_arg": args.pipeline}
+        module_file = hsubmit._user_module_file(args.pipeline)
+        code = {**code_version(module_file), "pipeline_arg": args.pipeline}
+        # one code snapshot for every point, in the sweep dir (hpc.snapshot); each point its own run id
+        snap = hsubmit.take_snapshot(base, sweep.path, kind, code)
+        code["snapshot"] = snap and snap.record()
         now = {sig for job in plan.jobs for sig, _ in job.items}
         texts = sweepconfig.texts(base, [p for p in points if p.signature in now])
-        for sig, text in texts.items():
-            sweep.point(sig).start(pipe.name, text, kind, code)
-        ids = submit_arrays(plan, sweep, defs, list(base.cluster.setup))
+        run_ids = {sig: sweep.point(sig).start(pipe.name, text, kind, code) for sig, text in texts.items()}
+        ids = submit_arrays(plan, sweep, defs, list(base.cluster.setup),
+                            hsubmit.job_code(snap, args.pipeline, module_file), run_ids)
     print(f"sweep dir: {sweep.path}")
     for label, jids in ids.items():
         print(f"  {label}: {jids[0].split('_')[0]} ({len(jids)} task(s))")
@@ -183,8 +187,10 @@ def summary(plan: hplan.Plan, points: Sequence[hgrid.Point], states: Mapping[str
     return "\n".join(lines)
 
 
-def submit_arrays(plan: hplan.Plan, sweep: SweepDir, defs: Defs, setup: Sequence[str]) -> Dict[str, List[str]]:
-    """One submission (an array) per job of the plan; each point's manifest records its tasks."""
+def submit_arrays(plan: hplan.Plan, sweep: SweepDir, defs: Defs, setup: Sequence[str], code: Any = None,
+                  run_ids: Optional[Dict[str, str]] = None) -> Dict[str, List[str]]:
+    """One submission (an array) per job of the plan; each point's manifest records its tasks. Every
+    task runs `code` (hpc.snapshot.JobCode; None: the live tree) and its point's run id."""
     from hpc.executor import StageTask, drop_unexpanded_folder, make_executor, submission_env
 
     by_label: Dict[str, List[str]] = {}
@@ -194,7 +200,8 @@ def submit_arrays(plan: hplan.Plan, sweep: SweepDir, defs: Defs, setup: Sequence
             runs = {sig: sweep.point(sig) for sig, _ in job.items}
             tasks = [StageTask(str(runs[sig].path), job.stage, job.target, item,
                                defs[sig][job.stage].items.index(item) if defs[sig][job.stage].items else None,
-                               _needs(defs[sig], job.stage)) for sig, item in job.items]
+                               _needs(defs[sig], job.stage), code=code, run_id=(run_ids or {}).get(sig, ""))
+                     for sig, item in job.items]
             upstream = {sig: hsubmit._upstream(job, {}, run) for sig, run in runs.items()} if slurm else {}
             per_item, each = job.item_dependency(by_label) if slurm else (None, [])
             executor = make_executor(plan.kind, job.folder, job.resources["max_timeouts"])
@@ -207,7 +214,8 @@ def submit_arrays(plan: hplan.Plan, sweep: SweepDir, defs: Defs, setup: Sequence
             for sig, run in runs.items():
                 mine = [n for n, (owner, _) in enumerate(job.items) if owner == sig]
                 run.record_all(job.stage, [(job.items[n][1], by_label[job.label][n]) for n in mine], plan.kind,
-                               upstream.get(sig, []), [each[n] for n in mine] if each else ())
+                               upstream.get(sig, []), [each[n] for n in mine] if each else (),
+                               code.hash if code else None)
                 sweep.link_logs(sig, job.stage)
             if not slurm:  # no scheduler to order the stages: each array ends before the next starts
                 hsubmit._wait_ok(submitted)

@@ -70,8 +70,8 @@ def _submit(run_dir: str, executor: str, barrier, counts, path: List[str]) -> No
     plan.PIPELINES["tiny"] = "tests.tiny_pipeline"
     real, made = submit.submit_plan, []
 
-    def counting(p, run, setup=()):  # the real submission, and how many jobs it submitted
-        ids = real(p, run, setup)
+    def counting(p, run, *args, **kwargs):  # the real submission, and how many jobs it submitted
+        ids = real(p, run, *args, **kwargs)
         made.append(sum(len(v) for v in ids.values()))
         return ids
 

@@ -124,6 +124,10 @@ def test_signal_delay_not_below_the_time_limit_is_refused(tmp_path, capsys):
     assert dry(tmp_path, "stages.first.time_min=3") == 0  # 180 s > 120 s
 
 
+def test_a_snapshot_limit_that_is_no_size_is_refused(tmp_path, capsys):
+    one_line_error(dry(tmp_path, "run.snapshot_max_mb=0"), capsys, "run.snapshot_max_mb=0", "--no-snapshot")
+
+
 MANIFESTS = {"empty": b"", "truncated": b'{"pipeline": "tiny", "tasks": {"first": {"sta', "list": b"[]",
              "binary": bytes(range(256)), "no tasks": b'{"pipeline": "tiny"}'}
 

@@ -34,7 +34,7 @@ def dry_run(args, run_dir="/RUN"):
 def test_dry_run_matches_golden(name):
     out = dry_run(CASES[name])
     assert out.returncode == 0, out.stderr
-    text = out.stdout.replace(shlex.quote(sys.executable), "PYTHON")
+    text = out.stdout.replace(shlex.quote(sys.executable), "PYTHON").replace(str(ROOT), "CHECKOUT")
     path = GOLDEN / f"{name}.txt"
     if os.environ.get("HPC_UPDATE_GOLDEN"):
         path.write_text(text)

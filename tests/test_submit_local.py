@@ -3,6 +3,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -150,3 +151,99 @@ def test_manifest_records_the_working_directory_commit_for_a_builtin_pipeline(tm
     assert submit.main(["run", "--cluster", "debug", "--run-dir", str(run_dir), "--", sys.executable, "train.py"]) == 0
     assert json.loads((run_dir / "manifest.json").read_text())["git_commit"] == head
     assert code_version(None, tmp_path.parent)["git_commit"] is None  # not a checkout: no commit
+
+
+@pytest.fixture
+def user_repo(tmp_path, monkeypatch):
+    """A user's pipeline (tests/snapshot_user.py) in its own git checkout, submitted from there."""
+    from tests import snapshot_user
+
+    repo = snapshot_user.make_repo(tmp_path / "code", "v1")
+    snapshot_user.forget()
+    monkeypatch.chdir(repo)
+    monkeypatch.syspath_prepend(str(repo))
+    yield repo
+    snapshot_user.forget()
+
+
+def attempts(run_dir):
+    return [json.loads(line) for line in (run_dir / "main" / "attempts.jsonl").read_text().splitlines()]
+
+
+def test_local_jobs_import_a_snapshot_of_the_code_and_see_the_run_identity(user_repo, tmp_path, capsys):
+    from hpc import snapshot, status
+    from tests.snapshot_user import set_version
+
+    run_dir = tmp_path / "run"
+    assert submit.main(["snapuser.pipe", "--cluster", "local", "--run-dir", str(run_dir)]) == 0
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    snap, run_id = manifest["snapshot"], manifest["run_id"]
+    [seen] = attempts(run_dir)
+    code = run_dir / "code" / snap["hash"]
+    assert seen["version"] == "v1"  # the uncommitted edit is in the snapshot
+    assert seen["file"] == str(code / "snapuser" / "pipe.py") and seen["cwd"] == str(code)
+    assert (seen["HPC_CODE_DIR"], seen["HPC_SUBMIT_DIR"]) == (str(code), str(user_repo))
+    assert seen["HPC_RUN_ID"] == run_id and seen["WANDB_RUN_ID"] == seen["HPC_TASK_RUN_ID"] == f"{run_id}-main"
+    assert (seen["WANDB_RESUME"], seen["WANDB_RUN_GROUP"], seen["MLFLOW_RUN_ID"]) == ("allow", run_id, None)
+    assert manifest["tasks"]["main"]["jobs"][0]["code"] == snap["hash"]
+    assert f"code: {user_repo} (git checkout) -> {code}" in capsys.readouterr().out
+    # the live code moves on: status says so; a resubmission snapshots it, the run id stays
+    set_version(user_repo, "v2")
+    assert "the live code differs (1 changed (snapuser/pipe.py))" in snapshot.status_line(snap)
+    assert status.main([str(run_dir)]) == 0
+    assert f"run id: {run_id}" in capsys.readouterr().out
+    (run_dir / "main" / "done").unlink()
+    assert submit.main(["snapuser.pipe", "--cluster", "local", "--run-dir", str(run_dir)]) == 0
+    again = json.loads((run_dir / "manifest.json").read_text())
+    assert again["run_id"] == run_id and again["snapshot"]["hash"] != snap["hash"]
+    assert [a["version"] for a in attempts(run_dir)] == ["v1", "v2"]
+    assert attempts(run_dir)[1]["WANDB_RUN_ID"] == f"{run_id}-main"
+    assert snapshot.status_line(again["snapshot"]).endswith("the live code matches it")
+
+
+def test_no_snapshot_runs_the_live_tree_and_the_dry_run_says_what_would_be_copied(user_repo, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    assert submit.main(["snapuser.pipe", "--cluster", "local", "--run-dir", str(run_dir), "--dry-run"]) == 0
+    assert f"note: code: the git checkout {user_repo} is copied into {run_dir}/code/" in capsys.readouterr().out
+    assert not run_dir.exists()
+    assert submit.main(["snapuser.pipe", "--cluster", "local", "--run-dir", str(run_dir), "--no-snapshot"]) == 0
+    [seen] = attempts(run_dir)
+    assert seen["file"] == str(user_repo / "snapuser" / "pipe.py") and seen["HPC_CODE_DIR"] is None
+    assert json.loads((run_dir / "manifest.json").read_text())["snapshot"] is None
+    assert not (run_dir / "code").exists()
+    assert "\n  snapshot: false\n" in (run_dir / "config.yaml").read_text()  # kept for resubmissions
+
+
+def test_a_snapshot_over_the_limit_submits_nothing(user_repo, tmp_path, capsys):
+    (user_repo / "notes.txt").write_text("x" * 200_000)
+    run_dir = tmp_path / "run"
+    assert submit.main(["snapuser.pipe", "--cluster", "local", "--run-dir", str(run_dir),
+                        "run.snapshot_max_mb=0.1"]) == 2
+    err = capsys.readouterr().err
+    assert "over run.snapshot_max_mb=0.1" in err and "HINT" in err and "--no-snapshot" in err
+    assert not (run_dir / "manifest.json").exists()
+
+
+def test_same_snapshot_resubmits_the_run_s_code_not_the_live_tree(user_repo, tmp_path):
+    from tests.snapshot_user import set_version
+
+    run_dir = tmp_path / "run"
+    assert submit.main(["snapuser.pipe", "--cluster", "local", "--run-dir", str(run_dir)]) == 0
+    first = json.loads((run_dir / "manifest.json").read_text())["snapshot"]
+    set_version(user_repo, "v2")
+    (run_dir / "main" / "done").unlink()
+    assert submit.main(["snapuser.pipe", "--cluster", "local", "--run-dir", str(run_dir), "--same-snapshot"]) == 0
+    assert json.loads((run_dir / "manifest.json").read_text())["snapshot"]["hash"] == first["hash"]
+    assert [a["version"] for a in attempts(run_dir)] == ["v1", "v1"]
+
+
+def test_a_sweep_takes_one_snapshot_for_its_points_and_gives_each_point_its_run_id(tmp_path, monkeypatch):
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])  # the points' jobs import tests.tiny_pipeline
+    sweep_dir = tmp_path / "sweep"
+    assert submit.main(["tiny", "--cluster", "local", "--run-dir", str(sweep_dir), "tiny.parts=[0]",
+                        "--sweep", "tiny.sleep_s=0,0.1"]) == 0
+    manifests = [json.loads(p.read_text()) for p in sorted(sweep_dir.rglob("manifest.json"))]
+    assert len(manifests) == 2 and len({m["run_id"] for m in manifests}) == 2
+    [code] = {m["snapshot"]["dir"] for m in manifests}
+    assert Path(code).parent == sweep_dir / "code"
+    assert {j["code"] for m in manifests for t in m["tasks"].values() for j in t["jobs"]} == {Path(code).name}

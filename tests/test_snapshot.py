@@ -1,0 +1,140 @@
+"""The code snapshot (hpc.snapshot): what is copied, reuse, limits, and how the live tree is compared."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpc import snapshot
+
+
+def git(root, *args):
+    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=root, check=True,
+                          capture_output=True, text=True).stdout.strip()
+
+
+@pytest.fixture
+def checkout(tmp_path):
+    """A git checkout with committed, modified, untracked, ignored and deleted files."""
+    root = tmp_path / "repo"
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "__init__.py").write_text("")
+    (root / "pkg" / "mod.py").write_text("VERSION = 'committed'\n")
+    (root / "gone.py").write_text("x = 1\n")
+    (root / "run.sh").write_text("#!/bin/sh\n")
+    (root / "run.sh").chmod(0o755)
+    (root / ".gitignore").write_text("ignored/\n")
+    git(root, "init", "-q")
+    git(root, "add", "-A")
+    git(root, "commit", "-q", "-m", "code")
+    (root / "pkg" / "mod.py").write_text("VERSION = 'uncommitted'\n")  # a change not committed
+    (root / "gone.py").unlink()  # an uncommitted deletion
+    (root / "new.py").write_text("y = 2\n")  # untracked, not ignored: code not added yet
+    (root / "data.bin").write_bytes(b"\0" * (snapshot.UNTRACKED_MAX_BYTES + 1))  # untracked data
+    (root / "ignored").mkdir()
+    (root / "ignored" / "cache.txt").write_text("no")
+    os.symlink("pkg/mod.py", root / "link.py")
+    return root
+
+
+def current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def files_in(directory: Path):
+    return sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if not p.is_dir())
+
+
+def test_a_snapshot_holds_tracked_files_with_their_changes_and_small_untracked_ones(checkout, tmp_path):
+    run = checkout / "runs" / "r1"  # the run dir inside the checkout is never copied into itself
+    (run / "old").mkdir(parents=True)
+    (run / "old" / "x.py").write_text("")
+    snap = snapshot.take(snapshot.source_of(str(checkout), checkout, [run]), run, max_mb=10)
+    assert files_in(snap.dir) == [".gitignore", "link.py", "new.py", "pkg/__init__.py", "pkg/mod.py", "run.sh"]
+    assert (snap.dir / "pkg" / "mod.py").read_text() == "VERSION = 'uncommitted'\n"
+    assert os.readlink(snap.dir / "link.py") == "pkg/mod.py"
+    mode = lambda rel: (snap.dir / rel).stat().st_mode & 0o777  # noqa: E731 (root ignores it: test the bits)
+    assert mode("run.sh") == 0o555 & ~current_umask() and mode("pkg/mod.py") == 0o444 & ~current_umask()
+    assert snap.skipped == ("data.bin",) and "data.bin" in snap.summary()
+    assert snap.dir == run / "code" / snap.hash and (run / "code" / f"{snap.hash}.json").exists()
+    assert snap.record()["files"] == 6 and not snap.reused
+
+
+def test_unchanged_code_reuses_the_snapshot_and_a_change_makes_a_new_one(checkout, tmp_path):
+    source = snapshot.source_of(str(checkout), checkout)
+    first = snapshot.take(source, tmp_path / "run", max_mb=10)
+    again = snapshot.take(source, tmp_path / "run", max_mb=10, previous=first.hash)
+    assert again.reused and again.hash == first.hash
+    other = snapshot.take(source, tmp_path / "other", max_mb=10)  # a fresh copy has the same name
+    assert other.hash == first.hash and not other.reused
+    (checkout / "pkg" / "mod.py").write_text("VERSION = 'edited'\n")
+    changed = snapshot.take(source, tmp_path / "run", max_mb=10, previous=first.hash)
+    assert not changed.reused and changed.hash != first.hash
+    assert (first.dir / "pkg" / "mod.py").read_text() == "VERSION = 'uncommitted'\n"  # the old one stays
+
+
+def test_status_tells_whether_the_live_code_differs_from_the_snapshot(checkout, tmp_path):
+    snap = snapshot.take(snapshot.source_of(str(checkout), checkout), tmp_path / "run", max_mb=10)
+    line = lambda: snapshot.status_line(snap.record())  # noqa: E731
+    assert line().endswith("the live code matches it")
+    os.utime(checkout / "new.py", ns=(1, 1))  # touched, same content: read, hashed, still the same
+    assert line().endswith("the live code matches it")
+    (checkout / "pkg" / "mod.py").write_text("VERSION = 'edited'\n")
+    (checkout / "added.py").write_text("")
+    (checkout / "new.py").unlink()
+    assert "differs (1 changed (pkg/mod.py); 1 added (added.py); 1 removed (new.py))" in line()
+    assert "no snapshot" in snapshot.status_line(None)
+
+
+def test_a_snapshot_over_the_limit_is_refused_with_the_largest_directories(checkout, tmp_path):
+    (checkout / "assets").mkdir()
+    (checkout / "assets" / "weights.pt").write_bytes(b"\1" * 300_000)
+    git(checkout, "add", "assets")  # tracked: copied whatever its size, so it counts
+    with pytest.raises(snapshot.SnapshotError) as err:
+        snapshot.take(snapshot.source_of(str(checkout), checkout), tmp_path / "run", max_mb=0.2)
+    assert "over run.snapshot_max_mb=0.2" in str(err.value) and "assets/ 0 MB" in str(err.value)
+    assert "--no-snapshot" in str(err.value)
+    assert not (tmp_path / "run" / "code").exists() or not any((tmp_path / "run" / "code").iterdir())
+
+
+def test_without_git_the_working_directory_is_copied_without_hidden_and_virtualenv_directories(tmp_path):
+    work = tmp_path / "work"
+    for rel in ("train.py", "lib/util.py", ".hidden/x.py", "venv/lib/y.py", "lib/__pycache__/u.pyc"):
+        (work / rel).parent.mkdir(parents=True, exist_ok=True)
+        (work / rel).write_text("")
+    (work / "venv" / "pyvenv.cfg").write_text("home = /usr\n")
+    snap = snapshot.take(snapshot.source_of(None, work), tmp_path / "run", max_mb=10)
+    assert files_in(snap.dir) == ["lib/util.py", "train.py"] and not snap.source.git
+
+
+def test_jobs_run_in_the_snapshot_copy_of_the_submission_directory_and_import_from_it(checkout, tmp_path):
+    (checkout / "src" / "lib").mkdir(parents=True)
+    (checkout / "src" / "lib" / "__init__.py").write_text("")
+    (checkout / "src" / "lib" / "pipe.py").write_text("")
+    snap = snapshot.take(snapshot.source_of(str(checkout), checkout), tmp_path / "run", max_mb=10)
+    root = snapshot.import_root(str(checkout / "src" / "lib" / "pipe.py"), "lib.pipe")
+    assert root == checkout / "src"
+    assert snapshot.import_root(str(checkout / "src" / "lib" / "__init__.py"), "lib") == checkout / "src"
+    code = snap.job_code(checkout / "pkg", root)
+    assert code.cwd == str(snap.dir / "pkg") and code.submit_dir == str(checkout / "pkg")
+    assert code.path == (str(snap.dir / "src"), str(snap.dir / "pkg"))
+    env = code.environ({"PYTHONPATH": "/elsewhere"})
+    assert env["PYTHONPATH"] == os.pathsep.join([*code.path, "/elsewhere"])
+    assert env["HPC_CODE_DIR"] == str(snap.dir) and env["HPC_SUBMIT_DIR"] == str(checkout / "pkg")
+    outside = snap.job_code(tmp_path, None)  # submitted from outside the checkout: the job stays there
+    assert outside.cwd is None and outside.path == ()
+
+
+def test_entering_the_snapshot_imports_its_copy(checkout, tmp_path):
+    snap = snapshot.take(snapshot.source_of(str(checkout), checkout), tmp_path / "run", max_mb=10)
+    (checkout / "pkg" / "mod.py").write_text("VERSION = 'live'\n")
+    script = ("import sys, pickle; code = pickle.loads(bytes.fromhex(sys.argv[1])); code.enter(); "
+              "import os, pkg.mod; print(pkg.mod.VERSION, os.getcwd())")
+    import pickle
+
+    out = subprocess.run([sys.executable, "-c", script, pickle.dumps(snap.job_code(checkout)).hex()],
+                         cwd=checkout, capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["uncommitted", str(snap.dir)]
