@@ -17,30 +17,17 @@ on a real site, else one this cluster starts) and
 from __future__ import annotations
 
 import os
-import shlex
-import shutil
 import subprocess
 import time
 from pathlib import Path
 
+from hpc.cluster import accountingdb as db
 from hpc.cluster import layout as L
-from hpc.cluster.daemons import (MARK, ClusterError, Daemon, job_processes, port_free, port_open, terminate,
-                                 unix_socket_live)
+from hpc.cluster.daemons import MARK, ClusterError, Daemon, job_processes, port_free, terminate, unix_socket_live
+from hpc.cluster.daemonset import SBIN, cluster_daemons, missing_binaries, own_munged  # missing_binaries re-exported
 
-REQUIRED = ["munged", "mariadbd", "mariadb-install-db", "mariadb", "slurmdbd", "slurmctld", "slurmd",
-            "sacctmgr", "sbatch", "scontrol", "sinfo", "unshare", "mount"]
 # Variables through which a client finds its cluster: a client of this cluster must see only ours.
 CLIENT_VARS = ("SLURM_CONF", "SLURM_CONF_SERVER")
-SBIN = ["/usr/sbin", "/sbin", "/usr/bin", "/bin"]
-
-
-def find_binary(name: str) -> str | None:
-    path = os.environ.get("PATH", "") + os.pathsep + os.pathsep.join(SBIN)
-    return shutil.which(name, path=path)
-
-
-def missing_binaries() -> list[str]:
-    return [b for b in REQUIRED if find_binary(b) is None]
 
 
 class LocalCluster:
@@ -103,11 +90,11 @@ class LocalCluster:
         if "munged" in by_name:
             log("starting munged"); by_name["munged"].start(env)
         if self.layout.accounting:
-            self._init_db(env)
+            db.init_db(self.layout, env)
             log("starting mariadbd"); by_name["mariadbd"].start(env)
-            self._grant_db(env)
+            db.grant_db(self.layout, env)
             log("starting slurmdbd"); by_name["slurmdbd"].start(env)
-            self._register_cluster(env)
+            db.register_cluster(self.layout, self._run)
         log("starting slurmctld"); by_name["slurmctld"].start(env)
         for d in daemons:
             if d.name.startswith("slurmd-"):
@@ -185,7 +172,7 @@ class LocalCluster:
         it, as on a real site: it is not ours to stop. A socket file nobody answers on is a leftover
         of a killed munged, and is removed so ours can bind it."""
         c = self.layout
-        if not c.configless or self._own_munged().pid():
+        if not c.configless or own_munged(c).pid():
             return
         self._host_munged.unlink(missing_ok=True)
         if unix_socket_live(c.munge_socket):
@@ -195,51 +182,9 @@ class LocalCluster:
         elif c.munge_socket.exists():
             c.munge_socket.unlink()
 
-    def _own_munged(self) -> Daemon:
-        c = self.layout
-        return Daemon("munged", [find_binary("munged") or "munged", "-F", "--force", f"--socket={c.munge_socket}",
-                                 f"--key-file={c.path('munge', 'munge.key')}",
-                                 f"--pid-file={c.path('munge', 'munged.pid')}",
-                                 f"--seed-file={c.path('munge', 'munged.seed')}",
-                                 f"--log-file={c.path('log', 'munged.log')}"],
-                      c, ready=lambda: c.munge_socket.exists())
-
     def _daemons(self) -> list[Daemon]:
-        c = self.layout
-        daemons = [] if self._host_munged.exists() else [self._own_munged()]
-        if c.accounting:
-            daemons += [self._mariadbd(), Daemon("slurmdbd", [find_binary("slurmdbd") or "slurmdbd", "-D"], c,
-                                                 ready=lambda: port_open(c.dbd_port))]
-        daemons.append(Daemon("slurmctld", [find_binary("slurmctld") or "slurmctld", "-D", "-i"], c,
-                              ready=lambda: self._run(["scontrol", "ping"], check=False).stdout.count("UP") > 0))
-        for i, node in enumerate(c.node_names):
-            port = c.node_port(i)
-            daemons.append(Daemon(f"slurmd-{node}", self._slurmd_argv(node), c,
-                                  ready=lambda port=port: port_open(port), program="slurmd"))
-        return daemons
-
-    def _slurmd_argv(self, node: str) -> list[str]:
-        c = self.layout
-        slurmd = [find_binary("slurmd") or "slurmd", "-D", "-N", node]
-        if not c.configless:
-            return slurmd
-        # A configless slurmd links /run/slurm/conf to its cached config, and clients on that host
-        # read it. A private mount namespace keeps that link on the node: this host also plays the
-        # login node, whose clients must find the controller without any file.
-        private = c.path("spool", node, "run-slurm")
-        script = (f"mkdir -p {L.RUN_CONF} && mount --bind {shlex.quote(str(private))} {L.RUN_CONF} && "
-                  f"exec {shlex.join(slurmd + ['--conf-server', c.conf_server])}")
-        return [find_binary("unshare") or "unshare", "--mount", "--propagation", "private", "sh", "-c", script]
-
-    def _mariadbd(self) -> Daemon:
-        c = self.layout
-        return Daemon("mariadbd", [find_binary("mariadbd") or "mariadbd", "--no-defaults", "--user=root",
-                                   f"--datadir={c.path('db', 'data')}", f"--socket={c.mysql_socket}",
-                                   f"--port={c.mysql_port}", "--bind-address=127.0.0.1",
-                                   f"--pid-file={c.path('db', 'mysqld.pid')}", "--skip-name-resolve",
-                                   f"--log-error={c.path('log', 'mariadb.log')}",
-                                   "--innodb-buffer-pool-size=32M"],
-                      c, ready=lambda: c.mysql_socket.exists() and port_open(c.mysql_port), start_timeout_s=60)
+        return cluster_daemons(self.layout, with_munged=not self._host_munged.exists(),
+                               controller_up=lambda: "UP" in self._run(["scontrol", "ping"], check=False).stdout)
 
     @staticmethod
     def _slurmctld(daemons: list[Daemon]) -> Daemon:
@@ -291,45 +236,6 @@ class LocalCluster:
         if self.layout.configless:
             del env["SLURM_CONF"]
         return env
-
-    def _init_db(self, env: dict[str, str]) -> None:
-        data = self.layout.path("db", "data")
-        if (data / "mysql").exists():
-            return
-        out = subprocess.run([find_binary("mariadb-install-db") or "mariadb-install-db", "--no-defaults",
-                              "--user=root", f"--datadir={data}", "--auth-root-authentication-method=socket",
-                              "--skip-test-db"], env=env, capture_output=True, text=True)
-        if out.returncode:
-            raise ClusterError(f"mariadb-install-db failed: {out.stderr[-2000:]}\nHINT: remove {data} and retry.")
-
-    def _mysql(self, sql: str, env: dict[str, str]) -> None:
-        out = subprocess.run([find_binary("mariadb") or "mariadb", "--no-defaults",
-                              f"--socket={self.layout.mysql_socket}", "-uroot", "-e", sql],
-                             env=env, capture_output=True, text=True)
-        if out.returncode:
-            raise ClusterError(f"MariaDB statement failed: {out.stderr.strip()}. "
-                               f"HINT: read {self.layout.path('log', 'mariadb.log')}.")
-
-    def _grant_db(self, env: dict[str, str]) -> None:
-        pw = self.layout.db_password
-        self._mysql("CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY '%s'; "
-                    "CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY '%s'; "
-                    "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1'; "
-                    "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost'; FLUSH PRIVILEGES;" % (pw, pw), env)
-
-    def _register_cluster(self, env: dict[str, str]) -> None:
-        name = self.layout.name
-        listed = self._run(["sacctmgr", "-n", "-P", "list", "cluster", "format=Cluster"], check=False)
-        if name in listed.stdout.split():
-            return
-        # slurmdbd may still be creating its tables; retry briefly.
-        for _ in range(30):
-            out = self._run(["sacctmgr", "-i", "add", "cluster", name], check=False)
-            if out.returncode == 0 or "already exists" in out.stdout + out.stderr:
-                return
-            time.sleep(0.5)
-        raise ClusterError(f"sacctmgr could not register cluster {name}: {out.stderr.strip()}. "
-                           f"HINT: read {self.layout.path('log', 'slurmdbd.log')}.")
 
     def _nodes_idle(self) -> bool:
         out = self._run(["sinfo", "-h", "-N", "-o", "%N %t"], check=False)

@@ -1,0 +1,63 @@
+"""The accounting database of a local cluster: MariaDB's data directory, the `slurm` user slurmdbd
+logs in as, and the cluster's entry in slurmdbd.
+
+Each step is idempotent, so `up()` can run them again on a cluster that was stopped.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from typing import Callable
+
+from hpc.cluster import layout as L
+from hpc.cluster.daemons import ClusterError
+from hpc.cluster.daemonset import find_binary
+
+Run = Callable[..., subprocess.CompletedProcess]
+
+
+def init_db(c: L.ClusterLayout, env: dict[str, str]) -> None:
+    """Create MariaDB's system tables, once per cluster directory."""
+    data = c.path("db", "data")
+    if (data / "mysql").exists():
+        return
+    out = subprocess.run([find_binary("mariadb-install-db") or "mariadb-install-db", "--no-defaults",
+                          "--user=root", f"--datadir={data}", "--auth-root-authentication-method=socket",
+                          "--skip-test-db"], env=env, capture_output=True, text=True)
+    if out.returncode:
+        raise ClusterError(f"mariadb-install-db failed: {out.stderr[-2000:]}\nHINT: remove {data} and retry.")
+
+
+def mysql(c: L.ClusterLayout, sql: str, env: dict[str, str]) -> None:
+    out = subprocess.run([find_binary("mariadb") or "mariadb", "--no-defaults",
+                          f"--socket={c.mysql_socket}", "-uroot", "-e", sql],
+                         env=env, capture_output=True, text=True)
+    if out.returncode:
+        raise ClusterError(f"MariaDB statement failed: {out.stderr.strip()}. "
+                           f"HINT: read {c.path('log', 'mariadb.log')}.")
+
+
+def grant_db(c: L.ClusterLayout, env: dict[str, str]) -> None:
+    """Let slurmdbd in as `slurm`, over TCP and over the socket."""
+    pw = c.db_password
+    mysql(c, "CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY '%s'; "
+             "CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY '%s'; "
+             "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1'; "
+             "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost'; FLUSH PRIVILEGES;" % (pw, pw), env)
+
+
+def register_cluster(c: L.ClusterLayout, run: Run) -> None:
+    """Add the cluster to slurmdbd; `run(argv, check=False)` runs sacctmgr against it."""
+    name = c.name
+    listed = run(["sacctmgr", "-n", "-P", "list", "cluster", "format=Cluster"], check=False)
+    if name in listed.stdout.split():
+        return
+    # slurmdbd may still be creating its tables; retry briefly.
+    for _ in range(30):
+        out = run(["sacctmgr", "-i", "add", "cluster", name], check=False)
+        if out.returncode == 0 or "already exists" in out.stdout + out.stderr:
+            return
+        time.sleep(0.5)
+    raise ClusterError(f"sacctmgr could not register cluster {name}: {out.stderr.strip()}. "
+                       f"HINT: read {c.path('log', 'slurmdbd.log')}.")
