@@ -11,7 +11,8 @@ UNTRACKED_MAX_BYTES are data, not code: they are left out and named. The run dir
 copied into itself. A snapshot over `max_mb` in all, or with more than MAX_FILES files, is refused
 before anything is submitted.
 
-Files are copied, never hard-linked: an editor that saves in place would change a linked copy. The
+Files are copied, never hard-linked to the live tree: an editor that saves in place would change a
+linked copy (a new run directory may link to an earlier run's snapshot of the same files: hpc.snapcache). The
 snapshot is content-addressed, <run>/code/<hash>/, and <run>/code/<hash>.json lists each file's size,
 mtime and digest. A resubmission whose files all still have the listed size and mtime reuses the
 snapshot without reading them; hpc.status compares the live tree with the listing the same way and
@@ -104,6 +105,7 @@ class Snapshot:
     seconds: float
     reused: bool  # an earlier submission's snapshot of the same files
     skipped: Tuple[str, ...]  # untracked files left out as data (relative paths)
+    linked: bool = False  # hard links to an earlier run's snapshot of the same files (hpc.snapcache)
 
     def record(self) -> Dict[str, Any]:
         """What the manifest keeps (hpc.status reads the listing beside the copy)."""
@@ -112,7 +114,8 @@ class Snapshot:
                 "reused": self.reused, "skipped": list(self.skipped)}
 
     def summary(self) -> str:
-        how = "reused (no file changed)" if self.reused else "copied"
+        how = ("reused (no file changed)" if self.reused else
+               "linked to an earlier run's snapshot (no file changed)" if self.linked else "copied")
         text = (f"code: {self.source.root} ({'git checkout' if self.source.git else 'no git'}) -> {self.dir}, "
                 f"{self.files} files, {self.bytes / 1e6:.1f} MB, {how} in {self.seconds * 1000:.0f} ms")
         if self.skipped:
@@ -244,8 +247,11 @@ def take(source: Source, run_path: Path, max_mb: float, previous: Optional[str] 
             return Snapshot(source, previous, code / previous, len(files), total,
                             time.perf_counter() - started, True, tuple(skipped))
     tmp = code / f".tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    from hpc import snapcache
+
     try:
-        stats = _copy(source.root, tmp, files)
+        linked = snapcache.link_earlier(source.root, tmp, files, unchanged)
+        stats = linked or _copy(source.root, tmp, files)
         digest = tree_hash(stats)
         final = code / digest
         try:
@@ -260,8 +266,9 @@ def take(source: Source, run_path: Path, max_mb: float, previous: Optional[str] 
     from hpc.rundir import atomic_write_text
 
     atomic_write_text(code / f"{digest}.json", json.dumps(table, separators=(",", ":")))
+    snapcache.remember(source.root, final)
     return Snapshot(source, digest, final, len(files), total, time.perf_counter() - started, False,
-                    tuple(skipped))
+                    tuple(skipped), linked is not None)
 
 
 def _copy(root: Path, dest: Path, files: Mapping[str, os.stat_result]) -> Dict[str, Stat]:

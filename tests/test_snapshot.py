@@ -76,6 +76,31 @@ def test_unchanged_code_reuses_the_snapshot_and_a_change_makes_a_new_one(checkou
     assert (first.dir / "pkg" / "mod.py").read_text() == "VERSION = 'uncommitted'\n"  # the old one stays
 
 
+def test_a_new_run_dir_links_an_earlier_snapshot_of_the_same_files_and_copies_after_a_change(
+        checkout, tmp_path, monkeypatch):
+    monkeypatch.setenv("HPC_CACHE_DIR", str(tmp_path / "cache"))
+    source = snapshot.source_of(str(checkout), checkout)
+    first = snapshot.take(source, tmp_path / "a", max_mb=10)
+    second = snapshot.take(source, tmp_path / "b", max_mb=10)
+    assert not first.linked and second.linked and not second.reused and "linked" in second.summary()
+    assert second.hash == first.hash and files_in(second.dir) == files_in(first.dir)
+    assert os.path.samefile(second.dir / "pkg" / "mod.py", first.dir / "pkg" / "mod.py")
+    assert os.readlink(second.dir / "link.py") == "pkg/mod.py"
+    assert (tmp_path / "b" / "code" / f"{second.hash}.json").read_text() == \
+        (tmp_path / "a" / "code" / f"{first.hash}.json").read_text()
+    (checkout / "pkg" / "mod.py").write_text("VERSION = 'edited'\n")
+    third = snapshot.take(source, tmp_path / "c", max_mb=10)
+    assert not third.linked and third.hash != first.hash
+    assert (third.dir / "pkg" / "mod.py").read_text() == "VERSION = 'edited'\n"
+    assert (first.dir / "pkg" / "mod.py").read_text() == "VERSION = 'uncommitted'\n"
+    import shutil
+
+    shutil.rmtree(third.dir)  # the newest snapshot is gone: the next run dir copies again
+    (checkout / "pkg" / "mod.py").write_text("VERSION = 'again'\n")
+    fourth = snapshot.take(source, tmp_path / "d", max_mb=10)
+    assert not fourth.linked and (fourth.dir / "pkg" / "mod.py").read_text() == "VERSION = 'again'\n"
+
+
 def test_status_tells_whether_the_live_code_differs_from_the_snapshot(checkout, tmp_path):
     snap = snapshot.take(snapshot.source_of(str(checkout), checkout), tmp_path / "run", max_mb=10)
     line = lambda: snapshot.status_line(snap.record())  # noqa: E731
