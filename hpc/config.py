@@ -23,7 +23,7 @@ import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-from hpc import noderange
+from hpc import configcache, noderange
 
 
 def templates_root() -> Traversable:
@@ -108,8 +108,42 @@ def load(schema: type, pipeline: str, profile: Optional[str] = None,
     """Build the resolved config for `pipeline`, checked against `schema` (a dataclass).
     `extra`: the pipeline's template files (PipelineDef.templates), merged in order; each must exist:
     running on dataclass defaults because a template went missing would be silently wrong.
-    `notes`: receives a line naming what a profile changed in a saved config."""
+    `notes`: receives a line naming what a profile changed in a saved config. A result built from
+    the same inputs before is read back from the user's cache (hpc.configcache)."""
     templates = templates or templates_root()
+    digest = _cache_key(schema, profile, overrides, saved, templates, extra, notes is not None)
+    hit = configcache.get(digest)
+    if hit is not None:
+        if notes is not None:
+            notes.extend(hit[1])
+        return hit[0]
+    said: List[str] = []
+    cfg = _build(schema, pipeline, profile, overrides, saved, templates, extra, said if notes is not None else None)
+    configcache.put(digest, cfg, said)
+    if notes is not None:
+        notes.extend(said)
+    return cfg
+
+
+def _cache_key(schema: type, profile: Optional[str], overrides: Sequence[str], saved: Optional[Path],
+               templates: Traversable, extra: Sequence[str], tells: bool) -> Optional[str]:
+    """hpc.configcache's name for this load's result; None when an input cannot be read (the build
+    then says why)."""
+    try:
+        texts = [(f"templates/{name}", (templates / name).read_text()) for name in extra]
+        if saved is not None and saved.exists():
+            texts.append((str(saved), saved.read_text()))
+        if profile is not None:
+            if not _PROFILE_NAME.fullmatch(profile):
+                return None
+            texts.append((f"profile {profile}", (templates / "profiles" / f"{profile}.yaml").read_text()))
+    except (OSError, UnicodeDecodeError):
+        return None
+    return configcache.key(schema, [*texts, ("notes", str(tells))], list(overrides))
+
+
+def _build(schema: type, pipeline: str, profile: Optional[str], overrides: Sequence[str], saved: Optional[Path],
+           templates: Traversable, extra: Sequence[str], notes: Optional[List[str]]) -> DictConfig:
     cfg = OmegaConf.structured(schema)
     for name in extra:
         base = templates / name
