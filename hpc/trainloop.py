@@ -148,8 +148,6 @@ class TrainLoop:
         if step < 0:
             log.info("no checkpoint in %s: starting fresh", self.store.directory)
             return 0
-        if sharded is not None:
-            self._engine.load(sharded, *(self.objects[n] for n in self._dcp_names))
         mine = state.get("per_rank") or {}
         saved_world = state.get("world_size", self.s.world_size)
         for name, obj in self.objects.items():
@@ -209,26 +207,51 @@ class TrainLoop:
         return self._engine.wait
 
     def _agreed_state(self) -> dict[str, Any] | None:
-        """The newest checkpoint that every rank can read. Each rank verifies only what it reads
-        (its own files, and the shards its DCP load plan names); one all-reduce per candidate
-        agrees, so a corrupt file makes every rank go back to the same older step."""
+        """The newest checkpoint that every rank can read, its shards already loaded. Each rank
+        verifies only what it reads: its own files, then the shards its DCP load plan names,
+        checked as they load (read once). An all-reduce per candidate agrees, so a corrupt file
+        makes every rank go back to the same older step, whose load overwrites whatever the
+        failed one left in the model."""
+        partial = -1  # a step whose shards failed their checksums midway through loading
         for step in sorted(self.store.candidates(), reverse=True) + [-1]:
             state = self.store.load(step) if step >= 0 else None
-            problem = "" if step < 0 else "it failed verification" if state is None else self._unread(state)
-            if problem and state is not None:
-                log.warning("skipping checkpoint step %d: %s", step, problem)
+            if step >= 0 and state is None:
+                log.warning("skipping checkpoint step %d: it failed verification", step)
+            if not self._agree(step, step < 0 or state is not None):
+                log.warning("checkpoint step %d failed verification on some rank: trying an older one", step)
+                continue
+            if state is None:
+                return self._nothing_left(partial)
+            if state.get(SHARDED_KEY) is None:
+                return state
+            problem = self._load_shards(state[SHARDED_KEY])  # the same step on every rank (agreed)
             if self._agree(step, not problem):
                 return state
-            log.warning("checkpoint step %d failed verification on some rank: trying an older one", step)
+            partial = step
+            log.warning("skipping checkpoint step %d: %s", step, problem or "another rank's shard is corrupt")
         return None
 
-    def _unread(self, state: dict[str, Any]) -> str:
-        where = state.get(SHARDED_KEY)
-        if where is None:
-            return ""
-        from hpc.checkpoint.dcp_engine import unverified
+    def _load_shards(self, where: Path) -> str:
+        """Load the model (and optimizer) from DCP's shards at `where`, checking each byte read
+        against the marker's checksums; '' when they match, else what did not."""
+        from hpc.checkpoint.dcp_engine import ShardCorrupt
 
-        return unverified(where, marker_files(where), *(self.objects[n] for n in self._sharded_objects()))
+        self._dcp_names = self._sharded_objects()
+        self._engine = self._engine or _new_engine(self.s)  # collective: every rank, here
+        try:
+            self._engine.load(where, *(self.objects[n] for n in self._dcp_names), files=marker_files(where))
+        except (ShardCorrupt, FileNotFoundError) as err:
+            return str(err)
+        return ""
+
+    def _nothing_left(self, partial: int) -> None:
+        if partial >= 0:
+            raise RuntimeError(
+                f"no checkpoint in {self.store.directory} is intact, and loading step {partial} had "
+                "overwritten part of the model before its corruption was found, so training cannot "
+                "start fresh in this process. HINT: restore an intact copy of the checkpoints, or move "
+                f"{self.store.directory} aside and resubmit to start fresh.")
+        return None
 
     def _agree(self, step: int, ok: bool) -> bool:
         """One all-reduce: whether every rank can read `step`; the ranks must name the same

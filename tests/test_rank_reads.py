@@ -3,9 +3,10 @@
     python -m pytest -q tests/test_rank_reads.py
 
 Two gloo ranks run tests/rankreads_workload.py. At a commit, rank 0 makes the marker from the
-checksums the ranks report and reads none of rank 1's shards; at a resume, a rank checksums only
-what its load reads (its own shards at the same world size) and then loads them: twice its share
-at most, never the other rank's. A corrupt shard that only its own rank reads still makes both
+checksums the ranks report and reads none of rank 1's shards; at a resume, a rank reads what its
+load needs (its own shards at the same world size) once, checking each tensor's bytes against the
+marker as they load: within 1.1x its share, metadata included, never the other rank's. A corrupt
+shard that only its own rank reads still makes both
 ranks resume from the older checkpoint (one all-reduce of a validity flag).
 """
 
@@ -42,8 +43,8 @@ def test_a_commit_reads_no_other_ranks_shards(run, rank):
 @pytest.mark.parametrize("rank", [0, 1])
 def test_a_resume_reads_only_what_the_rank_loads(run, rank):
     shards, results = run
-    own, other = shards[rank], shards[1 - rank]
-    assert results[rank]["resume"] < 2 * own + other // 2  # checksum pass, then the load itself
+    own = shards[rank]
+    assert results[rank]["resume"] < 1.1 * own  # one pass: checked while loading
 
 
 @pytest.mark.parametrize("rank", [0, 1])

@@ -182,3 +182,28 @@ def test_only_one_rank_signalled_every_rank_stops_at_the_same_step(tmp_path):
             assert step == first_poll + every, plan
         marker = tmp_path / f"trial-{trial}" / "checkpoints" / f"step-{step}" / "COMPLETE.json"
         assert json.loads(marker.read_text())["step"] == step
+
+
+def _corrupt_shards(out_dir, steps):
+    for step in steps:
+        shard = out_dir / "checkpoints" / f"step-{step}" / "__0_0.distcp"
+        data = bytearray(shard.read_bytes())
+        data[len(data) // 2] ^= 0xFF  # inside a tensor's bytes: caught while it loads
+        shard.write_bytes(bytes(data))
+
+
+def test_a_corrupt_shard_found_while_loading_falls_back_to_the_older_checkpoint(tmp_path):
+    expected, _ = _train(tmp_path / "ref")
+    with pytest.raises(JobNotRequeued):
+        _train(tmp_path / "run", stop_at=10)  # checkpoints at steps 5 and 10 (the stop)
+    _corrupt_shards(tmp_path / "run", [10])
+    params, loop = _train(tmp_path / "run")  # what step 10's failed load left is overwritten by 5's
+    assert loop.resumed_step == 5 and all(torch.equal(a, b) for a, b in zip(params, expected))
+
+
+def test_no_intact_checkpoint_after_a_partial_load_refuses_to_train_on(tmp_path):
+    with pytest.raises(JobNotRequeued):
+        _train(tmp_path, stop_at=10)
+    _corrupt_shards(tmp_path, [5, 10])
+    with pytest.raises(RuntimeError, match="overwritten part of the model.*HINT"):
+        _train(tmp_path)

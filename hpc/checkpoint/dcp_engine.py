@@ -36,7 +36,7 @@ import torch.distributed as dist
 
 from hpc.checkpoint.staging import source_devices, synchronize, tensors_in
 
-__all__ = ["DcpEngine", "state_dicts", "unverified", "own_shards", "METADATA"]
+__all__ = ["DcpEngine", "ShardCorrupt", "state_dicts", "own_shards", "METADATA"]
 
 SINGLE_PROCESS_WARNING = r"torch\.distributed is disabled, unavailable or uninitialized"
 METADATA = ".metadata"  # written by DCP's coordinator after every rank's data files
@@ -135,15 +135,19 @@ class DcpEngine:
 
     # -- loading ---------------------------------------------------------------------------
     def load(self, directory: str | os.PathLike, model: torch.nn.Module,
-             optimizer: torch.optim.Optimizer | None = None) -> None:
-        """Fill model (and optimizer) from `directory`, whatever world size wrote it."""
+             optimizer: torch.optim.Optimizer | None = None, files: dict | None = None) -> None:
+        """Fill model (and optimizer) from `directory`, whatever world size wrote it. With `files`
+        (the completion marker's checksums) every byte read is checked as it is read; a mismatch
+        on any rank raises ShardCorrupt on every rank, after which the model may hold part of
+        this checkpoint: load another one before training."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 
         self.wait()
         state = state_dicts(model, optimizer)  # this rank's layout: what to read, and where
+        reader = None if files is None else _checked_reader(directory, files)
         with _plain_errors(self.rank):
-            dcp.load(state, checkpoint_id=str(directory), process_group=self.group)
+            dcp.load(state, checkpoint_id=str(directory), process_group=self.group, storage_reader=reader)
         if optimizer is None:
             set_model_state_dict(model, state["model"])
         else:
@@ -172,30 +176,46 @@ class DcpEngine:
         self.close()
 
 
-def unverified(directory: str | os.PathLike, files: dict, model: torch.nn.Module,
-               optimizer: torch.optim.Optimizer | None = None) -> str:
-    """'' when the data files that this rank's load of `directory` reads match their checksums
-    in `files` (the marker's), else what is wrong. Only the bytes that DCP's load plan for this
-    rank's layout reads are read, not every rank's files (and no collective)."""
+class ShardCorrupt(ValueError):
+    """A DCP data file does not match the checksums its completion marker lists."""
+
+
+def _checked_reader(directory: str | os.PathLike, files: dict) -> Any:
+    """A FileSystemReader that checks each stored tensor's bytes against the marker's crc32 as it
+    reads them: a rank reads its share once, verification included, never a whole file or
+    another rank's shards (the marker lists one crc32 per (offset, length) range, see own_shards)."""
+    import io
+    import zlib
+
     from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
-    from hpc.checkpoint.files import verify_ranges
+    from hpc.checkpoint.files import verify
 
-    metadata = FileSystemReader(str(directory)).read_metadata()
-    planner = DefaultLoadPlanner()
-    planner.set_up_planner(state_dicts(model, optimizer), metadata, False)
-    ranges: dict[str, list[tuple[int, int]]] = {}
-    for item in planner.create_local_plan().items:
-        where = metadata.storage_data[item.storage_index]
-        ranges.setdefault(where.relative_path, []).append((where.offset, where.length))
-    for name in sorted(ranges):
-        if name not in files:
-            return f"{name} is not in the completion marker"
-        problem = verify_ranges(Path(directory) / name, files[name], ranges[name])
-        if problem:
-            return problem
-    return ""
+    known = {(name, off, length): crc for name, info in files.items() if isinstance(info, dict)
+             for off, length, crc in info.get("items") or ()}
+
+    whole: dict[str, str] = {}  # files whose marker entry has no per-tensor items: checked whole, once
+
+    class CheckedReader(FileSystemReader):
+        def _slice_file(self, file: Any, sinfo: Any) -> Any:
+            name = sinfo.relative_path
+            where = (name, sinfo.offset, sinfo.length)
+            if name not in files:
+                raise ShardCorrupt(f"{name} is not in the completion marker")
+            if not isinstance(files[name], dict) or "items" not in files[name]:
+                if name not in whole:
+                    whole[name] = verify(Path(directory) / name, files[name])
+                if whole[name]:
+                    raise ShardCorrupt(whole[name])
+                return super()._slice_file(file, sinfo)
+            file.seek(sinfo.offset)
+            data = file.read(sinfo.length)
+            if len(data) != sinfo.length or known.get(where) != f"{zlib.crc32(data):08x}":
+                raise ShardCorrupt(f"{sinfo.relative_path} does not match its crc32 checksum at offset "
+                                   f"{sinfo.offset} ({'truncated' if len(data) != sinfo.length else 'corrupted'})")
+            return io.BytesIO(data)
+
+    return CheckedReader(str(directory))
 
 
 def own_shards(directory: Path, rank: int) -> dict[str, dict]:
