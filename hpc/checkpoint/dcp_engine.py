@@ -34,7 +34,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hpc.checkpoint.staging import source_devices, synchronize, tensors_in
+from hpc.checkpoint.staging import Staging, source_devices, synchronize, tensors_in
 
 __all__ = ["DcpEngine", "ShardCorrupt", "state_dicts", "own_shards", "METADATA"]
 
@@ -72,6 +72,29 @@ def _plain_errors(rank: int):
         raise
 
 
+class BufferStager:
+    """DCP's AsyncStager protocol over hpc's Staging: the state is copied into buffers kept from
+    one save to the next, CPU copies cut across the job's cores (DCP's DefaultStager copies on one
+    thread into fresh buffers). Synchronous: when stage() returns, training may change the live
+    tensors. For plain tensors only: a state holding DTensors keeps DefaultStager, which rebuilds
+    them around their local shards."""
+
+    def __init__(self, pinned: bool) -> None:
+        self.pinned, self._staging = pinned, Staging()
+
+    def stage(self, state: dict) -> dict:
+        return self._staging.stage(state, cpu_too=True, pin=self.pinned)
+
+    def should_synchronize_after_execute(self) -> bool:
+        return False
+
+    def synchronize_staging(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 class DcpEngine:
     """Saves and loads one model (and optimizer) of a session; one save in flight at most."""
 
@@ -86,7 +109,8 @@ class DcpEngine:
         # A collective call: every rank constructs its engine at the same point of the program.
         self.group = dist.new_group(backend="gloo") if self.distributed else None
         self.pinned = device.type == "cuda" if pinned is None else pinned
-        self._stager: Any = None
+        self._stager: Any = None  # DCP's, for states that hold DTensors (FSDP)
+        self._buffers: Any = None  # BufferStager, for plain tensors (DDP, one process)
         self._pending: Any = None
 
     # -- saving ----------------------------------------------------------------------------
@@ -106,11 +130,15 @@ class DcpEngine:
             return
         with _plain_errors(self.rank):
             self._pending = dcp.async_save(state, checkpoint_id=str(directory),
-                                           process_group=self.group, async_stager=self._staging())
+                                           process_group=self.group, async_stager=self._staging(state))
 
-    def _staging(self) -> Any:
+    def _staging(self, state: dict) -> Any:
         from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+        from torch.distributed.tensor import DTensor
 
+        if not any(isinstance(t, DTensor) for t in tensors_in(state)):
+            self._buffers = self._buffers or BufferStager(self.pinned)
+            return self._buffers
         if self._stager is None:
             # Synchronous staging: when save() returns, the copy is complete and the optimizer
             # may change the parameters in place. Shared memory is for process-based writers.
