@@ -54,7 +54,7 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
-from hpc import preemption, rng, watchdog
+from hpc import preemption, resumepoint, rng, watchdog
 from hpc.scalars import PendingScalars
 from hpc.stopsignal import StopFlag, StopVote
 from hpc.checkpoint import SHARDED_KEY, CheckpointStore
@@ -66,12 +66,6 @@ log = logging.getLogger(__name__)
 def _unwrap(obj: Any) -> Any:
     # DDP prefixes keys with "module."; saving the inner module lets a run resume with or without DDP.
     return obj.module if isinstance(obj, torch.nn.parallel.DistributedDataParallel) else obj
-
-
-def _fsdp(obj: Any) -> bool:
-    from torch.distributed.fsdp import FSDPModule
-
-    return isinstance(obj, FSDPModule)
 
 
 def _per_rank(obj: Any) -> bool:
@@ -139,11 +133,11 @@ class TrainLoop:
         Returns the step to continue after (0 on a first run).
         """
         self.objects = dict(objects)
-        state = self._agreed_state()
+        state = resumepoint.agreed_state(self.store, self.s, self._load_shards)
         step = state["step"] if state else -1
         sharded = state.get(SHARDED_KEY) if state else None
-        if sharded is not None or self._through_dcp():
-            self._dcp_names = self._sharded_objects()
+        if sharded is not None or resumepoint.through_dcp(self.objects):
+            self._dcp_names = resumepoint.sharded_objects(self.objects)
             self._engine = self._engine or _new_engine(self.s)  # collective: every rank, here
         if step < 0:
             log.info("no checkpoint in %s: starting fresh", self.store.directory)
@@ -180,91 +174,23 @@ class TrainLoop:
                  os.environ.get("SLURM_RESTART_COUNT", "0"))
         return step
 
-    def _through_dcp(self) -> bool:
-        """The model and its optimizer go through DCP whenever they can (one model, at most one
-        optimizer), whatever the strategy and world size: one format, so that any checkpoint
-        resumes under either strategy on any world size. Under FSDP they must."""
-        objs = list(self.objects.values())
-        models = sum(isinstance(o, torch.nn.Module) for o in objs)
-        optims = sum(isinstance(o, torch.optim.Optimizer) for o in objs)
-        return any(_fsdp(o) for o in objs) or (models == 1 and optims <= 1)
-
-    def _sharded_objects(self) -> tuple[str, ...]:
-        """Names of the model and its optimizer that go through DCP: one model, at most one
-        optimizer (get_state_dict pairs them to key optimizer state by parameter name)."""
-        models = [n for n, o in self.objects.items() if isinstance(o, torch.nn.Module)]
-        optims = [n for n, o in self.objects.items() if isinstance(o, torch.optim.Optimizer)]
-        if len(models) != 1 or len(optims) > 1:
-            raise ValueError(
-                f"sharded checkpoints need one model and at most one optimizer; got models "
-                f"{models} and optimizers {optims}. HINT: register them as one nn.Module (an "
-                "nn.ModuleDict of the parts) with one optimizer over all their parameters.")
-        return (models[0], *optims)
-
     def _save_shards(self, directory: Path, blocking: bool) -> Any:
         """The store's hook: DCP writes the model and optimizer into the checkpoint directory."""
         self._engine.save(directory, *(self.objects[n] for n in self._dcp_names), blocking=blocking)
         return self._engine.wait
-
-    def _agreed_state(self) -> dict[str, Any] | None:
-        """The newest checkpoint that every rank can read, its shards already loaded. Each rank
-        verifies only what it reads: its own files, then the shards its DCP load plan names,
-        checked as they load (read once). An all-reduce per candidate agrees, so a corrupt file
-        makes every rank go back to the same older step, whose load overwrites whatever the
-        failed one left in the model."""
-        partial = -1  # a step whose shards failed their checksums midway through loading
-        for step in sorted(self.store.candidates(), reverse=True) + [-1]:
-            state = self.store.load(step) if step >= 0 else None
-            if step >= 0 and state is None:
-                log.warning("skipping checkpoint step %d: it failed verification", step)
-            if not self._agree(step, step < 0 or state is not None):
-                log.warning("checkpoint step %d failed verification on some rank: trying an older one", step)
-                continue
-            if state is None:
-                return self._nothing_left(partial)
-            if state.get(SHARDED_KEY) is None:
-                return state
-            problem = self._load_shards(state[SHARDED_KEY])  # the same step on every rank (agreed)
-            if self._agree(step, not problem):
-                return state
-            partial = step
-            log.warning("skipping checkpoint step %d: %s", step, problem or "another rank's shard is corrupt")
-        return None
 
     def _load_shards(self, where: Path) -> str:
         """Load the model (and optimizer) from DCP's shards at `where`, checking each byte read
         against the marker's checksums; '' when they match, else what did not."""
         from hpc.checkpoint.dcp_engine import ShardCorrupt
 
-        self._dcp_names = self._sharded_objects()
+        self._dcp_names = resumepoint.sharded_objects(self.objects)
         self._engine = self._engine or _new_engine(self.s)  # collective: every rank, here
         try:
             self._engine.load(where, *(self.objects[n] for n in self._dcp_names), files=marker_files(where))
         except (ShardCorrupt, FileNotFoundError) as err:
             return str(err)
         return ""
-
-    def _nothing_left(self, partial: int) -> None:
-        if partial >= 0:
-            raise RuntimeError(
-                f"no checkpoint in {self.store.directory} is intact, and loading step {partial} had "
-                "overwritten part of the model before its corruption was found, so training cannot "
-                "start fresh in this process. HINT: restore an intact copy of the checkpoints, or move "
-                f"{self.store.directory} aside and resubmit to start fresh.")
-        return None
-
-    def _agree(self, step: int, ok: bool) -> bool:
-        """One all-reduce: whether every rank can read `step`; the ranks must name the same
-        step, or the first training step would deadlock."""
-        if not self.s.distributed:
-            return ok
-        t = torch.tensor([int(ok), step, -step], dtype=torch.int64, device=self.s.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MIN)
-        if int(t[1]) != -int(t[2]):
-            raise RuntimeError(
-                f"ranks found different checkpoints (steps {int(t[1])}..{-int(t[2])}) in "
-                f"{self.store.directory}. HINT: every rank must see the same shared filesystem path.")
-        return bool(t[0])
 
     # ------------------------------------------------------------------ loop
     def steps(self, total: int) -> Iterator[int]:
