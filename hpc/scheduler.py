@@ -1,10 +1,7 @@
-"""Talking to SLURM: the one module that runs sinfo, sacct, squeue, scontrol and scancel.
+"""Reading SLURM's job states: the one parser of sacct's and squeue's answers.
 
-    python -c "from hpc import scheduler; k = scheduler.detect('auto'); print(k, k.why_not_slurm)"
-
-Whether SLURM is here is asked of SLURM (`scontrol ping`, short timeout), never read from a file: a
-configless site has no slurm.conf on its login nodes. Job states come from one call per poll,
-whatever the number of jobs (array tasks included), through one of two back ends:
+Job states come from one call per poll, whatever the number of jobs (array tasks included), through
+one of two back ends:
 
 - accounting (sacct): every job the database holds, with one record per start (restarts);
 - no accounting (squeue -t all), chosen once sacct says "accounting storage is disabled": the jobs
@@ -15,14 +12,20 @@ whatever the number of jobs (array tasks included), through one of two back ends
 SLURM states map to hpc states through a table, not branches; a job ended by its time limit is
 TIMEOUT whatever its state word (Reason=TimeLimit). Why a pending job will never start is inferred
 from its upstream jobs' states in that same answer (never_starts).
+
+Running the clients and asking whether SLURM is here is hpc.slurmcli's; acting on jobs (requeue,
+cancel, ...) is hpc.jobcontrol's. Both are re-exported here, so `hpc.scheduler` stays the one name
+callers use.
 """
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+from hpc.jobcontrol import cancel, job_info, node_states, requeue, start_now, update_job  # noqa: F401 (re-exported)
+from hpc.slurmcli import PING_TIMEOUT_S, Kind, SlurmExit, detect, ping  # noqa: F401 (re-exported)
+from hpc.slurmcli import run as _run
 
 # SLURM state (first word of sacct's State, squeue's %T) -> hpc state
 STATES: Dict[str, str] = {
@@ -51,7 +54,6 @@ HISTORY_FIELDS = ("JobID", "Submit", "Eligible", "Start", "End", "State", "Reaso
 SQUEUE_FIELDS = ("JobArrayID", "State", "Reason", "TimeUsed", "StartTime", "EndTime", "NodeList", "RestartCnt")
 NO_ACCOUNTING = "accounting storage is disabled"  # sacct's words on a site without slurmdbd
 UNKNOWN_JOB = "Invalid job id specified"
-PING_TIMEOUT_S = 5.0  # a configless client without DNS SRV records may otherwise hang on lookups
 
 
 @dataclass(frozen=True)
@@ -83,43 +85,6 @@ def hpc_state(slurm_state: str, reason: str = "") -> str:
     if reason in REASONS and STATES.get(word) not in ("COMPLETED", "PENDING"):
         return REASONS[reason]
     return STATES.get(word, "UNKNOWN")
-
-
-# ---------------------------------------------------------------- is SLURM here?
-def ping(timeout_s: float = PING_TIMEOUT_S) -> Tuple[bool, str]:
-    """(whether a controller answered, what was seen): `scontrol ping`, as a client of this shell."""
-    if not shutil.which("scontrol"):
-        return False, "scontrol is not on PATH"
-    try:
-        out = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        return False, f"scontrol ping gave no answer within {timeout_s:g} s"
-    except OSError as err:
-        return False, f"scontrol ping could not run: {err}"
-    if " is UP" in out.stdout:  # a backup controller may be DOWN while the primary answers
-        return True, out.stdout.strip().splitlines()[0]
-    seen = (out.stderr.strip() or out.stdout.strip() or f"exit status {out.returncode}").splitlines()[-1]
-    return False, f"scontrol ping: {seen}"
-
-
-class Kind(str):
-    """An executor kind ("slurm", "local", "debug") that remembers why `auto` did not pick SLURM,
-    so the plan can say so (hpc.plan.make_plan reads `why_not_slurm`)."""
-
-    why_not_slurm: str = ""
-
-    def __new__(cls, kind: str, why_not_slurm: str = "") -> "Kind":
-        obj = super().__new__(cls, kind)
-        obj.why_not_slurm = why_not_slurm
-        return obj
-
-
-def detect(kind: str) -> Kind:
-    """auto -> slurm when a controller answers, else local with the reason; other kinds are kept."""
-    if kind != "auto":
-        return Kind(kind)
-    answered, seen = ping()
-    return Kind("slurm") if answered else Kind("local", seen)
 
 
 def partitions() -> List[str]:
@@ -269,61 +234,3 @@ def expand_array_id(job_id: str) -> List[str]:
         lo, _, hi = part.partition("-")
         ids += [f"{base}_{i}" for i in range(int(lo), int(hi or lo) + 1)]
     return ids
-
-
-# ---------------------------------------------------------------- one job, through scontrol
-def job_info(job_id: str, env: Optional[Mapping[str, str]] = None, timeout_s: float = 30,
-             runner: Callable[..., Any] = subprocess.run) -> Dict[str, str]:
-    """`scontrol -o show job JOBID` as a dict (JobState, Reason, Restarts, PreemptTime, ...): hpc's one
-    parser of it. Raises SlurmExit, with SLURM's words, if the job is unknown; RuntimeError if SLURM
-    cannot be asked. `runner` runs the command (subprocess.run's arguments)."""
-    out = _run(["scontrol", "-o", "show", "job", str(job_id)], env, timeout_s, runner)
-    return dict(tok.split("=", 1) for tok in out.split() if "=" in tok)
-
-
-def requeue(job_id: str, env: Optional[Mapping[str, str]] = None,
-            runner: Callable[..., Any] = subprocess.run) -> None:
-    _run(["scontrol", "requeue", str(job_id)], env, runner=runner)
-
-
-def start_now(job_id: str, env: Optional[Mapping[str, str]] = None) -> None:
-    """Lift a requeued job's begin-time hold (SLURM holds it back about two minutes)."""
-    update_job(job_id, {"StartTime": "now"}, env)
-
-
-def update_job(job_id: str, fields: Mapping[str, str], env: Optional[Mapping[str, str]] = None) -> None:
-    """`scontrol update JobId=J KEY=VALUE ...` (StartTime, NumTasks, ExcNodeList, ...)."""
-    _run(["scontrol", "update", f"JobId={job_id}", *(f"{k}={v}" for k, v in fields.items())], env)
-
-
-def node_states(nodes: str, env: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
-    """Node -> State (IDLE, MIXED+NOT_RESPONDING, DOWN, ...) of a hostlist ("n[1-2]"): one scontrol call."""
-    rows = [dict(t.split("=", 1) for t in line.split() if "=" in t)
-            for line in _run(["scontrol", "-o", "show", "node", nodes], env).splitlines()]
-    return {r["NodeName"]: r.get("State", "") for r in rows if "NodeName" in r}
-
-
-def cancel(job_ids: Iterable[str], env: Optional[Mapping[str, str]] = None) -> List[str]:
-    ids = sorted(set(job_ids))
-    if ids:
-        _run(["scancel", *ids], env)
-    return ids
-
-
-class SlurmExit(RuntimeError):
-    """A SLURM client ran and exited non-zero; the message ends with its last line of stderr."""
-
-
-def _run(cmd: List[str], env: Optional[Mapping[str, str]] = None, timeout_s: float = 60,
-         runner: Callable[..., Any] = subprocess.run) -> str:
-    try:
-        out = runner(cmd, capture_output=True, text=True, timeout=timeout_s,
-                     env=dict(os.environ if env is None else env))
-    except (OSError, subprocess.TimeoutExpired) as err:
-        raise RuntimeError(f"{cmd[0]} failed: {err}. HINT: does `scontrol ping` answer in this shell?") from None
-    if out.returncode != 0:
-        # SLURM's clients print a chain of errors; the last line is the one that decided
-        last = (out.stderr.strip().splitlines() or ["no message"])[-1].strip()
-        raise SlurmExit(f"{' '.join(cmd[:2])} exited {out.returncode}: {last}. "
-                        "HINT: does `scontrol ping` answer in this shell?")
-    return out.stdout
