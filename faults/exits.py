@@ -9,8 +9,8 @@ active exception" when a peer tears its group down under a send) fails the step,
 it: under `afterok`, every later stage would then never start. Lost: an array task that did not
 end COMPLETED, or a rank that did not write its result, or an abort message in a log.
 
-The cluster is started in the scratch directory and stopped at the end, unless
-HPC_FAULTS_CLUSTER_DIR names one that is already up.
+The cluster is faults.nodes.campaign_cluster: started in the scratch directory and stopped at the
+end, unless HPC_FAULTS_CLUSTER_DIR names one that is already up.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from faults.common import Outcome
-from hpc.cluster import LocalCluster
+from faults.nodes import campaign_cluster
 
 REPO = Path(__file__).resolve().parents[1]
 WORKLOAD = REPO / "tests" / "ddp_workload.py"
@@ -73,15 +73,10 @@ def normal_exits(scratch: Path, count: int, seed: int, timeout_s: float = 3600) 
     """Run `count` 2 x 2 jobs to their normal end; count those that did not end COMPLETED."""
     del seed  # every exit is the same run: the race, not the input, varies
     scratch.mkdir(parents=True, exist_ok=True)
-    given = os.environ.get("HPC_FAULTS_CLUSTER_DIR")
-    cluster = LocalCluster(given or scratch / "cluster")
-    owned = not cluster.is_up()
-    if owned:
-        cluster.up(log=lambda msg: None)
-    env = {**os.environ, **cluster.env(), "PYTHONPATH": str(REPO)}
-    out = scratch / "exits"
-    out.mkdir(exist_ok=True)
-    try:
+    with campaign_cluster(scratch) as cluster:
+        env = {**os.environ, **cluster.env(), "PYTHONPATH": str(REPO)}
+        out = scratch / "exits"
+        out.mkdir(exist_ok=True)
         script = scratch / "exits.sbatch"
         script.write_text(_script(out))
         job_id = subprocess.run(["sbatch", "--parsable", f"--array=0-{count - 1}", str(script)], env=env,
@@ -94,6 +89,3 @@ def normal_exits(scratch: Path, count: int, seed: int, timeout_s: float = 3600) 
                 break
             time.sleep(2)
         return tally(states, out, count)
-    finally:
-        if owned:
-            cluster.down(log=lambda msg: None)

@@ -5,11 +5,13 @@
 
 The campaigns are faults.checkpoint, faults.disk, faults.resume, faults.exits (normal exits of
 DDP jobs on a local SLURM cluster), faults.hangs (hung ranks and the watchdog), faults.sharedfs
-(NFS and Lustre behaviours, injected) and, for run directories, tests.submit_race (simultaneous
-submissions into one run dir). "Lost" counts
-checkpoints that were committed and then did not load (or loads that raised, returned nothing or
-mixed two checkpoints), resumed runs that did not end bitwise equal to the uninterrupted one,
-second writers let in, and manifest entries missing after concurrent submissions. A campaign that
+(NFS and Lustre behaviours, injected), faults.nodefail (a node of a local SLURM cluster failed
+under a 2-node training job, which hpc requeues without it) and, for run directories,
+tests.submit_race (simultaneous submissions into one run dir). "Lost" counts checkpoints that were
+committed and then did not load (or loads that raised, returned nothing or mixed two checkpoints),
+resumed runs that did not end bitwise equal to the uninterrupted one, second writers let in,
+manifest entries missing after concurrent submissions, and jobs whose node failed that did not
+finish from their newest checkpoint, off the node, with the uninterrupted model. A campaign that
 cannot run here (no tmpfs can be mounted) is listed as not run, with the reason; it is never
 counted as passed.
 """
@@ -66,6 +68,7 @@ def campaigns() -> List[Campaign]:
     from faults import sharedfs as fs
     from faults.disk import full_disk
     from faults.hangs import hung_ranks
+    from faults.nodefail import node_failures
     from faults.resume import dropout_resume
 
     return [
@@ -82,6 +85,7 @@ def campaigns() -> List[Campaign]:
         Campaign("concurrent submissions into one run dir", _submissions, 9, 2),
         Campaign("normal exits of a 2 x 2 DDP job under srun --kill-on-bad-exit", _normal_exits, 200, 4),
         Campaign("a rank hung (SIGSTOP, or asleep in its step): watchdog", hung_ranks, 10, 2),
+        Campaign("a node failed under a 2-node training job: requeued without it", node_failures, 5, 1),
         Campaign("shared FS: directory fsync answers EINVAL", fs.dir_fsync_einval, 30, 4),
         Campaign("shared FS: NFS negative lookup cache while rank 0 commits", fs.negative_cache, 20, 3),
         Campaign("shared FS: checkpoint pruned after an NFS load", fs.pruned_after_load, 20, 3),
@@ -122,7 +126,9 @@ def run(ctx: Context, seed: int = SEED) -> Section:
     sec.notes += [
         "lost: a committed checkpoint that did not load afterwards; a load that raised, returned "
         "None once a checkpoint existed, or mixed files of two steps; a resumed run whose parameters "
-        "are not torch.equal to the uninterrupted run's; a second writer let in; a manifest entry missing",
+        "are not torch.equal to the uninterrupted run's; a second writer let in; a manifest entry missing; "
+        "a job whose node failed that did not end COMPLETED off the node, resumed from its newest "
+        "checkpoint, with the uninterrupted run's model (within 1e-12: 4 ranks became 2)",
         f"seed {seed}; victims are forked and their whole process group SIGKILLed, as SLURM kills a "
         "job; the full disk is an 8 MiB tmpfs filled by a ballast file",
         "the same campaigns run with small counts in tests/test_checkpoint_faults.py and "

@@ -2,15 +2,13 @@
 
     python -m pytest tests/slurm/test_node_failure.py -m slurm
 
-The tests play the failure of the last node: its slurmd is killed, then the job's processes on it (a
-node that dies takes them along), then SLURM is told that the node is DOWN, as slurmctld says
-itself once SlurmdTimeout (300 s in the sandbox) has passed. The node is brought back (slurmd
-started again, the node resumed) before the job may start again, so only the exclusion keeps the
-job off it; and after the test, whatever happens.
+The tests play the failure of the last node as faults.nodes does (its slurmd killed, then the job's
+processes on it, then the node marked DOWN, as slurmctld does itself once SlurmdTimeout has passed).
+The node is brought back (slurmd started again, the node resumed) before the job may start again, so
+only the exclusion keeps the job off it; and after the test, whatever happens. The fault campaign
+faults.nodefail repeats the first test's failure, many times.
 """
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -18,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from faults.nodes import bring_back, fail_node
 from hpc import nodefail, plan, submit
 from hpc.cluster.preempt import job_field, release_hold
 from hpc.rundir import DONE, RunDir
@@ -34,19 +33,6 @@ def pipelines(monkeypatch):
     monkeypatch.chdir(ROOT)  # jobs import tests.* from the submission directory
 
 
-def node_state(cluster, node):
-    out = cluster.run(["scontrol", "show", "node", node]).stdout
-    return next(w.split("=", 1)[1] for w in out.split() if w.startswith("State="))
-
-
-def bring_back(cluster, node):
-    """slurmd started again (`up` starts what is missing) and the node in service."""
-    cluster.up(log=lambda msg: None)
-    cluster.run(["scontrol", "update", f"nodename={node}", "state=resume"], check=False)  # may be back already
-    wait_until(lambda: not {"DOWN", "DRAIN", "NOT_RESPONDING"} & set(node_state(cluster, node).split("+")),
-               60, f"{node} back in service")
-
-
 @pytest.fixture
 def failing_node(slurm_cluster):
     node = slurm_cluster.nodes[-1]
@@ -54,31 +40,6 @@ def failing_node(slurm_cluster):
         yield node
     finally:  # the next test must find every node in service
         bring_back(slurm_cluster, node)
-
-
-def job_processes(job_id, node):
-    """Pids of the job's tasks on `node`, with the slurmstepd above them (their environment says so)."""
-    found = set()
-    for entry in Path("/proc").iterdir():
-        try:
-            env = set((entry / "environ").read_bytes().split(b"\0"))
-            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError):
-            continue
-        if {f"SLURM_JOB_ID={job_id}".encode(), f"SLURMD_NODENAME={node}".encode()} <= env:
-            found.add(int(entry.name))
-            if b"slurmstepd" in Path(f"/proc/{parent}/cmdline").read_bytes():
-                found.add(parent)
-    return found
-
-
-def fail_node(cluster, node, job_id):
-    """The node dies under the job: its slurmd and the job's processes there, then SLURM marks it DOWN."""
-    own_id = job_field(cluster, job_id, "JobId")  # an array task's processes see its own job id, not 12_0
-    os.kill(int(cluster.layout.path("run", f"slurmd-{node}.pid").read_text()), signal.SIGKILL)
-    for pid in job_processes(own_id, node):
-        os.kill(pid, signal.SIGKILL)
-    cluster.run(["scontrol", "update", f"nodename={node}", "state=down", "reason=hpc-node-failure-test"])
 
 
 def history(run, stage, item=None):
