@@ -45,10 +45,19 @@ def _model_and_data():
     return model, data
 
 
-def _steps(model, opt, loader, reduce_mean, ticks, after_step=None) -> List[float]:
-    """Train one step per item of `ticks`; the time between the tops of consecutive iterations."""
+def _train_step(model, opt, x, y, reduce_mean) -> None:
+    """Forward, backward and update on one batch, then the logged loss averaged over ranks."""
     import torch
 
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    reduce_mean(loss.detach())
+
+
+def _steps(model, opt, loader, reduce_mean, ticks, after_step=None) -> List[float]:
+    """Train one step per item of `ticks`; the time between the tops of consecutive iterations."""
     tops, it = [], iter(loader)
     for step in ticks:
         tops.append(time.perf_counter())
@@ -57,11 +66,7 @@ def _steps(model, opt, loader, reduce_mean, ticks, after_step=None) -> List[floa
         except StopIteration:
             it = iter(loader)
             x, y = next(it)
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        reduce_mean(loss.detach())  # the logged loss, averaged over ranks
+        _train_step(model, opt, x, y, reduce_mean)
         if after_step is not None:
             after_step(step)
     tops.append(time.perf_counter())
@@ -85,16 +90,10 @@ def batches_by_hand(loader, sampler):
 
 def stepper(model, opt, batches, reduce_mean, ticks=None, after_step=None):
     """One training step per call: `ticks` (TrainLoop.steps) is advanced first, as a `for` does."""
-    import torch
-
     def step():
         i = next(ticks) if ticks is not None else None
         x, y = next(batches)
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        reduce_mean(loss.detach())  # the logged loss, averaged over ranks
+        _train_step(model, opt, x, y, reduce_mean)
         if after_step is not None:
             after_step(i)
     return step

@@ -13,14 +13,12 @@ launch serves every run of that launch, so the 36 pairs cost 6 launches.
 
 from __future__ import annotations
 
-import argparse
 import shutil
 from pathlib import Path
 
 import torch
 
-import hpc.ddp
-from fsdp_workload import Net, dump
+from fsdp_workload import Net, dump, run_mode
 from hpc.trainloop import TrainLoop
 
 STRATEGIES, STEPS, BATCH = ("ddp", "fsdp"), 2, 4
@@ -67,14 +65,5 @@ def resume(s, root: Path) -> None:
                     step(s, model, opt, n)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=["save", "resume"])
-    p.add_argument("root", type=Path)
-    a = p.parse_args()
-    with hpc.ddp.session(timeout_s=120) as s:
-        {"save": save, "resume": resume}[a.mode](s, a.root)
-
-
 if __name__ == "__main__":
-    main()
+    run_mode({"save": save, "resume": resume})

@@ -110,6 +110,19 @@ def resume(s, a) -> None:
     dump(s, model, opt, a.out / "final.pt")
 
 
+def run_mode(modes: dict) -> None:
+    """`python WORKLOAD MODE ROOT` in every task of a group: `modes[MODE](s, ROOT)` in one session;
+    a dict it returns is written to ROOT/MODE-RANK.json."""
+    p = argparse.ArgumentParser()
+    p.add_argument("mode", choices=sorted(modes))
+    p.add_argument("root", type=Path)
+    a = p.parse_args()
+    with hpc.ddp.session(timeout_s=120) as s:
+        result = modes[a.mode](s, a.root)
+        if result is not None:
+            (a.root / f"{a.mode}-{s.rank}.json").write_text(json.dumps(result))
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("mode", choices=["train", "resume"])

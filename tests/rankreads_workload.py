@@ -12,13 +12,11 @@ agreeing although only rank 1 reads that file.
 
 from __future__ import annotations
 
-import argparse
-import json
 from pathlib import Path
 
 import torch
 
-import hpc.ddp
+from fsdp_workload import run_mode
 from hpc.trainloop import TrainLoop
 
 WIDTH, BLOCKS = 512, 4  # 1 MiB of float32 weights per block; Adam state doubles it twice over
@@ -76,15 +74,5 @@ def resume(s, root: Path) -> dict:
     return {"resume": read, "first": first, "second": second}
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=["save", "resume"])
-    p.add_argument("root", type=Path)
-    a = p.parse_args()
-    with hpc.ddp.session(timeout_s=120) as s:
-        result = {"save": save, "resume": resume}[a.mode](s, a.root)
-        (a.root / f"{a.mode}-{s.rank}.json").write_text(json.dumps(result))
-
-
 if __name__ == "__main__":
-    main()
+    run_mode({"save": save, "resume": resume})
