@@ -150,6 +150,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m faults.reliability", description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="small counts: a smoke test, not figures to keep")
     p.add_argument("--seed", type=int, default=SEED)
+    p.add_argument("--keep", action="store_true", help="leave the scratch directory (the logs of what was lost)")
     p.add_argument("--out", help=f"report path (default {REPO / 'RELIABILITY.md'}; with --quick "
                    f"{REPO / 'RELIABILITY-quick.md'})")
     args = p.parse_args(argv)
@@ -158,7 +159,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         (f" --seed {args.seed}" if args.seed != SEED else "")
     started, info = time.time(), machine()
     t0 = time.perf_counter()
-    with Context(quick=args.quick) as ctx:
+    with Context(quick=args.quick, keep=args.keep) as ctx:
+        if args.keep:
+            print(f"scratch directory, kept: {ctx.tmp}", flush=True)
         sec = run(ctx, args.seed)
     sec.command, sec.seconds = command, time.perf_counter() - t0
     out.write_text(render(sec, command, started, info))
