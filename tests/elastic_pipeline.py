@@ -34,14 +34,16 @@ class ElasticSection:
 
 
 @dataclass
-class ElasticStages:
+class TrainOn2x2:
+    """One stage, `train`: 2 nodes x 2 tasks for 5 minutes, signalled 30 s before (tests.hang_pipeline's too)."""
+
     train: Resources = field(default_factory=lambda: Resources(nodes=2, tasks_per_node=2, cpus_per_task=1,
                                                                time_min=5, signal_delay_s=30))
 
 
 @dataclass
 class ElasticConfig(PipelineConfig):
-    stages: ElasticStages = field(default_factory=ElasticStages)
+    stages: TrainOn2x2 = field(default_factory=TrainOn2x2)
     elastic: ElasticSection = field(default_factory=ElasticSection)
 
 

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, List
 
-from hpc.config import PipelineConfig, Resources
+from hpc.config import PipelineConfig
 from hpc.plan import PipelineDef, StageDef
+from tests.elastic_pipeline import TrainOn2x2
 
 
 @dataclass
@@ -30,14 +31,8 @@ class HangSection:
 
 
 @dataclass
-class HangStages:
-    train: Resources = field(default_factory=lambda: Resources(nodes=2, tasks_per_node=2, cpus_per_task=1,
-                                                               time_min=5, signal_delay_s=30))
-
-
-@dataclass
 class HangConfig(PipelineConfig):
-    stages: HangStages = field(default_factory=HangStages)
+    stages: TrainOn2x2 = field(default_factory=TrainOn2x2)
     hang: HangSection = field(default_factory=HangSection)
 
 
