@@ -1,9 +1,10 @@
-"""Cancel every queued or running job of a run.
+"""Cancel every queued or running job of a run, or of every point of a sweep.
 
     python -m hpc.cancel RUN_DIR [--stage S]
+    python -m hpc.cancel SWEEP_DIR [--stage S]     # all points: their stages share array jobs
 
-One scancel for all of the run's jobs (latest attempt of each task); done tasks keep their markers,
-so a later resubmission into RUN_DIR re-runs only what did not finish.
+One scancel for all of the jobs (latest attempt of each task); done tasks keep their markers, so a
+later resubmission into the same directory re-runs only what did not finish.
 """
 from __future__ import annotations
 
@@ -11,17 +12,27 @@ import argparse
 import sys
 from typing import Optional, Sequence
 
-from hpc import scheduler
+from hpc import scheduler, sweepdir
 from hpc.rundir import RunDir, RunDirError
+
+
+def recorded_jobs(path: str, stage: Optional[str]) -> list:
+    """The SLURM job ids a run directory records, or all of a sweep's points (deduplicated: a
+    sweep's stage is one array job across its points)."""
+    if not sweepdir.is_sweep(path):
+        return RunDir(path).slurm_jobs(stage)
+    sweep = sweepdir.SweepDir(path)
+    runs = [sweep.point(sig) for sig in sweep.record()["points"]]
+    return sorted({jid for run in runs if run.manifest_path.exists() for jid in run.slurm_jobs(stage)})
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m hpc.cancel", description="cancel a run's jobs")
-    p.add_argument("run_dir")
+    p.add_argument("run_dir", help="a run directory, or a sweep's")
     p.add_argument("--stage", help="only this stage")
     args = p.parse_args(argv)
     try:
-        slurm_ids = RunDir(args.run_dir).slurm_jobs(args.stage)
+        slurm_ids = recorded_jobs(args.run_dir, args.stage)
     except RunDirError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -29,7 +40,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("no SLURM jobs recorded in this run (local jobs end with their submitting process)")
         return 0
     records = scheduler.query(slurm_ids)
-    active = [jid for jid, r in records.items() if r.state in scheduler.ACTIVE]
+    # a job submitted a moment ago may not be in the accounting yet: unknown counts as active
+    active = [jid for jid in slurm_ids if jid not in records or records[jid].state in scheduler.ACTIVE]
     print(f"cancelled: {' '.join(scheduler.cancel(active)) or 'nothing (no job was queued or running)'}")
     return 0
 

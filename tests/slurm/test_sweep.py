@@ -109,3 +109,20 @@ def test_a_failed_point_holds_back_no_other_and_is_resubmitted(slurm_cluster, tm
     manifest = json.loads(sweep.point(bad.signature).manifest_path.read_text())
     assert len(manifest["tasks"]["first"]["jobs"]) == 2  # both attempts are kept
     wait_until(lambda: settled(sweep), what="the resubmitted point to end")
+
+
+def test_cancelling_a_sweep_dir_cancels_every_points_jobs(slurm_cluster, tmp_path, calls):
+    args = ["tiny", "--cluster", "slurm", "--run-dir", str(tmp_path / "sweep"), "tiny.parts=[0]",
+            "tiny.sleep_s=600"]
+    assert submit.main([*args, "--sweep", "tiny.score=1,2"]) == 0
+    sweep = sweepdir.SweepDir(tmp_path / "sweep")
+    jobs = {jid for sig in sweep.record()["points"] for jid in sweep.point(sig).slurm_jobs()}
+    assert len({j.split("_")[0] for j in jobs}) == 2  # one array per stage, shared by both points
+    calls.write_text("")
+    out = subprocess.run([sys.executable, "-m", "hpc.cancel", str(sweep.path)], capture_output=True, text=True,
+                         cwd=ROOT)
+    assert out.returncode == 0 and out.stdout.startswith("cancelled: "), out.stderr
+    assert calls.read_text().split().count("scancel") == 1, (out.stdout, calls.read_text())
+    arrays = ",".join(sorted({j.split("_")[0] for j in jobs}))
+    wait_until(lambda: not subprocess.run(["squeue", "-h", "-o", "%i", "-j", arrays], capture_output=True,
+                                          text=True).stdout.strip(), 30, "no job of the sweep left in the queue")
