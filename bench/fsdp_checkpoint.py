@@ -181,8 +181,11 @@ def run(ctx: Context) -> Section:
     sec.notes += [
         f"model: MLP 64-{WIDTH}, {blocks} blocks of {WIDTH}x{WIDTH} (FSDP's units), a 10-way head; SGD with "
         f"momentum, batch {BATCH} per rank; 2 local processes with one thread each, gloo over 127.0.0.1. "
-        "Under FSDP each rank writes its shards through DCP; under DDP rank 0 writes the whole state "
-        "(the store's writer) and every rank its RNG and data position",
+        "TrainLoop saves the model and optimizer through DCP under both strategies (under FSDP each rank "
+        "writes its shards, under DDP its share of the replicated tensors; plain tensors are staged in "
+        "hpc's kept buffers, DTensors by DCP's stager), and every rank its RNG and data position through "
+        "the store's writer. This is why section 2's DDP figure differs: there the store's own writer saves "
+        "one process's state, and from 32 MiB forks instead of copying",
         f"saves every {SAVE_EVERY} steps, {steps} steps measured per launch after {WARMUP} warm-up steps, one "
         "launch per strategy and variant; blocked/save = median time inside TrainLoop's save call (state "
         "copied or staged, the previous write waited for if still running; the blocking one writes and "
