@@ -32,6 +32,7 @@ from faults.common import Outcome
 from faults.exits import ENDED
 from faults.nodes import bring_back, campaign_cluster, fail_node, wait_for
 from hpc.cluster import LocalCluster
+from hpc.cluster.daemons import ClusterError
 from hpc.cluster.preempt import job_field, release_hold
 from hpc.nodefail import load as recovery, progress_mark
 from hpc.rundir import DONE, RunDir
@@ -95,7 +96,7 @@ def _fault(cluster: LocalCluster, run_dir: Path, hold_at: int, reference: Path) 
         release_hold(cluster, job, time.monotonic() + 30)
         wait_for(lambda: job_field(cluster, job, "JobState") in ENDED, FINISH_S, f"the requeued job {job} to end")
         return _judge(cluster, job, out, node, newest, reference)
-    except (TimeoutError, subprocess.CalledProcessError, OSError) as err:
+    except (TimeoutError, ClusterError, subprocess.CalledProcessError, OSError) as err:
         return f"fault at step {hold_at}, job {job}: {err}"
     finally:
         cluster.run(["scancel", job], check=False)
