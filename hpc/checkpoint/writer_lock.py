@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 LOCK_NAME = ".writer.lock"
 # How long a rank > 0 waits for its rank 0 to hold the lock (both are at the same step's save).
 OWNER_WAIT_S = 60.0
+PROBE_GRACE_S = 1.0  # how long a taken lock may be a peer's momentary probe rather than a writer
 _NO_FLOCK = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
 _held: dict[str, list] = {}  # realpath of a lock file -> [fd, number of stores using it], this process
 
@@ -105,7 +106,7 @@ class WriterLock:
             return
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _lock_exclusive(fd)
         except BlockingIOError:
             os.close(fd)
             raise refusal(self.path.parent, read_holder(self.path.parent)) from None
@@ -147,6 +148,21 @@ def wait_for_owner(directory: Path, generation: str, timeout_s: float | None = N
         if time.monotonic() > deadline:
             raise refusal(directory, info)
         time.sleep(0.05)  # rank 0 may hold the lock and not have written its name yet
+
+
+def _lock_exclusive(fd: int) -> None:
+    """The exclusive lock, refused (BlockingIOError) only if it stays taken for PROBE_GRACE_S.
+    The other ranks' _is_held probes take a shared lock for an instant at the first save of a
+    resumed attempt, exactly when rank 0 locks; a writer holds it for its whole job."""
+    deadline = time.monotonic() + PROBE_GRACE_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
 
 
 def _is_held(path: Path) -> bool:
