@@ -15,7 +15,8 @@ import pytest
 from hpc import submit
 from hpc.cluster.preempt import job_field, preempt, release_hold
 from hpc.rundir import DONE, RunDir
-from tests.slurm.test_node_failure import node_state, pipelines  # noqa: F401 (fixture)
+from faults.nodes import node_state
+from tests.slurm.test_node_failure import pipelines  # noqa: F401 (fixture)
 from tests.slurm.test_pipeline import job_ids, wait_until
 
 pytestmark = pytest.mark.slurm
