@@ -8,26 +8,16 @@ submitted with a begin time in the future, so the edit surely comes before it st
 starts it at once. The first attempt waits for its preemption and requeues itself, as hpc's stages do.
 """
 import json
-import time
 
 import pytest
 
-from hpc import scheduler, snapshot, status, submit
+from hpc import scheduler, status, submit
 from hpc.cluster.preempt import preempt
 from hpc.rundir import RunDir
 from tests import snapshot_user
+from tests.slurm.test_pipeline import wait_until
 
 pytestmark = pytest.mark.slurm
-
-
-def wait_until(pred, what, timeout_s=90):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
 def attempts(run):
@@ -60,9 +50,9 @@ def preempted(slurm_cluster, tmp_path_factory):
         snapshot_user.set_version(repo, "v2")  # the live code moves on while the job waits
         job = run.tasks()[0]["job_id"]
         scheduler.start_now(job, slurm_cluster.client_env())
-        wait_until(lambda: attempts(run), "the first attempt to start")
+        wait_until(lambda: attempts(run), 90, "the first attempt to start")
         preempt(slurm_cluster, job)
-        wait_until(lambda: run.is_done("main"), "the requeued attempt to finish")
+        wait_until(lambda: run.is_done("main"), 90, "the requeued attempt to finish")
         snapshot_user.forget()
     yield run, repo, use_wandb
 
