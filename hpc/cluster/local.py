@@ -138,8 +138,7 @@ class LocalCluster:
         self._cancel_all()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            out = self._run(["sinfo", "-h", "-N", "-o", "%N %t"], check=False).stdout
-            states = dict(line.split() for line in out.splitlines() if line.strip())
+            states = self._node_states()
             if states and all(states.get(n) == "idle" for n in self.nodes):
                 return
             time.sleep(0.3)
@@ -237,9 +236,13 @@ class LocalCluster:
             del env["SLURM_CONF"]
         return env
 
+    def _node_states(self) -> dict[str, str]:
+        """Node -> sinfo's short state (idle, mix, idle* when not responding, ...)."""
+        out = self._run(["sinfo", "-h", "-N", "-o", "%N %t"], check=False).stdout
+        return dict(line.split() for line in out.splitlines() if line.strip())
+
     def _nodes_idle(self) -> bool:
-        out = self._run(["sinfo", "-h", "-N", "-o", "%N %t"], check=False)
-        states = dict(line.split() for line in out.stdout.splitlines() if line.strip())
+        states = self._node_states()
         return bool(states) and all(states.get(n, "").rstrip("*") in {"idle", "mix", "alloc"}
                                     for n in self.nodes)
 
