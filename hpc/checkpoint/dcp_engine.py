@@ -123,20 +123,21 @@ class DcpEngine:
         state = state_dicts(model, optimizer)
         # DCP copies on each tensor's current stream: work on a side stream or another device
         # must have finished first, or the checkpoint holds half an update that its checksum vouches for.
-        synchronize(source_devices(tensors_in(state)))
+        tensors = list(tensors_in(state))  # one walk of the state serves the sync and the stager's choice
+        synchronize(source_devices(tensors))
         if blocking:
             with _plain_errors(self.rank):
                 dcp.save(state, checkpoint_id=str(directory), process_group=self.group)
             return
         with _plain_errors(self.rank):
             self._pending = dcp.async_save(state, checkpoint_id=str(directory),
-                                           process_group=self.group, async_stager=self._staging(state))
+                                           process_group=self.group, async_stager=self._staging(tensors))
 
-    def _staging(self, state: dict) -> Any:
+    def _staging(self, tensors: list) -> Any:
         from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
         from torch.distributed.tensor import DTensor
 
-        if not any(isinstance(t, DTensor) for t in tensors_in(state)):
+        if not any(isinstance(t, DTensor) for t in tensors):
             self._buffers = self._buffers or BufferStager(self.pinned)
             return self._buffers
         if self._stager is None:
