@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import subprocess
 import time
 from dataclasses import asdict, dataclass
@@ -159,7 +160,7 @@ def handle_stop(request: StopRequest, history: str | os.PathLike, job_id: str | 
     job_id = job_id or os.environ.get("SLURM_JOB_ID")
     if not job_id:
         return Decision(False, None, "not running under SLURM; nothing to requeue", request.reason)
-    info = job_info(job_id, runner)
+    info = job_info(job_id, shielded(runner))
     state = info.get("JobState", "UNKNOWN")
     restarts = int(os.environ.get("SLURM_RESTART_COUNT", 0) or 0)
     # A job that exits during GraceTime is not requeued by SLURM, even with PreemptMode=REQUEUE
@@ -172,13 +173,10 @@ def handle_stop(request: StopRequest, history: str | os.PathLike, job_id: str | 
     _record(Path(history), past, decision, info)
     log.warning("stop at SLURM JobState=%s Reason=%s: %s", state, info.get("Reason"), decision.why)
     if decision.requeue and decision.by == "hpc":
-        try:
-            scheduler.requeue(job_id, runner=runner)
-        except RuntimeError as err:
-            if not _taken(job_id, restarts, runner):
-                seen = str(err).partition(" HINT:")[0]
-                return Decision(False, None, f"{seen} HINT: submit with --requeue and check JobRequeue in "
-                                "slurm.conf", kind)
+        refused = _requeue(job_id, restarts, runner)
+        if refused:
+            return Decision(False, None, f"{refused} HINT: submit with --requeue and check JobRequeue in "
+                            "slurm.conf", kind)
     if decision.requeue:  # SLURM pins the node count it last granted: give a node range back (hpc.requeue)
         try:
             requeue.after_requeue(job_id)
@@ -187,10 +185,50 @@ def handle_stop(request: StopRequest, history: str | os.PathLike, job_id: str | 
     return decision
 
 
+REQUEUE_TRIES = 3
+
+
+def _requeue(job_id: str, restarts: int, runner: Callable[..., Any]) -> str:
+    """Run `scontrol requeue`; '' once SLURM has the job queued again, else SLURM's words.
+
+    This runs in the job's last seconds: after the time limit's SIGTERM and before KillWait's
+    SIGKILL, while slurmd may signal the step's processes again, and the requeue itself signals
+    them too. The client runs with the stop signals blocked (`shielded`), and one
+    that died of a signal anyway, before SLURM took the request, is run again."""
+    seen = ""
+    for _ in range(REQUEUE_TRIES):
+        try:
+            scheduler.requeue(job_id, runner=shielded(runner))
+            return ""
+        except RuntimeError as err:
+            if _taken(job_id, restarts, runner):
+                return ""
+            seen = str(err).partition(" HINT:")[0]
+            if getattr(err, "returncode", 1) >= 0:  # SLURM answered, and refused: asking again will not help
+                return seen
+    return seen
+
+
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGUSR2, signal.SIGUSR1}
+
+
+def shielded(runner: Callable[..., Any]) -> Callable[..., Any]:
+    """`runner` with this thread's stop signals (SIGTERM, SIGUSR2, SIGUSR1) blocked while it runs.
+    A child inherits the signal mask, so the SLURM client it starts cannot die of them halfway;
+    for this process they stay pending and reach its handlers as soon as the call returns."""
+    def run(*args: Any, **kwargs: Any) -> Any:
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            return runner(*args, **kwargs)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+    return run
+
+
 def _taken(job_id: str, restarts: int, runner: Callable[..., Any]) -> bool:
     """Whether SLURM requeued the job although scontrol failed: a requeue ends the job's steps at
     once, and an scontrol run from inside one (the hang watchdog's) can die of that SIGTERM."""
-    return classify(job_info(job_id, runner), "", restarts)[1]
+    return classify(job_info(job_id, shielded(runner)), "", restarts)[1]
 
 
 class JobNotRequeued(RuntimeError):

@@ -54,7 +54,12 @@ def detect(kind: str) -> Kind:
 
 
 class SlurmExit(RuntimeError):
-    """A SLURM client ran and exited non-zero; the message ends with its last line of stderr."""
+    """A SLURM client ran and exited non-zero; the message ends with its last line of stderr.
+    `returncode` is the client's (negative: it died of that signal, and never gave an answer)."""
+
+    def __init__(self, message: str, returncode: int = 1):
+        super().__init__(message)
+        self.returncode = returncode
 
 
 def run(cmd: List[str], env: Optional[Mapping[str, str]] = None, timeout_s: float = 60,
@@ -69,5 +74,5 @@ def run(cmd: List[str], env: Optional[Mapping[str, str]] = None, timeout_s: floa
         # SLURM's clients print a chain of errors; the last line is the one that decided
         last = (out.stderr.strip().splitlines() or ["no message"])[-1].strip()
         raise SlurmExit(f"{' '.join(cmd[:2])} exited {out.returncode}: {last}. "
-                        "HINT: does `scontrol ping` answer in this shell?")
+                        "HINT: does `scontrol ping` answer in this shell?", out.returncode)
     return out.stdout

@@ -173,6 +173,57 @@ def test_a_requeue_whose_scontrol_died_of_the_requeue_itself_counts_when_slurm_s
     assert d.requeue and d.kind == "hang" and asked[1:3] == ["requeue", "-o"], (d, asked)  # asked again
 
 
+def test_a_requeue_whose_scontrol_died_before_slurm_took_it_is_asked_again(tmp_path):
+    """At the time limit slurmd may signal the step's processes more than once: an scontrol killed
+    before SLURM took the request is run again, and the job is requeued."""
+    asked = []
+
+    def runner(argv, **kw):
+        asked.append(argv[1])
+        if argv[1] == "requeue":
+            return subprocess.CompletedProcess(argv, -15 if asked.count("requeue") == 1 else 0, "", "")
+        return subprocess.CompletedProcess(argv, 0, "JobId=5 JobState=COMPLETING Reason=TimeLimit Restarts=0", "")
+
+    d = pre.handle_stop(pre.StopRequest("timeout", "SIGTERM"), tmp_path / "h.json", job_id="5", runner=runner)
+    assert d.requeue and d.kind == "timeout" and asked.count("requeue") == 2, (d, asked)
+
+
+def test_a_requeue_that_keeps_dying_is_no_requeue_after_its_tries(tmp_path):
+    asked = []
+
+    def runner(argv, **kw):
+        asked.append(argv[1])
+        if argv[1] == "requeue":
+            return subprocess.CompletedProcess(argv, -9, "", "")
+        return subprocess.CompletedProcess(argv, 0, "JobId=5 JobState=COMPLETING Reason=TimeLimit Restarts=0", "")
+
+    d = pre.handle_stop(pre.StopRequest("timeout", "SIGTERM"), tmp_path / "h.json", job_id="5", runner=runner)
+    assert not d.requeue and asked.count("requeue") == pre.REQUEUE_TRIES
+    assert d.why.startswith("scontrol requeue exited -9") and d.why.count("HINT:") == 1
+
+
+def test_a_shielded_client_outlives_a_stop_signal_and_the_caller_still_gets_it():
+    """The client inherits the blocked stop signals: a SIGTERM sent to it (as slurmd sends one to
+    every process of the step) does not end it. One sent to the caller meanwhile reaches its
+    handler once the call returns."""
+    import signal
+    import sys
+
+    seen = []
+    before = signal.signal(signal.SIGTERM, lambda *a: seen.append("TERM"))
+    try:
+        child = ("import os, signal; os.kill(os.getpid(), signal.SIGTERM); "
+                 "os.kill(os.getppid(), signal.SIGTERM); print('alive')")
+        out = pre.shielded(subprocess.run)([sys.executable, "-c", child], capture_output=True, text=True)
+        assert (out.returncode, out.stdout.strip()) == (0, "alive")
+        assert seen == ["TERM"]  # delivered after the call, not lost
+        bare = subprocess.run([sys.executable, "-c", child.replace("os.kill(os.getppid(), signal.SIGTERM); ", "")],
+                              capture_output=True, text=True)
+        assert bare.returncode == -signal.SIGTERM  # the same client, unshielded, dies of it
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 def test_only_the_scheduler_adapter_runs_scontrol():
     """The scheduler adapter (hpc.scheduler, with hpc.slurmcli and hpc.jobcontrol) holds every scontrol
     call and its parsers; the local cluster's own controls (hpc.cluster.local starts and pings the

@@ -17,7 +17,7 @@ from hpc.cluster.preempt import job_field
 from hpc.hangs import HANGS, REPORT
 from hpc.rundir import DONE, RunDir
 from tests.slurm.test_pipeline import ended, wait_until
-from tests.slurm.test_preemption import release
+from tests.slurm.requeue_helpers import release
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slurm

@@ -1,4 +1,5 @@
-"""Preemption, time-limit signals and resume on the real local cluster, through submitit.
+"""Preemption, time-limit signals and resume on the real local cluster, through submitit (the
+`run` pipeline's signals are test_run_time_limit.py's and test_run_slow_requeue.py's).
 
     python -m pytest tests/slurm/test_preemption.py -m slurm
 
@@ -23,6 +24,7 @@ import torch
 
 import tests.preemption_workload as workload
 from hpc.cluster.preempt import job_field, preempt
+from tests.slurm.requeue_helpers import release, wait_for
 
 pytestmark = pytest.mark.slurm
 TOTAL = 70  # steps of 0.15 s: about 10 s of training per uninterrupted run
@@ -45,37 +47,8 @@ def progress(out: Path) -> dict:
         return {"step": 0, "restart": -1}
 
 
-def wait_for(cond, what: str, timeout: float = 240):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-
-
 def attempts(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "attempts.jsonl").read_text().splitlines()]
-
-
-def release(cluster, job_id: str) -> None:
-    """A requeued job waits ~2 min (Reason=BeginTime); let it start now.
-
-    The update only sticks once the job is PENDING again (not while it is still COMPLETING), so
-    repeat it until SLURM no longer holds the job for its begin time. Wait 2 s first: a job
-    restarted within the second of its requeue is refused by slurmd ("Job credential revoked",
-    credential times have one-second resolution) and ends FAILED.
-    """
-    time.sleep(2)
-    def started() -> bool:
-        state = job_field(cluster, job_id, "JobState")
-        if state != "PENDING":
-            return state == "RUNNING"  # preempt() returned after the requeue: this is the rerun
-        if job_field(cluster, job_id, "Reason") != "BeginTime":
-            return True
-        subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], capture_output=True)
-        return False
-    wait_for(started, f"job {job_id} pending without the begin-time hold", timeout=120)
 
 
 @pytest.fixture(scope="module")
@@ -189,110 +162,3 @@ def test_sigkill_during_checkpoint_write_resumes_from_previous(slurm_cluster, tm
     assert [a["resumed_from"] for a in attempts(out)] == [0, 5]
     log = (tmp_path / "logs" / f"{job.job_id}_0_log.err").read_text()
     assert "skipping incomplete checkpoint" in log and ".step-10.tmp" in log
-
-
-# The `run` pipeline: an unmodified script, rank 0 of which handles the pre-timeout signal while
-# rank 1 does not. Each rank counts steps in HPC_CHECKPOINT_DIR and resumes from its count.
-SIGNAL_SCRIPT = """\
-import os, pathlib, signal, time
-ckpt = pathlib.Path(os.environ["HPC_CHECKPOINT_DIR"])
-rank, restart = os.environ["RANK"], os.environ.get("SLURM_RESTART_COUNT", "0")
-if rank == "0":
-    signal.signal(signal.SIGUSR2, lambda *a: (ckpt / f"usr2-restart{restart}").write_text(str(time.time())))
-count = ckpt / f"steps-rank{rank}"
-step = int(count.read_text()) if count.exists() else 0
-while step < 100000:
-    time.sleep(0.5)
-    step += 1
-    (ckpt / "tmp").mkdir(exist_ok=True)
-    tmp = ckpt / "tmp" / count.name; tmp.write_text(str(step)); os.replace(tmp, count)
-"""
-
-
-def submit_run(run_dir: Path, script: Path, *overrides: str) -> str:
-    import sys
-
-    from hpc import submit
-    from hpc.rundir import RunDir
-
-    assert submit.main(["run", "--cluster", "slurm", "--run-dir", str(run_dir), "--nodes", "1",
-                        "--gpus-per-node", "2", "stages.main.cpus_per_task=1",
-                        "stages.main.partition=low", *overrides, "--", sys.executable, str(script)]) == 0
-    return RunDir(run_dir).tasks()[0]["job_id"]
-
-
-def steps_of(ckpt: Path, rank: int) -> int:
-    try:
-        return int((ckpt / f"steps-rank{rank}").read_text())
-    except (FileNotFoundError, ValueError):
-        return 0
-
-
-def test_run_script_survives_the_time_limit_signal_and_is_requeued_per_max_timeouts(slurm_cluster, tmp_path):
-    """--signal=USR2@40 with a 1-minute limit: rank 1, which does not handle USR2, keeps running
-    after it; rank 0 gets it in its handler. At the limit the job is requeued once (max_timeouts=1),
-    and the second time it is not."""
-    script = tmp_path / "signal_script.py"
-    script.write_text(SIGNAL_SCRIPT)
-    run_dir = tmp_path / "run"
-    job_id = submit_run(run_dir, script, "stages.main.time_min=1", "stages.main.signal_delay_s=40",
-                        "stages.main.max_timeouts=1")
-    ckpt = run_dir / "main" / "checkpoints"
-    for restart in (0, 1):
-        got = ckpt / f"usr2-restart{restart}"
-        wait_for(got.exists, f"rank 0's USR2 handler in attempt {restart}", timeout=240)
-        at_signal = steps_of(ckpt, 1)
-        wait_for(lambda: steps_of(ckpt, 1) >= at_signal + 3, "rank 1 stepping on after USR2", timeout=30)
-        if restart == 0:
-            wait_for(lambda: int(job_field(slurm_cluster, job_id, "Restarts") or 0) == 1,
-                     "the requeue at the time limit", timeout=240)
-            release(slurm_cluster, job_id)
-    # The second decision is recorded when the signal comes; the job would then run on to its time
-    # limit, which only costs the test time: end it once the decision is on disk.
-    def decisions() -> list:
-        try:
-            return json.loads((ckpt / "requeue.json").read_text())["events"]
-        except (FileNotFoundError, ValueError, KeyError):
-            return []
-    wait_for(lambda: len(decisions()) == 2, "the second decision", timeout=240)
-    subprocess.run(["scancel", job_id], check=True)
-    wait_for(lambda: job_field(slurm_cluster, job_id, "JobState") not in {"RUNNING", "COMPLETING", "PENDING"},
-             "the job to end", timeout=120)
-    history = json.loads((ckpt / "requeue.json").read_text())
-    assert [(e["kind"], e["requeue"]) for e in history["events"]] == [("timeout", True), ("timeout", False)]
-    assert "max_timeouts=1" in history["events"][1]["why"]
-    assert job_field(slurm_cluster, job_id, "Restarts") == "1"
-
-
-SLOW_REQUEUE = """\
-#!/bin/sh
-# scontrol whose requeue answers after 35 s, longer than any fixed wait of the other ranks
-[ "$1" = requeue ] && sleep 35
-exec {real} "$@"
-"""
-
-
-def test_run_ranks_wait_for_rank_0s_slow_requeue(slurm_cluster, tmp_path, monkeypatch):
-    """Every task gets SIGTERM and its script dies; rank 0's requeue takes 35 s. Rank 1 must not
-    leave first: with --kill-on-bad-exit its early exit would end rank 0 before the requeue."""
-    import shutil
-
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    (fake / "scontrol").write_text(SLOW_REQUEUE.format(real=shutil.which("scontrol")))
-    (fake / "scontrol").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")  # sbatch exports it to the job
-    script = tmp_path / "count.py"
-    script.write_text(SIGNAL_SCRIPT.replace("100000", "60"))
-    run_dir = tmp_path / "run"
-    job_id = submit_run(run_dir, script)
-    ckpt = run_dir / "main" / "checkpoints"
-    wait_for(lambda: steps_of(ckpt, 0) >= 2 and steps_of(ckpt, 1) >= 2, "both ranks stepping")
-    subprocess.run(["scancel", "--signal=TERM", job_id], check=True)
-    wait_for(lambda: int(job_field(slurm_cluster, job_id, "Restarts") or 0) == 1, "the slow requeue",
-             timeout=120)
-    release(slurm_cluster, job_id)
-    wait_for(lambda: job_field(slurm_cluster, job_id, "JobState") == "COMPLETED", "the rerun to finish")
-    assert steps_of(ckpt, 0) == steps_of(ckpt, 1) == 60
-    history = json.loads((ckpt / "requeue.json").read_text())
-    assert [(e["kind"], e["requeue"], e["by"]) for e in history["events"]] == [("preempt", True, "hpc")]
