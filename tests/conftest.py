@@ -14,7 +14,7 @@ when the SLURM programs are missing; in CI (CI=true) a missing SLURM fails them 
 can never be skipped silently there.
 
 In parallel (pytest-xdist, `-n 3 --dist loadfile` in pyproject.toml) each test file runs on one
-worker, and every worker that runs a SLURM test brings up its own cluster (its own directory, port
+worker, longest files first (FILE_SECONDS below), and every worker that runs a SLURM test brings up its own cluster (its own directory, port
 block and job ids, so DDP jobs of two clusters never share a MASTER_PORT); each test starts on that
 cluster's empty queue with every node idle. Most of a SLURM test's time is waiting on the
 scheduler, not the CPU, so clusters side by side divide it. The site variants share one file, so
@@ -87,7 +87,31 @@ def _start(make, directory: str) -> LocalCluster:
     return cluster
 
 
+# Seconds each test file took in a full run (tests/durations.py writes it from a --junitxml report).
+# The workers take whole files in collection order, so the longest go first, as in longest-processing-
+# time scheduling: the run then ends when the total work does, not one long file later. A file the
+# table lacks goes last; a stale table only costs balance, never a test.
+FILE_SECONDS = Path(__file__).with_name("file_durations.json")
+
+
+def longest_files_first(items: list) -> None:
+    """Reorder `items` in place: files by their recorded seconds, longest first, each file's tests in
+    their own order (module fixtures stay shared). The order is the same in every worker."""
+    import json
+
+    try:
+        seconds = json.loads(FILE_SECONDS.read_text())
+    except (FileNotFoundError, ValueError):
+        return
+    position = {}
+    for i, item in enumerate(items):
+        position.setdefault(item.nodeid.split("::")[0], i)
+    items.sort(key=lambda item: (-seconds.get(item.nodeid.split("::")[0], 0.0),
+                                 position[item.nodeid.split("::")[0]]))
+
+
 def pytest_collection_modifyitems(config, items):
+    longest_files_first(items)
     missing = missing_binaries()
     if not missing or IN_CI:
         return
