@@ -8,6 +8,7 @@ import textwrap
 import threading
 import time
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -255,3 +256,12 @@ def test_a_hung_forked_writer_is_killed_at_its_deadline():
     with pytest.raises(RuntimeError, match="killed"):
         job.wait()
     assert time.monotonic() - t0 < 10
+
+
+def test_each_checkpoint_module_stays_small():
+    """One concept per module: no module of the hpc.checkpoint package is over 300 lines."""
+    import hpc.checkpoint
+
+    package = Path(hpc.checkpoint.__file__).parent
+    sizes = {p.name: len(p.read_text().splitlines()) for p in package.glob("*.py")}
+    assert len(sizes) > 5 and max(sizes.values()) <= 300, sizes

@@ -12,6 +12,7 @@ gradients are summed changes with the world size (see test_fsdp). A same-size re
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -63,12 +64,27 @@ def clean(tmp_path_factory):
     return root
 
 
+@pytest.fixture(scope="module")
+def stopped(tmp_path_factory):
+    """stopped(strategy, into): a copy of a 2-rank run stopped at step STOP_AT, made once per strategy.
+    Each test resumes its own copy, so the tests of a strategy share one stopped run."""
+    made: dict = {}
+
+    def copy_of(strategy: str, into: Path) -> Path:
+        if strategy not in made:
+            out = tmp_path_factory.mktemp(f"stopped-{strategy}") / "run"
+            errors = run(2, out, "--strategy", strategy, "--steps", STEPS, "--stop-at", STOP_AT)
+            assert not (out / "final.pt").exists() and "JobNotRequeued" in errors[0], errors[0]
+            made[strategy] = out
+        shutil.copytree(made[strategy], into)
+        return into
+    return copy_of
+
+
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 @pytest.mark.parametrize("after", [1, 2])
-def test_a_stopped_run_resumes_on_another_world_size(clean, tmp_path, strategy, after):
-    out = tmp_path / "run"
-    errors = run(2, out, "--strategy", strategy, "--steps", STEPS, "--stop-at", STOP_AT)
-    assert not (out / "final.pt").exists() and "JobNotRequeued" in errors[0], errors[0]
+def test_a_stopped_run_resumes_on_another_world_size(clean, stopped, tmp_path, strategy, after):
+    out = stopped(strategy, tmp_path / "run")
     errors = run(after, out, "--strategy", strategy, "--steps", STEPS)
     assert (out / "final.pt").is_file(), "\n".join(errors)
     expected = clean / strategy
@@ -85,9 +101,8 @@ def test_a_stopped_run_resumes_on_another_world_size(clean, tmp_path, strategy, 
         assert max_difference(load(out / "final.pt"), load(expected / "final.pt")) <= ATOL
 
 
-def test_an_fsdp_checkpoint_holds_dcp_shards_under_its_marker(tmp_path):
-    out = tmp_path / "run"
-    run(2, out, "--strategy", "fsdp", "--steps", STEPS, "--stop-at", STOP_AT)
+def test_an_fsdp_checkpoint_holds_dcp_shards_under_its_marker(stopped, tmp_path):
+    out = stopped("fsdp", tmp_path / "run")
     (step_dir,) = (out / "checkpoints").glob("step-*")
     marker = json.loads((step_dir / "COMPLETE.json").read_text())
     assert {".metadata", "__0_0.distcp", "__1_0.distcp", "shared.pt"} <= set(marker["files"])

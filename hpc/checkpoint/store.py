@@ -22,8 +22,7 @@ from hpc.checkpoint.files import file_info, nbytes, space_error, write_atomic
 from hpc.checkpoint.layout import DCP_METADATA, MARKER, SHARED
 from hpc.checkpoint.reader import PER_RANK_KEY, StoreReader, warn_user
 from hpc.checkpoint.staging import Staging, source_devices, synchronize, tensors_in
-from hpc.checkpoint.writer_lock import StoreLocked, WriterLock, wait_for_owner
-from hpc.checkpoint.writer_lock import generation as job_attempt
+from hpc.checkpoint.writer_lock import StoreLocked, WriterLock, wait_for_owner, generation as job_attempt
 from hpc.sharedfs import listed
 
 __all__ = ["CheckpointStore", "StoreLocked", "AUTO_FORK_BYTES", "RANK_WAIT_S"]
