@@ -87,11 +87,9 @@ def fsync_write_seconds(path: Path, nbytes: int, chunk: int = 64 << 20) -> float
 
 
 def free_port() -> int:
-    import socket
+    from hpc.ports import free_port as below_ephemeral
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return below_ephemeral()
 
 
 class Context:

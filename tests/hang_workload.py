@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import sys
 import time
 from pathlib import Path
@@ -79,9 +78,9 @@ def launch(kind: str, world: int, out: Path, cfg: dict) -> list:
     """`world` processes of `kind` on this machine, with the variables torchrun sets."""
     import subprocess
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = str(sock.getsockname()[1])
+    from test_ddp_session import free_port
+
+    port = str(free_port())
     procs = []
     for rank in range(world):
         env = {"PATH": os.environ["PATH"], "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),

@@ -5,7 +5,7 @@ The same workloads run under srun on the local cluster in tests/slurm/test_ddp.p
 
 import json
 import logging
-import socket
+import os
 import subprocess
 import sys
 import time
@@ -15,15 +15,16 @@ import pytest
 import torch
 
 import hpc.ddp
+from hpc import ports
 from hpc.env import EnvError, from_environ
 
 WORKLOAD = Path(__file__).with_name("ddp_workload.py")
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A port for a rendezvous of this worker's ranks, from its own slice (hpc.ports)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:]
+    return ports.free_port(int(worker) % 8 if worker.isdigit() else 0, 8)
 
 
 def start_local(workload, world, out, *extra, stderr=subprocess.PIPE):

@@ -4,7 +4,6 @@ Checks the metric and output plumbing, exact resume after a stop, and that 2 glo
 same features as 1 process (same global camera batch per step)."""
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -84,16 +83,16 @@ def test_rgb_resume_after_stop_is_exact(tmp_path, rgb_dir):
 
 
 def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    from test_ddp_session import free_port
+
+    return free_port()
 
 
 def test_two_gloo_ranks_match_one_process(tmp_path, rgb_dir):
     single = _features(tmp_path, rgb_dir, "one")
     section = json.dumps({"trainer": MINI["trainer"]})
     code = ("import json, sys; from pathlib import Path; from hpc.jobs.langsplat.stages import train_features;"
-            f"train_features(json.loads(sys.argv[1]), Path(sys.argv[2]), 1, Path(sys.argv[3]))")
+            "train_features(json.loads(sys.argv[1]), Path(sys.argv[2]), 1, Path(sys.argv[3]))")
     port = str(_free_port())
     procs = []
     for rank in range(2):

@@ -48,3 +48,31 @@ def test_batch_script_refused_with_hint():
     out = subprocess.run([sys.executable, "-m", "hpc.launch", "--", "true"], env=env,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "HINT: start the program with `srun" in out.stderr
+
+
+def test_free_ports_come_from_below_the_ephemeral_range_and_skip_taken_ones():
+    """hpc.ports: never a port the kernel hands to outgoing connections, never one that is bound."""
+    import socket
+
+    from hpc import ports
+
+    ephemeral_lo = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    assert ports.PORTS.stop <= ephemeral_lo
+    held = []
+    try:
+        for port in ports.PORTS[7::8][1:]:  # every port of slice 7 (no test worker's) but its first
+            sock = socket.socket()
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                sock.close()
+                continue
+            held.append(sock)
+        free = {ports.free_port(7, 8) for _ in range(20)}
+        assert free == {ports.PORTS[7::8][0]}  # the one left, every time
+        assert len(held) > 50
+    finally:
+        for sock in held:
+            sock.close()
+    with pytest.raises(ValueError, match="slot=4 of slots=4"):
+        ports.free_port(4, 4)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import socket
 import sys
 import zipfile
 from pathlib import Path
@@ -91,9 +90,9 @@ class Stage:
 def free_port() -> int:
     """A port nobody on this node listens on, for the GUI socket train.py binds (no reuse flag):
     two tasks on one node with the default 55555 (3DGS: 6009) would collide."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    from hpc.ports import free_port as below_ephemeral
+
+    return below_ephemeral()
 
 
 def checkpoint_iterations(final: int, every: int) -> List[int]:
