@@ -134,17 +134,33 @@ class LocalCluster:
     def settle(self, timeout_s: float = 60.0) -> None:
         """Cancel every job and wait until each node is idle and answering: the state a test of
         the cluster starts from, whatever the test before it left (a job still running, a node just
-        put back in service and not yet responding)."""
+        put back in service and not yet responding).
+
+        Halfway through, nodes still held are set DOWN and RESUMEd, as an administrator clears a
+        job stuck completing (a step whose end never reached the controller, seen under heavy
+        load) or a node a test left drained: SLURM then ends whatever it still places there."""
         self._cancel_all()
+        if self._idle_within(timeout_s / 2):
+            return
+        held = [n for n, state in self._node_states().items() if state != "idle"]
+        for state in ("DOWN", "RESUME"):
+            self._run(["scontrol", "update", f"NodeName={','.join(held)}", f"State={state}",
+                       "Reason=hpc-settle"], check=False)
+        if self._idle_within(timeout_s / 2):
+            return
+        raise ClusterError(f"nodes not idle {timeout_s:.0f} s after cancelling every job and setting "
+                           f"{','.join(held)} down and back:\n{self._run(['sinfo', '-N'], check=False).stdout}"
+                           "HINT: read the slurmd logs and slurmctld.log under "
+                           f"{self.layout.path('log')}.")
+
+    def _idle_within(self, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             states = self._node_states()
             if states and all(states.get(n) == "idle" for n in self.nodes):
-                return
+                return True
             time.sleep(0.3)
-        raise ClusterError(f"nodes not idle {timeout_s:.0f} s after cancelling every job:\n"
-                           f"{self._run(['sinfo', '-N'], check=False).stdout}HINT: a node left drained or "
-                           "down is put back with `scontrol update nodename=N state=resume`.")
+        return False
 
     def status(self) -> str:
         lines, daemons = [], self._daemons()

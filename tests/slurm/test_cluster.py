@@ -112,3 +112,20 @@ def _not_zombie(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_settle_brings_back_a_node_left_drained_with_a_job_on_it(slurm_cluster):
+    """What a test can leave behind: a node drained under its job. The job is cancelled, the node
+    stays drained; settle() sets the nodes still held down and back (the step that also clears a
+    job stuck completing), and every node is idle again."""
+    slurm_cluster.run(["sbatch", "--partition=low", "--nodelist=n1", "--output=/dev/null",
+                       "--wrap=sleep 300"])
+    deadline = time.monotonic() + 60
+    while "alloc" not in slurm_cluster.run(["sinfo", "-h", "-N", "-n", "n1", "-o", "%t"]).stdout \
+            and "mix" not in slurm_cluster.run(["sinfo", "-h", "-N", "-n", "n1", "-o", "%t"]).stdout:
+        assert time.monotonic() < deadline, "the job never started on n1"
+        time.sleep(0.3)
+    slurm_cluster.run(["scontrol", "update", "NodeName=n1", "State=DRAIN", "Reason=left-by-a-test"])
+    slurm_cluster.settle(timeout_s=20)
+    states = slurm_cluster.run(["sinfo", "-h", "-N", "-o", "%N %t"]).stdout.split()
+    assert dict(zip(states[::2], states[1::2])) == {n: "idle" for n in slurm_cluster.nodes}
