@@ -25,9 +25,11 @@ MINI = {"image_size": 16, "n_views": 10, "gaussians_per_subpart": 3, "n_objects"
         "rgb_iterations": 60, "densify_from": 20, "densify_until": 40, "densify_every": 20,
         "feature_iterations": 300, "checkpoint_every": 50, "log_every": 50, "cameras_per_step": 4,
         "per_device_cameras": 1, "threads": 1}
-# Long enough (about 15 s on 4 ranks sharing 2 cores) that a preemption lands mid-training, with a
-# checkpoint every 100 steps to resume from.
+# Long enough (about 8 s on 2 ranks) that a preemption lands mid-training, with a checkpoint every
+# 100 steps to resume from. The preempted task runs on one node (ONE_NODE): the 4 ranks on 2 nodes
+# are the test above's, and half the ranks halve the CPU time of the two runs this test makes.
 LONG = {**MINI, "feature_iterations": 2000, "checkpoint_every": 100, "log_every": 100}
+ONE_NODE = "stages.features.nodes=1"
 # The same for stage 1 (about 8 s in one process at ~2 ms a step); stage 2 kept short.
 LONG_RGB = {**MINI, "rgb_iterations": 4000, "feature_iterations": 20, "checkpoint_every": 100,
             "log_every": 100}
@@ -38,10 +40,10 @@ def _root(monkeypatch):
     monkeypatch.chdir(ROOT)  # jobs import hpc.jobs.langsplat from the submission directory
 
 
-def submit_langsplat(run_dir: Path, trainer: dict) -> RunDir:
+def submit_langsplat(run_dir: Path, trainer: dict, *more: str) -> RunDir:
     overrides = [f"langsplat.trainer.{k}={v}" for k, v in trainer.items()]
     code = submit.main(["langsplat", "--levels", str(LEVEL), "--profile", "sandbox", "--cluster", "slurm",
-                        "--run-dir", str(run_dir), *overrides])
+                        "--run-dir", str(run_dir), *overrides, *more])
     assert code == 0
     return RunDir(run_dir)
 
@@ -102,9 +104,9 @@ def test_four_ranks_on_two_nodes_match_one_process(slurm_cluster, tmp_path):
 def test_preempted_feature_task_resumes_bitwise(slurm_cluster, tmp_path):
     from hpc.cluster.preempt import preempt
 
-    reference = submit_langsplat(tmp_path / "reference", LONG)
-    finished(reference)  # first, alone: the preemptor takes every CPU of both nodes
-    run = submit_langsplat(tmp_path / "preempted", LONG)
+    reference = submit_langsplat(tmp_path / "reference", LONG, ONE_NODE)
+    finished(reference)  # first, alone: the preemptor takes every CPU of the node
+    run = submit_langsplat(tmp_path / "preempted", LONG, ONE_NODE)
     job_id = job_ids(run)[("features", LEVEL)]
     checkpoints = features_dir(run) / "checkpoints"
     wait_until(lambda: list(checkpoints.glob("step-*/")), timeout_s=180, what="a first feature checkpoint")
@@ -116,6 +118,7 @@ def test_preempted_feature_task_resumes_bitwise(slurm_cluster, tmp_path):
     assert torch.equal(load_features(features_dir(run)), load_features(features_dir(reference)))
     ref_metrics = json.loads((features_dir(reference) / "metrics.json").read_text())
     assert metrics["accuracy"] == ref_metrics["accuracy"] and ref_metrics["resumed_from"] == 0
+    assert metrics["world_size"] == ref_metrics["world_size"] == 2
     # TensorBoard continues the run: every logged step once, with the uninterrupted run's values.
     assert scalars(features_dir(run), "feature/loss") == scalars(features_dir(reference), "feature/loss")
 
