@@ -64,11 +64,13 @@ def release_hold(cluster: LocalCluster, job_id: str, deadline: float) -> None:
             return
         time.sleep(0.2)
     time.sleep(REQUEUE_SETTLE_S)
+    updated = False  # right after a requeue SLURM may not show Reason=BeginTime yet: update once anyway
     while time.monotonic() < deadline:
-        if job_field(cluster, job_id, "Reason") != "BeginTime":
+        if updated and job_field(cluster, job_id, "Reason") != "BeginTime":
             return
         try:
             scheduler.start_now(job_id, cluster.client_env())
+            updated = True
         except RuntimeError:
             pass  # still completing: the next round retries
         time.sleep(0.5)

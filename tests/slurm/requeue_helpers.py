@@ -24,18 +24,23 @@ def release(cluster, job_id: str) -> None:
     """A requeued job waits ~2 min (Reason=BeginTime); let it start now.
 
     The update only sticks once the job is PENDING again (not while it is still COMPLETING), so
-    repeat it until SLURM no longer holds the job for its begin time. Wait 2 s first: a job
-    restarted within the second of its requeue is refused by slurmd ("Job credential revoked",
-    credential times have one-second resolution) and ends FAILED.
+    repeat it until SLURM no longer holds the job for its begin time, and make it at least once:
+    right after the requeue SLURM may not show Reason=BeginTime yet, and the hold comes all the
+    same (a job then waited the whole two minutes). Wait 2 s first: a job restarted within the
+    second of its requeue is refused by slurmd ("Job credential revoked", credential times have
+    one-second resolution) and ends FAILED.
     """
     time.sleep(2)
+    updated = []
+
     def started() -> bool:
         state = job_field(cluster, job_id, "JobState")
         if state != "PENDING":
             return state == "RUNNING"  # preempt() returned after the requeue: this is the rerun
-        if job_field(cluster, job_id, "Reason") != "BeginTime":
+        if updated and job_field(cluster, job_id, "Reason") != "BeginTime":
             return True
         subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], capture_output=True)
+        updated.append(time.monotonic())
         return False
     wait_for(started, f"job {job_id} pending without the begin-time hold", timeout=120)
 
