@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+from hpc.ports import free_port  # noqa: F401 (the benchmarks' ranks rendezvous on one: bench.ranks)
+
 REPO = Path(__file__).resolve().parent.parent
 # Scheduler clients whose calls bench.status counts.
 SCHEDULER_COMMANDS = ("sacct", "squeue", "scontrol", "sinfo", "sbatch", "scancel", "srun")
@@ -84,12 +86,6 @@ def fsync_write_seconds(path: Path, nbytes: int, chunk: int = 64 << 20) -> float
     dt = time.perf_counter() - t0
     path.unlink()
     return dt
-
-
-def free_port() -> int:
-    from hpc.ports import free_port as below_ephemeral
-
-    return below_ephemeral()
 
 
 class Context:

@@ -14,9 +14,9 @@ when the SLURM programs are missing; in CI (CI=true) a missing SLURM fails them 
 can never be skipped silently there.
 
 In parallel (pytest-xdist, `-n 3 --dist loadfile` in pyproject.toml) each test file runs on one
-worker, longest files first (FILE_SECONDS below), and every worker that runs a SLURM test brings up its own cluster (its own directory, port
-block and job ids, so DDP jobs of two clusters never share a MASTER_PORT); each test starts on that
-cluster's empty queue with every node idle. Most of a SLURM test's time is waiting on the
+worker, longest files first (FILE_SECONDS below), and every worker that runs a SLURM test brings up
+its own cluster (its own directory, port block and job ids, so DDP jobs of two clusters never share
+a MASTER_PORT); each test starts on that cluster's empty queue with every node idle. Most of a SLURM test's time is waiting on the
 scheduler, not the CPU, so clusters side by side divide it. The site variants share one file, so
 one worker: a configless cluster's munged serves the host's default socket, which a second
 configless cluster elsewhere would lose when the first is taken down. `-n 0` runs everything in
@@ -103,11 +103,14 @@ def longest_files_first(items: list) -> None:
         seconds = json.loads(FILE_SECONDS.read_text())
     except (FileNotFoundError, ValueError):
         return
-    position = {}
+    first = {}  # file -> position of its first test
     for i, item in enumerate(items):
-        position.setdefault(item.nodeid.split("::")[0], i)
-    items.sort(key=lambda item: (-seconds.get(item.nodeid.split("::")[0], 0.0),
-                                 position[item.nodeid.split("::")[0]]))
+        first.setdefault(item.nodeid.split("::")[0], i)
+
+    def key(item) -> tuple:
+        path = item.nodeid.split("::")[0]
+        return -seconds.get(path, 0.0), first[path]
+    items.sort(key=key)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -15,7 +15,7 @@ OUT = Path(__file__).with_name("file_durations.json")
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_file(classname: str) -> str:
+def file_of(classname: str) -> str:
     """tests/x.py from a JUnit classname ("tests.x", or "tests.x.TestSome" for a test in a class)."""
     parts = classname.split(".")
     for end in range(len(parts), 0, -1):
@@ -29,7 +29,7 @@ def file_seconds(report: Path) -> dict:
     """{tests/x.py: seconds of its test cases (setup, call and teardown)}, longest first."""
     totals: Counter = Counter()
     for case in ET.parse(report).iter("testcase"):
-        totals[test_file(case.get("classname", ""))] += float(case.get("time") or 0)
+        totals[file_of(case.get("classname", ""))] += float(case.get("time") or 0)
     return {path: round(s, 1) for path, s in totals.most_common()}
 
 

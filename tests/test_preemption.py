@@ -158,45 +158,41 @@ def test_a_failed_requeue_is_no_requeue_with_slurms_words_and_a_hint(tmp_path):
     assert d.why.count("HINT:") == 1 and d.why.endswith("check JobRequeue in slurm.conf")
 
 
-def test_a_requeue_whose_scontrol_died_of_the_requeue_itself_counts_when_slurm_shows_it(tmp_path):
-    """The requeue signals every process of the job's steps, the scontrol that asked for it too."""
-    asked = []
-
+def fake_scontrol(asked: list, requeue_exit, shown):
+    """A runner standing in for scontrol for job 5: `requeue_exit(n)` is the exit status of the n-th
+    `requeue`, `shown()` the fields `show job` prints; each call's subcommand is appended to `asked`."""
     def runner(argv, **kw):
         asked.append(argv[1])
         if argv[1] == "requeue":
-            return subprocess.CompletedProcess(argv, -15, "", "")
-        state = "JobState=RUNNING Restarts=0" if "requeue" not in asked else "JobState=REQUEUED Restarts=1"
-        return subprocess.CompletedProcess(argv, 0, f"JobId=5 {state}", "")
+            return subprocess.CompletedProcess(argv, requeue_exit(asked.count("requeue")), "", "")
+        return subprocess.CompletedProcess(argv, 0, f"JobId=5 {shown()}", "")
+    return runner
 
+
+def test_a_requeue_whose_scontrol_died_of_the_requeue_itself_counts_when_slurm_shows_it(tmp_path):
+    """The requeue signals every process of the job's steps, the scontrol that asked for it too."""
+    asked = []
+    runner = fake_scontrol(asked, lambda n: -15, lambda: "JobState=RUNNING Restarts=0" if "requeue" not in asked
+                           else "JobState=REQUEUED Restarts=1")
     d = pre.handle_stop(pre.StopRequest("hang"), tmp_path / "h.json", job_id="5", runner=runner)
     assert d.requeue and d.kind == "hang" and asked[1:3] == ["requeue", "-o"], (d, asked)  # asked again
+
+
+AT_TIME_LIMIT = "JobState=COMPLETING Reason=TimeLimit Restarts=0"
 
 
 def test_a_requeue_whose_scontrol_died_before_slurm_took_it_is_asked_again(tmp_path):
     """At the time limit slurmd may signal the step's processes more than once: an scontrol killed
     before SLURM took the request is run again, and the job is requeued."""
     asked = []
-
-    def runner(argv, **kw):
-        asked.append(argv[1])
-        if argv[1] == "requeue":
-            return subprocess.CompletedProcess(argv, -15 if asked.count("requeue") == 1 else 0, "", "")
-        return subprocess.CompletedProcess(argv, 0, "JobId=5 JobState=COMPLETING Reason=TimeLimit Restarts=0", "")
-
+    runner = fake_scontrol(asked, lambda n: -15 if n == 1 else 0, lambda: AT_TIME_LIMIT)
     d = pre.handle_stop(pre.StopRequest("timeout", "SIGTERM"), tmp_path / "h.json", job_id="5", runner=runner)
     assert d.requeue and d.kind == "timeout" and asked.count("requeue") == 2, (d, asked)
 
 
 def test_a_requeue_that_keeps_dying_is_no_requeue_after_its_tries(tmp_path):
     asked = []
-
-    def runner(argv, **kw):
-        asked.append(argv[1])
-        if argv[1] == "requeue":
-            return subprocess.CompletedProcess(argv, -9, "", "")
-        return subprocess.CompletedProcess(argv, 0, "JobId=5 JobState=COMPLETING Reason=TimeLimit Restarts=0", "")
-
+    runner = fake_scontrol(asked, lambda n: -9, lambda: AT_TIME_LIMIT)
     d = pre.handle_stop(pre.StopRequest("timeout", "SIGTERM"), tmp_path / "h.json", job_id="5", runner=runner)
     assert not d.requeue and asked.count("requeue") == pre.REQUEUE_TRIES
     assert d.why.startswith("scontrol requeue exited -9") and d.why.count("HINT:") == 1

@@ -22,6 +22,10 @@ import zipfile
 from pathlib import Path
 from typing import Any, List, Optional
 
+# train.py binds a GUI socket (no reuse flag): two tasks on one node with its default port (55555,
+# 3DGS: 6009) would collide, so each gets a free one.
+from hpc.ports import free_port
+
 from . import checkout as co
 from . import interpreters as py
 from .colmap import registered_images, stem
@@ -85,14 +89,6 @@ class Stage:
         if cwd is not None:
             cwd.mkdir(parents=True, exist_ok=True)
         return run_argv(self.ctx, argv, self.cfg["stages"][stage]["max_timeouts"], launch=launch, cwd=cwd, env=env)
-
-
-def free_port() -> int:
-    """A port nobody on this node listens on, for the GUI socket train.py binds (no reuse flag):
-    two tasks on one node with the default 55555 (3DGS: 6009) would collide."""
-    from hpc.ports import free_port as below_ephemeral
-
-    return below_ephemeral()
 
 
 def checkpoint_iterations(final: int, every: int) -> List[int]:

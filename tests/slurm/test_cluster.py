@@ -121,8 +121,7 @@ def test_settle_brings_back_a_node_left_drained_with_a_job_on_it(slurm_cluster):
     slurm_cluster.run(["sbatch", "--partition=low", "--nodelist=n1", "--output=/dev/null",
                        "--wrap=sleep 300"])
     deadline = time.monotonic() + 60
-    while "alloc" not in slurm_cluster.run(["sinfo", "-h", "-N", "-n", "n1", "-o", "%t"]).stdout \
-            and "mix" not in slurm_cluster.run(["sinfo", "-h", "-N", "-n", "n1", "-o", "%t"]).stdout:
+    while not {"alloc", "mix"} & set(slurm_cluster.run(["sinfo", "-h", "-N", "-n", "n1", "-o", "%t"]).stdout.split()):
         assert time.monotonic() < deadline, "the job never started on n1"
         time.sleep(0.3)
     slurm_cluster.run(["scontrol", "update", "NodeName=n1", "State=DRAIN", "Reason=left-by-a-test"])
