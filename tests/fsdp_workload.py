@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 
 import hpc.ddp
-from hpc.checkpoint.dcp_engine import DcpEngine
+from hpc.checkpoint.dcp_engine import DcpEngine, state_dicts
+from hpc.checkpoint.staging import tensors_in
 
 GLOBAL_BATCH = 12  # splits evenly over 1, 2, 3 and 4 ranks
 
@@ -85,6 +86,7 @@ def train(s, a) -> None:
     model, opt = build(s, a.strategy)
     x, y = data(a.steps)
     early = False
+    staged = state_bytes = None
     with DcpEngine(s) as engine:
         for step in range(a.steps):
             early |= train_step(s, model, opt, x, y, step, a.accum)
@@ -92,10 +94,12 @@ def train(s, a) -> None:
                 dump(s, model, opt, a.out / "saved.pt")
                 # Asynchronous: the next steps change the parameters while the thread writes.
                 engine.save(a.out / "ckpt", model, opt, blocking=a.blocking)
+                staged = engine.staged_bytes
+                state_bytes = sorted(t.numel() * t.element_size() for t in tensors_in(state_dicts(model, opt)))
     dump(s, model, opt, a.out / "final.pt")
     local = sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in model.parameters())
     report = {"local_numel": local, "numel": sum(p.numel() for p in model.parameters()),
-              "grads_before_last_micro_batch": early}
+              "grads_before_last_micro_batch": early, "staged_bytes": staged, "state_bytes": state_bytes}
     (a.out / f"rank-{s.rank}.json").write_text(json.dumps(report))
 
 

@@ -11,6 +11,8 @@ sums differs between world sizes).
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -56,6 +58,18 @@ def test_a_checkpoint_resumes_on_another_world_size(trained, tmp_path, case):
 def test_a_sharded_save_writes_one_file_per_rank(trained):
     files = sorted(p.name for p in (trained / "fsdp2" / "ckpt").glob("*.distcp"))
     assert files == ["__0_0.distcp", "__1_0.distcp"]
+
+
+def test_under_ddp_each_rank_stages_only_the_tensors_it_writes(trained):
+    """Replicated tensors are split before staging: each rank copies about half of the state at
+    world 2, the two halves make the whole, and the resume tests above load every tensor."""
+    reports = [json.loads((trained / "ddp2" / f"rank-{r}.json").read_text()) for r in range(2)]
+    sizes = reports[0]["state_bytes"]
+    staged = [r["staged_bytes"] for r in reports]
+    assert sum(staged) == sum(sizes)
+    assert all(0 < b <= sum(sizes) / 2 + max(sizes) for b in staged), (staged, sizes)
+    one = json.loads((trained / "ddp1" / "rank-0.json").read_text())
+    assert one["staged_bytes"] == sum(one["state_bytes"])
 
 
 def test_one_process_round_trip_and_async_save_copies_before_returning(tmp_path):

@@ -18,7 +18,8 @@ N writers to M readers needs no extra step.
 
 Asynchronous saves copy the state into staging buffers that are reused from save to save
 (pinned host memory on CUDA, so the copy runs at DMA speed), then a thread writes them while
-training goes on. DCP's collectives of a save (plans, metadata) then run on that thread: they
+training goes on. Under DDP each rank copies only the replicated tensors it writes
+(hpc.checkpoint.replicas): staging memory and the copy's stall are the rank's share, not the whole state. DCP's collectives of a save (plans, metadata) then run on that thread: they
 get their own gloo group, because on the training's group they would interleave with the
 training's collectives (and NCCL cannot carry the CPU tensors DCP exchanges).
 """
@@ -34,7 +35,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hpc.checkpoint.staging import Staging, source_devices, synchronize, tensors_in
+from hpc.checkpoint.replicas import SharePlanner, ShareStager
+from hpc.checkpoint.staging import source_devices, synchronize, tensors_in
 
 __all__ = ["DcpEngine", "ShardCorrupt", "state_dicts", "own_shards", "METADATA"]
 
@@ -72,29 +74,6 @@ def _plain_errors(rank: int):
         raise
 
 
-class BufferStager:
-    """DCP's AsyncStager protocol over hpc's Staging: the state is copied into buffers kept from
-    one save to the next, CPU copies cut across the job's cores (DCP's DefaultStager copies on one
-    thread into fresh buffers). Synchronous: when stage() returns, training may change the live
-    tensors. For plain tensors only: a state holding DTensors keeps DefaultStager, which rebuilds
-    them around their local shards."""
-
-    def __init__(self, pinned: bool) -> None:
-        self.pinned, self._staging = pinned, Staging()
-
-    def stage(self, state: dict) -> dict:
-        return self._staging.stage(state, cpu_too=True, pin=self.pinned)
-
-    def should_synchronize_after_execute(self) -> bool:
-        return False
-
-    def synchronize_staging(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
 class DcpEngine:
     """Saves and loads one model (and optimizer) of a session; one save in flight at most."""
 
@@ -110,7 +89,7 @@ class DcpEngine:
         self.group = dist.new_group(backend="gloo") if self.distributed else None
         self.pinned = device.type == "cuda" if pinned is None else pinned
         self._stager: Any = None  # DCP's, for states that hold DTensors (FSDP)
-        self._buffers: Any = None  # BufferStager, for plain tensors (DDP, one process)
+        self._buffers: ShareStager | None = None  # for plain tensors (DDP, one process): this rank's share
         self._pending: Any = None
 
     # -- saving ----------------------------------------------------------------------------
@@ -130,15 +109,19 @@ class DcpEngine:
                 dcp.save(state, checkpoint_id=str(directory), process_group=self.group)
             return
         with _plain_errors(self.rank):
-            self._pending = dcp.async_save(state, checkpoint_id=str(directory),
-                                           process_group=self.group, async_stager=self._staging(tensors))
+            stager = self._staging(tensors)
+            planner = SharePlanner(stager) if isinstance(stager, ShareStager) else None
+            self._pending = dcp.async_save(state, checkpoint_id=str(directory), process_group=self.group,
+                                           async_stager=stager, planner=planner)
 
     def _staging(self, tensors: list) -> Any:
         from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
         from torch.distributed.tensor import DTensor
 
         if not any(isinstance(t, DTensor) for t in tensors):
-            self._buffers = self._buffers or BufferStager(self.pinned)
+            if self._buffers is None:
+                rank, world = (dist.get_rank(self.group), dist.get_world_size(self.group)) if self.group else (0, 1)
+                self._buffers = ShareStager(self.pinned, rank, world)
             return self._buffers
         if self._stager is None:
             # Synchronous staging: when save() returns, the copy is complete and the optimizer
@@ -156,6 +139,12 @@ class DcpEngine:
         future = getattr(pending, "upload_completion", pending)  # AsyncSaveResponse or Future
         with _plain_errors(self.rank):
             future.result()
+
+    @property
+    def staged_bytes(self) -> int | None:
+        """Bytes this rank copied at its last asynchronous save of plain tensors: its share of
+        the state under DDP, all of it in one process; None before one, or for DTensors."""
+        return self._buffers.staged_bytes if self._buffers is not None else None
 
     @property
     def busy(self) -> bool:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -41,10 +41,13 @@ class Staging:
         self.threads = max(1, threads if threads is not None else min(4, _usable_cpus()))
         self._pool: tuple[int, ThreadPoolExecutor] | None = None  # (pid, executor)
 
-    def stage(self, obj: Any, cpu_too: bool, pin: bool = False) -> Any:
+    def stage(self, obj: Any, cpu_too: bool, pin: bool = False,
+              only: Callable[[torch.Tensor], bool] | None = None) -> Any:
+        """A copy of `obj` whose tensors are in kept buffers; with `only`, the tensors it rejects
+        stay the live ones (another rank writes them)."""
         device_copies: list[tuple[torch.Tensor, torch.Tensor]] = []
         host_copies: list[tuple[torch.Tensor, torch.Tensor]] = []
-        out = self._plan(obj, (), cpu_too, pin, device_copies, host_copies)
+        out = self._plan(obj, (), cpu_too, pin, device_copies, host_copies, only)
         devices = source_devices(src for _, src in device_copies)
         # Every stream of every source device first: the state may have been written on a side
         # stream, or on a device other than the current one (a process driving several GPUs).
@@ -56,22 +59,22 @@ class Staging:
         return out
 
     def _plan(self, obj: Any, key: tuple, cpu_too: bool, pin: bool,
-              device_copies: list, host_copies: list) -> Any:
+              device_copies: list, host_copies: list, only: Callable | None = None) -> Any:
         """The copy of `obj` with fresh-or-reused buffers in place of its tensors; the copies
         into them are listed, not yet made."""
         if isinstance(obj, torch.Tensor):
             on_device = obj.device.type != "cpu"
-            if not (cpu_too or on_device):
+            if not (cpu_too or on_device) or (only is not None and not only(obj)):
                 return obj
             src = obj.detach()
             dst = self._buffer(src, key, pin and on_device)
             (device_copies if on_device else host_copies).append((dst, src))
             return dst
         if isinstance(obj, dict):
-            return type(obj)((k, self._plan(v, key + (k,), cpu_too, pin, device_copies, host_copies))
+            return type(obj)((k, self._plan(v, key + (k,), cpu_too, pin, device_copies, host_copies, only))
                              for k, v in obj.items())
         if isinstance(obj, (list, tuple)):
-            return type(obj)(self._plan(v, key + (i,), cpu_too, pin, device_copies, host_copies)
+            return type(obj)(self._plan(v, key + (i,), cpu_too, pin, device_copies, host_copies, only)
                              for i, v in enumerate(obj))
         return obj
 

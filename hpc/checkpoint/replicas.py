@@ -1,0 +1,87 @@
+"""Replicated state (DDP: every rank holds the same tensors), staged and written once across the
+ranks: each rank copies only the tensors it writes.
+
+    stager = ShareStager(pinned=False, rank=r, world=w)
+    dcp.async_save(state, ..., async_stager=stager, planner=SharePlanner(stager))
+
+DCP's own deduplication picks the rank that writes a replicated tensor inside the save, after
+staging: every rank would first copy the whole model and optimizer into its staging buffers. At
+8 GPUs a node that is 8 full copies in the node's host memory, and every rank's stall is the
+copy of all of it. Here the ranks agree on the split before staging, without a collective: the
+same greedy split by size over the same walk of the same state gives every rank the same answer.
+Each rank stages its share and plans to write exactly the tensors it staged, so no rank ever
+writes a live tensor that training goes on changing; what a rank did not stage, another did.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from torch.distributed.checkpoint import DefaultSavePlanner
+from torch.distributed.checkpoint.planner import SavePlan, WriteItemType
+
+from hpc.checkpoint.staging import Staging, tensors_in
+
+__all__ = ["split", "ShareStager", "SharePlanner"]
+
+
+def split(sizes: list[int], world: int) -> list[int]:
+    """The rank that writes each of `sizes` (bytes, in walk order): the least loaded so far, the
+    lowest of equals. Deterministic, so every rank computes the same split on its own."""
+    load = [0] * world
+    owners = []
+    for size in sizes:
+        rank = min(range(world), key=load.__getitem__)
+        owners.append(rank)
+        load[rank] += max(size, 1)
+    return owners
+
+
+class ShareStager:
+    """DCP's AsyncStager protocol over hpc's Staging, for plain (replicated) tensors: this rank's
+    share is copied into buffers kept from save to save (CPU copies cut across the job's cores);
+    the other ranks' tensors are left as they are, and SharePlanner keeps them out of this rank's
+    writes. Synchronous: when stage() returns, training may change the live tensors."""
+
+    def __init__(self, pinned: bool, rank: int = 0, world: int = 1) -> None:
+        self.pinned, self.rank, self.world = pinned, rank, world
+        self._staging = Staging()
+        self.staged: set[int] = set()  # ids of the buffers the last stage() filled
+        self.staged_bytes = 0
+
+    def stage(self, state: dict) -> dict:
+        tensors = list(tensors_in(state))
+        owners = split([t.numel() * t.element_size() for t in tensors], self.world)
+        mine = {id(t) for t, owner in zip(tensors, owners) if owner == self.rank}
+        out = self._staging.stage(state, cpu_too=True, pin=self.pinned, only=lambda t: id(t) in mine)
+        live = {id(t) for t in tensors}
+        buffers = [t for t in tensors_in(out) if id(t) not in live]
+        self.staged = {id(t) for t in buffers}
+        self.staged_bytes = sum(t.numel() * t.element_size() for t in buffers)
+        return out
+
+    def should_synchronize_after_execute(self) -> bool:
+        return False
+
+    def synchronize_staging(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class SharePlanner(DefaultSavePlanner):
+    """DCP's default save plan, less the tensors this rank did not stage. Non-tensor values
+    (optimizer hyperparameters, from get_state_dict's fresh dictionaries) stay in every rank's
+    plan for DCP to deduplicate."""
+
+    def __init__(self, stager: ShareStager) -> None:
+        super().__init__()
+        self.stager = stager
+
+    def create_local_plan(self) -> SavePlan:
+        plan = super().create_local_plan()
+        keep = [item for item in plan.items
+                if item.type == WriteItemType.BYTE_IO or id(self.state_dict[item.index.fqn]) in self.stager.staged]
+        self.plan = dataclasses.replace(plan, items=keep)
+        return self.plan
