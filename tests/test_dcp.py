@@ -60,10 +60,12 @@ def test_a_sharded_save_writes_one_file_per_rank(trained):
     assert files == ["__0_0.distcp", "__1_0.distcp"]
 
 
-def test_under_ddp_each_rank_stages_only_the_tensors_it_writes(trained):
-    """Replicated tensors are split before staging: each rank copies about half of the state at
-    world 2, the two halves make the whole, and the resume tests above load every tensor."""
-    reports = [json.loads((trained / "ddp2" / f"rank-{r}.json").read_text()) for r in range(2)]
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_each_rank_stages_only_what_it_writes(trained, strategy):
+    """An asynchronous save copies this rank's share: under DDP the ranks split the replicated
+    tensors, under FSDP each copies its own shards. At world 2 each rank copies about half of the
+    state, the halves make the whole, and the resume tests above load every tensor."""
+    reports = [json.loads((trained / f"{strategy}2" / f"rank-{r}.json").read_text()) for r in range(2)]
     sizes = reports[0]["state_bytes"]
     staged = [r["staged_bytes"] for r in reports]
     assert sum(staged) == sum(sizes)

@@ -11,16 +11,16 @@
 State goes through ``get_state_dict``/``set_state_dict``, so keys are the model's own names
 whatever wraps it (DDP's ``module.`` prefix, FSDP) and optimizer state is keyed by parameter
 name, not by position: that is what lets DCP match pieces across world sizes. Under FSDP each
-rank writes its own shards; under DDP every rank holds the same tensors and DCP's planner gives
-each tensor to one rank, so the state is written once, spread over the ranks. A load reads, for
+rank writes its own shards; under DDP every rank holds the same tensors and the ranks split them
+(hpc.checkpoint.replicas), so the state is written once, spread over the ranks. A load reads, for
 every tensor of this rank's layout, the pieces of it that the writers stored: resharding from
 N writers to M readers needs no extra step.
 
 Asynchronous saves copy the state into staging buffers that are reused from save to save
 (pinned host memory on CUDA, so the copy runs at DMA speed), then a thread writes them while
-training goes on. Under DDP each rank copies only the replicated tensors it writes
-(hpc.checkpoint.replicas): staging memory and the copy's stall are the rank's share, not the whole state. DCP's collectives of a save (plans, metadata) then run on that thread: they
-get their own gloo group, because on the training's group they would interleave with the
+training goes on. Each rank copies only what it writes (its shards, or its share of the
+replicated tensors): staging memory and the copy's stall are the rank's share, not the whole
+state. DCP's collectives of a save (plans, metadata) then run on that thread: they get their own gloo group, because on the training's group they would interleave with the
 training's collectives (and NCCL cannot carry the CPU tensors DCP exchanges).
 """
 
@@ -88,8 +88,7 @@ class DcpEngine:
         # A collective call: every rank constructs its engine at the same point of the program.
         self.group = dist.new_group(backend="gloo") if self.distributed else None
         self.pinned = device.type == "cuda" if pinned is None else pinned
-        self._stager: Any = None  # DCP's, for states that hold DTensors (FSDP)
-        self._buffers: ShareStager | None = None  # for plain tensors (DDP, one process): this rank's share
+        self._stager: ShareStager | None = None  # buffers of this rank's share, kept between saves
         self._pending: Any = None
 
     # -- saving ----------------------------------------------------------------------------
@@ -102,33 +101,20 @@ class DcpEngine:
         state = state_dicts(model, optimizer)
         # DCP copies on each tensor's current stream: work on a side stream or another device
         # must have finished first, or the checkpoint holds half an update that its checksum vouches for.
-        tensors = list(tensors_in(state))  # one walk of the state serves the sync and the stager's choice
-        synchronize(source_devices(tensors))
+        synchronize(source_devices(tensors_in(state)))
         if blocking:
             with _plain_errors(self.rank):
                 dcp.save(state, checkpoint_id=str(directory), process_group=self.group)
             return
         with _plain_errors(self.rank):
-            stager = self._staging(tensors)
-            planner = SharePlanner(stager) if isinstance(stager, ShareStager) else None
+            stager = self._staging()
             self._pending = dcp.async_save(state, checkpoint_id=str(directory), process_group=self.group,
-                                           async_stager=stager, planner=planner)
+                                           async_stager=stager, planner=SharePlanner(stager))
 
-    def _staging(self, tensors: list) -> Any:
-        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-        from torch.distributed.tensor import DTensor
-
-        if not any(isinstance(t, DTensor) for t in tensors):
-            if self._buffers is None:
-                rank, world = (dist.get_rank(self.group), dist.get_world_size(self.group)) if self.group else (0, 1)
-                self._buffers = ShareStager(self.pinned, rank, world)
-            return self._buffers
+    def _staging(self) -> ShareStager:
         if self._stager is None:
-            # Synchronous staging: when save() returns, the copy is complete and the optimizer
-            # may change the parameters in place. Shared memory is for process-based writers.
-            self._stager = DefaultStager(StagingOptions(
-                use_pinned_memory=self.pinned, use_shared_memory=False, use_async_staging=False,
-                use_non_blocking_copy=False))
+            rank, world = (dist.get_rank(self.group), dist.get_world_size(self.group)) if self.group else (0, 1)
+            self._stager = ShareStager(self.pinned, rank, world)
         return self._stager
 
     def wait(self) -> None:
@@ -142,9 +128,9 @@ class DcpEngine:
 
     @property
     def staged_bytes(self) -> int | None:
-        """Bytes this rank copied at its last asynchronous save of plain tensors: its share of
-        the state under DDP, all of it in one process; None before one, or for DTensors."""
-        return self._buffers.staged_bytes if self._buffers is not None else None
+        """Bytes this rank copied at its last asynchronous save: its share of the state under DDP,
+        its shards under FSDP, all of it in one process; None before the first."""
+        return self._stager.staged_bytes if self._stager is not None else None
 
     @property
     def busy(self) -> bool:

@@ -1,5 +1,5 @@
-"""Replicated state (DDP: every rank holds the same tensors), staged and written once across the
-ranks: each rank copies only the tensors it writes.
+"""Asynchronous DCP saves that copy only what this rank writes: its share of the replicated
+tensors (DDP: every rank holds the same ones), and its own shards of DTensors (FSDP).
 
     stager = ShareStager(pinned=False, rank=r, world=w)
     dcp.async_save(state, ..., async_stager=stager, planner=SharePlanner(stager))
@@ -16,13 +16,18 @@ writes a live tensor that training goes on changing; what a rank did not stage, 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from torch.distributed.checkpoint import DefaultSavePlanner
 from torch.distributed.checkpoint.planner import SavePlan, WriteItemType
 
-from hpc.checkpoint.staging import Staging, tensors_in
+from hpc.checkpoint.staging import Staging, is_dtensor, tensors_in
 
 __all__ = ["split", "ShareStager", "SharePlanner"]
+
+
+def _local(t: Any) -> Any:
+    return t.to_local() if is_dtensor(t) else t
 
 
 def split(sizes: list[int], world: int) -> list[int]:
@@ -38,10 +43,12 @@ def split(sizes: list[int], world: int) -> list[int]:
 
 
 class ShareStager:
-    """DCP's AsyncStager protocol over hpc's Staging, for plain (replicated) tensors: this rank's
-    share is copied into buffers kept from save to save (CPU copies cut across the job's cores);
-    the other ranks' tensors are left as they are, and SharePlanner keeps them out of this rank's
-    writes. Synchronous: when stage() returns, training may change the live tensors."""
+    """DCP's AsyncStager protocol over hpc's Staging: this rank's share of the plain (replicated)
+    tensors and the local shards of its DTensors are copied into buffers kept from save to save
+    (CPU copies cut across the job's cores; DCP's DefaultStager allocates fresh ones and copies on
+    one thread). The other ranks' plain tensors are left as they are, and SharePlanner keeps them
+    out of this rank's writes. Synchronous: when stage() returns, training may change the live
+    tensors."""
 
     def __init__(self, pinned: bool, rank: int = 0, world: int = 1) -> None:
         self.pinned, self.rank, self.world = pinned, rank, world
@@ -51,13 +58,15 @@ class ShareStager:
 
     def stage(self, state: dict) -> dict:
         tensors = list(tensors_in(state))
-        owners = split([t.numel() * t.element_size() for t in tensors], self.world)
-        mine = {id(t) for t, owner in zip(tensors, owners) if owner == self.rank}
+        replicas = [t for t in tensors if not is_dtensor(t)]  # a DTensor's shard is this rank's own
+        owners = split([t.numel() * t.element_size() for t in replicas], self.world)
+        mine = {id(t) for t, owner in zip(replicas, owners) if owner == self.rank}
+        mine |= {id(t) for t in tensors if is_dtensor(t)}
         out = self._staging.stage(state, cpu_too=True, pin=self.pinned, only=lambda t: id(t) in mine)
         live = {id(t) for t in tensors}
         buffers = [t for t in tensors_in(out) if id(t) not in live]
         self.staged = {id(t) for t in buffers}
-        self.staged_bytes = sum(t.numel() * t.element_size() for t in buffers)
+        self.staged_bytes = sum(_local(t).numel() * t.element_size() for t in buffers)
         return out
 
     def should_synchronize_after_execute(self) -> bool:

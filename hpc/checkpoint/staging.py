@@ -4,7 +4,9 @@
     copy = staging.stage(state, cpu_too=True, pin=True)   # same structure, tensors in kept buffers
 
 Used by the store's background writers: a thread writer needs a private copy of every tensor
-(training keeps changing the live ones), a forked writer only of the accelerator tensors.
+(training keeps changing the live ones), a forked writer only of the accelerator tensors; and by
+DCP saves (hpc.checkpoint.replicas), where a DTensor's local shard is copied and wrapped again in
+the DTensor's own layout.
 """
 
 from __future__ import annotations
@@ -63,6 +65,11 @@ class Staging:
         """The copy of `obj` with fresh-or-reused buffers in place of its tensors; the copies
         into them are listed, not yet made."""
         if isinstance(obj, torch.Tensor):
+            if is_dtensor(obj):  # FSDP's shards: stage the local shard, keep the layout
+                if only is not None and not only(obj):
+                    return obj
+                local = self._plan(obj.to_local(), key, cpu_too, pin, device_copies, host_copies)
+                return type(obj)(local, obj._spec, requires_grad=False)
             on_device = obj.device.type != "cpu"
             if not (cpu_too or on_device) or (only is not None and not only(obj)):
                 return obj
@@ -98,6 +105,14 @@ class Staging:
         _copy_pieces(shares[0])
         for f in futures:
             f.result()
+
+
+def is_dtensor(t: torch.Tensor) -> bool:
+    if type(t) is torch.Tensor or not torch.distributed.is_available():
+        return False
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
 
 
 def tensors_in(obj: Any):
