@@ -184,8 +184,8 @@ def run(ctx: Context) -> Section:
         "strategy if its stall is within 1.5x of the custom writer's and within 10%",
         "blocked/save = time the training loop spends inside the save call, plus any part of the "
         "previous write still running when the next save is due; medians over interleaved saves. "
-        "For hpc below 32 MiB: copying the state into reused buffers (CPU copies split across the "
-        "job's cores, up to 4) and handing it to the writer thread; from 32 MiB: copying device "
+        "For hpc below 256 MiB: copying the state into reused buffers (CPU copies split across the "
+        "job's cores, up to 4) and handing it to the writer thread; from 256 MiB: copying device "
         "tensors (none here) and forking the writer",
         "segment = one save and the training steps up to the next save (median); segment hpc minus "
         "segment no-save is the full cost including the writer thread competing with training for "

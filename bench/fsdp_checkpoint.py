@@ -190,7 +190,7 @@ def run(ctx: Context) -> Section:
         "writes its shards, under DDP its share of the replicated tensors; each rank stages only what it "
         "writes, in hpc's kept buffers), and every rank its RNG and data position through "
         "the store's writer. This is why section 2's DDP figure differs: there the store's own writer saves "
-        "one process's state, and from 32 MiB forks instead of copying",
+        "one process's state, and from 256 MiB forks instead of copying",
         f"saves every {SAVE_EVERY} steps, {steps} steps measured per launch after {WARMUP} warm-up steps, one "
         "launch per strategy and variant; blocked/save = median time inside TrainLoop's save call (state "
         "copied or staged, the previous write waited for if still running; the blocking one writes and "

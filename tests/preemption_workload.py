@@ -26,6 +26,7 @@ def train(out_dir: str, total: int = 40, step_s: float = 0.15, save_every: int =
     import torch
 
     from hpc import ddp, rng
+    from hpc.checkpoint import store as store_module
     from hpc.trainloop import TrainLoop, bitwise_ddp_kwargs
 
     out = Path(out_dir)
@@ -41,6 +42,8 @@ def train(out_dir: str, total: int = 40, step_s: float = 0.15, save_every: int =
             start = loop.resume({"model": model, "optimizer": opt, "scheduler": sched})
             if ballast_mb:  # makes each checkpoint write long enough to be killed in the middle
                 loop.extra["ballast"] = torch.zeros(ballast_mb * 2**18)
+                # ... and written by a forked writer, which auto mode picks from a larger state
+                store_module.AUTO_FORK_BYTES = min(store_module.AUTO_FORK_BYTES, ballast_mb * 2**19)
             (out / f"pid-{s.rank}").write_text(str(os.getpid()))  # for the SIGKILL test
             if s.is_main:
                 with open(out / "attempts.jsonl", "a") as f:

@@ -234,9 +234,11 @@ def test_sigkill_during_write_leaves_previous_loadable(tmp_path):
     assert torch.equal(got["w"], torch.ones(10))
 
 
-def test_auto_mode_forks_only_for_large_states(tmp_path):
+def test_auto_mode_forks_only_for_large_states(tmp_path, monkeypatch):
+    from hpc.checkpoint import store as store_module
     from hpc.checkpoint.background_writer import ForkJob, ThreadJob
 
+    monkeypatch.setattr(store_module, "AUTO_FORK_BYTES", 32 * 2**20)  # the rule, not the constant
     store = CheckpointStore(tmp_path)
     store.save(1, {"w": torch.zeros(1000)})
     assert isinstance(store._job, ThreadJob)

@@ -26,7 +26,7 @@ checkpoint as the newest valid one. Loading uses
 Costs (files, staging, background_writer): a background save forks a copy-on-write writer
 (``mode="fork"``) after copying accelerator tensors to reused CPU buffers; ``mode="thread"``
 copies every tensor into reused buffers and writes from a thread; ``mode="auto"`` (default, or
-HPC_CHECKPOINT_MODE) forks for states of 32 MiB and more, where the fork is the cheaper of the
+HPC_CHECKPOINT_MODE) forks for states of 256 MiB and more, where the fork is the cheaper of the
 two. A blocking save (the final one, the one on a stop signal) streams the live state to disk in
 one pass, without any copy, its checksum computed on a second thread alongside the write.
 

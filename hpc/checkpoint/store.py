@@ -29,8 +29,8 @@ __all__ = ["CheckpointStore", "StoreLocked", "AUTO_FORK_BYTES", "RANK_WAIT_S"]
 
 # How long rank 0 waits for the other ranks' files before giving up on a checkpoint.
 RANK_WAIT_S = 600.0
-# mode="auto": CPU state of at least this size is written by a forked writer, smaller by a thread.
-AUTO_FORK_BYTES = 32 * 2**20
+# mode="auto": a forked writer from this much CPU state, a thread below (crossover: BENCHMARKS.md 2)
+AUTO_FORK_BYTES = 256 * 2**20
 
 
 class CheckpointStore(StoreReader):
@@ -100,8 +100,8 @@ class CheckpointStore(StoreReader):
 
     def _mode_for(self, state: Any) -> str:
         """'auto': fork for large states; a thread with a buffer copy below AUTO_FORK_BYTES, where
-        copying into reused buffers (cost grows with the bytes) is cheaper than a fork (a fixed cost
-        for the page tables of a process with torch loaded); BENCHMARKS.md times both sides."""
+        copying into reused buffers (cost grows with the bytes) is cheaper than a fork (it copies
+        the page tables of the whole process, torch's included); BENCHMARKS.md times both sides."""
         if self.mode != "auto":
             return self.mode
         if background.default_mode() == "thread" or nbytes(state, cpu_only=True) < AUTO_FORK_BYTES:
