@@ -111,10 +111,12 @@ def measure(size_mb: int, directory: Path, saves: int) -> Dict[str, Any]:
     bg_once = time.perf_counter() - t0
     dcp_store, module, engine = CheckpointStore(directory / "dcp", keep=2), _module(state), DcpEngine()
     sharded = lambda d, blocking: (engine.save(d, module, blocking=blocking), engine.wait)[1]  # noqa: E731
+    t0 = time.perf_counter()
     dcp_store.save(0, {"step": 0}, sharded=sharded)  # as TrainLoop saves a model under DDP
     dcp_store.wait()
-    # Saves are spaced so that a background write can finish in between, as a user would set them.
-    interval = max(5, math.ceil(SPACING * max(sync_once, bg_once) / step_s))
+    dcp_once = time.perf_counter() - t0
+    # Saves are spaced so that either background write can finish in between, as a user would set them.
+    interval = max(5, math.ceil(SPACING * max(sync_once, bg_once, dcp_once) / step_s))
     variants = {"none": None, "background": lambda step: store.save(step, state),
                 "dcp": lambda step: dcp_store.save(step, {"step": step}, sharded=sharded),
                 "sync": lambda step: _sync_save(sync_path, state)}
@@ -181,7 +183,12 @@ def run(ctx: Context) -> Section:
         "staging buffers, written by the store's writer thread, marker from each rank's checksums), "
         "the path TrainLoop takes for a model and its optimizer under DDP and FSDP alike; the state is "
         "the same tensors as a module's buffers, one process. Writer choice: one writer (DCP) for every "
-        "strategy if its stall is within 1.5x of the custom writer's and within 10%",
+        "strategy if its stall is within 1.5x of the custom writer's and within 10%. At 1000 MB the "
+        "custom writer forks (from 256 MiB), and the copy into DCP's kept buffers right after a fork "
+        "takes 2 to 3x longer than without one: the fork leaves every page of the process, those "
+        "buffers included, write-protected, and the copy takes a fault per 4 KiB page (in one process "
+        "here, 160 ms after a fork against 43 to 67 ms without). TrainLoop's own store writes the "
+        "RNG and loader positions by thread, so it meets this only with 256 MiB or more of other state",
         "blocked/save = time the training loop spends inside the save call, plus any part of the "
         "previous write still running when the next save is due; medians over interleaved saves. "
         "For hpc below 256 MiB: copying the state into reused buffers (CPU copies split across the "
@@ -196,7 +203,7 @@ def run(ctx: Context) -> Section:
         "runs are copied by the kernel (copy-on-write), a cost that shows in the segment time, not "
         "in blocked/save",
         "step = one 768x768 matmul on one torch thread plus a strided in-place update of the state; "
-        f"saves spaced {SPACING:g}x the longer of one synchronous save and one background write",
+        f"saves spaced {SPACING:g}x the longest of one synchronous save and one background write of either writer",
         "peak RSS is of the benchmark process: the state itself (1x) plus the copy-on-write copies made "
         "while a writer runs; the forked writer's own pages are mostly shared and not counted"]
     return sec
