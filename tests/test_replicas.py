@@ -18,5 +18,15 @@ def test_split_gives_each_tensor_one_rank_and_balances_within_the_largest(sizes,
     assert max(load) - min(load) <= max([max(s, 1) for s in sizes], default=0)
 
 
+@given(st.lists(st.integers(0, 10**9), max_size=60), st.integers(1, 16))
+def test_split_gives_each_tensor_to_the_least_loaded_rank_the_lowest_of_equals(sizes, world):
+    load, expected = [0] * world, []
+    for size in sizes:  # the rule, scanned rank by rank
+        rank = min(range(world), key=lambda r: (load[r], r))
+        expected.append(rank)
+        load[rank] += max(size, 1)
+    assert split(sizes, world) == expected
+
+
 def test_equal_sizes_go_round_robin():
     assert split([4, 4, 4, 4, 4], 2) == [0, 1, 0, 1, 0]

@@ -20,8 +20,9 @@ Asynchronous saves copy the state into staging buffers that are reused from save
 (pinned host memory on CUDA, so the copy runs at DMA speed), then a thread writes them while
 training goes on. Each rank copies only what it writes (its shards, or its share of the
 replicated tensors): staging memory and the copy's stall are the rank's share, not the whole
-state. DCP's collectives of a save (plans, metadata) then run on that thread: they get their own gloo group, because on the training's group they would interleave with the
-training's collectives (and NCCL cannot carry the CPU tensors DCP exchanges).
+state. DCP's collectives of a save (plans, metadata) then run on that thread: they get their
+own gloo group, because on the training's group they would interleave with the training's
+collectives (and NCCL cannot carry the CPU tensors DCP exchanges).
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ writes a live tensor that training goes on changing; what a rank did not stage, 
 from __future__ import annotations
 
 import dataclasses
+import heapq
 from typing import Any
 
 from torch.distributed.checkpoint import DefaultSavePlanner
@@ -32,13 +33,15 @@ def _local(t: Any) -> Any:
 
 def split(sizes: list[int], world: int) -> list[int]:
     """The rank that writes each of `sizes` (bytes, in walk order): the least loaded so far, the
-    lowest of equals. Deterministic, so every rank computes the same split on its own."""
-    load = [0] * world
+    lowest of equals. Deterministic, so every rank computes the same split on its own. A heap of
+    (load, rank): the split runs inside every save's stall, and a scan of all ranks per tensor
+    would grow with tensors x ranks (an optimizer's thousands of tensors at 512 ranks)."""
+    heap = [(0, rank) for rank in range(world)]  # sorted, so already a heap
     owners = []
     for size in sizes:
-        rank = min(range(world), key=load.__getitem__)
+        load, rank = heapq.heappop(heap)
         owners.append(rank)
-        load[rank] += max(size, 1)
+        heapq.heappush(heap, (load + max(size, 1), rank))
     return owners
 
 
@@ -58,10 +61,10 @@ class ShareStager:
 
     def stage(self, state: dict) -> dict:
         tensors = list(tensors_in(state))
-        replicas = [t for t in tensors if not is_dtensor(t)]  # a DTensor's shard is this rank's own
+        shards = {id(t) for t in tensors if is_dtensor(t)}  # a DTensor's shard is this rank's own
+        replicas = [t for t in tensors if id(t) not in shards]
         owners = split([t.numel() * t.element_size() for t in replicas], self.world)
-        mine = {id(t) for t, owner in zip(replicas, owners) if owner == self.rank}
-        mine |= {id(t) for t in tensors if is_dtensor(t)}
+        mine = shards | {id(t) for t, owner in zip(replicas, owners) if owner == self.rank}
         out = self._staging.stage(state, cpu_too=True, pin=self.pinned, only=lambda t: id(t) in mine)
         live = {id(t) for t in tensors}
         buffers = [t for t in tensors_in(out) if id(t) not in live]

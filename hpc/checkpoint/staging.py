@@ -65,13 +65,13 @@ class Staging:
         """The copy of `obj` with fresh-or-reused buffers in place of its tensors; the copies
         into them are listed, not yet made."""
         if isinstance(obj, torch.Tensor):
+            if only is not None and not only(obj):
+                return obj
             if is_dtensor(obj):  # FSDP's shards: stage the local shard, keep the layout
-                if only is not None and not only(obj):
-                    return obj
                 local = self._plan(obj.to_local(), key, cpu_too, pin, device_copies, host_copies)
                 return type(obj)(local, obj._spec, requires_grad=False)
             on_device = obj.device.type != "cpu"
-            if not (cpu_too or on_device) or (only is not None and not only(obj)):
+            if not (cpu_too or on_device):
                 return obj
             src = obj.detach()
             dst = self._buffer(src, key, pin and on_device)
