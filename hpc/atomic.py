@@ -13,7 +13,9 @@ Two kinds of temporary name, because the two users differ:
     (its rank, under the store's lock), and the fixed name lets a later writer and the fault
     campaigns find what a killed write left behind.
 ``sync_dir=True`` also fsyncs the directory, which makes the rename itself durable. A checkpoint's
-files skip it: the store fsyncs once, when it renames the whole step directory.
+files skip it: the store fsyncs once, when it renames the whole step directory. ``durable=False``
+skips both fsyncs and keeps only the atomic rename: for a message whose content something durable
+repeats (a rank's report to the checkpoint's committer, copied into the fsynced marker).
 
 Imports no torch: ``--dry-run`` and ``hpc.status`` write through it.
 """
@@ -42,7 +44,8 @@ def temporary_name(path: Path, unique: bool) -> Path:
 
 
 @contextlib.contextmanager
-def replacing(path: str | os.PathLike, unique: bool = True, sync_dir: bool = True) -> Iterator[BinaryIO]:
+def replacing(path: str | os.PathLike, unique: bool = True, sync_dir: bool = True,
+              durable: bool = True) -> Iterator[BinaryIO]:
     """Yield a binary file; on a normal exit its bytes are fsynced and renamed to `path`.
 
     An exception inside the block (or in the fsync or rename) removes the temporary file and
@@ -56,13 +59,13 @@ def replacing(path: str | os.PathLike, unique: bool = True, sync_dir: bool = Tru
         with os.fdopen(fd, "wb") as fh:
             yield fh
             fh.flush()
-            if not _BATCHED:
+            if durable and not _BATCHED:
                 os.fsync(fh.fileno())
         os.replace(part, path)
     except BaseException:
         unlink_quietly(part)
         raise
-    if sync_dir and not _BATCHED:
+    if durable and sync_dir and not _BATCHED:
         fsync_dir(path.parent)
 
 
@@ -92,11 +95,12 @@ def sync_filesystem(directory: str | os.PathLike) -> None:
         os.close(fd)
 
 
-def write_bytes(path: str | os.PathLike, data: bytes, unique: bool = True, sync_dir: bool = True) -> None:
+def write_bytes(path: str | os.PathLike, data: bytes, unique: bool = True, sync_dir: bool = True,
+                durable: bool = True) -> None:
     """Write `data` to `path` atomically (see replacing); creates the parent directory."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with replacing(path, unique=unique, sync_dir=sync_dir) as fh:
+    with replacing(path, unique=unique, sync_dir=sync_dir, durable=durable) as fh:
         fh.write(data)
 
 

@@ -118,9 +118,34 @@ def test_per_rank_state_two_ranks(tmp_path):
     for t in threads:
         t.join()
     assert sorted(p.name for p in (tmp_path / "step-7").iterdir()) == [
-        "COMPLETE.json", "rank-0.done", "rank-0.pt", "rank-1.done", "rank-1.pt", "shared.pt"]
+        "COMPLETE.json", "rank-0.pt", "rank-1.done", "rank-1.pt", "shared.pt"]  # rank 0 reports to itself
     assert [s.load()["per_rank"] for s in stores] == [{"rank": 0}, {"rank": 1}]
     assert torch.equal(stores[1].load()["model"], torch.ones(3))
+
+
+def test_a_rank_fsyncs_only_its_own_file_per_save(tmp_path, monkeypatch):
+    """Each fsync waits for the disk's journal, and at hundreds of ranks they queue behind one
+    another: a rank > 0 fsyncs only the data it wrote; its report to rank 0 is a message that the
+    fsynced marker repeats. Rank 0 does not report to itself through a file."""
+    import os
+    calls = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (calls.append(threading.get_ident()), real(fd))[1])
+    stores = [CheckpointStore(tmp_path, rank=r, world_size=2) for r in range(2)]
+    idents = {}
+
+    def run(r):
+        idents[r] = threading.get_ident()
+        stores[r].save(3, {"model": torch.ones(3), "per_rank": {"rank": r}}, blocking=True)
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in (1, 0)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert calls.count(idents[1]) == 1  # rank-1.pt
+    assert not (tmp_path / "step-3" / "rank-0.done").exists()
+    assert [s.load()["per_rank"] for s in stores] == [{"rank": 0}, {"rank": 1}]
 
 
 def test_stale_rank_file_of_an_earlier_attempt_is_not_committed(tmp_path, monkeypatch):

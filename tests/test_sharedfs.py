@@ -24,7 +24,7 @@ from hypothesis import given, strategies as st
 
 from faults.sharedfs import NegativeCache, write_mounts
 from hpc import atomic, sharedfs
-from hpc.checkpoint import CheckpointStore, store as store_module
+from hpc.checkpoint import CheckpointStore, reports
 from hpc.checkpoint.files import load_file, write_atomic
 from hpc.checkpoint.writer_lock import WriterLock
 from hpc.rundir import RunDir, RunDirError
@@ -181,16 +181,13 @@ def test_node_local_locks_are_warned_about(monkeypatch, tmp_path):
 def test_rank_0_sees_a_peer_file_that_appeared_after_its_first_look(monkeypatch, tmp_path):
     """Rank 0 commits once rank 1's done file exists. It looks before rank 1 has written it; on NFS
     a lookup of that name would keep failing from the cache long after (here: for good)."""
-    monkeypatch.setattr(store_module, "RANK_WAIT_S", 20.0)
     tmp = tmp_path / ".step-1.tmp"
     tmp.mkdir()
-    store = CheckpointStore(tmp_path, rank=0, world_size=2)
     result = {}
     with NegativeCache() as cache:
-        looker = threading.Thread(target=lambda: result.update(files=store._collect_ranks(tmp, "g")))
+        looker = threading.Thread(target=lambda: result.update(files=reports.collect(tmp, 2, "g", 20.0)))
         looker.start()
         time.sleep(0.3)  # rank 0 has looked at least once
-        (tmp / "rank-0.done").write_bytes(json.dumps({"generation": "g", "file": {"bytes": 1}}).encode())
         (tmp / "rank-1.done").write_bytes(json.dumps({"generation": "g", "file": {"bytes": 2}}).encode())
         looker.join(timeout=30)
-    assert result.get("files") == {"rank-0.pt": {"bytes": 1}, "rank-1.pt": {"bytes": 2}}, cache.misses
+    assert result.get("files") == {"rank-1.pt": {"bytes": 2}}, cache.misses

@@ -39,6 +39,7 @@ Parts (one concept each)::
     staging.py            reused CPU buffers for background saves
     background_writer.py  the forked or threaded writer of one background save
     writer_lock.py        one writing job per store
+    reports.py            each rank's report of what it wrote, which rank 0 commits from
     dcp_engine.py         model and optimizer through torch.distributed.checkpoint (FSDP)
     (hpc.atomic           atomic small-file writes and directory fsync, torch-free)
 """

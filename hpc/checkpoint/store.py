@@ -17,13 +17,12 @@ from typing import Any
 
 from hpc.atomic import fsync_dir, write_bytes
 from hpc.checkpoint import background_writer as background
-from hpc.checkpoint import dcp_engine, layout, read_lease
+from hpc.checkpoint import dcp_engine, layout, read_lease, reports
 from hpc.checkpoint.files import file_info, nbytes, space_error, write_atomic
 from hpc.checkpoint.layout import DCP_METADATA, MARKER, SHARED
 from hpc.checkpoint.reader import PER_RANK_KEY, StoreReader, warn_user
 from hpc.checkpoint.staging import Staging, source_devices, synchronize, tensors_in
 from hpc.checkpoint.writer_lock import StoreLocked, WriterLock, wait_for_owner, generation as job_attempt
-from hpc.sharedfs import listed
 
 __all__ = ["CheckpointStore", "StoreLocked", "AUTO_FORK_BYTES", "RANK_WAIT_S"]
 
@@ -162,14 +161,15 @@ class CheckpointStore(StoreReader):
                 report["shards"] = dcp_engine.own_shards(tmp, self.rank)
             if per_rank is not None:
                 report["file"] = write_atomic(tmp / f"rank-{self.rank}.pt", per_rank, overlap)
-            if len(report) > 1:
-                write_bytes(tmp / f"rank-{self.rank}.done", json.dumps(report).encode())
+            if len(report) > 1 and self.rank > 0:
+                reports.send(tmp, self.rank, report)
             if self.rank == 0:
                 files = {SHARED: write_atomic(tmp / SHARED, shared, overlap)}
                 if shards is not None:  # DCP's index, written by rank 0: the only file it reads
                     files[DCP_METADATA] = file_info(tmp / DCP_METADATA)
                 if len(report) > 1:
-                    files.update(self._collect_ranks(tmp, generation))
+                    files.update(reports.files_of(report, 0))
+                    files.update(reports.collect(tmp, self.world_size, generation, RANK_WAIT_S))
                 self._commit(step, tmp, files)
         except BaseException as err:
             self._abandon(tmp, generation, err)
@@ -188,41 +188,7 @@ class CheckpointStore(StoreReader):
             layout.remove(tmp)
             return
         layout.discard(tmp / f"rank-{self.rank}.pt")
-        try:
-            write_bytes(tmp / f"rank-{self.rank}.done", json.dumps(
-                {"generation": generation, "error": f"{type(err).__name__}: {err}"[:2000]}).encode())
-        except OSError:
-            pass  # rank 0 then waits RANK_WAIT_S for this rank, as for a rank that died
-
-    def _collect_ranks(self, tmp: Path, generation: str) -> dict[str, str]:
-        """Wait for every rank's report of this generation; return name -> checksum info of the
-        files the ranks wrote (their rank-R.pt, their DCP shards): rank 0 reads none. A file is
-        looked for in a listing of the directory, never by opening its name before it exists: NFS
-        would answer that lookup from its cache of misses for up to a minute (hpc.sharedfs)."""
-        files, pending, deadline, pause = {}, list(range(self.world_size)), time.monotonic() + RANK_WAIT_S, 0.05
-        while pending:
-            names = listed(tmp)
-            for r in [r for r in pending if f"rank-{r}.done" in names]:
-                try:
-                    info = json.loads((tmp / f"rank-{r}.done").read_text())
-                except (OSError, ValueError):
-                    info = {}
-                if isinstance(info, dict) and info.get("generation") == generation:
-                    if "error" in info:
-                        raise RuntimeError(f"rank {r} could not write its checkpoint file: {info['error']}")
-                    if "file" in info:
-                        files[f"rank-{r}.pt"] = info["file"]
-                    files.update(info.get("shards", {}))
-                    pending.remove(r)
-            if pending and time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"rank {pending[0]} did not write {tmp / f'rank-{pending[0]}.done'} within "
-                    f"{RANK_WAIT_S:.0f}s; checkpoint left incomplete. HINT: every rank must call save() "
-                    "with the same step.")
-            if pending:
-                time.sleep(pause)
-                pause = min(pause * 1.5, 0.5)  # each look lists the whole directory
-        return files
+        reports.send_error(tmp, self.rank, generation, err)
 
     def _commit(self, step: int, tmp: Path, files: dict[str, str]) -> None:
         marker = {"step": step, "world_size": self.world_size, "files": files, "time": time.time()}
@@ -298,3 +264,4 @@ class CheckpointStore(StoreReader):
                 layout.remove(path)
         for path in found["gone"].values():
             layout.discard(path)
+
