@@ -30,3 +30,47 @@ def test_split_gives_each_tensor_to_the_least_loaded_rank_the_lowest_of_equals(s
 
 def test_equal_sizes_go_round_robin():
     assert split([4, 4, 4, 4, 4], 2) == [0, 1, 0, 1, 0]
+
+
+def _mapped_in_child(address: int) -> bool:
+    """Whether `address` is mapped in a freshly forked child (read from its /proc/self/maps)."""
+    import os
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child only reads its own map and exits: it never touches the address
+        os.close(read)
+        spans = [line.split()[0].split("-") for line in open("/proc/self/maps")]
+        os.write(write, b"1" if any(int(a, 16) <= address < int(b, 16) for a, b in spans) else b"0")
+        os._exit(0)
+    os.close(write)
+    answer = os.read(read, 1)
+    os.waitpid(pid, 0)
+    os.close(read)
+    return answer == b"1"
+
+
+def test_dcp_staging_buffers_stay_out_of_forks():
+    """A fork write-protects every page of the process; DCP's kept buffers are read by no other
+    process, so they are left out of forks and the next copy into them takes no page faults.
+    The store's own buffers must stay in: its forked writer reads them."""
+    import mmap
+
+    import pytest
+    import torch
+
+    from hpc.checkpoint.replicas import ShareStager
+    from hpc.checkpoint.staging import Staging
+
+    if not hasattr(mmap, "MADV_DONTFORK"):
+        pytest.skip("MADV_DONTFORK is Linux's")
+    state = {"w": torch.arange(3 * 2**20, dtype=torch.float32).reshape(3, 2**20),
+             "flags": torch.tensor([True, False]), "step": torch.tensor(7)}
+    staged = ShareStager(pinned=False).stage(state)
+    for key, live in state.items():
+        assert torch.equal(staged[key], live) and staged[key].data_ptr() != live.data_ptr()
+        assert staged[key].dtype == live.dtype and staged[key].shape == live.shape
+    assert not _mapped_in_child(staged["w"].data_ptr() + 2**20)
+    assert _mapped_in_child(state["w"].data_ptr() + 2**20)
+    kept = Staging().stage(state, cpu_too=True)
+    assert _mapped_in_child(kept["w"].data_ptr() + 2**20)

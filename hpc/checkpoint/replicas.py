@@ -55,7 +55,7 @@ class ShareStager:
 
     def __init__(self, pinned: bool, rank: int = 0, world: int = 1) -> None:
         self.pinned, self.rank, self.world = pinned, rank, world
-        self._staging = Staging()
+        self._staging = Staging(private=True)  # DCP's writer is a thread of this process
         self.staged: set[int] = set()  # ids of the buffers the last stage() filled
         self.staged_bytes = 0
 

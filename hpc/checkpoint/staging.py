@@ -11,6 +11,7 @@ the DTensor's own layout.
 
 from __future__ import annotations
 
+import mmap
 import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
@@ -34,11 +35,19 @@ class Staging:
     `pin=True` pins the buffers of device tensors for full-speed copies. The forked writer asks
     for pageable buffers: drivers may mark pinned host memory MADV_DONTFORK (ROCm does; CUDA is
     not documented either way), and a child reading such pages would crash.
+
+    `private=True`: no other process ever reads these buffers (DCP writes them from a thread of
+    this one), so their pageable buffers are mapped MADV_DONTFORK. Any fork (the store's forked
+    writer, a DataLoader's workers) otherwise write-protects every page of the process, these
+    buffers included, and the next save's copy into them takes a fault per 4 KiB page: 2 to 3x
+    the copy's time (BENCHMARKS.md section 2). A buffer of the store itself must stay visible to
+    its forked writer, which reads the staged tensors.
     """
 
     PARALLEL_MIN_BYTES = 4 * 2**20  # below this, handing work to threads costs more than it saves
 
-    def __init__(self, threads: int | None = None) -> None:
+    def __init__(self, threads: int | None = None, private: bool = False) -> None:
+        self.private = private and hasattr(mmap, "MADV_DONTFORK")  # Linux
         self._buffers: dict[tuple, tuple[torch.Tensor, bool]] = {}  # key -> (buffer, pinned)
         self.threads = max(1, threads if threads is not None else min(4, _usable_cpus()))
         self._pool: tuple[int, ThreadPoolExecutor] | None = None  # (pid, executor)
@@ -89,7 +98,11 @@ class Staging:
         # pinned-ness is remembered, not asked of the tensor: is_pinned() may call into the driver
         buf, pinned = self._buffers.get(key, (None, False))
         if buf is None or buf.shape != t.shape or buf.dtype != t.dtype or pinned != pin:
-            buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=pin)
+            nbytes = t.numel() * t.element_size()
+            if self.private and not pin and nbytes:
+                buf = _unforked(nbytes).view(t.dtype).view(t.shape)
+            else:
+                buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=pin)
             self._buffers[key] = (buf, pin)
         return buf
 
@@ -105,6 +118,15 @@ class Staging:
         _copy_pieces(shares[0])
         for f in futures:
             f.result()
+
+
+def _unforked(nbytes: int) -> torch.Tensor:
+    """A uint8 tensor over an anonymous mapping of its own, left out of every fork. The mapping is
+    the tensor's alone (never reused by the allocator for anything a child might read), and
+    torch.frombuffer keeps it alive as long as the tensor."""
+    mapping = mmap.mmap(-1, nbytes)
+    mapping.madvise(mmap.MADV_DONTFORK)
+    return torch.frombuffer(mapping, dtype=torch.uint8, count=nbytes)
 
 
 def is_dtensor(t: torch.Tensor) -> bool:
