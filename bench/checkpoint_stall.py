@@ -179,16 +179,16 @@ def run(ctx: Context) -> Section:
                              f"{fmt_s(r['stall_dcp_s'])}, {dcp_ratio:.1%} of a synchronous save, "
                              f"{dcp_vs:.2f}x the custom writer's", dcp_ratio <= 0.10))
     sec.notes += [
-        "DCP = the store saving through hpc.checkpoint.dcp_engine (DCP's async_save with reused "
-        "staging buffers, written by the store's writer thread, marker from each rank's checksums), "
-        "the path TrainLoop takes for a model and its optimizer under DDP and FSDP alike; the state is "
-        "the same tensors as a module's buffers, one process. Writer choice: one writer (DCP) for every "
-        "strategy if its stall is within 1.5x of the custom writer's and within 10%. At 1000 MB the "
-        "custom writer forks (from 256 MiB), and the copy into DCP's kept buffers right after a fork "
-        "takes 2 to 3x longer than without one: the fork leaves every page of the process, those "
-        "buffers included, write-protected, and the copy takes a fault per 4 KiB page (in one process "
-        "here, 160 ms after a fork against 43 to 67 ms without). TrainLoop's own store writes the "
-        "RNG and loader positions by thread, so it meets this only with 256 MiB or more of other state",
+        "DCP = the store saving through hpc.checkpoint.dcp_engine (this rank's share staged into "
+        "reused buffers, then DCP's save on a writer thread kept from save to save, marker from each "
+        "rank's checksums), the path TrainLoop takes for a model and its optimizer under DDP and FSDP "
+        "alike; the state is the same tensors as a module's buffers, one process. Writer choice: one "
+        "writer (DCP) for every strategy if its stall is within 1.5x of the custom writer's and within "
+        "10%. At 1000 MB the custom writer forks (from 256 MiB); DCP's kept buffers are mapped "
+        "MADV_DONTFORK, or else each fork would write-protect them and the next copy into them would "
+        "take a fault per 4 KiB page (1 GiB in one process: 264 ms after a fork, 76 ms without). "
+        "DCP's async_save starts a new thread per save; waiting for it to start was 2 to 3 ms of "
+        "the stall here, which the kept thread saves",
         "blocked/save = time the training loop spends inside the save call, plus any part of the "
         "previous write still running when the next save is due; medians over interleaved saves. "
         "For hpc below 256 MiB: copying the state into reused buffers (CPU copies split across the "

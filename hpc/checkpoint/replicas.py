@@ -2,7 +2,8 @@
 tensors (DDP: every rank holds the same ones), and its own shards of DTensors (FSDP).
 
     stager = ShareStager(pinned=False, rank=r, world=w)
-    dcp.async_save(state, ..., async_stager=stager, planner=SharePlanner(stager))
+    staged = stager.stage(state)                     # in the training thread: the stall
+    dcp.save(staged, ..., planner=SharePlanner(stager))   # on a writer thread (hpc.checkpoint.dcp_engine)
 
 DCP's own deduplication picks the rank that writes a replicated tensor inside the save, after
 staging: every rank would first copy the whole model and optimizer into its staging buffers. At
