@@ -26,10 +26,11 @@ WORLDS = (2, 8)
 CALLS, ROUNDS = 200, 5
 # name -> (what it is, collective per step, device-to-host sync in the step)
 OPS = {
-    "stop vote": ("TrainLoop's StopVote.poll every check_every steps: launches a 4-byte MAX "
-                  "all-reduce, reads the one launched a poll earlier", "1 all-reduce, asynchronous",
+    "stop vote": ("TrainLoop's StopVote.poll, about every 0.1 s of training (check_every=N: every N "
+                  "steps): launches an 8-byte MAX all-reduce (stop reason, time per step), reads the "
+                  "one launched a poll earlier", "1 all-reduce per check, asynchronous",
                   "no drain: on CUDA the result is read from pinned memory behind an event recorded a "
-                  "poll earlier, so the host waits only if it runs check_every steps ahead of the GPU"),
+                  "poll earlier, so the host waits only if it runs a whole check ahead of the GPU"),
     "loss averaging": ("s.all_reduce_mean(loss) of a 1-element tensor (one copy, one all-reduce)",
                        "1 all-reduce, if the step calls it", "none: the result stays a tensor (stream-ordered on NCCL)"),
     "bare all_reduce": ("dist.all_reduce of a 1-element tensor, what a hand-written loop calls instead",

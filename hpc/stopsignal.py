@@ -106,12 +106,17 @@ class StopVote:
     the result is copied to pinned memory behind an event, so reading it waits for the previous
     step's work only, never for the step just queued (``.item()`` would drain the stream).
     Without a process group the local flag answers at once. close() waits for the last vote.
+
+    poll(pace=N) also carries one number per rank through the same all-reduce: `agreed_pace` is
+    then the largest over the ranks, from the previous poll, the same on every rank. TrainLoop
+    sends its time per step, so that every rank derives the same next poll step from it.
     """
 
     def __init__(self, flag: StopFlag, device: Any = "cpu") -> None:
         self.flag, self.device = flag, device
         self._pending: tuple[Callable[[], Any], Any] | None = None
         self._buf = self._host = self._event = None
+        self.agreed_pace = 0
 
     @staticmethod
     def distributed() -> bool:
@@ -119,30 +124,32 @@ class StopVote:
 
         return dist.is_available() and dist.is_initialized()
 
-    def poll(self) -> StopRequest | None:
+    def poll(self, pace: int = 0) -> StopRequest | None:
         """Call at the same step boundaries on every rank (a collective when distributed)."""
         if not self.distributed():
+            self.agreed_pace = pace
             return self.flag.local()
         code = self._collect()
-        self._launch()
+        self._launch(pace)
         reason = CODE_REASONS[code]
         if reason is None:
             return None
         mine = self.flag.local()
         return StopRequest(reason, mine.signal if mine else None)
 
-    def _launch(self) -> None:
+    def _launch(self, pace: int) -> None:
         import torch
         import torch.distributed as dist
 
         if self._buf is None:
-            self._buf = torch.zeros(1, dtype=torch.int32, device=self.device)
+            self._buf = torch.zeros(2, dtype=torch.int32, device=self.device)
         mine = self.flag.local()
-        self._buf.fill_(REASON_CODES[mine.reason if mine else None])  # a kernel: no host copy
+        self._buf[0].fill_(REASON_CODES[mine.reason if mine else None])  # kernels: no host copy
+        self._buf[1].fill_(max(0, min(int(pace), 2**31 - 1)))
         work = dist.all_reduce(self._buf, op=dist.ReduceOp.MAX, async_op=True)
         if self._buf.is_cuda:
             if self._host is None:
-                self._host = torch.zeros(1, dtype=torch.int32, pin_memory=True)
+                self._host = torch.zeros(2, dtype=torch.int32, pin_memory=True)
                 self._event = torch.cuda.Event()
             # On the vote buffer's device, which need not be the current one in a process that
             # drives several GPUs: the wait, the copy and the event must all be on its stream.
@@ -159,7 +166,8 @@ class StopVote:
             return 0
         (wait, result), self._pending = self._pending, None
         wait()
-        return int(result[0])
+        code, self.agreed_pace = result.tolist()
+        return code
 
     def close(self) -> None:
         """Wait for the vote still in flight (every rank launched it, so it completes)."""

@@ -33,7 +33,11 @@ when the batch is planned with ``s.plan_batch``: its gradient accumulation is re
 On the pre-timeout signal or preemption every rank stops at the same step, the checkpoint is
 written, rank 0 asks SLURM what happened and requeues (hpc.preemption), and every process exits.
 Ranks agree on that step through an asynchronous vote read one check later (hpc.stopsignal), so
-no step waits for the device: a stop comes `check_every` steps after the signal.
+no step waits for the device. By default a check is made about every VOTE_PERIOD_S (0.1 s) of
+training, whatever the step time: the vote carries each rank's time per step, and every rank
+derives the next check's step from the slowest, the same on all. A stop thus comes within about
+two periods and a step after the signal, while a fast step pays for one small all-reduce per
+period instead of one per step. `check_every=N` checks every N steps instead.
 
 Leaving the ``with`` block because of an exception writes no final checkpoint: the exception may
 have come in the middle of a step (half an optimizer update, a NaN, a failed collective), and a
@@ -47,6 +51,7 @@ Without ``with``, call ``finish()`` at the end; the signal handlers then stay in
 from __future__ import annotations
 
 import logging
+import time
 import os
 from pathlib import Path
 from typing import Any, Iterator
@@ -90,6 +95,17 @@ def bitwise_ddp_kwargs() -> dict[str, Any]:
     return {"bucket_cap_mb_list": [1e-6]}  # 1 byte: every bucket closes after one tensor
 
 
+VOTE_PERIOD_S = 0.1  # stop checks about this far apart: latency to stop, against a collective per step
+MAX_CHECK_EVERY = 10_000
+
+
+def check_interval(pace_us: int, period_s: float = VOTE_PERIOD_S) -> int:
+    """Steps between stop checks for a time per step of `pace_us` (0: unknown, check at once)."""
+    if pace_us <= 0:
+        return 1
+    return max(1, min(MAX_CHECK_EVERY, int(period_s * 1e6 / pace_us)))
+
+
 class TrainLoop:
     """Step counter with periodic background checkpoints, agreed stops and resume.
 
@@ -99,11 +115,12 @@ class TrainLoop:
 
     def __init__(self, session: Any, out_dir: str | os.PathLike, save_every: int = 100,
                  keep: int = 3, max_timeouts: int = preemption.DEFAULT_MAX_TIMEOUTS,
-                 timeout_signal: str = preemption.DEFAULT_TIMEOUT_SIGNAL, check_every: int = 1,
+                 timeout_signal: str = preemption.DEFAULT_TIMEOUT_SIGNAL, check_every: int | None = None,
                  tensorboard: bool = True, seed: int = 0, watchdog_s: float | None = None) -> None:
-        if save_every < 1 or check_every < 1:
+        if save_every < 1 or (check_every is not None and check_every < 1):
             raise ValueError(f"save_every={save_every}, check_every={check_every}; expected >= 1. "
-                             "HINT: save_every=100 saves every 100 steps.")
+                             "HINT: save_every=100 saves every 100 steps; check_every=None (default) "
+                             "checks for a stop about every 0.1 s.")
         self.s, self.out_dir = session, Path(out_dir)
         self.save_every, self.check_every, self.max_timeouts = save_every, check_every, max_timeouts
         self.store = CheckpointStore(self.out_dir / "checkpoints", keep=keep, rank=session.rank,
@@ -123,6 +140,8 @@ class TrainLoop:
         self.seed = seed  # reseeds the RNGs when a resume changes the world size
         self._engine: Any = None  # hpc.checkpoint.dcp_engine.DcpEngine, for a model sharded by FSDP
         self._dcp_names: tuple[str, ...] = ()  # model (and optimizer) saved through it
+        self._next_check: int | None = None  # step of the next stop check (check_every=None)
+        self._last_check: tuple[float, int] | None = None  # (time, step) of this rank's last check
         # ends a hung job and requeues it (hpc.watchdog); None when watchdog_s (HPC_WATCHDOG_S) is 0
         self.watchdog = watchdog.for_loop(self, watchdog_s)
 
@@ -208,12 +227,31 @@ class TrainLoop:
                     break
                 if step % self.save_every == 0:
                     self.save()
-                if step % self.check_every == 0:
-                    request = self.vote.poll()
+                if self._check_due(step):
+                    request = self.vote.poll(pace=self._pace(step))
+                    self._next_check = step + self._interval()
                     if request:
                         self._stop(request)
         finally:
             self.watchdog.rest() if self.watchdog else None
+
+    def _check_due(self, step: int) -> bool:
+        if self.check_every is not None:
+            return step % self.check_every == 0
+        return self._next_check is None or step >= self._next_check
+
+    def _pace(self, step: int) -> int:
+        """This rank's microseconds per step since its last check (0 at the first)."""
+        now, (then, before) = time.perf_counter(), self._last_check or (0.0, step)
+        self._last_check = (now, step)
+        return int((now - then) * 1e6 / (step - before)) if step > before else 0
+
+    def _interval(self) -> int:
+        """Steps to the next check: the same on every rank, from the vote's agreed (slowest) pace.
+        One process checks every step: its vote is a local read, no collective."""
+        if self.check_every is not None:
+            return self.check_every
+        return check_interval(self.vote.agreed_pace) if self.vote.distributed() else 1
 
     def state(self) -> dict[str, Any]:
         """Shared objects (model, optimizer: equal on every rank) go in rank 0's file; objects

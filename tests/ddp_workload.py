@@ -98,8 +98,9 @@ def stop_trial(trial: int, world: int) -> dict:
     """Which rank gets the signal, when, and how often the ranks vote: varied across trials.
 
     Every third trial the signal comes from a timer thread at an arbitrary moment (inside a
-    step, a vote or a collective); the others raise it inside the body of a given step."""
-    return {"rank": trial % world, "check_every": 1 + (trial // world) % 3,
+    step, a vote or a collective); the others raise it inside the body of a given step. With
+    check_every None the checks are paced by the ranks' step times, which differ by rank."""
+    return {"rank": trial % world, "check_every": (1, 2, 3, None)[(trial // world) % 4],
             "step": 1 + (trial * 7) % 11, "timer_s": 0.002 * (trial % 13) if trial % 3 == 2 else None}
 
 
@@ -119,6 +120,8 @@ def stop(s, args):
                          check_every=plan["check_every"], tensorboard=False)
         if mine and plan["timer_s"] is not None:
             threading.Timer(plan["timer_s"], os.kill, (os.getpid(), signal.SIGUSR2)).start()
+        polls, poll = [], loop.vote.poll
+        loop.vote.poll = lambda pace=0: (polls.append(pace), poll(pace))[1]  # counted, passed on
         try:
             with loop:
                 loop.resume({})
@@ -126,9 +129,10 @@ def stop(s, args):
                     s.all_reduce_sum(1.0)  # a blocking collective between the votes in flight
                     if mine and plan["timer_s"] is None and step == plan["step"]:
                         os.kill(os.getpid(), signal.SIGUSR2)
-                    time.sleep(0.001)
+                    time.sleep(0.001 * (1 + s.rank))  # the slowest rank sets the pace of the checks
         except JobNotRequeued:
-            stops.append({"step": loop.step, "saw_signal": loop.flag.reason is not None})
+            stops.append({"step": loop.step, "saw_signal": loop.flag.reason is not None,
+                          "checks": len(polls)})
     return {"stops": stops}
 
 

@@ -102,7 +102,7 @@ def test_the_stop_vote_copies_and_records_on_its_own_devices_stream(fake_cuda, m
     monkeypatch.setattr(torch.cuda, "device", device)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda d=None: f"stream of {d}")
     vote = StopVote(StopFlag(), device="cuda:1")
-    vote._buf, vote._host, vote._event = on(1, torch.zeros(1, dtype=torch.int32)), torch.zeros(1, dtype=torch.int32), FakeEvent()
+    vote._buf, vote._host, vote._event = on(1, torch.zeros(2, dtype=torch.int32)), torch.zeros(2, dtype=torch.int32), FakeEvent()
     assert vote.poll() is None  # the current device is cuda:0 (never switched): the vote is on cuda:1
     assert entered == ["cuda:1"] and vote._event.streams == ["stream of cuda:1"]
     vote.close()

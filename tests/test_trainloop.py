@@ -6,6 +6,7 @@ import os
 import signal
 
 import pytest
+from hypothesis import given, strategies as st
 import torch
 
 from hpc import ddp, rng
@@ -161,8 +162,9 @@ def test_finish_inside_the_block_is_not_repeated(tmp_path):
 
 def test_only_one_rank_signalled_every_rank_stops_at_the_same_step(tmp_path):
     """Gloo ranks, one of them signalled at many moments (a given step's body, or a timer at an
-    arbitrary point, with votes every 1, 2 or 3 steps): all stop at the same step, and for a
-    signal inside step k that is the poll after the first poll at or after k."""
+    arbitrary point, with votes every 1, 2 or 3 steps, or paced by the step time): all stop at the
+    same step, and for a signal inside step k that is the poll after the first poll at or after
+    k; paced votes are the same on every rank and far fewer than the steps."""
     from ddp_workload import stop_trial
     from test_ddp_session import results, run_local
 
@@ -177,7 +179,10 @@ def test_only_one_rank_signalled_every_rank_stops_at_the_same_step(tmp_path):
         assert [ranks[r][trial]["saw_signal"] for r in range(world)] == \
             [r == plan["rank"] for r in range(world)]
         step, every = steps.pop(), plan["check_every"]
-        if plan["timer_s"] is None:
+        if every is None:  # paced: far fewer checks than steps once the pace is known
+            checks = {ranks[r][trial]["checks"] for r in range(world)}
+            assert len(checks) == 1 and (step <= 10 or checks.pop() <= step / 3), (plan, step, checks)
+        elif plan["timer_s"] is None:
             first_poll = -(-plan["step"] // every) * every
             assert step == first_poll + every, plan
         marker = tmp_path / f"trial-{trial}" / "checkpoints" / f"step-{step}" / "COMPLETE.json"
@@ -207,3 +212,16 @@ def test_no_intact_checkpoint_after_a_partial_load_refuses_to_train_on(tmp_path)
     _corrupt_shards(tmp_path, [5, 10])
     with pytest.raises(RuntimeError, match="overwritten part of the model.*HINT"):
         _train(tmp_path)
+
+
+@given(st.integers(min_value=-10, max_value=10**10), st.floats(min_value=1e-3, max_value=10.0))
+def test_check_interval_spaces_checks_by_the_period(pace_us, period_s):
+    from hpc.trainloop import MAX_CHECK_EVERY, check_interval
+
+    n = check_interval(pace_us, period_s)
+    assert 1 <= n <= MAX_CHECK_EVERY
+    if pace_us <= 0:
+        assert n == 1  # pace unknown: check at the next step
+    elif 1 < n < MAX_CHECK_EVERY:  # as many steps as fit in the period, never more
+        period_us = period_s * 1e6
+        assert n * pace_us <= period_us * (1 + 1e-12) and period_us < (n + 1) * pace_us * (1 + 1e-12)
