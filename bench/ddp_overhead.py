@@ -210,7 +210,10 @@ PROFILE_NOTE = ("profiles: bench/profiles/ddp-*.txt, save-*.txt, fsdp-*.txt (pyt
                 "of a step that the hand-written loop's all_reduce and DistributedSampler loader take; in "
                 "TrainLoop the stop vote (one small all-reduce per check, which a hand-written loop does not "
                 "make) was about 2% of a step here when it checked every step; it now checks about every "
-                "0.1 s, and the save's staging is about 2%, against torch.save's 3%")
+                "0.1 s, and the save's staging is about 2%, against torch.save's 3%. Two changes were measured in "
+                "this benchmark and not kept, as neither moved TrainLoop's ratio beyond the spread between runs "
+                "(1.037x and 1.047x in two runs without either): the checkpoint writer threads at nice 19 (1.041x) and Python's GIL "
+                "switch interval at 0.5 ms instead of 5 ms (1.045x)")
 HEADERS = ["variant", "median step", "mean step", "p90 step", "steps measured", "ratio (95% interval)",
            "p90 ratio"]
 
