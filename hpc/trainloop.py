@@ -120,7 +120,7 @@ class TrainLoop:
         if save_every < 1 or (check_every is not None and check_every < 1):
             raise ValueError(f"save_every={save_every}, check_every={check_every}; expected >= 1. "
                              "HINT: save_every=100 saves every 100 steps; check_every=None (default) "
-                             "checks for a stop about every 0.1 s.")
+                             f"checks for a stop about every {VOTE_PERIOD_S} s.")
         self.s, self.out_dir = session, Path(out_dir)
         self.save_every, self.check_every, self.max_timeouts = save_every, check_every, max_timeouts
         self.store = CheckpointStore(self.out_dir / "checkpoints", keep=keep, rank=session.rank,

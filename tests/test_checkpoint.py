@@ -106,17 +106,26 @@ def test_loading_never_runs_pickled_code(tmp_path):
         store.load()
 
 
-def test_per_rank_state_two_ranks(tmp_path):
-    stores = [CheckpointStore(tmp_path, rank=r, world_size=2) for r in range(2)]
+def _save_two_ranks(directory, step):
+    """Ranks 0 and 1 of one store, each on its own thread, save `step` blocking; returns the stores
+    and each rank's thread ident."""
+    stores = [CheckpointStore(directory, rank=r, world_size=2) for r in range(2)]
+    idents = {}
 
     def run(r):
-        stores[r].save(7, {"model": torch.ones(3), "per_rank": {"rank": r}}, blocking=True)
+        idents[r] = threading.get_ident()
+        stores[r].save(step, {"model": torch.ones(3), "per_rank": {"rank": r}}, blocking=True)
 
     threads = [threading.Thread(target=run, args=(r,)) for r in (1, 0)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    return stores, idents
+
+
+def test_per_rank_state_two_ranks(tmp_path):
+    stores, _ = _save_two_ranks(tmp_path, 7)
     assert sorted(p.name for p in (tmp_path / "step-7").iterdir()) == [
         "COMPLETE.json", "rank-0.pt", "rank-1.done", "rank-1.pt", "shared.pt"]  # rank 0 reports to itself
     assert [s.load()["per_rank"] for s in stores] == [{"rank": 0}, {"rank": 1}]
@@ -131,18 +140,7 @@ def test_a_rank_fsyncs_only_its_own_file_per_save(tmp_path, monkeypatch):
     calls = []
     real = os.fsync
     monkeypatch.setattr(os, "fsync", lambda fd: (calls.append(threading.get_ident()), real(fd))[1])
-    stores = [CheckpointStore(tmp_path, rank=r, world_size=2) for r in range(2)]
-    idents = {}
-
-    def run(r):
-        idents[r] = threading.get_ident()
-        stores[r].save(3, {"model": torch.ones(3), "per_rank": {"rank": r}}, blocking=True)
-
-    threads = [threading.Thread(target=run, args=(r,)) for r in (1, 0)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    stores, idents = _save_two_ranks(tmp_path, 3)
     assert calls.count(idents[1]) == 1  # rank-1.pt
     assert not (tmp_path / "step-3" / "rank-0.done").exists()
     assert [s.load()["per_rank"] for s in stores] == [{"rank": 0}, {"rank": 1}]

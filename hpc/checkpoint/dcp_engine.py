@@ -174,9 +174,7 @@ class DcpEngine:
         try:
             self.wait()
         finally:
-            if self._stager is not None:
-                self._stager.close()
-                self._stager = None
+            self._stager = None
             if self._writer is not None and self._writer[0] == os.getpid():
                 self._writer[1].shutdown(wait=True)
             self._writer = None

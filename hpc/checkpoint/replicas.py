@@ -47,7 +47,7 @@ def split(sizes: list[int], world: int) -> list[int]:
 
 
 class ShareStager:
-    """DCP's AsyncStager protocol over hpc's Staging: this rank's share of the plain (replicated)
+    """hpc's Staging for a DCP save: this rank's share of the plain (replicated)
     tensors and the local shards of its DTensors are copied into buffers kept from save to save
     (CPU copies cut across the job's cores; DCP's DefaultStager allocates fresh ones and copies on
     one thread). The other ranks' plain tensors are left as they are, and SharePlanner keeps them
@@ -72,15 +72,6 @@ class ShareStager:
         self.staged = {id(t) for t in buffers}
         self.staged_bytes = sum(_local(t).numel() * t.element_size() for t in buffers)
         return out
-
-    def should_synchronize_after_execute(self) -> bool:
-        return False
-
-    def synchronize_staging(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 class SharePlanner(DefaultSavePlanner):

@@ -264,4 +264,3 @@ class CheckpointStore(StoreReader):
                 layout.remove(path)
         for path in found["gone"].values():
             layout.discard(path)
-
