@@ -132,7 +132,7 @@ def resubmit(run_dir: str, stage: str, nodes: Sequence[str]) -> None:
     manifest: Dict[str, Any] = run.manifest()
     spec = manifest.get("pipeline_arg") or manifest["pipeline"]
     pipe = hplan.get_pipeline(spec)
-    cfg = hconfig.load(pipe.schema, spec, saved=run.config_path, extra=pipe.templates)
+    cfg = hconfig.load(pipe.schema, spec, saved=run.config_path, extra=pipe.templates, settle=pipe.settle)
     key = next(s.resources or s.name for s in pipe.stages(cfg) if s.name == stage)
     before = str(cfg.stages[key].extra.get("exclude") or "")
     exclude = sorted(set(hostlist.expand(before) if before else []) | set(nodes))

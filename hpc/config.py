@@ -17,13 +17,15 @@ from dataclasses import dataclass, field
 from importlib import resources
 from importlib.abc import Traversable
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
-import yaml
-from omegaconf import DictConfig, ListConfig, OmegaConf
-from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+from hpc import configcache, configview, noderange
 
-from hpc import configcache, noderange
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+# OmegaConf and yaml are imported where a config is built, not here: a submission whose config was
+# built before reads it back as plain data (hpc.configcache, hpc.configview) and never needs them.
 
 
 def templates_root() -> Traversable:
@@ -104,29 +106,36 @@ class PipelineConfig:
 def load(schema: type, pipeline: str, profile: Optional[str] = None,
          overrides: Sequence[str] = (), saved: Optional[Path] = None,
          templates: Optional[Traversable] = None, extra: Sequence[str] = (),
-         notes: Optional[List[str]] = None) -> DictConfig:
+         notes: Optional[List[str]] = None, view: bool = True,
+         settle: Optional[Callable[[Any], bool]] = None) -> Any:
     """Build the resolved config for `pipeline`, checked against `schema` (a dataclass).
     `extra`: the pipeline's template files (PipelineDef.templates), merged in order; each must exist:
     running on dataclass defaults because a template went missing would be silently wrong.
-    `notes`: receives a line naming what a profile changed in a saved config. A result built from
-    the same inputs before is read back from the user's cache (hpc.configcache)."""
+    `notes`: receives a line naming what a profile changed in a saved config. `settle`: the
+    pipeline's hook that fills in values depending on others (PipelineDef.settle). A result built from
+    the same inputs before is read back from the user's cache (hpc.configcache).
+    Returns a read-only hpc.configview.ConfigView, built or read back alike (so a cache hit behaves
+    as a miss does); `view=False`: the DictConfig, for callers that vary it (hpc.sweepconfig)."""
     templates = templates or templates_root()
-    digest = _cache_key(schema, profile, overrides, saved, templates, extra, notes is not None)
-    hit = configcache.get(digest)
+    digest = _cache_key(schema, profile, overrides, saved, templates, extra, notes is not None, settle)
+    hit = configcache.get(digest, view)
     if hit is not None:
         if notes is not None:
             notes.extend(hit[1])
         return hit[0]
     said: List[str] = []
-    cfg = _build(schema, pipeline, profile, overrides, saved, templates, extra, said if notes is not None else None)
-    configcache.put(digest, cfg, said)
+    cfg, pure = _build(schema, pipeline, profile, overrides, saved, templates, extra,
+                       said if notes is not None else None, settle)
+    plain, text = to_dict(cfg), to_yaml(cfg)
+    configcache.put(digest if pure else None, cfg, plain, text, said)
     if notes is not None:
         notes.extend(said)
-    return cfg
+    return configview.ConfigView(plain, yaml=text) if view else cfg
 
 
 def _cache_key(schema: type, profile: Optional[str], overrides: Sequence[str], saved: Optional[Path],
-               templates: Traversable, extra: Sequence[str], tells: bool) -> Optional[str]:
+               templates: Traversable, extra: Sequence[str], tells: bool,
+               settle: Optional[Callable[[Any], bool]]) -> Optional[str]:
     """hpc.configcache's name for this load's result; None when an input cannot be read (the build
     then says why)."""
     try:
@@ -139,11 +148,20 @@ def _cache_key(schema: type, profile: Optional[str], overrides: Sequence[str], s
             texts.append((f"profile {profile}", (templates / "profiles" / f"{profile}.yaml").read_text()))
     except (OSError, UnicodeDecodeError):
         return None
-    return configcache.key(schema, [*texts, ("notes", str(tells))], list(overrides))
+    code = getattr(getattr(settle, "__code__", None), "co_filename", None)
+    if settle is not None and code is None:  # a callable object: its code cannot be named
+        return None
+    hook = f"{settle.__module__}.{settle.__qualname__}" if settle is not None else ""
+    return configcache.key(schema, [*texts, ("notes", str(tells)), ("settle", hook)], list(overrides),
+                           [code] if code else [])
 
 
 def _build(schema: type, pipeline: str, profile: Optional[str], overrides: Sequence[str], saved: Optional[Path],
-           templates: Traversable, extra: Sequence[str], notes: Optional[List[str]]) -> DictConfig:
+           templates: Traversable, extra: Sequence[str], notes: Optional[List[str]],
+           settle: Optional[Callable[[Any], bool]] = None) -> Tuple[DictConfig, bool]:
+    """The config and whether it may be kept (its settle hook read nothing but the config)."""
+    from omegaconf import OmegaConf
+
     cfg = OmegaConf.structured(schema)
     for name in extra:
         base = templates / name
@@ -162,13 +180,26 @@ def _build(schema: type, pipeline: str, profile: Optional[str], overrides: Seque
             notes.append(f"profile {profile} applied over the saved {saved}: "
                          f"{', '.join(changes(before, cfg)) or 'nothing changed'}")
     cfg = _merge(cfg, _parse_overrides(overrides), "command line")
+    pure = True
+    if settle is not None:
+        try:
+            pure = bool(settle(cfg))
+        except ConfigError:
+            raise
+        except Exception as err:  # OmegaConf's type check of a settled value
+            raise ConfigError(f"the pipeline {pipeline!r} could not settle its config: {str(err).splitlines()[0]}. "
+                              "HINT: check the values its settle hook reads.") from None
     check_resources(cfg)
     check_text(cfg)
-    return cfg
+    return cfg, pure
 
 
 def read_yaml(source: Any, origin: str) -> DictConfig:
     """A YAML mapping from a file (Path or importlib Traversable); a syntax error names file and line."""
+    import yaml
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
     try:
         text = source.read_text()
     except (OSError, UnicodeDecodeError) as err:
@@ -234,6 +265,8 @@ def _parse_overrides(overrides: Sequence[str]) -> DictConfig:
     if bad:
         raise ConfigError(f"cannot read override(s) {bad}; expected dotted key=value "
                           "(e.g. stages.features.nodes=2). HINT: options go before '--'.")
+    from omegaconf import OmegaConf
+
     try:
         return OmegaConf.from_dotlist(list(overrides))
     except Exception as err:  # yaml's parser errors: the value is not valid YAML
@@ -244,6 +277,9 @@ def _parse_overrides(overrides: Sequence[str]) -> DictConfig:
 def _merge(cfg: DictConfig, layer: Any, origin: str) -> DictConfig:
     """`layer` merged into `cfg` in place (unsafe_merge: no copy of cfg, half of a load's time);
     cfg is fresh from OmegaConf.structured in load() and nothing else holds it."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+
     try:
         return OmegaConf.unsafe_merge(cfg, layer)
     except ConfigKeyError as err:
@@ -257,6 +293,8 @@ def _merge(cfg: DictConfig, layer: Any, origin: str) -> DictConfig:
 
 
 def _unknown_key_message(cfg: DictConfig, err: ConfigKeyError, origin: str) -> str:
+    from omegaconf import DictConfig, OmegaConf
+
     full_key = getattr(err, "full_key", "") or ""
     parent_path = full_key.rsplit(".", 1)[0] if "." in full_key else ""
     parent = OmegaConf.select(cfg, parent_path) if parent_path else cfg
@@ -345,9 +383,23 @@ def has_control(text: str) -> bool:
     return any(unicodedata.category(c) in ("Cc", "Zl", "Zp") for c in text)
 
 
-def to_yaml(cfg: DictConfig) -> str:
+def to_yaml(cfg: Any) -> str:
+    """The YAML of a whole config (a DictConfig or the ConfigView load() returns)."""
+    if isinstance(cfg, configview.ConfigView):
+        return configview.to_yaml(cfg)
+    from omegaconf import OmegaConf
+
     return OmegaConf.to_yaml(cfg, resolve=True)
 
 
-def to_dict(cfg: DictConfig) -> Dict[str, Any]:
-    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+def to_dict(node: Any) -> Any:
+    """A config or a section of it as plain data (dicts, lists, scalars): a copy, resolved."""
+    if isinstance(node, configview.ConfigView):
+        return configview.to_dict(node)
+    if isinstance(node, configview.ListView):
+        return [to_dict(v) for v in node]
+    from omegaconf import OmegaConf
+
+    if OmegaConf.is_config(node):
+        return OmegaConf.to_container(node, resolve=True)
+    return node

@@ -5,11 +5,12 @@
 
 hpc.config.load builds the config from the schema's dataclasses and merges the template, saved,
 profile and command-line layers into it through OmegaConf, then checks it. The same inputs always
-give the same config, so load() keeps each result it built (a pickled DictConfig, with the notes it
-made) under a digest of everything the result depends on: the schema (every dataclass reachable from
+give the same config, so load() keeps each result it built under a digest of everything the result depends on: the schema (every dataclass reachable from
 it: field names, types and defaults), the text of each template, of the saved config and of the
 profile, the overrides, and the code that merges and checks (hpc.config, hpc.noderange, OmegaConf's
-version). Only configs that passed every check are kept: a bad input is always built, and refused,
+files). An entry holds the result three ways: its plain data and its YAML text, which a submission
+reads through hpc.configview without importing OmegaConf or yaml, and the pickled DictConfig, which
+a sweep needs to vary it; and the notes the build made. Only configs that passed every check are kept: a bad input is always built, and refused,
 anew. A schema whose defaults have no stable text (an object printed with its address) is not
 cached. Entries live in $HPC_CACHE_DIR/config/ (hpc.snapcache.cache_dir); the oldest go beyond
 MAX_ENTRIES, and one that cannot be read or written only costs a build.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib.util
 import os
 import pickle
 import typing
@@ -54,20 +56,22 @@ def schema_text(schema: type) -> Optional[str]:
     return None if " at 0x" in text else text
 
 
-def key(schema: type, texts: Sequence[Tuple[str, Optional[str]]], overrides: Sequence[str]) -> Optional[str]:
-    """The digest naming a load's result; `texts`: (origin, text or None) of each layer read."""
+def key(schema: type, texts: Sequence[Tuple[str, Optional[str]]], overrides: Sequence[str],
+        code: Sequence[str] = ()) -> Optional[str]:
+    """The digest naming a load's result; `texts`: (origin, text or None) of each layer read;
+    `code`: further source files the result depends on (a pipeline's settle hook)."""
     described = schema_text(schema)
     # an interpolation (${oc.env:...}) may resolve differently next time: always built and checked
     if described is None or any("${" in (t or "") for _, t in texts) or any("${" in o for o in overrides):
         return None
-    import omegaconf
-
     from hpc import config, noderange
 
-    h = hashlib.sha256(f"omegaconf {omegaconf.__version__}\n{described}\n".encode())
-    for module in (config, noderange):
-        st = os.stat(module.__file__)  # type: ignore[arg-type]
-        h.update(f"{module.__file__} {st.st_size} {st.st_mtime_ns}\n".encode())
+    h = hashlib.sha256(f"{described}\n".encode())
+    # OmegaConf by its files, found without importing it (the point of a hit is not to)
+    spec = importlib.util.find_spec("omegaconf")
+    for file in (config.__file__, noderange.__file__, spec and spec.origin, *code):
+        st = os.stat(file) if file else None
+        h.update(f"{file} {st and st.st_size} {st and st.st_mtime_ns}\n".encode())
     for origin, text in texts:
         h.update(f"{origin}\0{len(text) if text is not None else -1}\0{text or ''}\0".encode(errors="surrogateescape"))
     h.update("\0".join(overrides).encode(errors="surrogateescape"))
@@ -80,25 +84,35 @@ def _path(digest: str) -> Path:
     return cache_dir() / "config" / f"{digest}.pickle"
 
 
-def get(digest: Optional[str]) -> Optional[Tuple[Any, List[str]]]:
-    """(config, notes) kept under `digest`, or None."""
+def get(digest: Optional[str], view: bool) -> Optional[Tuple[Any, List[str]]]:
+    """(config, notes) kept under `digest`, or None; the config as an hpc.configview.ConfigView
+    when `view`, else as the DictConfig that was built."""
     if digest is None:
         return None
     try:
-        cfg, notes = pickle.loads(_path(digest).read_bytes())
-    except Exception:  # absent, truncated, or written by another version of a class
+        entry = pickle.loads(_path(digest).read_bytes())  # plain data; the DictConfig stays bytes
+        if view:
+            from hpc.configview import ConfigView
+
+            cfg = ConfigView(entry["plain"], yaml=entry["yaml"])
+        else:
+            cfg = pickle.loads(entry["built"])
+        return cfg, list(entry["notes"])
+    except Exception:  # absent, truncated, or written by another version of a class or of hpc
         return None
-    return cfg, list(notes)
 
 
-def put(digest: Optional[str], cfg: Any, notes: Sequence[str]) -> None:
+def put(digest: Optional[str], built: Any, plain: Any, yaml: str, notes: Sequence[str]) -> None:
+    """Keep a config: `built` (the DictConfig), `plain` (its resolved data), `yaml` (its text)."""
     if digest is None:
         return
     from hpc.atomic import write_bytes
 
     path = _path(digest)
     try:
-        write_bytes(path, pickle.dumps((cfg, list(notes)), protocol=pickle.HIGHEST_PROTOCOL), sync_dir=False)
+        entry = {"plain": plain, "yaml": yaml, "notes": list(notes),
+                 "built": pickle.dumps(built, protocol=pickle.HIGHEST_PROTOCOL)}
+        write_bytes(path, pickle.dumps(entry, protocol=pickle.HIGHEST_PROTOCOL), sync_dir=False)
         entries = list(path.parent.glob("*.pickle"))
         if len(entries) > MAX_ENTRIES:
             for old in sorted(entries, key=lambda p: p.stat().st_mtime_ns)[:len(entries) - MAX_ENTRIES]:

@@ -50,6 +50,11 @@ class PipelineDef:
     validate: Callable[[Any], None] = lambda cfg: None  # pipeline-specific input checks
     templates: Tuple[str, ...] = ()  # its files in templates/ (hpc.templates), merged in order; each must exist
     notes: Callable[[Any], List[str]] = lambda cfg: []  # cfg -> lines the plan states (choices it made)
+    # fills in values that depend on others (a mode's default) on the built config, before it is
+    # checked, kept (hpc.configcache) and saved: `validate` only reads, as it gets a read-only view.
+    # Returns whether what it did depends on the config alone; False (it read files or the working
+    # directory): the result is built anew every time, never read back from the cache
+    settle: Optional[Callable[[Any], bool]] = None
 
 
 def get_pipeline(name: str) -> PipelineDef:
@@ -312,6 +317,6 @@ def batch_lines(batch: Sequence[int], worlds: Sequence[int]) -> List[str]:
 
 
 def _plain(node: Any) -> Any:
-    from omegaconf import OmegaConf
+    from hpc.config import to_dict
 
-    return OmegaConf.to_container(node, resolve=True) if not isinstance(node, dict) else node
+    return to_dict(node)

@@ -78,8 +78,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return args
 
 
-def build(args: argparse.Namespace) -> Tuple[hplan.PipelineDef, Any, RunDir, str, List[str]]:
-    """Config, run directory, executor kind and plan notes from the arguments; validates everything."""
+def build(args: argparse.Namespace, view: bool = True) -> Tuple[hplan.PipelineDef, Any, RunDir, str, List[str]]:
+    """Config, run directory, executor kind and plan notes from the arguments; validates everything.
+    The config is read-only (hpc.configview); `view=False`: a DictConfig (hpc.config.load)."""
     pipe = hplan.get_pipeline(args.pipeline)
     run_dir = None
     if args.run_dir is not None:
@@ -89,7 +90,7 @@ def build(args: argparse.Namespace) -> Tuple[hplan.PipelineDef, Any, RunDir, str
     saved = run_dir / "config.yaml" if run_dir else None
     notes: List[str] = []
     cfg = hconfig.load(pipe.schema, args.pipeline, args.profile, overrides, saved, extra=pipe.templates,
-                       notes=notes)
+                       notes=notes, view=view, settle=pipe.settle)
     pipe.validate(cfg)
     kind = scheduler.detect(cfg.cluster.kind)
     if kind == "slurm":

@@ -34,7 +34,7 @@ from hpc.sweepdir import SweepDir, follow
 def submit(args: argparse.Namespace) -> int:
     """Plan and submit every point of the grid; a dry run prints the plan and changes nothing."""
     recorded = _recorded(args)
-    pipe, base, run, kind, notes = hsubmit.build(args)
+    pipe, base, run, kind, notes = hsubmit.build(args, view=False)
     sweep = SweepDir(run.path)
     grid = _grid(args, recorded, base, pipe.name)
     points = hgrid.points(grid)
@@ -63,7 +63,7 @@ def submit(args: argparse.Namespace) -> int:
         snap = hsubmit.take_snapshot(base, sweep.path, kind, code)
         code["snapshot"] = snap and snap.record()
         now = {sig for job in plan.jobs for sig, _ in job.items}
-        texts = sweepconfig.texts(base, [p for p in points if p.signature in now])
+        texts = sweepconfig.texts(base, [p for p in points if p.signature in now], pipe.settle)
         run_ids = {sig: sweep.point(sig).start(pipe.name, text, kind, code) for sig, text in texts.items()}
         ids = submit_arrays(plan, sweep, defs, list(base.cluster.setup),
                             hsubmit.job_code(snap, args.pipeline, module_file), run_ids)

@@ -19,7 +19,7 @@ from hpc import plan as hplan
 Defs = Dict[str, Dict[str, hplan.StageDef]]  # signature -> stage name -> that point's StageDef
 
 
-def configs(base: Any, points: Sequence[hgrid.Point]) -> Iterator[Tuple[hgrid.Point, Any]]:
+def configs(base: Any, points: Sequence[hgrid.Point], settle: Any = None) -> Iterator[Tuple[hgrid.Point, Any]]:
     """(point, its config) in turn: the base with the point's overrides, type-checked. One copy of
     the base is updated point after point (each sets every swept key): a copy or a fresh load per
     point costs far more. Each config is valid until the next point is yielded."""
@@ -36,27 +36,29 @@ def configs(base: Any, points: Sequence[hgrid.Point]) -> Iterator[Tuple[hgrid.Po
                 detail = str(getattr(err, "msg", err)).splitlines()[0]
                 raise hgrid.SweepError(f"--sweep {key}={value!r}: {detail}; expected a value of the key's type. "
                                        f"HINT: see the pipeline's config dataclass for {key}.") from None
+        if settle is not None:  # a swept value may be one another's default depends on
+            settle(cfg)
         yield point, cfg
 
 
 def resolve(base: Any, points: Sequence[hgrid.Point], pipe: hplan.PipelineDef) -> Defs:
     """Each point's stages, after the pipeline's own checks of its config."""
     defs = {}
-    for point, cfg in configs(base, points):
+    for point, cfg in configs(base, points, pipe.settle):
         pipe.validate(cfg)
         defs[point.signature] = {s.name: s for s in pipe.stages(cfg)}
     return defs
 
 
-def texts(base: Any, points: Sequence[hgrid.Point]) -> Dict[str, str]:
+def texts(base: Any, points: Sequence[hgrid.Point], settle: Any = None) -> Dict[str, str]:
     """Each point's config.yaml text, as hpc.config.to_yaml writes its config."""
     from omegaconf import OmegaConf
 
     if _interpolated(OmegaConf.to_container(base, resolve=False)):  # a swept value may show elsewhere
-        return {point.signature: hconfig.to_yaml(cfg) for point, cfg in configs(base, points)}
+        return {point.signature: hconfig.to_yaml(cfg) for point, cfg in configs(base, points, settle)}
     sections = {key: hconfig.to_yaml(OmegaConf.masked_copy(base, [key])) for key in base}  # the YAML of
     out = {}  # a mapping is the YAML of its top-level keys one after another
-    for point, cfg in configs(base, points):
+    for point, cfg in configs(base, points, settle):
         swept = {key.split(".")[0] for key in point.overrides}
         out[point.signature] = "".join(hconfig.to_yaml(OmegaConf.masked_copy(cfg, [key])) if key in swept
                                        else text for key, text in sections.items())

@@ -29,8 +29,9 @@ def templates(tmp_path, monkeypatch):
     return root
 
 
-def load(templates, overrides=("stages.main.time_min=30",)) -> Any:
-    return config.load(Schema, "p", "small", list(overrides), None, templates=templates, extra=["base.yaml"])
+def load(templates, overrides=("stages.main.time_min=30",), view=True) -> Any:
+    return config.load(Schema, "p", "small", list(overrides), None, templates=templates, extra=["base.yaml"],
+                       view=view)
 
 
 def builds(monkeypatch) -> Dict[str, int]:
@@ -50,9 +51,13 @@ def test_the_same_inputs_read_the_config_back_and_a_changed_input_builds_it_agai
     first = load(templates)
     again = load(templates)
     assert count["n"] == 1 and config.to_yaml(again) == config.to_yaml(first)
-    assert OmegaConf.get_type(again) is Schema and again.stages.main.cpus_per_task == 3 and again.lr == 0.5
+    assert again.stages.main.cpus_per_task == 3 and again.lr == 0.5 and config.to_dict(again) == config.to_dict(first)
+    with pytest.raises(TypeError, match="read-only.*HINT"):  # a submission's config cannot change
+        again.stages.main.cpus_per_task = 1
+    built = load(templates, view=False)  # the DictConfig, read back as well (a sweep varies it)
+    assert count["n"] == 1 and OmegaConf.get_type(built) is Schema and config.to_dict(built) == config.to_dict(first)
     with pytest.raises(Exception):  # still a structured config: unknown keys are refused
-        again.stages.main.bogus = 1
+        built.stages.main.bogus = 1
     (templates / "profiles" / "small.yaml").write_text("stages:\n  main:\n    cpus_per_task: 4\n")
     assert load(templates).stages.main.cpus_per_task == 4 and count["n"] == 2
     (templates / "base.yaml").write_text("lr: 0.25\n")
@@ -75,3 +80,51 @@ def test_a_schema_default_without_stable_text_is_not_cached():
 
     assert configcache.schema_text(Odd) is None and configcache.schema_text(Schema) is not None
     assert "lr:<class 'float'>=0.1" in configcache.schema_text(Schema)
+
+
+def test_a_settle_hook_fills_in_before_the_checks_and_is_kept_only_when_pure(templates, monkeypatch):
+    count = builds(monkeypatch)
+    seen = []
+
+    def pure(cfg):
+        cfg.lr = cfg.stages.main.cpus_per_task / 10  # depends on the config alone
+        return True
+
+    def reads_files(cfg):
+        seen.append(cfg.lr)
+        return False
+
+    for _ in range(2):
+        cfg = config.load(Schema, "p", "small", [], None, templates=templates, extra=["base.yaml"], settle=pure)
+        assert cfg.lr == 0.3 and "lr: 0.3" in config.to_yaml(cfg)
+    assert count["n"] == 1
+    for _ in range(2):
+        config.load(Schema, "p", "small", [], None, templates=templates, extra=["base.yaml"], settle=reads_files)
+    assert count["n"] == 3 and seen == [0.5, 0.5]  # never read back: built, and settled, each time
+
+
+def test_a_settle_hook_that_breaks_the_schema_names_the_pipeline(templates):
+    def bad(cfg):
+        cfg.lr = "fast"
+
+    with pytest.raises(config.ConfigError, match="pipeline 'p' could not settle.*HINT"):
+        config.load(Schema, "p", "small", [], None, templates=templates, extra=["base.yaml"], settle=bad)
+
+
+def test_a_submission_that_reads_its_config_back_imports_neither_omegaconf_nor_yaml(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HPC_CACHE_DIR": str(tmp_path / "cache")}
+    argv = ["langsplat", "--levels", "0", "1", "2", "--cluster", "local", "--run-dir", str(tmp_path / "r"),
+            "--dry-run"]
+    probe = ("import sys; from hpc import submit; code = submit.main(sys.argv[1:]); "
+             "print('IMPORTED', sorted(m for m in ('omegaconf', 'yaml') if m in sys.modules)); sys.exit(code)")
+    first, again = (subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, env=env,
+                                   cwd=tmp_path) for _ in range(2))
+    assert first.returncode == 0 and again.returncode == 0, first.stderr + again.stderr
+    assert "IMPORTED ['omegaconf', 'yaml']" in first.stdout  # built: through OmegaConf
+    assert "IMPORTED []" in again.stdout  # read back as plain data
+    plan = [line for line in first.stdout.splitlines() if not line.startswith("IMPORTED")]
+    assert plan == [line for line in again.stdout.splitlines() if not line.startswith("IMPORTED")]

@@ -159,7 +159,7 @@ def overrides(world, checkout="fork", *extra):
 
 def load(*items):
     pipe = plan.get_pipeline("langsplat")
-    cfg = config.load(pipe.schema, "langsplat", None, list(items), extra=pipe.templates)
+    cfg = config.load(pipe.schema, "langsplat", None, list(items), extra=pipe.templates, settle=pipe.settle)
     pipe.validate(cfg)
     return cfg
 
@@ -241,12 +241,10 @@ def stage_argv(monkeypatch, cfg, tmp_path, stage, item=None, rank=0, world=1):
     """The argv (and working directory) a stage target would run, without running it."""
     from types import SimpleNamespace
 
-    from omegaconf import OmegaConf
-
     seen = {}
     monkeypatch.setattr(es.Stage, "run_script", lambda self, argv, name, launch=False, cwd=None, env=None:
                         seen.update(argv=argv, launch=launch, cwd=cwd, env=env) or {})
-    ctx = SimpleNamespace(cfg=OmegaConf.to_container(cfg, resolve=True), run_dir=tmp_path / "run", item=item,
+    ctx = SimpleNamespace(cfg=config.to_dict(cfg), run_dir=tmp_path / "run", item=item,
                           stage_dir=tmp_path / "run" / stage, env=SimpleNamespace(rank=rank, world_size=world))
     getattr(es, stage)(ctx)
     return seen

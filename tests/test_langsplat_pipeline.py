@@ -5,7 +5,7 @@ from hpc.jobs.langsplat import pipeline as lp
 
 def load(*overrides):
     pipe = plan.get_pipeline("langsplat")
-    return config.load(pipe.schema, "langsplat", None, list(overrides), extra=pipe.templates)
+    return config.load(pipe.schema, "langsplat", None, list(overrides), extra=pipe.templates, settle=pipe.settle)
 
 
 def test_stages_rgb_then_one_features_task_per_level():

@@ -19,7 +19,7 @@ LIMITS = config.LIMITS["nodes"]
 
 def load(*overrides, profile="sandbox"):
     pipe = plan.get_pipeline("langsplat")
-    return pipe, config.load(pipe.schema, "langsplat", profile, list(overrides), extra=pipe.templates)
+    return pipe, config.load(pipe.schema, "langsplat", profile, list(overrides), extra=pipe.templates, settle=pipe.settle)
 
 
 @settings(max_examples=60, deadline=None)

@@ -39,7 +39,7 @@ def test_follow_waits_item_by_item_and_the_plan_says_so():
 def test_langsplat_external_render_waits_for_its_own_level(world):  # noqa: F811
     pipe = plan.get_pipeline("langsplat")  # not validated: only the graph is under test here
     cfg = config.load(pipe.schema, "langsplat", None, overrides(world, "fork", "langsplat.levels=[1,2,3]"),
-                      extra=pipe.templates)
+                      extra=pipe.templates, settle=pipe.settle)
     p = plan.make_plan(pipe, cfg, "/r", "slurm")
     render = by_label(p)["render"]
     assert render.items == (1, 2, 3) and render.after == ()

@@ -100,7 +100,7 @@ def test_the_recorded_grid_is_used_when_none_is_given(tmp_path, capsys):
 
 def test_point_configs_and_stage_items(tmp_path):
     pipe = plan.get_pipeline("tiny")
-    base = submit.build(submit.parse_args(["tiny", "--cluster", "local", "--run-dir", str(tmp_path)]))[1]
+    base = submit.build(submit.parse_args(["tiny", "--cluster", "local", "--run-dir", str(tmp_path)]), view=False)[1]
     pts = grid.points({"tiny.parts": [[0], [1, 2]], "tiny.score": [0.5]})
     defs = sweepconfig.resolve(base, pts, pipe)
     texts = [hconfig.to_yaml(cfg) for _, cfg in sweepconfig.configs(base, pts)]
@@ -124,7 +124,7 @@ def test_point_configs_and_stage_items(tmp_path):
     ("langsplat", ["--profile", "sandbox", "--cluster", "local"], {"langsplat.trainer.cameras_per_step": [1, 2]}),
 ])
 def test_each_points_config_yaml_is_what_to_yaml_writes(tmp_path, pipeline, extra, axes):
-    base = submit.build(submit.parse_args([pipeline, *extra, "--run-dir", str(tmp_path)]))[1]
+    base = submit.build(submit.parse_args([pipeline, *extra, "--run-dir", str(tmp_path)]), view=False)[1]
     pts = grid.points(axes)
     expected = [hconfig.to_yaml(cfg) for _, cfg in sweepconfig.configs(base, pts)]
     assert list(sweepconfig.texts(base, pts).values()) == expected

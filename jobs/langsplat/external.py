@@ -183,8 +183,7 @@ def absolute_paths(cfg: Any) -> None:
 
 
 def validate(cfg: Any) -> None:
-    """Every check before submission; each failure one line with a HINT."""
-    absolute_paths(cfg)
+    """Every check before submission (the paths made absolute by then); each failure one line with a HINT."""
     ext, data = cfg.external, cfg.langsplat.data_path
     bad = [lv for lv in cfg.langsplat.levels if lv not in LEVEL_NAMES]
     if bad or len(set(cfg.langsplat.levels)) != len(cfg.langsplat.levels):

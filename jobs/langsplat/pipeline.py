@@ -14,9 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from omegaconf import OmegaConf
-
-from hpc.config import ConfigError, PipelineConfig, Resources
+from hpc.config import ConfigError, PipelineConfig, Resources, to_dict
 from hpc.plan import PipelineDef, StageDef
 
 from . import external
@@ -82,13 +80,22 @@ class LangsplatConfig(PipelineConfig):
     external: ExternalSection = field(default_factory=ExternalSection)
 
 
+def settle(cfg: Any) -> bool:
+    """The levels, when none were given: the mode's default; in external mode also every path made
+    absolute and SAM's checkpoint found, which depend on the directory and the files (not kept)."""
+    cfg.langsplat.levels = external.resolved_levels(cfg.langsplat.levels, cfg.langsplat.mode)
+    if cfg.langsplat.mode == "external":
+        external.absolute_paths(cfg)
+        return False
+    return True
+
+
 def validate(cfg: Any) -> None:
-    """Checks before submission; also settles the levels (the mode's default when none given)."""
+    """Checks before submission (the levels are settled by then)."""
     sec = cfg.langsplat
     if sec.mode not in MODES:
         raise ConfigError(f"langsplat.mode={sec.mode!r}; expected one of {list(MODES)}. "
                           "HINT: langsplat.mode=synthetic needs no data.")
-    sec.levels = external.resolved_levels(sec.levels, sec.mode)
     if sec.mode == "external":
         external.validate(cfg)
         return
@@ -104,7 +111,7 @@ def stages(cfg: Any) -> List[StageDef]:
     from hpc.jobs.langsplat.defaults import trainer_config
 
     levels = tuple(external.resolved_levels(cfg.langsplat.levels, "synthetic"))
-    trainer = trainer_config(OmegaConf.to_container(cfg.langsplat, resolve=True))
+    trainer = trainer_config(to_dict(cfg.langsplat))
     return [StageDef("rgb", "hpc.jobs.langsplat.pipeline:rgb"),
             StageDef("features", "hpc.jobs.langsplat.pipeline:features", items=levels, after=("rgb",),
                      batch=(trainer["cameras_per_step"], trainer["per_device_cameras"]))]
@@ -123,4 +130,4 @@ def features(ctx: Any) -> dict:
 
 
 PIPELINE = PipelineDef("langsplat", LangsplatConfig, stages, validate,
-                       templates=("langsplat.yaml", "langsplat_external.yaml"), notes=external.notes)
+                       templates=("langsplat.yaml", "langsplat_external.yaml"), notes=external.notes, settle=settle)
