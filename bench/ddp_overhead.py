@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import time
 from statistics import mean
-from typing import Dict, List
+from typing import Any, Dict, List
 
 from bench.common import Context, emit, fmt_s, median
 from bench.interleave import BOOTSTRAP, Arm, Estimate, p90, paired_ratio, pooled, run_blocks
@@ -25,7 +25,11 @@ from bench.ranks import WORLD, repeated_note, run_ranks
 from bench.report import Section
 
 TARGET = 1.02
-LAUNCHES, BLOCKS = 4, 8  # launches per pair, block pairs per launch
+LAUNCHES, BLOCKS = 8, 8  # launches per pair, block pairs per launch (of 2 * SAVE_EVERY steps: the checkpoint pair)
+# The pairs without checkpoints alternate every few steps: the load then changes alike for both arms
+# within a pair far more often than over 40 steps (a control pair of hand-written against itself
+# spanned 0.969x to 1.027x in 40-step blocks, 0.988x to 1.028x in 4-step ones, 4 launches each).
+STEP_BLOCK, STEP_BLOCKS = 4, 80
 BATCH = 32
 WARMUP = 10
 SAVE_EVERY = 20
@@ -170,8 +174,16 @@ def child(pair: str, blocks: int, size: int, out: str, b_first: bool, only: str 
         with contextlib.ExitStack() as stack:
             s = stack.enter_context(hpc.ddp.session(timeout_s=120))  # finds the group made above
             checkpoints = pair == "save"
+
+            def build_b():
+                if pair == "control":  # hand-written against a second copy of itself
+                    return Arm("hpc", hand_written(rank, world, out, False).step)
+                return with_hpc(s, stack, out, checkpoints, total=(blocks + 1) * size + 1)
+
+            # the arm that runs first also builds first: neither arm's memory is always laid out second
+            b = build_b() if b_first else None
             a = hand_written(rank, world, out, checkpoints)
-            b = with_hpc(s, stack, out, checkpoints, total=(blocks + 1) * size + 1)
+            b = b or build_b()
             times = run_blocks(a, b, blocks, size, b_first, only)
         dist.barrier()  # rank 0 may still be saving: tearing gloo down under it aborts the peer
         return times
@@ -179,14 +191,16 @@ def child(pair: str, blocks: int, size: int, out: str, b_first: bool, only: str 
         dist.destroy_process_group()
 
 
-def measure(ctx: Context, module: str, pairs: Dict[str, str], launches: int, blocks: int, size: int,
+def measure(ctx: Context, module: str, pairs: Dict[str, Any], launches: int, blocks: int, size: int,
             repeated: List[str]) -> Dict[str, List[dict]]:
-    """`launches` launches per pair, the pairs alternating, B first in every other launch."""
+    """`launches` launches per pair, the pairs alternating, B first in every other launch. A pair
+    mapped to (blocks, size) trains in those blocks instead of the common ones."""
     runs: Dict[str, List[dict]] = {p: [] for p in pairs}
     for i in range(launches):
-        for p in pairs:
+        for p, own in pairs.items():
+            n, steps = own if own else (blocks, size)
             out = ctx.scratch(f"{module}-{p}-{i}")
-            args = ["--pair", p, "--blocks", str(blocks), "--block-steps", str(size), "--out", str(out)]
+            args = ["--pair", p, "--blocks", str(n), "--block-steps", str(steps), "--out", str(out)]
             args += ["--b-first"] if i % 2 else []
             runs[p].append(run_ranks(module, args, out, f"{module} {p}", repeated))
     return runs
@@ -220,20 +234,29 @@ HEADERS = ["variant", "median step", "mean step", "p90 step", "steps measured", 
 
 def run(ctx: Context) -> Section:
     launches, blocks, size = (1, 1, SAVE_EVERY) if ctx.quick else (LAUNCHES, BLOCKS, 2 * SAVE_EVERY)
+    steps = None if ctx.quick else (STEP_BLOCKS, STEP_BLOCK)
     sec = Section("ddp", "DDP overhead (gloo, 2 ranks)",
                   f"hpc session step time <= {TARGET} x hand-written torch DDP; TrainLoop with "
                   f"checkpoints <= {TARGET} x hand-written with torch.save on rank 0",
                   "python -m bench --only ddp" + (" --quick" if ctx.quick else ""), headers=HEADERS)
     repeated: List[str] = []
-    runs = measure(ctx, "ddp_overhead", {"session": "", "save": ""}, launches, blocks, size, repeated)
+    runs = measure(ctx, "ddp_overhead", {"session": steps, "control": steps, "save": None}, launches, blocks, size,
+                   repeated)
     rows(sec, {"torch": VARIANTS["torch"], "hpc": VARIANTS["hpc"]}, runs["session"], "median", TARGET)
     rows(sec, {"torch": VARIANTS["torch-save"], "hpc": VARIANTS["trainloop"]}, runs["save"], "mean", TARGET)
+    control = paired_ratio(runs["control"], "torch", "hpc", "median")
+    sec.rows.append([f"control: {VARIANTS['torch']}, a second copy", "", "", "", str(len(pooled(runs["control"], "hpc"))),
+                     control.text(), f"{control.p90_ratio:.3f}x"])
+    sec.notes.append(f"control: hand-written DDP against a second copy of itself, measured as the session pair is: "
+                     f"{control.text()}; an interval this wide around 1.000x is the method's resolution at this load")
+    sec.notes.append(save_cpu_note(runs["save"], size))
     sec.notes += [
         f"MLP 512-1024-1024-10, batch {BATCH} per rank, SGD with momentum, loss averaged over ranks every "
         f"step; {WORLD} local processes with one thread each, gloo over 127.0.0.1",
-        f"both variants of a pair train in the same two processes, in alternating blocks of {size} steps "
-        f"(A B, B A, ...; one warm-up block each, dropped), {blocks} block pairs per launch, {launches} "
-        "launches per pair, B first in every other launch: a change of load hits both alike. The ratio "
+        f"both variants of a pair train in the same two processes, in alternating blocks (A B, B A, ...; one "
+        f"warm-up block each, dropped): {(steps or (blocks, size))[1]} steps, {(steps or (blocks, size))[0]} "
+        f"block pairs per launch without checkpoints, {size} steps and {blocks} pairs with them; {launches} "
+        "launches per pair, B first (and built first) in every other launch: a change of load hits both alike. The ratio "
         "is the sum over block pairs of hpc's block statistic over the hand-written one's (median step "
         "per block; mean per block for the checkpoint pair, since a save lands in one step of "
         f"{SAVE_EVERY}); the interval is a two-level bootstrap (launches, then block pairs, "
@@ -244,9 +267,31 @@ def run(ctx: Context) -> Section:
     return sec
 
 
+def save_cpu_note(runs: List[dict], size: int) -> str:
+    """Rank 0's CPU per save in each arm of the checkpoint pair: its main thread, and its other
+    threads (gloo's, and TrainLoop's checkpoint writer), per block of `size` steps."""
+    saves = size / SAVE_EVERY
+
+    def per_block(arm: str) -> tuple:
+        blocks = [c for run in runs for c in run.get("cpu", {}).get(arm, [])]
+        if not blocks:
+            return 0.0, 0.0
+        return mean(t for _, t in blocks), mean(p - t for p, t in blocks)
+
+    (main_a, other_a), (main_b, other_b) = per_block("torch"), per_block("hpc")
+    wall = {arm: mean(sum(blk) for run in runs for blk in run[arm]) for arm in ("torch", "hpc")}
+    return (f"CPU of rank 0 per block of {size} steps ({saves:g} saves), checkpoint pair: hand-written "
+            f"{fmt_s(main_a)} in the training thread (torch.save included) and {fmt_s(other_a)} in other threads "
+            f"(gloo's); TrainLoop {fmt_s(main_b)} and {fmt_s(other_b)} (its checkpoint writer's too). TrainLoop "
+            f"uses {fmt_s((main_b + other_b - main_a - other_a) / saves)} more CPU per save and its block takes "
+            f"{fmt_s((wall['hpc'] - wall['torch']) / saves)} longer per save: with 2 ranks on 2 cores no core is idle, "
+            "so every millisecond a background write computes is taken from training; on a GPU node, where "
+            "the training thread mostly waits for the device, the same write costs the step nothing")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m bench.ddp_overhead")
-    p.add_argument("--pair", choices=("session", "save"), required=True)
+    p.add_argument("--pair", choices=("session", "save", "control"), required=True)
     p.add_argument("--blocks", type=int, default=BLOCKS, help="block pairs after the warm-up blocks")
     p.add_argument("--block-steps", type=int, default=2 * SAVE_EVERY)
     p.add_argument("--b-first", action="store_true", help="hpc's block first in each pair")

@@ -17,7 +17,7 @@ import random
 import time
 from dataclasses import dataclass
 from statistics import mean, median
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 BOOTSTRAP = 4000  # resamples; the interval's ends move by well under 0.1% between seeds at this count
 
@@ -32,14 +32,19 @@ class Arm:
     block_end: Optional[Callable[[], None]] = None
 
 
-def _block(arm: Arm, size: int) -> List[float]:
+def _block(arm: Arm, size: int, cpu: Optional[Dict[str, List[List[float]]]] = None) -> List[float]:
+    """The block's step times; `cpu` gets [process CPU, this thread's CPU] of the block under the
+    arm's name (what its other threads, a checkpoint writer or the collectives', used is the difference)."""
     tops = []
+    process, thread = time.process_time(), time.thread_time()
     for _ in range(size):
         tops.append(time.perf_counter())
         arm.step()
     if arm.block_end is not None:
         arm.block_end()
     tops.append(time.perf_counter())
+    if cpu is not None:
+        cpu.setdefault(arm.name, []).append([time.process_time() - process, time.thread_time() - thread])
     return [b - a for a, b in zip(tops, tops[1:])]
 
 
@@ -47,17 +52,19 @@ def run_blocks(a: Arm, b: Arm, blocks: int, size: int, b_first: bool = False,
                only: str = "") -> Dict[str, List[List[float]]]:
     """Step times per block of each arm: a warm-up block each (dropped), then `blocks` pairs in
     the order A B, B A, A B, ... (B A first when b_first), so neither arm always runs second.
-    `only` names one arm to train alone (a profile of it)."""
+    `only` names one arm to train alone (a profile of it). Under "cpu": each arm's CPU per block."""
     if only:
         arm = a if a.name == only else b
         return {arm.name: [_block(arm, size) for _ in range(blocks + 1)][1:]}
     first, second = (b, a) if b_first else (a, b)
     _block(first, size), _block(second, size)
-    out: Dict[str, List[List[float]]] = {a.name: [], b.name: []}
+    out: Dict[str, Any] = {a.name: [], b.name: []}
+    cpu: Dict[str, List[List[float]]] = {}
     for i in range(blocks):
         order = (first, second) if i % 2 == 0 else (second, first)
         for arm in order:
-            out[arm.name].append(_block(arm, size))
+            out[arm.name].append(_block(arm, size, cpu))
+    out["cpu"] = cpu
     return out
 
 
