@@ -26,9 +26,8 @@ from bench.report import Section
 
 TARGET = 1.02
 LAUNCHES, BLOCKS = 8, 8  # launches per pair, block pairs per launch (of 2 * SAVE_EVERY steps: the checkpoint pair)
-# The pairs without checkpoints alternate every few steps: the load then changes alike for both arms
-# within a pair far more often than over 40 steps (a control pair of hand-written against itself
-# spanned 0.969x to 1.027x in 40-step blocks, 0.988x to 1.028x in 4-step ones, 4 launches each).
+# The pairs without checkpoints alternate every few steps: a change of load then hits both arms of a
+# pair alike far more often than over 40 steps (the control pair's interval narrows accordingly).
 STEP_BLOCK, STEP_BLOCKS = 4, 80
 BATCH = 32
 WARMUP = 10

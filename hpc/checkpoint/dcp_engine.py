@@ -113,8 +113,8 @@ class DcpEngine:
             stager = self._staging()
             staged = stager.stage(state)
         # What DCP's async_save does (stage, then save on a thread), on a thread kept for every
-        # save: async_save starts a new one per save, and waiting for it to start cost 2 to 3 ms
-        # on a busy node, most of a small state's stall.
+        # save: async_save starts a new one per save, and waiting for it to start was most of a
+        # small state's stall on a busy node (BENCHMARKS.md, section 2).
         self._pending = self._thread().submit(dcp.save, staged, checkpoint_id=str(directory),
                                               process_group=self.group, planner=SharePlanner(stager))
 
