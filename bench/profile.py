@@ -4,6 +4,7 @@ summarised as text into bench/profiles/ (the command that made it on the first l
     python -m bench.profile ddp hpc            # hpc.ddp.session's step -> bench/profiles/ddp-hpc.txt
     python -m bench.profile save hpc           # TrainLoop with checkpoints
     python -m bench.profile fsdp torch         # hand-written FSDP2
+    python -m bench.profile save-cpu           # a TrainLoop save's CPU per phase (bench.save_cpu)
     python -m bench.profile --list
 
 py-spy samples rank 0's Python stacks (`--idle`: waiting in a collective counts too) while it
@@ -131,9 +132,23 @@ def profile_submission(real: bool) -> Path:
     return out
 
 
+def profile_save_cpu() -> Path:
+    """bench.save_cpu on 2 ranks: rank 0's CPU per save in each phase of a TrainLoop save."""
+    from bench import save_cpu
+
+    with tempfile.TemporaryDirectory(prefix="hpc-profile-") as tmp:
+        result = rank0_result(start_ranks("save_cpu", [tmp]), "profile of a TrainLoop save's CPU")
+    load = open("/proc/loadavg").read().split()[:3]
+    out = REPO / "bench" / "profiles" / "save-cpu.txt"
+    head = ["# command: python -m bench.profile save-cpu",
+            f"# bench.save_cpu on 2 gloo ranks (time.thread_time around each phase); load average after: {' '.join(load)}"]
+    out.write_text("\n".join(head + save_cpu.summary(result)) + "\n")
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m bench.profile")
-    p.add_argument("target", nargs="?", choices=sorted(TARGETS) + ["submission", "submission-real"])
+    p.add_argument("target", nargs="?", choices=sorted(TARGETS) + ["submission", "submission-real", "save-cpu"])
     p.add_argument("arm", nargs="?", choices=("torch", "hpc"), default="hpc")
     p.add_argument("--blocks", type=int, default=10)
     p.add_argument("--block-steps", type=int, default=40)
@@ -141,6 +156,9 @@ def main() -> None:
     a = p.parse_args()
     if a.list or a.target is None:
         print("\n".join(f"{k:15s} bench.{m} --pair {pair}" for k, (m, pair) in TARGETS.items()))
+        return
+    if a.target == "save-cpu":
+        print(profile_save_cpu())
         return
     if a.target.startswith("submission"):
         print(profile_submission(real=a.target == "submission-real"))
