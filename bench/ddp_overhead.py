@@ -20,7 +20,7 @@ from statistics import mean
 from typing import Any, Dict, List
 
 from bench.common import Context, emit, fmt_s, median
-from bench.interleave import BOOTSTRAP, Arm, Estimate, p90, paired_ratio, pooled, run_blocks
+from bench.interleave import BOOTSTRAP, Arm, Estimate, built_in_order, p90, paired_ratio, pooled, run_blocks
 from bench.ranks import WORLD, repeated_note, run_ranks
 from bench.report import Section
 
@@ -179,10 +179,7 @@ def child(pair: str, blocks: int, size: int, out: str, b_first: bool, only: str 
                     return Arm("hpc", hand_written(rank, world, out, False).step)
                 return with_hpc(s, stack, out, checkpoints, total=(blocks + 1) * size + 1)
 
-            # the arm that runs first also builds first: neither arm's memory is always laid out second
-            b = build_b() if b_first else None
-            a = hand_written(rank, world, out, checkpoints)
-            b = b or build_b()
+            a, b = built_in_order(lambda: hand_written(rank, world, out, checkpoints), build_b, b_first)
             times = run_blocks(a, b, blocks, size, b_first, only)
         dist.barrier()  # rank 0 may still be saving: tearing gloo down under it aborts the peer
         return times

@@ -17,7 +17,7 @@ from typing import List
 
 from bench.common import Context, emit
 from bench.ddp_overhead import HEADERS, PROFILE_NOTE, _sgd, batches_by_hand, init_by_hand, measure, rows, stepper
-from bench.interleave import Arm, run_blocks
+from bench.interleave import Arm, built_in_order, run_blocks
 from bench.ranks import WORLD, repeated_note
 from bench.report import Section
 
@@ -104,10 +104,8 @@ def child(pair: str, blocks: int, size: int, out: str, b_first: bool, only: str 
     try:
         with contextlib.ExitStack() as stack:
             s = stack.enter_context(hpc.ddp.session(timeout_s=120))  # finds the group made above
-            # the arm that runs first also builds first: neither arm's memory is always laid out second
-            b = with_hpc(s, stack, out, pair == "trainloop", total=(blocks + 1) * size + 1) if b_first else None
-            a = hand_written(world)
-            b = b or with_hpc(s, stack, out, pair == "trainloop", total=(blocks + 1) * size + 1)
+            a, b = built_in_order(lambda: hand_written(world), lambda: with_hpc(
+                s, stack, out, pair == "trainloop", total=(blocks + 1) * size + 1), b_first)
             times = run_blocks(a, b, blocks, size, b_first, only)
         # Tearing gloo down while the peer is still in its last collectives aborted a rank at
         # exit here ("terminate called without an active exception"): leave together.

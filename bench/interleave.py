@@ -48,6 +48,16 @@ def _block(arm: Arm, size: int, cpu: Optional[Dict[str, List[List[float]]]] = No
     return [b - a for a, b in zip(tops, tops[1:])]
 
 
+def built_in_order(build_a: Callable[[], Arm], build_b: Callable[[], Arm], b_first: bool) -> tuple:
+    """(A, B), the one that runs first built first: neither arm's memory (its model, its buffers)
+    is always laid out second."""
+    if b_first:
+        b = build_b()
+        return build_a(), b
+    a = build_a()
+    return a, build_b()
+
+
 def run_blocks(a: Arm, b: Arm, blocks: int, size: int, b_first: bool = False,
                only: str = "") -> Dict[str, List[List[float]]]:
     """Step times per block of each arm: a warm-up block each (dropped), then `blocks` pairs in

@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Tuple
 from bench.common import emit
 
 SAVE_EVERY, SAVES, WARMUP_SAVES = 5, 12, 2
+STORE = "store commit, all of it (the store's writer thread)"  # once per save: the count of saves
 # (module, attribute path, label): the functions timed, outermost first
 PHASES: List[Tuple[str, str, str]] = [
     ("torch.distributed.checkpoint", "save", "dcp.save, all of it (DCP's writer thread)"),
@@ -27,7 +28,7 @@ PHASES: List[Tuple[str, str, str]] = [
     ("torch.distributed.checkpoint.default_planner", "DefaultSavePlanner.create_global_plan", "  global plan (rank 0)"),
     ("torch.distributed.checkpoint.filesystem", "FileSystemWriter.write_data", "  write_data: serialise and write the shard"),
     ("torch.distributed.checkpoint.filesystem", "FileSystemWriter.finish", "  finish: the .metadata file (rank 0)"),
-    ("hpc.checkpoint.store", "CheckpointStore._write", "store commit, all of it (the store's writer thread)"),
+    ("hpc.checkpoint.store", "CheckpointStore._write", STORE),
     ("hpc.checkpoint.dcp_engine", "own_shards", "  crc32 of this rank's shards, read back"),
     ("hpc.checkpoint.store", "write_atomic", "  the rank file and rank 0's shared file"),
     ("hpc.checkpoint.reports", "collect", "  rank 0 waits for the other ranks' reports"),
@@ -89,7 +90,8 @@ def main() -> None:
             for step in loop.steps(SAVE_EVERY * (SAVES + WARMUP_SAVES) + 1):
                 if step == SAVE_EVERY * WARMUP_SAVES + 1:  # the first saves allocate and start threads
                     loop.store.wait()
-                    acc.clear(), calls.clear()
+                    acc.clear()
+                    calls.clear()
                     main_cpu = 0.0
                 x, y = next(batches)
                 loss = torch.nn.functional.cross_entropy(model(x), y)
@@ -101,7 +103,7 @@ def main() -> None:
 
 
 def summary(result: Dict[str, Any]) -> List[str]:
-    saves = max(1, result["calls"].get(PHASES[5][2], 1))
+    saves = max(1, result["calls"].get(STORE, 1))
     lines = [f"# rank 0, {saves} saves after {WARMUP_SAVES} dropped; thread CPU per save, ms", "",
              f"{result['main'] / saves * 1e3:8.2f}  TrainLoop.save in the training thread (staging copy, handoff)"]
     for label in result["labels"]:

@@ -12,17 +12,18 @@ The resolved result is saved as <run_dir>/config.yaml. No torch here: dry-run an
 from __future__ import annotations
 
 import re
-import unicodedata
 from dataclasses import dataclass, field
 from importlib import resources
 from importlib.abc import Traversable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
-from hpc import configcache, configview, noderange
+from hpc import configcache, configview
+from hpc.configcheck import CLUSTER_KINDS, LIMITS, ConfigError, check_resources, check_text, has_control  # noqa: F401
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
+    from omegaconf.errors import ConfigKeyError
 
 # OmegaConf and yaml are imported where a config is built, not here: a submission whose config was
 # built before reads it back as plain data (hpc.configcache, hpc.configview) and never needs them.
@@ -32,25 +33,8 @@ def templates_root() -> Traversable:
     """The shipped templates (package hpc.templates; the repository's templates/ directory)."""
     return resources.files("hpc.templates")
 
-CLUSTER_KINDS = ("auto", "slurm", "local", "debug")
-# Values that end up as sbatch options: one shell-safe token (submitit quotes them too; a newline
-# inside a #SBATCH value would still start a new script line, so refuse it outright). fullmatch, not
-# match with `$`: `$` also matches before a trailing newline.
-_SAFE_VALUE = re.compile(r"[A-Za-z0-9_.:,@%+=/\-\[\]]+")
-_OPTION_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")  # a long sbatch option, as a stages.*.extra key
+
 _PROFILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # a plain file name under templates/profiles/
-# Resource bounds, (lowest, highest): a request beyond them is a typo, not a job. 64 GPUs per node is
-# above any node built today (8 to 16); local_tasks is a fixed 64 rather than this machine's core count
-# so that a config means the same on every machine (each local task is a whole process).
-LIMITS: Dict[str, Tuple[int, Optional[int]]] = {
-    "nodes": (1, 10_000), "gpus_per_node": (0, 64), "tasks_per_node": (1, 1024), "cpus_per_task": (1, 1024),
-    "time_min": (1, 366 * 24 * 60), "signal_delay_s": (0, None), "max_timeouts": (0, 1000), "local_tasks": (1, 64),
-    "max_node_failures": (0, 1000),
-}
-
-
-class ConfigError(ValueError):
-    """Bad user configuration: the message says what was seen, what is valid, and a HINT."""
 
 
 @dataclass
@@ -124,10 +108,12 @@ def load(schema: type, pipeline: str, profile: Optional[str] = None,
             notes.extend(hit[1])
         return hit[0]
     said: List[str] = []
-    cfg, pure = _build(schema, pipeline, profile, overrides, saved, templates, extra,
-                       said if notes is not None else None, settle)
-    plain, text = to_dict(cfg), to_yaml(cfg)
-    configcache.put(digest if pure else None, cfg, plain, text, said)
+    cfg, plain, pure = _build(schema, pipeline, profile, overrides, saved, templates, extra,
+                              said if notes is not None else None, settle)
+    keep = digest if pure else None
+    if view or keep:  # a DictConfig that is not kept needs no text
+        text = to_yaml(cfg)
+        configcache.put(keep, cfg, plain, text, said)
     if notes is not None:
         notes.extend(said)
     return configview.ConfigView(plain, yaml=text) if view else cfg
@@ -158,8 +144,9 @@ def _cache_key(schema: type, profile: Optional[str], overrides: Sequence[str], s
 
 def _build(schema: type, pipeline: str, profile: Optional[str], overrides: Sequence[str], saved: Optional[Path],
            templates: Traversable, extra: Sequence[str], notes: Optional[List[str]],
-           settle: Optional[Callable[[Any], bool]] = None) -> Tuple[DictConfig, bool]:
-    """The config and whether it may be kept (its settle hook read nothing but the config)."""
+           settle: Optional[Callable[[Any], bool]] = None) -> Tuple[DictConfig, Dict[str, Any], bool]:
+    """The config, its plain data, and whether it may be kept (its settle hook read nothing but
+    the config)."""
     from omegaconf import OmegaConf
 
     cfg = OmegaConf.structured(schema)
@@ -190,8 +177,9 @@ def _build(schema: type, pipeline: str, profile: Optional[str], overrides: Seque
             raise ConfigError(f"the pipeline {pipeline!r} could not settle its config: {str(err).splitlines()[0]}. "
                               "HINT: check the values its settle hook reads.") from None
     check_resources(cfg)
-    check_text(cfg)
-    return cfg, pure
+    plain = to_dict(cfg)
+    check_text(plain)
+    return cfg, plain, pure
 
 
 def read_yaml(source: Any, origin: str) -> DictConfig:
@@ -302,85 +290,6 @@ def _unknown_key_message(cfg: DictConfig, err: ConfigKeyError, origin: str) -> s
     where = parent_path or "the top level"
     return (f"{origin}: unknown config key {full_key!r}; valid keys under {where}: {valid}. "
             "HINT: check the spelling, or see templates/ for the documented keys.")
-
-
-def check_resources(cfg: DictConfig) -> None:
-    """Refuse impossible resource requests before anything reaches the scheduler."""
-    if cfg.cluster.kind not in CLUSTER_KINDS:
-        raise ConfigError(f"cluster.kind={cfg.cluster.kind!r}; expected one of {list(CLUSTER_KINDS)}. "
-                          "HINT: --cluster auto picks slurm when sbatch answers, else local.")
-    if cfg.run.snapshot_max_mb <= 0:
-        raise ConfigError(f"run.snapshot_max_mb={cfg.run.snapshot_max_mb}; expected a size in MB above 0. "
-                          "HINT: raise it, or pass --no-snapshot (run.snapshot=false) to copy nothing.")
-    directives = [line for line in cfg.cluster.setup if str(line).lstrip().startswith("#SBATCH")]
-    if directives:  # sbatch reads #SBATCH lines up to the first command, so these would be options
-        raise ConfigError(f"cluster.setup has #SBATCH line(s) {directives}; expected shell commands. "
-                          "HINT: put sbatch options in stages.<stage>.extra (e.g. extra.mail-type=END).")
-    for name, res in cfg.stages.items():
-        try:
-            noderange.parse(res.nodes, f"stages.{name}.nodes", LIMITS["nodes"])  # type: ignore[arg-type]
-        except noderange.NodeRangeError as err:
-            raise ConfigError(str(err)) from None
-        for key, (low, high) in LIMITS.items():
-            if key == "nodes":
-                continue
-            if res[key] < low:
-                why = " (a GPU count cannot be negative)" if key == "gpus_per_node" else ""
-                raise ConfigError(f"stages.{name}.{key}={res[key]}; expected an integer >= {low}{why}. "
-                                  f"HINT: set stages.{name}.{key}={low} or more.")
-            if high is not None and res[key] > high:
-                raise ConfigError(f"stages.{name}.{key}={res[key]} is above hpc's limit of {high}; expected "
-                                  f"{low} to {high}. HINT: set stages.{name}.{key} to a real request.")
-        if res.array_parallelism is not None and res.array_parallelism < 1:
-            raise ConfigError(f"stages.{name}.array_parallelism={res.array_parallelism}; expected an integer >= 1 "
-                              f"(array tasks that run at once). HINT: set stages.{name}.array_parallelism=8, "
-                              "or null for no throttle.")
-        # the pre-timeout signal comes signal_delay_s before the limit: at or past the start, it
-        # would come at once and the job would checkpoint and requeue before doing any work
-        if res.signal_delay_s >= res.time_min * 60:
-            raise ConfigError(f"stages.{name}.signal_delay_s={res.signal_delay_s} is not below the time limit "
-                              f"stages.{name}.time_min={res.time_min} ({res.time_min * 60} s); expected "
-                              "signal_delay_s < 60 * time_min. HINT: lower signal_delay_s or raise time_min.")
-        bad_keys = [k for k in res.extra if not _OPTION_NAME.fullmatch(str(k))]
-        if bad_keys:
-            raise ConfigError(f"stages.{name}.extra has key(s) {bad_keys} that are not sbatch option names; "
-                              "expected letters, digits, '-' and '_' (e.g. mail-type). HINT: use the long "
-                              "option name without the leading --.")
-        values = {k: res[k] for k in ("mem", "partition", "account", "qos", "constraint")}
-        values.update({f"extra.{k}": v for k, v in res.extra.items()})
-        for key, value in values.items():
-            if value is not None and not _SAFE_VALUE.fullmatch(str(value)):
-                raise ConfigError(f"stages.{name}.{key}={value!r} is empty or has characters sbatch options "
-                                  "may not contain (spaces, quotes, newlines, ;|&$`). HINT: use a plain token.")
-
-
-def check_text(cfg: DictConfig) -> None:
-    """Refuse control characters in every key and value: setup lines, paths, commands and partition
-    names reach sbatch scripts, and a newline there would start a line of its own (quoting does not
-    help: submitit writes setup lines verbatim, and sbatch reads #SBATCH lines one line at a time)."""
-    for path, text in _texts(to_dict(cfg)):
-        if has_control(text):
-            raise ConfigError(f"{path!r}: {text!r} contains a control character (newline, tab, ...); "
-                              "expected printable text. HINT: write it on one line, without escapes.")
-
-
-def _texts(node: Any, path: str = "") -> Iterator[Tuple[str, str]]:
-    """(dotted path, text) for every string key and value, inside lists too."""
-    if isinstance(node, dict):
-        for key, value in node.items():
-            sub = f"{path}.{key}" if path else str(key)
-            yield sub, str(key)
-            yield from _texts(value, sub)
-    elif isinstance(node, (list, tuple)):
-        for i, value in enumerate(node):
-            yield from _texts(value, f"{path}[{i}]")
-    elif isinstance(node, str):
-        yield path, node
-
-
-def has_control(text: str) -> bool:
-    """Control characters (\\n, \\r, \\t, \\x00, ...) and the Unicode line and paragraph separators."""
-    return any(unicodedata.category(c) in ("Cc", "Zl", "Zp") for c in text)
 
 
 def to_yaml(cfg: Any) -> str:

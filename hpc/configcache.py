@@ -5,13 +5,14 @@
 
 hpc.config.load builds the config from the schema's dataclasses and merges the template, saved,
 profile and command-line layers into it through OmegaConf, then checks it. The same inputs always
-give the same config, so load() keeps each result it built under a digest of everything the result depends on: the schema (every dataclass reachable from
-it: field names, types and defaults), the text of each template, of the saved config and of the
-profile, the overrides, and the code that merges and checks (hpc.config, hpc.noderange, OmegaConf's
-files). An entry holds the result three ways: its plain data and its YAML text, which a submission
-reads through hpc.configview without importing OmegaConf or yaml, and the pickled DictConfig, which
-a sweep needs to vary it; and the notes the build made. Only configs that passed every check are kept: a bad input is always built, and refused,
-anew. A schema whose defaults have no stable text (an object printed with its address) is not
+give the same config, so load() keeps each result it built under a digest of everything the
+result depends on: the schema (every dataclass reachable from it: field names, types and defaults),
+the text of each template, of the saved config and of the profile, the overrides, and the code that
+merges and checks (hpc.config, hpc.configcheck, hpc.noderange, OmegaConf's files, a pipeline's
+settle hook). An entry holds the result three ways: its plain data and its YAML text, which a
+submission reads through hpc.configview without importing OmegaConf or yaml, and the pickled
+DictConfig, which a sweep needs to vary it; and the notes the build made. Only configs that passed
+every check are kept: a bad input is always built, and refused, anew. A schema whose defaults have no stable text (an object printed with its address) is not
 cached. Entries live in $HPC_CACHE_DIR/config/ (hpc.snapcache.cache_dir); the oldest go beyond
 MAX_ENTRIES, and one that cannot be read or written only costs a build.
 """
@@ -64,12 +65,12 @@ def key(schema: type, texts: Sequence[Tuple[str, Optional[str]]], overrides: Seq
     # an interpolation (${oc.env:...}) may resolve differently next time: always built and checked
     if described is None or any("${" in (t or "") for _, t in texts) or any("${" in o for o in overrides):
         return None
-    from hpc import config, noderange
+    from hpc import config, configcheck, noderange
 
     h = hashlib.sha256(f"{described}\n".encode())
     # OmegaConf by its files, found without importing it (the point of a hit is not to)
     spec = importlib.util.find_spec("omegaconf")
-    for file in (config.__file__, noderange.__file__, spec and spec.origin, *code):
+    for file in (config.__file__, configcheck.__file__, noderange.__file__, spec and spec.origin, *code):
         st = os.stat(file) if file else None
         h.update(f"{file} {st and st.st_size} {st and st.st_mtime_ns}\n".encode())
     for origin, text in texts:

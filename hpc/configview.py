@@ -86,7 +86,6 @@ class ConfigView(Mapping):
         return (ConfigView, (self._data, self._key, self._yaml))
 
 
-
 # functions, not methods: a config may have a key of any name
 def to_dict(view: ConfigView) -> Dict[str, Any]:
     return copy.deepcopy(view._data)

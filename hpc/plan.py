@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple, Union
 
 from hpc import arrays, noderange, sbatch
+from hpc.config import to_dict
 from hpc.batching import plan_batch
 from hpc.rundir import task_key
 
@@ -192,7 +193,7 @@ def make_plan(pipe: PipelineDef, cfg: Any, run_dir: str, kind: str,
                 skipped.append(f"{task_key(*key)}: already queued or running")
         if not todo:
             continue
-        res = dict(_plain(cfg.stages[stage.resources or stage.name]))
+        res = dict(to_dict(cfg.stages[stage.resources or stage.name]))
         if kind == "slurm" and stage.batch:  # every node count SLURM may grant, not only the ends
             _check_batch(f"stages.{stage.resources or stage.name}.nodes", res, stage.batch[0])
         ranks, note = _ranks(stage.name, res, kind)
@@ -258,7 +259,7 @@ def _fallback_notes(pipe: PipelineDef, cfg: Any, why_not_slurm: str) -> List[str
         return []
     notes = []
     for stage in pipe.stages(cfg):
-        res = _plain(cfg.stages[stage.resources or stage.name])
+        res = to_dict(cfg.stages[stage.resources or stage.name])
         if res["gpus_per_node"]:
             notes.append(f"no SLURM answered ({why_not_slurm}); stage {stage.name} asks for "
                          f"{res['gpus_per_node']} GPUs per node and runs as {res['local_tasks']} CPU "
@@ -314,9 +315,3 @@ def batch_lines(batch: Sequence[int], worlds: Sequence[int]) -> List[str]:
         lines.append(f"batch at {world} rank(s): global {b.global_batch} = {b.micro_batch} per micro-batch x "
                      f"{b.accum_steps} accumulation step(s) x {world} rank(s)")
     return lines
-
-
-def _plain(node: Any) -> Any:
-    from hpc.config import to_dict
-
-    return to_dict(node)
