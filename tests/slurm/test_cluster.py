@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from hpc.cluster import ClusterError, LocalCluster
+from hpc.cluster.layout import PORT_BLOCK, PORT_RANGE, default_port_base
 from hpc.cluster.preempt import job_field, preempt
+from tests.conftest import free_port_block
 
 pytestmark = pytest.mark.slurm
 
@@ -82,7 +84,10 @@ def test_preempting_a_job_that_is_not_running_says_so(slurm_cluster):
 
 
 def test_second_cluster_does_not_collide_and_down_leaves_nothing(slurm_cluster, tmp_path):
-    other = LocalCluster(tmp_path / "second", nodes=1, gpus_per_node=0, cpus_per_node=2)
+    # its directory's default block, or the next free one: another worker's cluster may hold it
+    start = (default_port_base(str(tmp_path / "second")) - PORT_RANGE[0]) // PORT_BLOCK
+    other = LocalCluster(tmp_path / "second", nodes=1, gpus_per_node=0, cpus_per_node=2,
+                         port_base=free_port_block(start))
     assert not set(other.layout.all_ports()) & set(slurm_cluster.layout.all_ports())
     other.up(log=lambda m: None)
     try:
