@@ -121,7 +121,12 @@ def stop(s, args):
         if mine and plan["timer_s"] is not None:
             threading.Timer(plan["timer_s"], os.kill, (os.getpid(), signal.SIGUSR2)).start()
         polls, poll = [], loop.vote.poll
-        loop.vote.poll = lambda pace=0: (polls.append(pace), poll(pace))[1]  # counted, passed on
+
+        def recorded(pace=0, loop=loop, poll=poll, polls=polls):  # each poll's step, sent and agreed pace
+            request = poll(pace)
+            polls.append([loop.step, pace, loop.vote.agreed_pace])
+            return request
+        loop.vote.poll = recorded
         try:
             with loop:
                 loop.resume({})
@@ -132,7 +137,7 @@ def stop(s, args):
                     time.sleep(0.001 * (1 + s.rank))  # the slowest rank sets the pace of the checks
         except JobNotRequeued:
             stops.append({"step": loop.step, "saw_signal": loop.flag.reason is not None,
-                          "checks": len(polls)})
+                          "polls": polls})
     return {"stops": stops}
 
 

@@ -164,7 +164,7 @@ def test_only_one_rank_signalled_every_rank_stops_at_the_same_step(tmp_path):
     """Gloo ranks, one of them signalled at many moments (a given step's body, or a timer at an
     arbitrary point, with votes every 1, 2 or 3 steps, or paced by the step time): all stop at the
     same step, and for a signal inside step k that is the poll after the first poll at or after
-    k; paced votes are the same on every rank and far fewer than the steps."""
+    k; paced votes are at the same steps on every rank, spaced by the agreed pace."""
     from ddp_workload import stop_trial
     from test_ddp_session import results, run_local
 
@@ -179,14 +179,29 @@ def test_only_one_rank_signalled_every_rank_stops_at_the_same_step(tmp_path):
         assert [ranks[r][trial]["saw_signal"] for r in range(world)] == \
             [r == plan["rank"] for r in range(world)]
         step, every = steps.pop(), plan["check_every"]
-        if every is None:  # paced: far fewer checks than steps once the pace is known
-            checks = {ranks[r][trial]["checks"] for r in range(world)}
-            assert len(checks) == 1 and (step <= 10 or checks.pop() <= step / 3), (plan, step, checks)
+        polls = [ranks[r][trial]["polls"] for r in range(world)]
+        assert polls[0][-1][0] == step, (plan, polls[0])  # the stop is decided at a poll
+        if every is None:
+            _assert_paced(polls, plan)
         elif plan["timer_s"] is None:
             first_poll = -(-plan["step"] // every) * every
             assert step == first_poll + every, plan
         marker = tmp_path / f"trial-{trial}" / "checkpoints" / f"step-{step}" / "COMPLETE.json"
         assert json.loads(marker.read_text())["step"] == step
+
+
+def _assert_paced(polls, plan):
+    """Paced checks, whatever the step times were: every rank polls at the same steps and agrees
+    on the same pace, the slowest rank's from the poll before; the next poll is as many steps on
+    as check_interval gives for that pace."""
+    from hpc.trainloop import check_interval
+
+    at = [[(step, agreed) for step, _, agreed in mine] for mine in polls]
+    assert all(a == at[0] for a in at), (plan, at)
+    sent = [max(mine[i][1] for mine in polls) for i in range(len(at[0]))]
+    assert [agreed for _, agreed in at[0]] == [0] + sent[:-1], (plan, polls)
+    for (step, agreed), (following, _) in zip(at[0], at[0][1:]):
+        assert following == step + check_interval(agreed), (plan, at[0])
 
 
 def _corrupt_shards(out_dir, steps):
