@@ -34,7 +34,8 @@ from pathlib import Path
 import pytest
 
 from hpc.cluster import LocalCluster
-from hpc.cluster.local import missing_binaries
+from hpc.cluster.layout import PORT_BLOCK, PORT_RANGE
+from hpc.cluster.local import free_port_block, missing_binaries
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
@@ -60,24 +61,10 @@ def _cluster_args(variant: str) -> dict:
     """The first job id of this worker's cluster of `variant`, and a free block of ports."""
     slot = _worker_index() * len(VARIANTS) + VARIANTS.index(variant)
     args = {"first_job_id": 1 + JOB_ID_STRIDE * slot}
-    base = free_port_block(slot * 37)  # from a block of its own
+    base = free_port_block(PORT_RANGE[0] + slot * 37 * PORT_BLOCK)  # from a block of its own
     if base is not None:
         args["port_base"] = base
     return args
-
-
-def free_port_block(start: int):
-    """The first port block, from block index `start` on (wrapping), whose ports are all free: a
-    cluster of another xdist worker may hold any block, a default one included."""
-    from hpc.cluster import layout as L
-    from hpc.cluster.daemons import port_free
-
-    blocks = (L.PORT_RANGE[1] - L.PORT_RANGE[0]) // L.PORT_BLOCK
-    for i in range(blocks):
-        base = L.PORT_RANGE[0] + ((start + i) % blocks) * L.PORT_BLOCK
-        if all(port_free(p) for p in range(base, base + L.PORT_BLOCK)):
-            return base
-    return None
 
 
 def _start(make, directory: str) -> LocalCluster:

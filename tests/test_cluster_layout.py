@@ -3,6 +3,8 @@
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from hpc.cluster import layout as L
 
@@ -103,3 +105,13 @@ def test_first_job_id_is_rendered_only_when_moved_and_checked(tmp_path):
     assert L.ClusterLayout.load(tmp_path).first_job_id == 3001
     with pytest.raises(ValueError, match="first job id 0: expected 1 to .*HINT"):
         L.ClusterLayout.create(tmp_path, first_job_id=0)
+
+
+@given(st.integers(min_value=-10**6, max_value=10**6))
+def test_a_port_base_is_taken_only_with_its_whole_block_in_range(base):
+    fits = 1024 <= base and base + L.PORT_BLOCK - 1 <= 65535
+    if fits:
+        assert max(L.ClusterLayout.create("/tmp/cluster-a", port_base=base).all_ports()) <= 65535
+    else:
+        with pytest.raises(ValueError, match=rf"--port-base {base}: expected 1024 to .*HINT"):
+            L.ClusterLayout.create("/tmp/cluster-a", port_base=base)

@@ -73,7 +73,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     up.add_argument("--nodes", type=int, default=2)
     up.add_argument("--gpus-per-node", type=int, default=4)
     up.add_argument("--cpus-per-node", type=int, default=8)
-    up.add_argument("--port-base", type=int, default=None, help="first of 32 ports (default: from --dir)")
+    up.add_argument("--port-base", type=int, default=None,
+                    help="first of 32 ports (default: from --dir, or the next free block if one of those is in use)")
     up.add_argument("--install", action="store_true", help="apt-get install the SLURM packages first (root)")
     up.add_argument("--configless", action="store_true",
                     help="slurmd and clients fetch the config from slurmctld; the shell gets "

@@ -78,6 +78,10 @@ class ClusterLayout:
         if not 1 <= first_job_id <= MAX_JOB_ID:
             raise ValueError(f"first job id {first_job_id}: expected 1 to {MAX_JOB_ID} (SLURM's range). "
                              "HINT: e.g. 1, SLURM's default.")
+        if port_base is not None and not 1024 <= port_base <= 65536 - PORT_BLOCK:
+            raise ValueError(f"--port-base {port_base}: expected 1024 to {65536 - PORT_BLOCK} (the cluster takes "
+                             f"{PORT_BLOCK} ports from it). HINT: leave it out to take a free block, or e.g. "
+                             f"--port-base {PORT_RANGE[0]}.")
         digest = hashlib.sha1(path.encode()).hexdigest()
         if port_base is None:
             port_base = default_port_base(path)

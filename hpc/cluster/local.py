@@ -16,6 +16,7 @@ on a real site, else one this cluster starts) and
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import time
@@ -46,6 +47,7 @@ class LocalCluster:
                      port_base=port_base)
         kw = {k: v if v is not None else getattr(existing, k) if existing else None for k, v in given.items()}
         self.layout = L.ClusterLayout.create(directory, **{k: v for k, v in kw.items() if v is not None})
+        self._ports_given = port_base is not None  # a block the caller named is never moved
 
     # Public API ---------------------------------------------------------------------------
     @property
@@ -82,8 +84,8 @@ class LocalCluster:
             log(f"cluster {self.layout.name} already up in {self.dir}")
             return
         self._choose_munged(log)
-        daemons = self._daemons()
-        self._check_ports(daemons)
+        self._check_ports(self._daemons(), log)
+        daemons = self._daemons()  # on the block chosen
         self._write_files()
         env = self._daemon_env()
         by_name = {d.name: d for d in daemons}
@@ -205,11 +207,17 @@ class LocalCluster:
     def _slurmctld(daemons: list[Daemon]) -> Daemon:
         return next(d for d in daemons if d.name == "slurmctld")
 
-    def _check_ports(self, daemons: list[Daemon]) -> None:
+    def _check_ports(self, daemons: list[Daemon], log) -> None:
+        """A block in use moves to the next free one, unless the caller named it (`--port-base`);
+        the block taken is saved with the cluster, so a later `up` keeps it."""
         if any(d.pid() for d in daemons):
             return  # partly running: its ports are ours
         busy = [p for p in self.layout.all_ports() if not port_free(p)]
-        if busy:
+        base = None if self._ports_given or not busy else free_port_block(self.layout.port_base)
+        if base is not None:
+            log(f"ports {busy} are in use: this cluster takes ports {base}..{base + L.PORT_BLOCK - 1} instead")
+            self.layout = dataclasses.replace(self.layout, port_base=base)
+        elif busy:
             raise ClusterError(
                 f"ports {busy} are in use (this cluster's block starts at {self.layout.port_base}). "
                 f"HINT: stop what uses them, or pick another block with `--port-base N` "
@@ -307,3 +315,15 @@ def _ensure_hosts(names: list[str]) -> None:
     except PermissionError as e:
         raise ClusterError(f"node names {unresolved} do not resolve and /etc/hosts is not writable. "
                            f"HINT: add `127.0.0.1 {' '.join(unresolved)}` to /etc/hosts.") from e
+
+
+def free_port_block(start: int) -> int | None:
+    """The first block of ports, from the one holding port `start` on (wrapping round the range),
+    whose ports are all free; None if every block has a port in use."""
+    blocks = (L.PORT_RANGE[1] - L.PORT_RANGE[0]) // L.PORT_BLOCK
+    first = (start - L.PORT_RANGE[0]) // L.PORT_BLOCK
+    for i in range(blocks):
+        base = L.PORT_RANGE[0] + ((first + i) % blocks) * L.PORT_BLOCK
+        if all(port_free(p) for p in range(base, base + L.PORT_BLOCK)):
+            return base
+    return None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -9,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from hpc.cluster import ClusterError, LocalCluster
-from hpc.cluster.layout import PORT_BLOCK, PORT_RANGE, default_port_base
+from hpc.cluster.layout import default_port_base
+from hpc.cluster.local import free_port_block
 from hpc.cluster.preempt import job_field, preempt
-from tests.conftest import free_port_block
 
 pytestmark = pytest.mark.slurm
 
@@ -83,13 +84,31 @@ def test_preempting_a_job_that_is_not_running_says_so(slurm_cluster):
         slurm_cluster.run(["scancel", jid])
 
 
+def _hold(port: int) -> socket.socket:
+    held = socket.socket()
+    held.bind(("127.0.0.1", port))
+    held.listen()
+    return held
+
+
+def test_a_named_port_block_in_use_is_refused_with_the_fix(tmp_path):
+    base = free_port_block(default_port_base(str(tmp_path)))
+    with _hold(base + 1):
+        with pytest.raises(ClusterError, match=rf"ports \[{base + 1}\] are in use.*HINT: .*--port-base"):
+            LocalCluster(tmp_path, nodes=1, gpus_per_node=0, port_base=base).up(log=lambda m: None)
+
+
 def test_second_cluster_does_not_collide_and_down_leaves_nothing(slurm_cluster, tmp_path):
-    # its directory's default block, or the next free one: another worker's cluster may hold it
-    start = (default_port_base(str(tmp_path / "second")) - PORT_RANGE[0]) // PORT_BLOCK
-    other = LocalCluster(tmp_path / "second", nodes=1, gpus_per_node=0, cpus_per_node=2,
-                         port_base=free_port_block(start))
+    # its directory's default block is in use (held here, or by another worker's cluster): it
+    # takes the next free block, says so, and keeps it
+    default = default_port_base(str(tmp_path / "second"))
+    other = LocalCluster(tmp_path / "second", nodes=1, gpus_per_node=0, cpus_per_node=2)
+    said = []
+    with _hold(default):
+        other.up(log=said.append)
+    assert other.layout.port_base != default and any("in use: this cluster takes ports" in m for m in said), said
     assert not set(other.layout.all_ports()) & set(slurm_cluster.layout.all_ports())
-    other.up(log=lambda m: None)
+    assert LocalCluster(tmp_path / "second").layout.port_base == other.layout.port_base
     try:
         other.up(log=lambda m: None)  # idempotent
         pids = [d.pid() for d in other._daemons()]
