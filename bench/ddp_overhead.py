@@ -198,9 +198,9 @@ def measure(ctx: Context, module: str, pairs: Dict[str, Any], launches: int, blo
     mapped to (blocks, size) trains in those blocks instead of the common ones; to (blocks, size,
     n), also in n launches instead of `launches`."""
     runs: Dict[str, List[dict]] = {p: [] for p in pairs}
-    for i in range(max([launches] + [own[2] for own in pairs.values() if own and len(own) > 2])):
-        for p, own in pairs.items():
-            n, steps, times = (*own, launches)[:3] if own else (blocks, size, launches)
+    plan = {p: (*(own or (blocks, size)), launches)[:3] for p, own in pairs.items()}  # (blocks, size, launches)
+    for i in range(max(times for *_, times in plan.values())):
+        for p, (n, steps, times) in plan.items():
             if i >= times:
                 continue
             out = ctx.scratch(f"{module}-{p}-{i}")

@@ -12,8 +12,8 @@ merges and checks (hpc.config, hpc.configcheck, hpc.noderange, OmegaConf's files
 settle hook). An entry holds the result three ways: its plain data and its YAML text, which a
 submission reads through hpc.configview without importing OmegaConf or yaml, and the pickled
 DictConfig, which a sweep needs to vary it; and the notes the build made. Only configs that passed
-every check are kept: a bad input is always built, and refused, anew. A schema whose defaults have no stable text (an object printed with its address) is not
-cached. Entries live in $HPC_CACHE_DIR/config/ (hpc.snapcache.cache_dir); the oldest go beyond
+every check are kept: a bad input is always built, and refused, anew. A schema whose defaults have
+no stable text (an object printed with its address) is not cached. Entries live in $HPC_CACHE_DIR/config/ (hpc.snapcache.cache_dir); the oldest go beyond
 MAX_ENTRIES, and one that cannot be read or written only costs a build.
 """
 from __future__ import annotations

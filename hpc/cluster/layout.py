@@ -19,6 +19,7 @@ from pathlib import Path
 PORT_BLOCK = 32
 # Below the range hpc.env derives MASTER_PORT from (20000+), so a rendezvous never lands on a daemon.
 PORT_RANGE = (10000, 20000)
+PORT_BLOCKS = (PORT_RANGE[1] - PORT_RANGE[0]) // PORT_BLOCK  # blocks in the range
 MAX_NODES = PORT_BLOCK - 3
 MAX_JOB_ID = 0x03FF0000  # SLURM's largest job id (MaxJobId's default and limit)
 
@@ -161,8 +162,7 @@ class ClusterLayout:
 
 def default_port_base(path: str) -> int:
     """A port block derived from the directory, so two clusters in two directories differ."""
-    blocks = (PORT_RANGE[1] - PORT_RANGE[0]) // PORT_BLOCK
-    index = int(hashlib.sha1(path.encode()).hexdigest(), 16) % blocks
+    index = int(hashlib.sha1(path.encode()).hexdigest(), 16) % PORT_BLOCKS
     return PORT_RANGE[0] + index * PORT_BLOCK
 
 

@@ -320,10 +320,9 @@ def _ensure_hosts(names: list[str]) -> None:
 def free_port_block(start: int) -> int | None:
     """The first block of ports, from the one holding port `start` on (wrapping round the range),
     whose ports are all free; None if every block has a port in use."""
-    blocks = (L.PORT_RANGE[1] - L.PORT_RANGE[0]) // L.PORT_BLOCK
     first = (start - L.PORT_RANGE[0]) // L.PORT_BLOCK
-    for i in range(blocks):
-        base = L.PORT_RANGE[0] + ((first + i) % blocks) * L.PORT_BLOCK
+    for i in range(L.PORT_BLOCKS):
+        base = L.PORT_RANGE[0] + ((first + i) % L.PORT_BLOCKS) * L.PORT_BLOCK
         if all(port_free(p) for p in range(base, base + L.PORT_BLOCK)):
             return base
     return None
