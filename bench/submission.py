@@ -3,7 +3,7 @@ the same two jobs (rgb, then a 3-task features array after it) submitted with ba
 and with plain submitit, all on the benchmark's local SLURM cluster.
 
     python -m bench --only submission
-    python -m bench.submission --submitit FOLDER      # the plain-submitit comparison, one run
+    python bench/plain_submitit.py FOLDER      # the plain-submitit comparison, one run
 
 Each figure is the wall time of the whole command, interpreter start included, as a user sees it;
 the variants are interleaved and the median of the repeats is kept. The nodes are drained while
@@ -14,16 +14,14 @@ directory, and the reuse of a resubmission whose files did not change), say what
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import resource
 import sys
-import time
 from pathlib import Path
 from typing import Any, Dict, List
 
-from bench.common import REPO, Context, best_effort, emit, fmt_s, median
+from bench.common import REPO, Context, best_effort, fmt_s, median
 from bench.common import timed as timed_wall
 from bench.interleave import paired_ratio
 from bench.report import Section
@@ -45,32 +43,12 @@ PROFILE_NOTE = (
     "import and submission code (sbatch scripts rendered and submitted by hpc, the jobs run without "
     "submitit) could reach 1.0x, and hpc submits through submitit by design")
 LEVELS = ["0", "1", "2"]
+PLAIN = [sys.executable, str(REPO / "bench" / "plain_submitit.py")]  # the baseline: submitit alone
 # The sandbox profile's resources (templates/profiles/sandbox.yaml), spelled as sbatch options.
 RGB_OPTS = ["-p", "low", "-N", "1", "--ntasks-per-node=1", "--cpus-per-task=1", "--gpus-per-node=1",
             "-t", "20", "--requeue", "--signal=USR2@90"]
 FEATURES_OPTS = ["-p", "low", "-N", "2", "--ntasks-per-node=2", "--cpus-per-task=1", "--gpus-per-node=2",
                  "-t", "20", "--requeue", "--signal=USR2@90"]
-
-
-def noop() -> int:
-    return 0
-
-
-def submit_with_submitit(folder: str) -> Dict[str, List[str]]:
-    """rgb, then a 3-task features array with afterok, through submitit's SlurmExecutor."""
-    import submitit
-
-    ex = submitit.SlurmExecutor(folder=f"{folder}/rgb/%j")
-    ex.update_parameters(job_name="rgb", partition="low", nodes=1, ntasks_per_node=1, cpus_per_task=1,
-                         gpus_per_node=1, time=20, signal_delay_s=90, additional_parameters={"requeue": True})
-    rgb = ex.submit(noop)
-    ex = submitit.SlurmExecutor(folder=f"{folder}/features/%j")
-    ex.update_parameters(job_name="features", partition="low", nodes=2, ntasks_per_node=2, cpus_per_task=1,
-                         gpus_per_node=2, time=20, signal_delay_s=90,
-                         additional_parameters={"requeue": True, "dependency": f"afterok:{rgb.job_id}"})
-    with ex.batch():
-        feats = [ex.submit(noop) for _ in LEVELS]
-    return {"rgb": [rgb.job_id], "features": [j.job_id for j in feats]}
 
 
 def bare_sbatch_script(folder: Path) -> str:
@@ -111,7 +89,7 @@ def run(ctx: Context) -> Section:
         "hpc real, no snapshot": f"`{hpc} --no-snapshot`",
         "hpc dry-run": f"`{hpc} --dry-run`",
         "bare sbatch": "`bash -c 'sbatch ...; sbatch --array=0-2 --dependency=afterok:...'` (2 sbatch calls)",
-        "plain submitit": "`python -m bench.submission --submitit F` (SlurmExecutor, executor.batch())",
+        "plain submitit": "`python bench/plain_submitit.py F` (SlurmExecutor, executor.batch(); imports submitit alone)",
         "python start": "`python -c pass` (interpreter start alone)",
     }
     for name, label in labels.items():
@@ -215,7 +193,7 @@ def _measure(ctx: Context, env: Dict[str, str], cluster, repeats: int) -> Dict[s
     env = bench_env(env, base)
     hpc = [sys.executable, "-m", "hpc.submit", "langsplat", "--levels", *LEVELS, "--profile", "sandbox"]
     for argv in ([*hpc, "--run-dir", str(base / "warm"), "--dry-run"], [*hpc, "--run-dir", str(base / "warm")],
-                 [sys.executable, "-m", "bench.submission", "--submitit", str(base / "submitit-warm")]):
+                 [*PLAIN, str(base / "submitit-warm")]):
         timed_wall(argv, env=env, cwd=REPO)  # dropped: writes the bytecode and hpc's cache once
     _cancel_all(cluster)
     for i in range(repeats):  # interleaved: a busy moment on the machine hits every variant
@@ -227,8 +205,7 @@ def _measure(ctx: Context, env: Dict[str, str], cluster, repeats: int) -> Dict[s
         folder.mkdir()
         times["bare sbatch"].append(timed(["bash", "-c", bare_sbatch_script(folder)], env, "bare sbatch"))
         times["plain submitit"].append(
-            timed([sys.executable, "-m", "bench.submission", "--submitit", str(base / f"submitit-{i}")], env,
-                  "plain submitit"))
+            timed([*PLAIN, str(base / f"submitit-{i}")], env, "plain submitit"))
         times["python start"].append(timed([sys.executable, "-c", "pass"], env, "python start"))
         _cancel_all(cluster)
     _check_submitted(base, repeats)
@@ -255,16 +232,3 @@ def _check_submitted(base: Path, repeats: int) -> None:
             if bool(manifest.get("snapshot")) != snapshotted:
                 raise RuntimeError(f"hpc.submit run {name}: snapshot {manifest.get('snapshot')!r}, expected "
                                    f"{'one' if snapshotted else 'none'}; see {base / name}")
-
-
-def main() -> None:
-    p = argparse.ArgumentParser(prog="python -m bench.submission")
-    p.add_argument("--submitit", metavar="FOLDER", required=True)
-    a = p.parse_args()
-    t0 = time.perf_counter()
-    ids = submit_with_submitit(a.submitit)
-    emit({"ids": ids, "seconds": time.perf_counter() - t0})
-
-
-if __name__ == "__main__":
-    main()
