@@ -21,11 +21,13 @@ import os
 import subprocess
 import time
 from pathlib import Path
+from typing import Callable
 
 from hpc.cluster import accountingdb as db
 from hpc.cluster import layout as L
 from hpc.cluster.daemons import MARK, ClusterError, Daemon, job_processes, port_free, terminate, unix_socket_live
 from hpc.cluster.daemonset import SBIN, cluster_daemons, missing_binaries, own_munged  # missing_binaries re-exported
+from hpc.cluster.portclaims import PortClaims
 
 # Variables through which a client finds its cluster: a client of this cluster must see only ours.
 CLIENT_VARS = ("SLURM_CONF", "SLURM_CONF_SERVER")
@@ -85,6 +87,17 @@ class LocalCluster:
             return
         self._choose_munged(log)
         self._check_ports(self._daemons(), log)
+        try:
+            self._start_daemons(log)
+        finally:  # started, its daemons hold the ports; failed, the block is free again
+            PortClaims().release(self.dir)
+        self._wait_idle(timeout_s)
+        shell = " ".join(f"{k}={v}" for k, v in self.env().items())
+        log(f"cluster {self.layout.name} up ({self.variant()}): nodes {self.layout.nodelist}, partitions "
+            f"low (default) and high. Use it with: export {shell}"
+            + ("; unset SLURM_CONF" if self.layout.configless else ""))
+
+    def _start_daemons(self, log) -> None:
         daemons = self._daemons()  # on the block chosen
         self._write_files()
         env = self._daemon_env()
@@ -101,11 +114,6 @@ class LocalCluster:
         for d in daemons:
             if d.name.startswith("slurmd-"):
                 log(f"starting {d.name}"); d.start(self._slurmd_env())
-        self._wait_idle(timeout_s)
-        shell = " ".join(f"{k}={v}" for k, v in self.env().items())
-        log(f"cluster {self.layout.name} up ({self.variant()}): nodes {self.layout.nodelist}, partitions "
-            f"low (default) and high. Use it with: export {shell}"
-            + ("; unset SLURM_CONF" if self.layout.configless else ""))
 
     def variant(self) -> str:
         c = self.layout
@@ -208,20 +216,32 @@ class LocalCluster:
         return next(d for d in daemons if d.name == "slurmctld")
 
     def _check_ports(self, daemons: list[Daemon], log) -> None:
-        """A block in use moves to the next free one, unless the caller named it (`--port-base`);
-        the block taken is saved with the cluster, so a later `up` keeps it."""
+        """A block in use, or claimed by another `up` still starting (hpc.cluster.portclaims), moves
+        to the next free one, unless the caller named it (`--port-base`); the block taken is saved
+        with the cluster, so a later `up` keeps it, and claimed until `up` releases it."""
         if any(d.pid() for d in daemons):
             return  # partly running: its ports are ours
-        busy = [p for p in self.layout.all_ports() if not port_free(p)]
-        base = None if self._ports_given or not busy else free_port_block(self.layout.port_base)
-        if base is not None:
-            log(f"ports {busy} are in use: this cluster takes ports {base}..{base + L.PORT_BLOCK - 1} instead")
-            self.layout = dataclasses.replace(self.layout, port_base=base)
-        elif busy:
-            raise ClusterError(
-                f"ports {busy} are in use (this cluster's block starts at {self.layout.port_base}). "
-                f"HINT: stop what uses them, or pick another block with `--port-base N` "
-                f"(ports N..N+{L.PORT_BLOCK - 1}).")
+        with PortClaims().locked() as claims:
+            def taken(base: int) -> bool:
+                return claims.taken_by_other(base, self.dir)
+            own = self.layout.port_base
+            busy = [p for p in self.layout.all_ports() if not port_free(p)]
+            why = (f"ports {busy} are in use" if busy else
+                   f"ports {own}..{own + L.PORT_BLOCK - 1} are claimed by another `hpc.cluster up` starting now"
+                   if taken(own) else None)
+            if why and self._ports_given:
+                raise ClusterError(
+                    f"{why} (this cluster's block starts at {own}). HINT: stop what uses them, or pick "
+                    f"another block with `--port-base N` (ports N..N+{L.PORT_BLOCK - 1}).")
+            if why:
+                base = free_port_block(own, taken)
+                if base is None:
+                    raise ClusterError(f"{why}, and every block of {L.PORT_RANGE[0]}..{L.PORT_RANGE[1] - 1} has a "
+                                       f"port in use. HINT: stop another local cluster (python -m hpc.cluster "
+                                       f"down --dir D), or name a block outside that range with `--port-base N`.")
+                log(f"{why}: this cluster takes ports {base}..{base + L.PORT_BLOCK - 1} instead")
+                self.layout = dataclasses.replace(self.layout, port_base=base)
+            claims.claim(self.layout.port_base, self.dir)
 
     def _write_files(self) -> None:
         c = self.layout
@@ -317,12 +337,12 @@ def _ensure_hosts(names: list[str]) -> None:
                            f"HINT: add `127.0.0.1 {' '.join(unresolved)}` to /etc/hosts.") from e
 
 
-def free_port_block(start: int) -> int | None:
+def free_port_block(start: int, taken: Callable[[int], bool] = lambda base: False) -> int | None:
     """The first block of ports, from the one holding port `start` on (wrapping round the range),
-    whose ports are all free; None if every block has a port in use."""
+    whose ports are all free and that is not `taken(base)`; None if every block has a port in use."""
     first = (start - L.PORT_RANGE[0]) // L.PORT_BLOCK
     for i in range(L.PORT_BLOCKS):
         base = L.PORT_RANGE[0] + ((first + i) % L.PORT_BLOCKS) * L.PORT_BLOCK
-        if all(port_free(p) for p in range(base, base + L.PORT_BLOCK)):
+        if not taken(base) and all(port_free(p) for p in range(base, base + L.PORT_BLOCK)):
             return base
     return None
