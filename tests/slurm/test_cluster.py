@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -129,6 +130,39 @@ def test_second_cluster_does_not_collide_and_down_leaves_nothing(slurm_cluster, 
     assert leftovers == [], f"processes still running for {conf}: {leftovers}"
     # The session cluster is untouched.
     assert "idle" in slurm_cluster.run(["sinfo", "-h", "-o", "%t"]).stdout
+
+
+def _colliding_dirs(root: Path) -> tuple[Path, Path]:
+    """Two directories whose default port blocks are the same."""
+    seen: dict[int, Path] = {}
+    for i in range(10 * 1000):
+        d = root / f"c{i}"
+        seen.setdefault(default_port_base(str(d)), d)
+        if seen[default_port_base(str(d))] != d:
+            return seen[default_port_base(str(d))], d
+    raise AssertionError("no two directories share a default block")
+
+
+def test_two_ups_at_once_on_the_same_block_both_come_up(tmp_path):
+    """Started at the same moment, neither finds the block's ports bound yet: the claim makes the
+    second move (without it, its slurmctld found its port taken and exited)."""
+    dirs = _colliding_dirs(tmp_path)
+    ups = [subprocess.Popen([sys.executable, "-m", "hpc.cluster", "up", "--dir", str(d), "--nodes", "1",
+                             "--no-accounting"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+           for d in dirs]
+    try:
+        said = [u.communicate(timeout=180)[0] for u in ups]
+        assert [u.returncode for u in ups] == [0, 0], said
+        blocks = [LocalCluster(d).layout.port_base for d in dirs]
+        assert blocks[0] != blocks[1], said
+        assert sum("claimed by another `hpc.cluster up` starting now" in out for out in said) <= 1, said
+        for d in dirs:
+            assert "idle" in LocalCluster(d).run(["sinfo", "-h", "-o", "%t"]).stdout
+    finally:
+        for u in ups:
+            u.kill() if u.poll() is None else None
+        for d in dirs:
+            LocalCluster(d).down(log=lambda m: None)
 
 
 def _not_zombie(pid: int) -> bool:
