@@ -12,6 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from hpc.cluster import LocalCluster
 from hpc.cluster.daemons import ClusterError
@@ -64,6 +65,23 @@ def test_a_torn_or_foreign_table_is_read_as_no_claims(claims_dir):
         (claims_dir / "hpc-cluster-port-claims.json").write_text(garbage)
         with PortClaims().locked() as table:
             assert table.claims == {}
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+                    lambda inner: st.lists(inner) | st.dictionaries(st.text(), inner), max_leaves=12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(table=st.dictionaries(st.text(), JSON | st.fixed_dictionaries({"dir": st.text(), "pid": JSON})) | JSON)
+def test_any_table_on_disk_is_read_without_error(tmp_path_factory, table):
+    """Whatever another program (or a torn write) left in the table, a claim is made and checked."""
+    where = tmp_path_factory.mktemp("claims")
+    (where / "hpc-cluster-port-claims.json").write_text(json.dumps(table))
+    with PortClaims(where).locked() as claims:
+        assert claims.taken_by_other(10000, "/here") in (True, False)
+        claims.claim(10000, "/here")
+    with PortClaims(where).locked() as claims:
+        assert not claims.taken_by_other(10000, "/here") and claims.taken_by_other(10000, "/elsewhere")
 
 
 RACER = textwrap.dedent("""

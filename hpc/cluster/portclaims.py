@@ -35,7 +35,7 @@ def _alive(pid: int) -> bool:
         return False
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):  # gone, or no pid at all
         return False
     except PermissionError:  # another user's process: alive
         return True
