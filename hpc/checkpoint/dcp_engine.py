@@ -37,6 +37,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hpc.checkpoint import shardcrc
 from hpc.checkpoint.replicas import SharePlanner, ShareStager
 from hpc.checkpoint.staging import source_devices, synchronize, tensors_in
 
@@ -107,7 +108,8 @@ class DcpEngine:
         synchronize(source_devices(tensors_in(state)))
         if blocking:
             with _plain_errors(self.rank):
-                dcp.save(state, checkpoint_id=str(directory), process_group=self.group)
+                dcp.save(state, checkpoint_id=str(directory), process_group=self.group,
+                         storage_writer=shardcrc.writer(directory))
             return
         with _plain_errors(self.rank):
             stager = self._staging()
@@ -116,7 +118,8 @@ class DcpEngine:
         # save: async_save starts a new one per save, and waiting for it to start was most of a
         # small state's stall on a busy node (BENCHMARKS.md, section 2).
         self._pending = self._thread().submit(dcp.save, staged, checkpoint_id=str(directory),
-                                              process_group=self.group, planner=SharePlanner(stager))
+                                              process_group=self.group, planner=SharePlanner(stager),
+                                              storage_writer=shardcrc.writer(directory))
 
     def _thread(self) -> ThreadPoolExecutor:
         if self._writer is None or self._writer[0] != os.getpid():  # threads do not survive fork
@@ -245,4 +248,5 @@ def own_shards(directory: Path, rank: int) -> dict[str, dict]:
     for where in FileSystemReader(str(directory)).read_metadata().storage_data.values():
         if where.relative_path.startswith(f"__{rank}_"):
             ranges.setdefault(where.relative_path, []).append((where.offset, where.length))
-    return {name: ranges_info(Path(directory) / name, r) for name, r in sorted(ranges.items())}
+    return {name: ranges_info(Path(directory) / name, r, shardcrc.written(Path(directory) / name))
+            for name, r in sorted(ranges.items())}

@@ -1,0 +1,114 @@
+"""Checksums of DCP's data files taken as they are written, so that a commit need not read them back.
+
+    dcp.save(state, checkpoint_id=d, storage_writer=shardcrc.writer(d))
+    runs = shardcrc.written(d / "__0_0.distcp")    # {(offset, length): "crc32"}, or None
+
+The marker lists one crc32 per stored item of a rank's data file (hpc.checkpoint.files.ranges_info).
+DCP's file writer asks the stream's position before and after each item it writes, so the bytes
+between two such questions are exactly one item: the stream here keeps the crc32 of each of those
+runs as the bytes go by. Reading the file back for them instead would read the rank's whole share
+again at every commit: at 500 GB over 64 ranks, about 8 GB per rank per save.
+
+Nothing depends on DCP asking in that order: a range the stream did not see as one run (a DCP that
+writes differently, a seek, a short write) is read back and checksummed as before, and so is every
+range of a file written elsewhere (a forked writer process).
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import threading
+import zlib
+from typing import Any, Dict, Iterator, Optional, Tuple
+
+Runs = Dict[Tuple[int, int], str]
+
+SUFFIX = ".distcp"  # DCP's data files; its .metadata is checksummed whole (files.file_info)
+MAX_FILES = 1024  # runs kept for files no commit asked for (a save that failed): dropped past this
+
+_written: Dict[str, Runs] = {}
+_lock = threading.Lock()
+
+
+def _key(path: Any) -> str:
+    return os.path.abspath(os.fspath(path))
+
+
+def written(path: Any) -> Optional[Runs]:
+    """The runs recorded while `path` was written in this process (once: they are forgotten)."""
+    with _lock:
+        return _written.pop(_key(path), None)
+
+
+def _remember(path: Any, runs: Runs) -> None:
+    with _lock:
+        if len(_written) >= MAX_FILES:
+            _written.clear()
+        _written[_key(path)] = runs
+
+
+class CrcStream:
+    """A binary file being written, with the crc32 of each run of bytes between two tell() calls."""
+
+    def __init__(self, raw: Any) -> None:
+        self.raw = raw
+        self.runs: Runs = {}
+        self.valid = True  # False once the runs can no longer be trusted to match the file
+        self._mark = self._pos = self._crc = 0
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data)
+        n = self.raw.write(view)
+        if n is None or n != view.nbytes:
+            self.valid = False  # a short write: the caller writes the rest, the runs would not match
+            return n
+        self._crc = zlib.crc32(view, self._crc)
+        self._pos += n
+        return n
+
+    def tell(self) -> int:
+        at = self.raw.tell()
+        if at != self._pos:
+            self.valid = False
+        elif self._pos > self._mark:
+            self.runs[(self._mark, self._pos - self._mark)] = f"{self._crc:08x}"
+        self._mark, self._crc = self._pos, 0
+        return at
+
+    def seek(self, *args: Any) -> int:
+        self.valid = False
+        return self.raw.seek(*args)
+
+    def __getattr__(self, name: str) -> Any:  # fileno, flush, close, ...: the file's own
+        return getattr(self.raw, name)
+
+
+@functools.lru_cache(maxsize=None)
+def _file_system() -> type:
+    from torch.distributed.checkpoint.filesystem import FileSystem
+
+    class CrcFileSystem(FileSystem):
+        @contextlib.contextmanager
+        def create_stream(self, path: Any, mode: str) -> Iterator[Any]:
+            if mode != "wb" or not os.fspath(path).endswith(SUFFIX):
+                with super().create_stream(path, mode) as stream:
+                    yield stream
+                return
+            with super().create_stream(path, mode) as raw:
+                stream = CrcStream(raw)
+                yield stream
+            if stream.valid:
+                _remember(path, stream.runs)
+
+    return CrcFileSystem
+
+
+def writer(directory: Any) -> Any:
+    """DCP's file system writer for `directory`, with checksums taken as it writes."""
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    w = FileSystemWriter(str(directory))
+    w.fs = _file_system()()
+    return w
+
