@@ -232,13 +232,14 @@ PROFILE_NOTE = ("profiles: bench/profiles/ddp-*.txt, save-*.txt, fsdp-*.txt (pyt
                 "this benchmark and not kept, as neither moved TrainLoop's ratio beyond the spread between runs "
                 "(1.037x and 1.047x in two runs without either): the checkpoint writer threads at nice 19 (1.041x) and Python's GIL "
                 "switch interval at 0.5 ms instead of 5 ms (1.045x). Where a save's CPU goes: bench/profiles/save-cpu.txt "
-                "(python -m bench.profile save-cpu): on rank 0, per save, 3.4 ms in the training thread (the staging "
-                "copy), 13.4 ms on DCP's writer thread (6.7 ms of it serialising and writing the shard, 5.5 ms DCP's "
-                "own bookkeeping beyond its plans and metadata file) and 6.6 ms on the store's (the crc32 read-back "
-                "1.9 ms, the rank files 1.7 ms, marker, rename and fsync 2.1 ms); every rank writes its share. For "
-                "1.02x on 2 busy cores a save could use about 6 ms of CPU more than torch.save on rank 0: DCP's "
-                "bookkeeping alone uses about that, so TrainLoop meets it only with a lighter writer than DCP, or a "
-                "free core")
+                "(python -m bench.profile save-cpu): on rank 0, per save, 3.3 ms in the training thread (the staging "
+                "copy), 11.3 ms on DCP's writer thread (5.8 ms of it serialising and writing the shard, checksums "
+                "taken as it writes included; 4.4 ms DCP's own bookkeeping beyond its plans and metadata file) and "
+                "4.7 ms on the store's (the rank files 1.2 ms; marker, rename and fsync 2.1 ms; the shards' "
+                "checksums are no longer read back: 0.4 ms for their list, against 1.9 ms before); every rank writes "
+                "its share. For 1.02x on 2 busy cores a save could use about 6 ms of CPU more than torch.save on rank "
+                "0: DCP's bookkeeping and the commit's rename and fsyncs alone use about that, so TrainLoop meets it "
+                "only with a lighter writer than DCP, or a free core")
 HEADERS = ["variant", "median step", "mean step", "p90 step", "steps measured", "ratio (95% interval)",
            "p90 ratio"]
 
