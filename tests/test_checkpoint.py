@@ -108,12 +108,12 @@ def test_loading_never_runs_pickled_code(tmp_path):
 
 def _save_two_ranks(directory, step):
     """Ranks 0 and 1 of one store, each on its own thread, save `step` blocking; returns the stores
-    and each rank's thread ident."""
+    and each rank's thread (the object: a finished thread's ident is reused by the next one)."""
     stores = [CheckpointStore(directory, rank=r, world_size=2) for r in range(2)]
     idents = {}
 
     def run(r):
-        idents[r] = threading.get_ident()
+        idents[r] = threading.current_thread()
         stores[r].save(step, {"model": torch.ones(3), "per_rank": {"rank": r}}, blocking=True)
 
     threads = [threading.Thread(target=run, args=(r,)) for r in (1, 0)]
@@ -139,7 +139,7 @@ def test_a_rank_fsyncs_only_its_own_file_per_save(tmp_path, monkeypatch):
     import os
     calls = []
     real = os.fsync
-    monkeypatch.setattr(os, "fsync", lambda fd: (calls.append(threading.get_ident()), real(fd))[1])
+    monkeypatch.setattr(os, "fsync", lambda fd: (calls.append(threading.current_thread()), real(fd))[1])
     stores, idents = _save_two_ranks(tmp_path, 3)
     assert calls.count(idents[1]) == 1  # rank-1.pt
     assert not (tmp_path / "step-3" / "rank-0.done").exists()
