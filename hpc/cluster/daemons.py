@@ -90,10 +90,10 @@ def terminate(pids: list[int], timeout_s: float) -> None:
     for pid in pids:
         _signal(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+    while time.monotonic() < deadline and any(process_alive(p) for p in pids):
         time.sleep(0.1)
     for pid in pids:
-        if _alive(pid):
+        if process_alive(pid):
             _signal(pid, signal.SIGKILL)
     for pid in pids:
         _reap(pid)
@@ -158,10 +158,11 @@ def _runs(pid: int, program: str) -> bool:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
     except OSError:
         return False
-    return _alive(pid) and os.path.basename(cmdline) == os.path.basename(program)
+    return process_alive(pid) and os.path.basename(cmdline) == os.path.basename(program)
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Running: neither gone nor a zombie (a daemon whose parent exited may never be reaped)."""
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):

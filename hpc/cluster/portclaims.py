@@ -26,20 +26,10 @@ import tempfile
 from pathlib import Path
 from typing import Dict, Iterator
 
+from hpc.cluster.daemons import process_alive
+
 ENV_DIR = "HPC_PORT_CLAIMS_DIR"  # where the table lives (default: the host's temporary directory)
 NAME = "hpc-cluster-port-claims"
-
-
-def _alive(pid: int) -> bool:
-    if pid <= 0:  # kill(0) would signal our own process group
-        return False
-    try:
-        os.kill(pid, 0)
-    except (ProcessLookupError, OverflowError):  # gone, or no pid at all
-        return False
-    except PermissionError:  # another user's process: alive
-        return True
-    return True
 
 
 class Table:
@@ -51,11 +41,10 @@ class Table:
     def taken_by_other(self, base: int, directory: str | Path) -> bool:
         """Claimed by a live `up` of another directory."""
         c = self.claims.get(str(base))
-        return bool(c) and c.get("dir") != str(directory) and _alive(int(c.get("pid", 0)))
+        return bool(c) and c.get("dir") != str(directory) and process_alive(int(c.get("pid", 0)))
 
     def claim(self, base: int, directory: str | Path) -> None:
-        for key in [k for k, c in self.claims.items() if c.get("dir") == str(directory)]:
-            del self.claims[key]  # one block per directory: the one chosen now
+        self.release(directory)  # one block per directory: the one chosen now
         self.claims[str(base)] = {"dir": str(directory), "pid": os.getpid()}
 
     def release(self, directory: str | Path) -> None:
@@ -83,7 +72,7 @@ class PortClaims:
             fcntl.flock(fd, fcntl.LOCK_EX)
             table = Table(self._read())
             yield table
-            live = {k: c for k, c in table.claims.items() if _alive(int(c.get("pid", 0)))}
+            live = {k: c for k, c in table.claims.items() if process_alive(int(c.get("pid", 0)))}
             with contextlib.suppress(OSError):
                 self._write(live)
         finally:
