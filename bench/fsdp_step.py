@@ -8,7 +8,8 @@ init_device_mesh) on the same model, data and sharding units; gloo, 2 ranks on t
 Each launch starts WORLD processes (bench.ranks) that train hand-written FSDP2 and one hpc variant
 in alternating blocks of steps (bench.interleave, as bench.ddp_overhead); the median step per
 block is compared. A step's time runs from the top of one step to the top of the next, so
-TrainLoop's stop vote is in it.
+TrainLoop's stop vote is in it. A control pair (hand-written FSDP2 against a second copy of
+itself) shows how wide an interval this machine's load makes around no difference at all.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from typing import List
 
 from bench.common import Context, emit
 from bench.ddp_overhead import HEADERS, PROFILE_NOTE, _sgd, batches_by_hand, init_by_hand, measure, rows, stepper
-from bench.interleave import Arm, built_in_order, run_blocks
+from bench.interleave import Arm, built_in_order, paired_ratio, pooled, run_blocks
 from bench.ranks import WORLD, repeated_note
 from bench.report import Section
 
@@ -25,11 +26,15 @@ TARGET = 1.02
 # launches per pair, block pairs per launch, steps per block: blocks of a few steps, as the DDP
 # section's pairs without checkpoints (bench.ddp_overhead.STEP_BLOCK)
 LAUNCHES, BLOCKS, BLOCK_STEPS = 8, 40, 4
+# TrainLoop's ratio and the control's are read against 1.02 within about a per cent: twice the
+# launches (the interval narrows with the square root of the launches)
+CLOSE_LAUNCHES = 16
 BATCH = 32
 WIDTH, BLOCKS_NET = 512, 4
 VARIANTS = {"torch": "hand-written FSDP2 (fully_shard per block, then the root)",
             "hpc": 's.wrap(model, strategy="fsdp")',
-            "trainloop": 's.wrap(model, strategy="fsdp") in TrainLoop, no checkpoint'}
+            "trainloop": 's.wrap(model, strategy="fsdp") in TrainLoop, no checkpoint',
+            "control": "control: hand-written FSDP2, a second copy"}
 
 
 def model_and_data(width: int = WIDTH, blocks: int = BLOCKS_NET):
@@ -104,8 +109,13 @@ def child(pair: str, blocks: int, size: int, out: str, b_first: bool, only: str 
     try:
         with contextlib.ExitStack() as stack:
             s = stack.enter_context(hpc.ddp.session(timeout_s=120))  # finds the group made above
-            a, b = built_in_order(lambda: hand_written(world), lambda: with_hpc(
-                s, stack, out, pair == "trainloop", total=(blocks + 1) * size + 1), b_first)
+
+            def build_b() -> Arm:
+                if pair == "control":  # hand-written against a second copy of itself
+                    return Arm("hpc", hand_written(world).step)
+                return with_hpc(s, stack, out, pair == "trainloop", total=(blocks + 1) * size + 1)
+
+            a, b = built_in_order(lambda: hand_written(world), build_b, b_first)
             times = run_blocks(a, b, blocks, size, b_first, only)
         # Tearing gloo down while the peer is still in its last collectives aborted a rank at
         # exit here ("terminate called without an active exception"): leave together.
@@ -121,15 +131,28 @@ def run(ctx: Context) -> Section:
                   f"hpc FSDP step time <= {TARGET} x hand-written FSDP2 (median)",
                   "python -m bench --only fsdp" + (" --quick" if ctx.quick else ""), headers=HEADERS)
     repeated: List[str] = []
-    runs = measure(ctx, "fsdp_step", {"hpc": "", "trainloop": ""}, launches, blocks, size, repeated)
+    # The control pair tells how wide an interval around 1.000x this load makes; a quick run skips it.
+    close = None if ctx.quick else (blocks, size, CLOSE_LAUNCHES)
+    pairs = {"hpc": None, "trainloop": close, **({} if ctx.quick else {"control": close})}
+    runs = measure(ctx, "fsdp_step", pairs, launches, blocks, size, repeated)
     for pair in ("hpc", "trainloop"):
         rows(sec, {"torch": VARIANTS["torch"], "hpc": VARIANTS[pair]}, runs[pair], "median", TARGET)
+    if "control" in runs:
+        control = paired_ratio(runs["control"], "torch", "hpc", "median")
+        sec.rows.append([VARIANTS["control"], "", "", "", str(len(pooled(runs["control"], "hpc"))), control.text(),
+                         f"{control.p90_ratio:.3f}x"])
+        sec.notes.append(
+            f"control: hand-written FSDP2 against a second copy of itself, measured as the TrainLoop pair is "
+            f"({close[0]} block pairs in each of {close[2]} launches): {control.text()}; an interval this wide "
+            "around 1.000x is the method's resolution at this load, and a ratio inside the control's interval is "
+            "a difference this machine cannot tell from none")
     sec.notes += [
         f"MLP 64-{WIDTH} then {BLOCKS_NET} blocks of {WIDTH}x{WIDTH} (each an FSDP unit, as hpc.fsdp shards a "
         f"ModuleList's elements) then a 10-way head; batch {BATCH} per rank, SGD with momentum, loss averaged "
         f"over ranks every step; {WORLD} local processes with one thread each, gloo over 127.0.0.1",
         f"hand-written FSDP2 and one hpc variant train in the same two processes, in alternating blocks of "
-        f"{size} steps, {blocks} block pairs per launch, {launches} launches per pair, B first (and built "
+        f"{size} steps, {blocks} block pairs per launch, {launches} launches for the s.wrap pair and "
+        f"{(close or (0, 0, launches))[2]} for the others, B first (and built "
         "first) in every other launch (bench.interleave, as the DDP section, whose control pair shows the "
         "method's resolution); hand-written data comes from DistributedSampler, hpc's from s.loader (its "
         "resumable loader); a target counts as met only when the whole 95% interval is at or below it",
@@ -139,7 +162,7 @@ def run(ctx: Context) -> Section:
 
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m bench.fsdp_step")
-    p.add_argument("--pair", choices=("hpc", "trainloop"), required=True)
+    p.add_argument("--pair", choices=("hpc", "trainloop", "control"), required=True)
     p.add_argument("--blocks", type=int, default=BLOCKS)
     p.add_argument("--block-steps", type=int, default=BLOCK_STEPS)
     p.add_argument("--b-first", action="store_true", help="hpc's block first in each pair")
