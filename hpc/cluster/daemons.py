@@ -161,13 +161,31 @@ def _runs(pid: int, program: str) -> bool:
     return process_alive(pid) and os.path.basename(cmdline) == os.path.basename(program)
 
 
-def process_alive(pid: int) -> bool:
-    """Running: neither gone nor a zombie (a daemon whose parent exited may never be reaped)."""
+def process_alive(pid: int, proc: str = "/proc") -> bool:
+    """Running: neither gone nor a zombie (a daemon whose parent exited may never be reaped).
+
+    A process /proc does not show may be another user's on a host that mounts /proc with hidepid:
+    kill(pid, 0) then tells "no such process" from "not yours", and one that exists counts as
+    running (its state cannot be read, so another user's zombie counts too)."""
+    if pid <= 0:  # kill(0, ...) and kill(-1, ...) address groups, not a process
+        return False
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        state = Path(f"{proc}/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return _exists_elsewhere(pid)
     except (OSError, IndexError):
         return False
     return state != "Z"
+
+
+def _exists_elsewhere(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only the checks, nothing is sent
+    except PermissionError:
+        return True  # it exists, and is another user's
+    except (OSError, OverflowError):
+        return False
+    return True
 
 
 def _signal(pid: int, sig: int) -> None:
