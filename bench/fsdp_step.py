@@ -24,11 +24,11 @@ from bench.report import Section
 
 TARGET = 1.02
 # launches per pair, block pairs per launch, steps per block: blocks of a few steps, as the DDP
-# section's pairs without checkpoints (bench.ddp_overhead.STEP_BLOCK)
-LAUNCHES, BLOCKS, BLOCK_STEPS = 8, 40, 4
-# TrainLoop's ratio and the control's are read against 1.02 within about a per cent: twice the
-# launches (the interval narrows with the square root of the launches)
-CLOSE_LAUNCHES = 16
+# section's pairs without checkpoints (bench.ddp_overhead.STEP_BLOCK). The ratios are read against
+# 1.02 within about a per cent: 16 launches, as the DDP session pair (the interval narrows with the
+# square root of the launches), and the same for every pair, the control's included, so that the
+# control's interval is the others' resolution
+LAUNCHES, BLOCKS, BLOCK_STEPS = 16, 40, 4
 BATCH = 32
 WIDTH, BLOCKS_NET = 512, 4
 VARIANTS = {"torch": "hand-written FSDP2 (fully_shard per block, then the root)",
@@ -132,8 +132,7 @@ def run(ctx: Context) -> Section:
                   "python -m bench --only fsdp" + (" --quick" if ctx.quick else ""), headers=HEADERS)
     repeated: List[str] = []
     # The control pair tells how wide an interval around 1.000x this load makes; a quick run skips it.
-    close = None if ctx.quick else (blocks, size, CLOSE_LAUNCHES)
-    pairs = {"hpc": None, "trainloop": close, **({} if ctx.quick else {"control": close})}
+    pairs = {"hpc": None, "trainloop": None, **({} if ctx.quick else {"control": None})}
     runs = measure(ctx, "fsdp_step", pairs, launches, blocks, size, repeated)
     for pair in ("hpc", "trainloop"):
         rows(sec, {"torch": VARIANTS["torch"], "hpc": VARIANTS[pair]}, runs[pair], "median", TARGET)
@@ -142,8 +141,8 @@ def run(ctx: Context) -> Section:
         sec.rows.append([VARIANTS["control"], "", "", "", str(len(pooled(runs["control"], "hpc"))), control.text(),
                          f"{control.p90_ratio:.3f}x"])
         sec.notes.append(
-            f"control: hand-written FSDP2 against a second copy of itself, measured as the TrainLoop pair is "
-            f"({close[0]} block pairs in each of {close[2]} launches): {control.text()}; an interval this wide "
+            f"control: hand-written FSDP2 against a second copy of itself, measured as the other pairs are "
+            f"({blocks} block pairs in each of {launches} launches): {control.text()}; an interval this wide "
             "around 1.000x is the method's resolution at this load, and a ratio inside the control's interval is "
             "a difference this machine cannot tell from none")
     sec.notes += [
@@ -151,8 +150,7 @@ def run(ctx: Context) -> Section:
         f"ModuleList's elements) then a 10-way head; batch {BATCH} per rank, SGD with momentum, loss averaged "
         f"over ranks every step; {WORLD} local processes with one thread each, gloo over 127.0.0.1",
         f"hand-written FSDP2 and one hpc variant train in the same two processes, in alternating blocks of "
-        f"{size} steps, {blocks} block pairs per launch, {launches} launches for the s.wrap pair and "
-        f"{(close or (0, 0, launches))[2]} for the others, B first (and built "
+        f"{size} steps, {blocks} block pairs per launch, {launches} launches per pair, B first (and built "
         "first) in every other launch (bench.interleave, as the DDP section, whose control pair shows the "
         "method's resolution); hand-written data comes from DistributedSampler, hpc's from s.loader (its "
         "resumable loader); a target counts as met only when the whole 95% interval is at or below it",
