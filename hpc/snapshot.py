@@ -165,11 +165,12 @@ def listing(source: Source) -> Tuple[Dict[str, os.stat_result], List[str]]:
     excluded = [os.path.relpath(p, source.root) + "/" for p in source.exclude if source.root in Path(p).parents]
     files: Dict[str, os.stat_result] = {}
     skipped: List[str] = []
+    root = str(source.root)  # joined as a string: a Path per file costs more than its lstat
     for rel, tracked in entries:
         if any((rel + "/").startswith(e) for e in excluded):
             continue
         try:
-            st = os.lstat(source.root / rel)
+            st = os.lstat(os.path.join(root, rel))
         except OSError:  # tracked but deleted in the working tree: an uncommitted deletion
             continue
         if not (stat.S_ISREG(st.st_mode) or _link(st)):  # a submodule's directory, a socket
@@ -366,7 +367,7 @@ def drift(table: Mapping[str, Any]) -> Drift:
     listed = table["files"]
     changed = []
     for rel in sorted(files.keys() & listed.keys()):
-        st, (size, mtime, digest, mode) = files[rel], listed[rel]
+        st, (size, mtime, digest) = files[rel], listed[rel][:3]  # then the mode, not compared here
         if (st.st_size, st.st_mtime_ns) == (size, mtime):
             continue
         path = source.root / rel

@@ -101,6 +101,22 @@ def test_a_new_run_dir_links_an_earlier_snapshot_of_the_same_files_and_copies_af
     assert not fourth.linked and (fourth.dir / "pkg" / "mod.py").read_text() == "VERSION = 'again'\n"
 
 
+def test_an_earlier_copy_that_no_longer_matches_its_listing_is_not_linked(checkout, tmp_path, monkeypatch):
+    """Snapshot files are read-only copies, but one changed anyway (by hand, by a tool) must not
+    reach a new run: its size differs from the listing, so the new run dir copies the live tree."""
+    monkeypatch.setenv("HPC_CACHE_DIR", str(tmp_path / "cache"))
+    source = snapshot.source_of(str(checkout), checkout)
+    first = snapshot.take(source, tmp_path / "a", max_mb=10)
+    tampered = first.dir / "pkg" / "mod.py"
+    tampered.chmod(0o644)
+    tampered.write_text("VERSION = 'tampered with after the snapshot'\n")
+    second = snapshot.take(source, tmp_path / "b", max_mb=10)
+    assert not second.linked and second.hash == first.hash
+    assert (second.dir / "pkg" / "mod.py").read_text() == "VERSION = 'uncommitted'\n"
+    assert not os.path.samefile(second.dir / "pkg" / "mod.py", tampered)
+    assert [p.name for p in (tmp_path / "b" / "code").iterdir() if p.name.startswith(".tmp")] == []
+
+
 def test_status_tells_whether_the_live_code_differs_from_the_snapshot(checkout, tmp_path):
     snap = snapshot.take(snapshot.source_of(str(checkout), checkout), tmp_path / "run", max_mb=10)
     line = lambda: snapshot.status_line(snap.record())  # noqa: E731
