@@ -40,13 +40,16 @@ def _entry(root: Path) -> Path:
 
 
 def remember(root: Path, snapshot_dir: Path) -> None:
-    """Name `snapshot_dir` as the newest snapshot of the tree at `root` (best effort)."""
-    from hpc.rundir import atomic_write_text
+    """Name `snapshot_dir` as the newest snapshot of the tree at `root` (best effort).
+
+    Atomic but not fsynced: an entry lost or torn by a crash costs the next submission a copy,
+    which is what reading it does about an unreadable one, and a submission need not wait for the
+    disk (two fsyncs) for a cache."""
+    from hpc.atomic import write_bytes
 
     path = _entry(root)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(path, json.dumps({"root": str(root), "dir": str(snapshot_dir)}))
+        write_bytes(path, json.dumps({"root": str(root), "dir": str(snapshot_dir)}).encode(), durable=False)
     except OSError:
         pass
 
