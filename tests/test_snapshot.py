@@ -117,6 +117,22 @@ def test_an_earlier_copy_that_no_longer_matches_its_listing_is_not_linked(checko
     assert [p.name for p in (tmp_path / "b" / "code").iterdir() if p.name.startswith(".tmp")] == []
 
 
+@pytest.mark.parametrize("entry", [b"", b"{\"root\": ", b"[]", b"{\"dir\": 7}", b"\xff\xfe"])
+def test_a_torn_or_foreign_cache_entry_costs_one_copy(checkout, tmp_path, monkeypatch, entry):
+    """The cache entry is written without fsync: after a crash it may be empty, cut short or
+    anything else. The next run dir then copies, and names its own snapshot for the one after."""
+    from hpc import snapcache
+
+    monkeypatch.setenv("HPC_CACHE_DIR", str(tmp_path / "cache"))
+    source = snapshot.source_of(str(checkout), checkout)
+    first = snapshot.take(source, tmp_path / "a", max_mb=10)
+    snapcache._entry(source.root).write_bytes(entry)
+    second = snapshot.take(source, tmp_path / "b", max_mb=10)
+    assert not second.linked and second.hash == first.hash
+    third = snapshot.take(source, tmp_path / "c", max_mb=10)
+    assert third.linked and os.path.samefile(third.dir / "pkg" / "mod.py", second.dir / "pkg" / "mod.py")
+
+
 def test_status_tells_whether_the_live_code_differs_from_the_snapshot(checkout, tmp_path):
     snap = snapshot.take(snapshot.source_of(str(checkout), checkout), tmp_path / "run", max_mb=10)
     line = lambda: snapshot.status_line(snap.record())  # noqa: E731
