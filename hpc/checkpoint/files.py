@@ -200,14 +200,13 @@ def ranges_info(path: Path, ranges: list[tuple[int, int]], known: dict | None = 
     "items" lists [offset, length, crc32]; "crc32" is that of the items' text. `known`: crc32s
     taken as the file was written, {(offset, length): crc32} (hpc.checkpoint.shardcrc); a range
     it lacks is read back."""
-    known = known or {}
     wanted = sorted(set(ranges))
-    if all(r in known for r in wanted):
-        items = [[off, length, known[(off, length)]] for off, length in wanted]
-    else:
+    crcs = dict(known or {})
+    missing = [r for r in wanted if r not in crcs]
+    if missing:  # the file is opened only for ranges not checksummed as written
         with open(path, "rb", buffering=0) as f:
-            items = [[off, length, known.get((off, length)) or f"{_range_crc(f, off, length):08x}"]
-                     for off, length in wanted]
+            crcs.update({(off, length): f"{_range_crc(f, off, length):08x}" for off, length in missing})
+    items = [[off, length, crcs[(off, length)]] for off, length in wanted]
     text = json.dumps(items)
     return {"crc32": f"{zlib.crc32(text.encode()):08x}", "bytes": os.stat(path).st_size, "items": items}
 

@@ -237,7 +237,7 @@ class LocalCluster:
                 base = free_port_block(own, taken)
                 if base is None:
                     raise ClusterError(f"{why}, and every block of {L.PORT_RANGE[0]}..{L.PORT_RANGE[1] - 1} has a "
-                                       f"port in use. HINT: stop another local cluster (python -m hpc.cluster "
+                                       f"port in use or is claimed by another `up` starting now. HINT: stop another local cluster (python -m hpc.cluster "
                                        f"down --dir D), or name a block outside that range with `--port-base N`.")
                 log(f"{why}: this cluster takes ports {base}..{base + L.PORT_BLOCK - 1} instead")
                 self.layout = dataclasses.replace(self.layout, port_base=base)
