@@ -195,7 +195,9 @@ class TrainLoop:
 
     def _save_shards(self, directory: Path, blocking: bool) -> Any:
         """The store's hook: DCP writes the model and optimizer into the checkpoint directory."""
-        self._engine.save(directory, *(self.objects[n] for n in self._dcp_names), blocking=blocking)
+        # Without DCP's collectives: the store's commit merges the ranks' indexes (dcp_engine).
+        self._engine.save(directory, *(self.objects[n] for n in self._dcp_names), blocking=blocking,
+                          collectives=False)
         return self._engine.wait
 
     def _load_shards(self, where: Path) -> str:

@@ -2,6 +2,7 @@
 
     python tests/fsdp_workload.py train OUT --strategy fsdp --steps 5 --save-at 3
     python tests/fsdp_workload.py resume OUT --strategy ddp --ckpt OUT/ckpt --start 3 --steps 5
+    python tests/fsdp_workload.py train OUT --strategy fsdp --save-at 3 --no-collectives  # then merged
 
 Each optimizer step sees the same global batch of a fixed float64 data set at any world size,
 split evenly over the ranks (and, with --accum K, into K micro-batches per rank). Rank 0 writes
@@ -21,6 +22,7 @@ import torch
 
 import hpc.ddp
 from hpc.checkpoint.dcp_engine import DcpEngine, state_dicts
+from hpc.checkpoint.dcp_index import merge_metadata
 from hpc.checkpoint.staging import tensors_in
 
 GLOBAL_BATCH = 12  # splits evenly over 1, 2, 3 and 4 ranks
@@ -93,9 +95,14 @@ def train(s, a) -> None:
             if step + 1 == a.save_at:
                 dump(s, model, opt, a.out / "saved.pt")
                 # Asynchronous: the next steps change the parameters while the thread writes.
-                engine.save(a.out / "ckpt", model, opt, blocking=a.blocking)
+                engine.save(a.out / "ckpt", model, opt, blocking=a.blocking,
+                            collectives=not a.no_collectives)
                 staged = engine.staged_bytes
                 state_bytes = sorted(t.numel() * t.element_size() for t in tensors_in(state_dicts(model, opt)))
+    if a.no_collectives and a.save_at:  # every rank's part is on disk once all left the engine
+        s.barrier()
+        if s.is_main:
+            merge_metadata(a.out / "ckpt", s.world_size)
     dump(s, model, opt, a.out / "final.pt")
     local = sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in model.parameters())
     report = {"local_numel": local, "numel": sum(p.numel() for p in model.parameters()),
@@ -135,6 +142,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--save-at", type=int, default=0)
     p.add_argument("--blocking", action="store_true")
+    p.add_argument("--no-collectives", action="store_true")
     p.add_argument("--accum", type=int, default=1)
     p.add_argument("--ckpt", type=Path)
     p.add_argument("--start", type=int, default=0)

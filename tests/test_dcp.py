@@ -21,27 +21,31 @@ from test_fsdp import ATOL, load, max_difference, run_ranks
 
 STEPS, SAVE_AT = 5, 3
 
-# (strategy, world size) that saved -> (strategy, world size) that resumes
+# (strategy, world size) that saved -> (strategy, world size) that resumes; "solo": saved
+# without DCP's collectives (each rank its part and index, merged afterwards)
 CASES = {
     "ddp 2 -> 1": (("ddp", 2), ("ddp", 1)),
     "ddp 1 -> 2": (("ddp", 1), ("ddp", 2)),
     "fsdp 2 -> 1": (("fsdp", 2), ("fsdp", 1)),
     "fsdp 1 -> 2": (("fsdp", 1), ("fsdp", 2)),
+    "ddp solo 2 -> fsdp 1": (("ddp solo", 2), ("fsdp", 1)),
+    "fsdp solo 2 -> ddp 2": (("fsdp solo", 2), ("ddp", 2)),
 }
+SAVED = {("ddp", 2), ("fsdp", 2), ("ddp", 1), ("ddp solo", 2), ("fsdp solo", 2)}
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """Uninterrupted runs that save at step 3; one process is the same under either strategy."""
     root = tmp_path_factory.mktemp("dcp")
-    for strategy, world in {("ddp", 2), ("fsdp", 2), ("ddp", 1)}:
-        run_ranks(world, "train", root / f"{strategy}{world}", "--strategy", strategy,
-                  "--steps", STEPS, "--save-at", SAVE_AT)
+    for strategy, world in SAVED:
+        run_ranks(world, "train", saved_by(root, strategy, world), "--strategy", strategy.split()[0],
+                  "--steps", STEPS, "--save-at", SAVE_AT, *(["--no-collectives"] if "solo" in strategy else []))
     return root
 
 
 def saved_by(root, strategy, world):
-    return root / (f"{strategy}{world}" if world > 1 else "ddp1")
+    return root / (f"{strategy.replace(' ', '-')}{world}" if world > 1 else "ddp1")
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -53,6 +57,35 @@ def test_a_checkpoint_resumes_on_another_world_size(trained, tmp_path, case):
               "--start", SAVE_AT, "--steps", STEPS)
     assert max_difference(load(tmp_path / "loaded.pt"), load(source / "saved.pt")) == 0.0
     assert max_difference(load(tmp_path / "final.pt"), load(source / "final.pt")) <= ATOL
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_a_save_without_collectives_merges_into_the_index_dcp_writes(trained, strategy):
+    """The same state saved with DCP's coordinator and without it: the merged .metadata lists
+    the same values, sizes and pieces; each rank's index holds only what that rank wrote, and
+    the non-tensor values are written once, by rank 0."""
+    import pickle
+
+    from hpc.checkpoint.dcp_index import rank_metadata
+
+    def index(directory):
+        return pickle.loads((directory / METADATA).read_bytes())
+
+    def pieces(meta):
+        return {fqn: sorted((tuple(c.offsets), tuple(c.sizes)) for c in m.chunks) if hasattr(m, "chunks")
+                else "bytes" for fqn, m in meta.state_dict_metadata.items()}
+
+    solo, plain = trained / f"{strategy}-solo2" / "ckpt", trained / f"{strategy}2" / "ckpt"
+    assert pieces(index(solo)) == pieces(index(plain))
+    assert index(solo).planner_data == index(plain).planner_data
+    parts = [pickle.loads((solo / rank_metadata(r)).read_bytes()) for r in range(2)]
+    for rank, part in enumerate(parts):
+        assert {i.relative_path for i in part.storage_data.values()} == {f"__{rank}_0.distcp"}
+    written = [set(p.state_dict_metadata) for p in parts]
+    if strategy == "ddp":  # replicated: every value in exactly one rank's part
+        assert written[0].isdisjoint(written[1]) and all(written)
+    bytes_values = [{k for k, m in p.state_dict_metadata.items() if not hasattr(m, "chunks")} for p in parts]
+    assert bytes_values[0] and not bytes_values[1]
 
 
 def test_a_sharded_save_writes_one_file_per_rank(trained):
@@ -104,3 +137,37 @@ def test_a_failed_save_raises_and_the_engine_saves_again(tmp_path):
         engine.save(tmp_path / "ckpt", model)
         engine.wait()
     assert (tmp_path / "ckpt" / METADATA).is_file()
+
+
+def test_the_merge_refuses_parts_that_leave_a_hole(tmp_path):
+    """A missing rank index, a value no rank wrote, a tensor not covered whole: each is an error
+    naming the fix, and no .metadata is written (the commit fails; nothing loads half)."""
+    import pickle
+
+    from hpc.checkpoint.dcp_index import merge_metadata, rank_metadata
+
+    model = torch.nn.Linear(3, 2)
+    with DcpEngine() as engine:
+        engine.save(tmp_path, model, blocking=True, collectives=False)
+    assert not (tmp_path / METADATA).exists()
+    with pytest.raises(ValueError, match=r"__1\.metadata is missing: rank 1 .*HINT"):
+        merge_metadata(tmp_path, 2)
+    own = tmp_path / rank_metadata(0)
+    good = own.read_bytes()
+    part = pickle.loads(good)
+    del part.state_dict_metadata["model.bias"]
+    own.write_bytes(pickle.dumps(part))
+    with pytest.raises(ValueError, match=r"1 values unwritten and 0 tensors incomplete \(model\.bias\).*HINT"):
+        merge_metadata(tmp_path, 1)
+    part = pickle.loads(good)
+    part.state_dict_metadata["model.weight"].chunks[0].sizes = torch.Size([1, 3])
+    own.write_bytes(pickle.dumps(part))
+    with pytest.raises(ValueError, match=r"0 values unwritten and 1 tensors incomplete \(model\.weight\)"):
+        merge_metadata(tmp_path, 1)
+    assert not (tmp_path / METADATA).exists()
+    own.write_bytes(good)
+    merge_metadata(tmp_path, 1)
+    fresh = torch.nn.Linear(3, 2)
+    with DcpEngine() as engine:
+        engine.load(tmp_path, fresh)
+    assert max_difference(fresh.state_dict(), model.state_dict()) == 0.0

@@ -8,6 +8,10 @@
         engine.wait()                              # the files and DCP's .metadata are on disk
         engine.load(step_dir, model, opt)          # written by any world size, either strategy
 
+        engine.save(tmp_dir, model, opt, collectives=False)   # no collective: a part per rank,
+        ...                                                    # and once every rank's is written,
+        merge_metadata(tmp_dir, world_size)                    # one process writes DCP's .metadata
+
 State goes through ``get_state_dict``/``set_state_dict``, so keys are the model's own names
 whatever wraps it (DDP's ``module.`` prefix, FSDP) and optimizer state is keyed by parameter
 name, not by position: that is what lets DCP match pieces across world sizes. Under FSDP each
@@ -23,12 +27,22 @@ replicated tensors): staging memory and the copy's stall are the rank's share, n
 state. DCP's collectives of a save (plans, metadata) then run on that thread: they get their
 own gloo group, because on the training's group they would interleave with the training's
 collectives (and NCCL cannot carry the CPU tensors DCP exchanges).
+
+A save without collectives (what TrainLoop's checkpoints use) skips DCP's exchanges altogether:
+the ranks already agree on who writes what (hpc.checkpoint.replicas), so each rank plans and
+writes its part on its own, with DCP's index of that part beside it, and the commit merges the
+indexes (merge_metadata) once every rank has reported its files (hpc.checkpoint.store). A DCP
+save's collectives are a gather of every rank's plan to rank 0, a scatter back, and a gather of
+every rank's write results: per save, 6 gloo operations and rank 0 handling every rank's plan
+while the others wait, and a rank that fails or dies leaves the others waiting in the next one
+until the group's timeout. Without them a failed rank fails alone, and the commit says which.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -38,13 +52,14 @@ import torch
 import torch.distributed as dist
 
 from hpc.checkpoint import shardcrc
-from hpc.checkpoint.replicas import SharePlanner, ShareStager
+from hpc.checkpoint.dcp_index import METADATA, merge_metadata, rank_metadata
+from hpc.checkpoint.replicas import SharePlanner, ShareStager, share
 from hpc.checkpoint.staging import source_devices, synchronize, tensors_in
 
-__all__ = ["DcpEngine", "ShardCorrupt", "state_dicts", "own_shards", "METADATA"]
+__all__ = ["DcpEngine", "ShardCorrupt", "state_dicts", "own_shards", "merge_metadata", "rank_metadata",
+           "METADATA"]
 
 SINGLE_PROCESS_WARNING = r"torch\.distributed is disabled, unavailable or uninitialized"
-METADATA = ".metadata"  # written by DCP's coordinator after every rank's data files
 
 
 def state_dicts(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict:
@@ -84,10 +99,10 @@ class DcpEngine:
         device = session.device if session is not None else torch.device("cpu")
         self.distributed = bool(session is not None and session.distributed)
         self.rank = session.rank if session is not None else 0
-        if not self.distributed:
-            # DCP warns that it assumes a single process: here that is the intent, not a mistake.
-            # A filter, not catch_warnings: the asynchronous save warns from its own thread.
-            warnings.filterwarnings("ignore", SINGLE_PROCESS_WARNING, UserWarning)
+        # DCP warns that it assumes a single process: alone, or in a save without collectives,
+        # that is the intent, not a mistake. A filter, not catch_warnings: the asynchronous save
+        # warns from its own thread.
+        warnings.filterwarnings("ignore", SINGLE_PROCESS_WARNING, UserWarning)
         # A collective call: every rank constructs its engine at the same point of the program.
         self.group = dist.new_group(backend="gloo") if self.distributed else None
         self.pinned = device.type == "cuda" if pinned is None else pinned
@@ -97,8 +112,13 @@ class DcpEngine:
 
     # -- saving ----------------------------------------------------------------------------
     def save(self, directory: str | os.PathLike, model: torch.nn.Module,
-             optimizer: torch.optim.Optimizer | None = None, blocking: bool = False) -> None:
-        """Write the state under `directory` (the same path on every rank; all ranks call)."""
+             optimizer: torch.optim.Optimizer | None = None, blocking: bool = False,
+             collectives: bool = True) -> None:
+        """Write the state under `directory` (the same path on every rank; all ranks call).
+
+        collectives=False: no rank waits for another. Each writes its part and DCP's index of it
+        (rank_metadata); the checkpoint can be loaded once merge_metadata has run, after every
+        rank's save finished. A rank's failure is raised on that rank only."""
         import torch.distributed.checkpoint as dcp
 
         self.wait()  # one save at a time: its staging buffers are the next one's
@@ -106,10 +126,16 @@ class DcpEngine:
         # DCP copies on each tensor's current stream: work on a side stream or another device
         # must have finished first, or the checkpoint holds half an update that its checksum vouches for.
         synchronize(source_devices(tensors_in(state)))
+        rank, world = self._rank_world()
+        if collectives:
+            where = {"process_group": self.group, "storage_writer": shardcrc.writer(directory)}
+        else:  # DCP as one process, writing under this rank's name
+            where = {"no_dist": True, "storage_writer": shardcrc.writer(directory, rank=rank)}
+        bytes_here = collectives or rank == 0  # the non-tensor values: once in the checkpoint
         if blocking:
+            planner = None if collectives else SharePlanner(share(list(tensors_in(state)), rank, world), bytes_here)
             with _plain_errors(self.rank):
-                dcp.save(state, checkpoint_id=str(directory), process_group=self.group,
-                         storage_writer=shardcrc.writer(directory))
+                dcp.save(state, checkpoint_id=str(directory), planner=planner, **where)
             return
         with _plain_errors(self.rank):
             stager = self._staging()
@@ -118,8 +144,10 @@ class DcpEngine:
         # save: async_save starts a new one per save, and waiting for it to start was most of a
         # small state's stall on a busy node (BENCHMARKS.md, section 2).
         self._pending = self._thread().submit(dcp.save, staged, checkpoint_id=str(directory),
-                                              process_group=self.group, planner=SharePlanner(stager),
-                                              storage_writer=shardcrc.writer(directory))
+                                              planner=SharePlanner(stager.staged, bytes_here), **where)
+
+    def _rank_world(self) -> tuple[int, int]:
+        return (dist.get_rank(self.group), dist.get_world_size(self.group)) if self.group else (0, 1)
 
     def _thread(self) -> ThreadPoolExecutor:
         if self._writer is None or self._writer[0] != os.getpid():  # threads do not survive fork
@@ -128,8 +156,7 @@ class DcpEngine:
 
     def _staging(self) -> ShareStager:
         if self._stager is None:
-            rank, world = (dist.get_rank(self.group), dist.get_world_size(self.group)) if self.group else (0, 1)
-            self._stager = ShareStager(self.pinned, rank, world)
+            self._stager = ShareStager(self.pinned, *self._rank_world())
         return self._stager
 
     def wait(self) -> None:
@@ -238,14 +265,16 @@ def _checked_reader(directory: str | os.PathLike, files: dict) -> Any:
 
 def own_shards(directory: Path, rank: int) -> dict[str, dict]:
     """Checksum info of this rank's DCP data files (``__R_K.distcp``, R its rank in the save's
-    group), one crc32 per tensor stored (from DCP's .metadata, on disk once a save returned):
-    read right after they were written, while the page cache still holds them."""
-    from torch.distributed.checkpoint import FileSystemReader
-
+    group), one crc32 per tensor stored (from DCP's index: this rank's own after a save without
+    collectives, else .metadata), read right after they were written, while the page cache
+    still holds them."""
     from hpc.checkpoint.files import ranges_info
 
+    own = Path(directory) / rank_metadata(rank)
+    with open(own if own.exists() else Path(directory) / METADATA, "rb") as fh:
+        index = pickle.load(fh)  # DCP's Metadata, pickled, as its own reader loads it
     ranges: dict[str, list[tuple[int, int]]] = {}
-    for where in FileSystemReader(str(directory)).read_metadata().storage_data.values():
+    for where in index.storage_data.values():
         if where.relative_path.startswith(f"__{rank}_"):
             ranges.setdefault(where.relative_path, []).append((where.offset, where.length))
     return {name: ranges_info(Path(directory) / name, r, shardcrc.written(Path(directory) / name))

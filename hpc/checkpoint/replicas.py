@@ -3,7 +3,7 @@ tensors (DDP: every rank holds the same ones), and its own shards of DTensors (F
 
     stager = ShareStager(pinned=False, rank=r, world=w)
     staged = stager.stage(state)                     # in the training thread: the stall
-    dcp.save(staged, ..., planner=SharePlanner(stager))   # on a writer thread (hpc.checkpoint.dcp_engine)
+    dcp.save(staged, ..., planner=SharePlanner(stager.staged))   # on a writer thread (dcp_engine)
 
 DCP's own deduplication picks the rank that writes a replicated tensor inside the save, after
 staging: every rank would first copy the whole model and optimizer into its staging buffers. At
@@ -12,6 +12,8 @@ copy of all of it. Here the ranks agree on the split before staging, without a c
 same greedy split by size over the same walk of the same state gives every rank the same answer.
 Each rank stages its share and plans to write exactly the tensors it staged, so no rank ever
 writes a live tensor that training goes on changing; what a rank did not stage, another did.
+The same split lets a save run without DCP's collectives at all (dcp_engine, collectives=False):
+every rank knows its part of the plan without asking rank 0.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from torch.distributed.checkpoint.planner import SavePlan, WriteItemType
 
 from hpc.checkpoint.staging import Staging, is_dtensor, tensors_in
 
-__all__ = ["split", "ShareStager", "SharePlanner"]
+__all__ = ["split", "share", "ShareStager", "SharePlanner"]
 
 
 def _local(t: Any) -> Any:
@@ -46,6 +48,15 @@ def split(sizes: list[int], world: int) -> list[int]:
     return owners
 
 
+def share(tensors: list[Any], rank: int, world: int) -> set[int]:
+    """ids of the tensors among `tensors` (a state's, in walk order) that `rank` writes: its own
+    DTensor shards, and its part of the plain (replicated) tensors by `split`."""
+    shards = {id(t) for t in tensors if is_dtensor(t)}  # a DTensor's shard is this rank's own
+    replicas = [t for t in tensors if id(t) not in shards]
+    owners = split([t.numel() * t.element_size() for t in replicas], world)
+    return shards | {id(t) for t, owner in zip(replicas, owners) if owner == rank}
+
+
 class ShareStager:
     """hpc's Staging for a DCP save: this rank's share of the plain (replicated)
     tensors and the local shards of its DTensors are copied into buffers kept from save to save
@@ -62,10 +73,7 @@ class ShareStager:
 
     def stage(self, state: dict) -> dict:
         tensors = list(tensors_in(state))
-        shards = {id(t) for t in tensors if is_dtensor(t)}  # a DTensor's shard is this rank's own
-        replicas = [t for t in tensors if id(t) not in shards]
-        owners = split([t.numel() * t.element_size() for t in replicas], self.world)
-        mine = shards | {id(t) for t, owner in zip(replicas, owners) if owner == self.rank}
+        mine = share(tensors, self.rank, self.world)
         out = self._staging.stage(state, cpu_too=True, pin=self.pinned, only=lambda t: id(t) in mine)
         live = {id(t) for t in tensors}
         buffers = [t for t in tensors_in(out) if id(t) not in live]
@@ -75,17 +83,20 @@ class ShareStager:
 
 
 class SharePlanner(DefaultSavePlanner):
-    """DCP's default save plan, less the tensors this rank did not stage. Non-tensor values
-    (optimizer hyperparameters, from get_state_dict's fresh dictionaries) stay in every rank's
-    plan for DCP to deduplicate."""
+    """DCP's default save plan, less the tensors this rank does not write: `keep` holds the ids
+    of those it does (ShareStager.staged, or `share` of a live state). Non-tensor values
+    (optimizer hyperparameters, from get_state_dict's fresh dictionaries) are the same on every
+    rank: with `bytes_here` they stay in this rank's plan (DCP's collectives then deduplicate
+    them); a save without those collectives keeps them on one rank only."""
 
-    def __init__(self, stager: ShareStager) -> None:
+    def __init__(self, keep: set[int], bytes_here: bool = True) -> None:
         super().__init__()
-        self.stager = stager
+        self.keep, self.bytes_here = keep, bytes_here
 
     def create_local_plan(self) -> SavePlan:
         plan = super().create_local_plan()
         keep = [item for item in plan.items
-                if item.type == WriteItemType.BYTE_IO or id(self.state_dict[item.index.fqn]) in self.stager.staged]
+                if (self.bytes_here if item.type == WriteItemType.BYTE_IO
+                    else id(self.state_dict[item.index.fqn]) in self.keep)]
         self.plan = dataclasses.replace(plan, items=keep)
         return self.plan

@@ -104,11 +104,30 @@ def _file_system() -> type:
     return CrcFileSystem
 
 
-def writer(directory: Any) -> Any:
-    """DCP's file system writer for `directory`, with checksums taken as it writes."""
+def writer(directory: Any, rank: Optional[int] = None) -> Any:
+    """DCP's file system writer for `directory`, with checksums taken as it writes.
+
+    With `rank`, for a save that runs without DCP's collectives (``no_dist=True``, where DCP takes
+    every process for rank 0): the data file is ``__{rank}_0.distcp`` and DCP's index of this
+    rank's part is ``__{rank}.metadata``, for the commit to merge (dcp_engine.merge_metadata)."""
     from torch.distributed.checkpoint import FileSystemWriter
 
-    w = FileSystemWriter(str(directory))
+    w = FileSystemWriter(str(directory)) if rank is None else _rank_writer()(str(directory), own_rank=rank)
     w.fs = _file_system()()
     return w
 
+
+@functools.lru_cache(maxsize=None)
+def _rank_writer() -> type:
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    class RankWriter(FileSystemWriter):
+        def __init__(self, path: str, own_rank: int) -> None:
+            super().__init__(path)
+            self.own_rank = own_rank
+
+        def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+            # DCP's per-rank layout (use_collectives=False), under this process's real rank.
+            super().set_up_storage_writer(is_coordinator, rank=self.own_rank, use_collectives=False)
+
+    return RankWriter

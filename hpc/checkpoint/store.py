@@ -17,7 +17,7 @@ from typing import Any
 
 from hpc.atomic import fsync_dir, write_bytes
 from hpc.checkpoint import background_writer as background
-from hpc.checkpoint import dcp_engine, layout, read_lease, reports
+from hpc.checkpoint import dcp_engine, dcp_index, layout, read_lease, reports
 from hpc.checkpoint.files import file_info, nbytes, space_error, write_atomic
 from hpc.checkpoint.layout import DCP_METADATA, MARKER, SHARED
 from hpc.checkpoint.reader import PER_RANK_KEY, StoreReader, warn_user
@@ -65,8 +65,11 @@ class CheckpointStore(StoreReader):
         `sharded(directory, blocking)` (optional, every rank) writes model and optimizer shards
         into the checkpoint's temporary directory through DCP and returns a function that waits
         for them. Each rank then checksums its own shards and reports them with its rank file;
-        rank 0's marker is made from the reports, never by reading another rank's data. Such a
-        save runs on the writer thread (a forked writer cannot wait on DCP's thread).
+        rank 0's marker is made from the reports, never by reading another rank's data. Shards
+        saved without DCP's collectives (DcpEngine.save(collectives=False)) come with each
+        rank's index of its part: rank 0 merges them into DCP's .metadata once every rank has
+        reported. Such a save runs on the writer thread (a forked writer cannot wait on DCP's
+        thread).
 
         Background (default): the caller pays for copying accelerator tensors to CPU and a fork
         (thread mode: copying every tensor). A save that is due while the previous write still
@@ -157,7 +160,8 @@ class CheckpointStore(StoreReader):
             tmp.mkdir(exist_ok=True)
             report: dict[str, Any] = {"generation": generation}
             if shards is not None:
-                shards()  # this rank's shards on disk; on rank 0 also DCP's metadata
+                shards()  # this rank's shards on disk, with DCP's index of them (or, with
+                # DCP's collectives, its .metadata on rank 0)
                 report["shards"] = dcp_engine.own_shards(tmp, self.rank)
             if per_rank is not None:
                 report["file"] = write_atomic(tmp / f"rank-{self.rank}.pt", per_rank, overlap)
@@ -165,11 +169,13 @@ class CheckpointStore(StoreReader):
                 reports.send(tmp, self.rank, report)
             if self.rank == 0:
                 files = {SHARED: write_atomic(tmp / SHARED, shared, overlap)}
-                if shards is not None:  # DCP's index, written by rank 0: the only file it reads
-                    files[DCP_METADATA] = file_info(tmp / DCP_METADATA)
                 if len(report) > 1:
                     files.update(reports.files_of(report, 0))
                     files.update(reports.collect(tmp, self.world_size, generation, RANK_WAIT_S))
+                if shards is not None:  # DCP's index: the only file of another rank's rank 0 reads
+                    if (tmp / dcp_index.rank_metadata(0)).exists():  # saved without collectives:
+                        dcp_index.merge_metadata(tmp, self.world_size)  # every rank has reported
+                    files[DCP_METADATA] = file_info(tmp / DCP_METADATA)
                 self._commit(step, tmp, files)
         except BaseException as err:
             self._abandon(tmp, generation, err)

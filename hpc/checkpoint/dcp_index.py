@@ -1,0 +1,76 @@
+"""DCP's index of a checkpoint (`.metadata`) for saves made without DCP's collectives.
+
+    dcp_engine.DcpEngine(s).save(tmp, model, opt, collectives=False)   # every rank: __R.metadata
+    merge_metadata(tmp, world_size)           # one process, once every rank has finished: .metadata
+
+DCP's coordinator builds `.metadata` from every rank's plan and write results, gathered to rank
+0 at each save. A save without collectives leaves each rank's part of that index in its own
+file (rank_metadata); the merge here is the coordinator's step done from those files by the
+commit, which already waits for every rank's report. It also checks what the coordinator's plan
+validation checks: every value written by some rank, every tensor covered whole.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import pickle
+from pathlib import Path
+from typing import Any
+
+from hpc.atomic import write_bytes
+
+__all__ = ["METADATA", "rank_metadata", "merge_metadata"]
+
+METADATA = ".metadata"  # written by DCP's coordinator after every rank's data files, or by the merge
+
+
+def rank_metadata(rank: int) -> str:
+    """DCP's index of one rank's part, written by a save without collectives."""
+    return f"__{rank}{METADATA}"
+
+
+def merge_metadata(directory: str | os.PathLike, world_size: int) -> None:
+    """Write DCP's `.metadata` for a save without collectives, from the ranks' own indexes: what
+    DCP's coordinator would have written. Call once every rank's save has finished. Raises
+    ValueError when a rank's index is missing, or when the parts leave a value unwritten or a
+    tensor not covered whole (ranks that disagreed about who writes what): never a checkpoint
+    that loads with a hole in it."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    parts = []
+    for rank in range(world_size):
+        path = Path(directory) / rank_metadata(rank)
+        try:
+            with open(path, "rb") as fh:
+                parts.append(pickle.load(fh))
+        except FileNotFoundError:
+            raise ValueError(f"{path} is missing: rank {rank} did not finish its part of the "
+                             "checkpoint. HINT: every rank must save the same step.") from None
+    values: dict[str, Any] = {}
+    storage: dict[Any, Any] = {}
+    mappings: dict[str, Any] = {}
+    for part in parts:
+        for fqn, meta in part.state_dict_metadata.items():
+            have = values.get(fqn)
+            if have is None:
+                values[fqn] = (dataclasses.replace(meta, chunks=list(meta.chunks))
+                               if isinstance(meta, TensorStorageMetadata) else meta)
+            elif isinstance(meta, TensorStorageMetadata):  # shards of one tensor from several ranks
+                seen = {(tuple(c.offsets), tuple(c.sizes)) for c in have.chunks}
+                have.chunks.extend(c for c in meta.chunks if (tuple(c.offsets), tuple(c.sizes)) not in seen)
+        for index, info in part.storage_data.items():
+            storage.setdefault(index, info)  # a piece two ranks wrote (replicated shards): the first's
+        mappings.update(part.planner_data or {})
+    unwritten = [fqn for fqn in mappings if fqn not in values]
+    partial = [fqn for fqn, meta in values.items() if isinstance(meta, TensorStorageMetadata)
+               and sum(math.prod(c.sizes) for c in meta.chunks) != math.prod(meta.size)]
+    if unwritten or partial:
+        what = ", ".join((unwritten + partial)[:5])
+        raise ValueError(f"the ranks' parts of the checkpoint in {directory} leave {len(unwritten)} values "
+                         f"unwritten and {len(partial)} tensors incomplete ({what}). HINT: every rank "
+                         "must save the same model and optimizer, built the same way.")
+    merged = dataclasses.replace(parts[0], state_dict_metadata=values, storage_data=storage,
+                                 planner_data=mappings or parts[0].planner_data)
+    write_bytes(Path(directory) / METADATA, pickle.dumps(merged))
