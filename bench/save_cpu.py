@@ -24,19 +24,20 @@ STORE = "store commit, all of it (the store's writer thread)"  # once per save: 
 # (module, attribute path, label): the functions timed, outermost first
 PHASES: List[Tuple[str, str, str]] = [
     ("torch.distributed.checkpoint", "save", "dcp.save, all of it (DCP's writer thread)"),
-    # DCP's object collectives (pickled plans and write results through the gloo group): the part of
-    # its bookkeeping a save without them (use_collectives=False, merged metadata) would not pay
+    # DCP's object collectives (pickled plans and write results through the gloo group): TrainLoop
+    # saves without them, so these stay at zero; a save through DCP's coordinator pays them
     ("torch.distributed.checkpoint.utils", "_DistWrapper.gather_object", "  gather the plans, then the write results, to rank 0"),
     ("torch.distributed.checkpoint.utils", "_DistWrapper.scatter_object", "  scatter the global plan"),
     ("torch.distributed.checkpoint.utils", "_DistWrapper.broadcast_object", "  broadcast the metadata"),
     ("torch.distributed.checkpoint.default_planner", "DefaultSavePlanner.create_local_plan", "  local plan"),
     ("torch.distributed.checkpoint.default_planner", "DefaultSavePlanner.create_global_plan", "  global plan (rank 0)"),
     ("torch.distributed.checkpoint.filesystem", "FileSystemWriter.write_data", "  write_data: serialise and write the shard"),
-    ("torch.distributed.checkpoint.filesystem", "FileSystemWriter.finish", "  finish: the .metadata file (rank 0)"),
+    ("torch.distributed.checkpoint.filesystem", "FileSystemWriter.finish", "  finish: this rank's index of its part"),
     ("hpc.checkpoint.store", "CheckpointStore._write", STORE),
     ("hpc.checkpoint.dcp_engine", "own_shards", "  crc32s of this rank's shards (read back only where the writer did not see a range whole)"),
     ("hpc.checkpoint.store", "write_atomic", "  the rank file and rank 0's shared file"),
     ("hpc.checkpoint.reports", "collect", "  rank 0 waits for the other ranks' reports"),
+    ("hpc.checkpoint.dcp_index", "merge_metadata", "  rank 0 merges the ranks' DCP indexes into .metadata"),
     ("hpc.checkpoint.store", "CheckpointStore._commit", "  marker, rename, directory fsync, pruning"),
 ]
 

@@ -14,7 +14,8 @@ Layout of one checkpoint (every rank calls ``save``; rank 0 commits)::
     step-120/rank-R.pt        state["per_rank"] of rank R (RNG, sampler position, ...)
     step-120/COMPLETE.json    marker: step, files with their crc32 and size; written last
     step-120/__R_0.distcp     with save(..., sharded=): model and optimizer shards (dcp_engine)
-    step-120/.metadata        DCP's index of those shards, written after every rank's data
+    step-120/__R.metadata     DCP's index of rank R's shards (TrainLoop saves without DCP's collectives)
+    step-120/.metadata        DCP's index of all shards: merged from those by rank 0 at the commit
 
 Files are written into ``.step-N.tmp/`` (temporary name, fsync, rename), then rank 0 writes the
 marker and renames the directory, from the checksums each rank reported for its own files (rank 0
@@ -41,6 +42,7 @@ Parts (one concept each)::
     writer_lock.py        one writing job per store
     reports.py            each rank's report of what it wrote, which rank 0 commits from
     dcp_engine.py         model and optimizer through torch.distributed.checkpoint (FSDP)
+    dcp_index.py          DCP's .metadata merged from the ranks' own indexes, for saves without collectives
     (hpc.atomic           atomic small-file writes and directory fsync, torch-free)
 """
 

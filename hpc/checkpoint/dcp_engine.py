@@ -131,9 +131,10 @@ class DcpEngine:
             where = {"process_group": self.group, "storage_writer": shardcrc.writer(directory)}
         else:  # DCP as one process, writing under this rank's name
             where = {"no_dist": True, "storage_writer": shardcrc.writer(directory, rank=rank)}
-        bytes_here = collectives or rank == 0  # the non-tensor values: once in the checkpoint
+        split_values = None if collectives else (rank, world)  # non-tensor values: each written once
         if blocking:
-            planner = None if collectives else SharePlanner(share(list(tensors_in(state)), rank, world), bytes_here)
+            planner = None if collectives else SharePlanner(share(list(tensors_in(state)), rank, world),
+                                                            split_values)
             with _plain_errors(self.rank):
                 dcp.save(state, checkpoint_id=str(directory), planner=planner, **where)
             return
@@ -144,7 +145,7 @@ class DcpEngine:
         # save: async_save starts a new one per save, and waiting for it to start was most of a
         # small state's stall on a busy node (BENCHMARKS.md, section 2).
         self._pending = self._thread().submit(dcp.save, staged, checkpoint_id=str(directory),
-                                              planner=SharePlanner(stager.staged, bytes_here), **where)
+                                              planner=SharePlanner(stager.staged, split_values), **where)
 
     def _rank_world(self) -> tuple[int, int]:
         return (dist.get_rank(self.group), dist.get_world_size(self.group)) if self.group else (0, 1)

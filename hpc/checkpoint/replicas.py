@@ -86,17 +86,23 @@ class SharePlanner(DefaultSavePlanner):
     """DCP's default save plan, less the tensors this rank does not write: `keep` holds the ids
     of those it does (ShareStager.staged, or `share` of a live state). Non-tensor values
     (optimizer hyperparameters, from get_state_dict's fresh dictionaries) are the same on every
-    rank: with `bytes_here` they stay in this rank's plan (DCP's collectives then deduplicate
-    them); a save without those collectives keeps them on one rank only."""
+    rank. By default every rank plans them and DCP's collectives keep one copy; for a save
+    without those collectives, `split_values=(rank, world)` deals them out over the ranks by
+    name, so each is written once and no rank serialises all of them."""
 
-    def __init__(self, keep: set[int], bytes_here: bool = True) -> None:
+    def __init__(self, keep: set[int], split_values: tuple[int, int] | None = None) -> None:
         super().__init__()
-        self.keep, self.bytes_here = keep, bytes_here
+        self.keep, self.split_values = keep, split_values
 
     def create_local_plan(self) -> SavePlan:
         plan = super().create_local_plan()
+        values = sorted(item.index.fqn for item in plan.items if item.type == WriteItemType.BYTE_IO)
+        if self.split_values is not None:
+            rank, world = self.split_values
+            values = values[rank::world]
+        mine = set(values)
         keep = [item for item in plan.items
-                if (self.bytes_here if item.type == WriteItemType.BYTE_IO
+                if (item.index.fqn in mine if item.type == WriteItemType.BYTE_IO
                     else id(self.state_dict[item.index.fqn]) in self.keep)]
         self.plan = dataclasses.replace(plan, items=keep)
         return self.plan
