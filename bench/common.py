@@ -32,7 +32,7 @@ def median(xs: Sequence[float]) -> float:
 
 
 def fmt_s(x: float) -> str:
-    return f"{x * 1000:.0f} ms" if x < 1 else f"{x:.2f} s"
+    return f"{round(x * 1000)} ms" if x < 1 else f"{x:.2f} s"  # round(): an int, never "-0 ms"
 
 
 def child_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:

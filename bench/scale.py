@@ -11,8 +11,10 @@ bytes each rank read meanwhile (/proc/self/io: rchar, every read call; read_byte
 are its reads at commit. The checkpoint's pages are dropped from the page cache (posix_fadvise,
 every file, every rank), and a second TrainLoop resumes: its reads are the rank's reads at resume.
 commit (world W, one Linear(8, 8)): the median time of rank 0 inside TrainLoop's blocking save
-(each rank's DCP write, checksums of its own file, rank 0's marker and renames), alternated with
-torch's own dcp.save of the same state: the collective's own cost. hpc's part is the difference.
+(each rank's DCP write, checksums of its own file, rank 0's merge of the ranks' DCP indexes,
+marker and renames), alternated with torch's own dcp.save of the same state: the collective
+save's own cost. hpc's part is the difference; since hpc's save runs DCP without its collectives,
+it is below zero where those collectives cost more than all of hpc's own work.
 """
 from __future__ import annotations
 
@@ -233,8 +235,11 @@ def run(ctx: Context) -> Section:
         f"commit: a Linear(8, 8) under DDP, {SAVES} blocking saves through TrainLoop after a first one, "
         "each followed by torch's own dcp.save of the same state into a new directory (the collective "
         "save alone: DCP's plan gather and scatter, its metadata gather, no hpc code); medians, hpc's "
-        "part as the median of the paired differences. The target is on hpc's part (each rank's "
-        "checksums, rank file and report; rank 0's shared.pt, marker and renames), less the part of "
+        "part as the median of the paired differences. hpc's save runs DCP without those collectives "
+        "(each rank plans its own part and writes DCP's index of it; rank 0 merges the indexes at the "
+        "commit), so hpc's part is below zero where the collectives cost more than all of hpc's own "
+        "work. The target is on hpc's part (each rank's "
+        "checksums, rank file and report; rank 0's index merge, shared.pt, marker and renames), less the part of "
         "it that sharing the cores explains (hpc's extra CPU of all ranks, its save's CPU less "
         "dcp.save's, divided by the cores; with a core per rank this part is zero and the wall time "
         "follows one rank's CPU): its growth from the smallest world must stay within "

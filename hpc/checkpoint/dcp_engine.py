@@ -33,7 +33,7 @@ the ranks already agree on who writes what (hpc.checkpoint.replicas), so each ra
 writes its part on its own, with DCP's index of that part beside it, and the commit merges the
 indexes (merge_metadata) once every rank has reported its files (hpc.checkpoint.store). A DCP
 save's collectives are a gather of every rank's plan to rank 0, a scatter back, and a gather of
-every rank's write results: per save, 6 gloo operations and rank 0 handling every rank's plan
+every rank's write results: per save, 4 object collectives and rank 0 handling every rank's plan
 while the others wait, and a rank that fails or dies leaves the others waiting in the next one
 until the group's timeout. Without them a failed rank fails alone, and the commit says which.
 """
