@@ -12,6 +12,7 @@ sums differs between world sizes).
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -171,3 +172,16 @@ def test_the_merge_refuses_parts_that_leave_a_hole(tmp_path):
     with DcpEngine() as engine:
         engine.load(tmp_path, fresh)
     assert max_difference(fresh.state_dict(), model.state_dict()) == 0.0
+
+
+def test_a_rank_that_cannot_write_its_part_fails_the_save_by_name_and_nobody_hangs(tmp_path):
+    """Saves run without DCP's collectives: rank 1's failed write ends rank 1's save only. Rank 0
+    hears of it through rank 1's report, names rank 1 and its error, and commits nothing; both
+    ranks leave their loops with that error instead of waiting on each other."""
+    from test_any_resume import launch
+
+    launch(2, "fail", str(tmp_path), workload=Path(__file__).with_name("partfail_workload.py"))
+    accounts = [json.loads((tmp_path / f"fail-{r}.json").read_text()) for r in range(2)]
+    assert "no space left on device" in accounts[1]["error"].lower()
+    assert "rank 1 could not write" in accounts[0]["error"] and "No space left on device" in accounts[0]["error"]
+    assert not [n for n in accounts[0]["entries"] if n.startswith(("step-", ".step-"))], accounts[0]
