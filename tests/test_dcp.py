@@ -185,3 +185,11 @@ def test_a_rank_that_cannot_write_its_part_fails_the_save_by_name_and_nobody_han
     assert "no space left on device" in accounts[1]["error"].lower()
     assert "rank 1 could not write" in accounts[0]["error"] and "No space left on device" in accounts[0]["error"]
     assert not [n for n in accounts[0]["entries"] if n.startswith(("step-", ".step-"))], accounts[0]
+
+
+def test_the_merge_builds_the_index_dcps_coordinator_builds_from_the_same_parts():
+    """Parts of 4 ranks, each holding a shard of every tensor: hpc's merge of their own indexes
+    and DCP's coordinator working from their plans and write results list the same chunks."""
+    from bench.index_merge import measure
+
+    assert measure(4)["same"]

@@ -39,29 +39,35 @@ def merge_metadata(directory: str | os.PathLike, world_size: int) -> None:
     that loads with a hole in it."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    parts = []
-    for rank in range(world_size):
+    first: Any = None
+    values: dict[str, Any] = {}
+    pieces: dict[str, set] = {}  # fqn -> (offsets, sizes) of the chunks merged so far
+    storage: dict[Any, Any] = {}
+    mappings: dict[str, Any] = {}
+    for rank in range(world_size):  # one part in memory at a time: at 512 ranks they add up
         path = Path(directory) / rank_metadata(rank)
         try:
             with open(path, "rb") as fh:
-                parts.append(pickle.load(fh))
+                part = pickle.load(fh)
         except FileNotFoundError:
             raise ValueError(f"{path} is missing: rank {rank} did not finish its part of the "
                              "checkpoint. HINT: every rank must save the same step.") from None
-    values: dict[str, Any] = {}
-    storage: dict[Any, Any] = {}
-    mappings: dict[str, Any] = {}
-    for part in parts:
+        first = first or part
         for fqn, meta in part.state_dict_metadata.items():
+            if not isinstance(meta, TensorStorageMetadata):
+                values.setdefault(fqn, meta)
+                continue
             have = values.get(fqn)
             if have is None:
-                values[fqn] = (dataclasses.replace(meta, chunks=list(meta.chunks))
-                               if isinstance(meta, TensorStorageMetadata) else meta)
-            elif isinstance(meta, TensorStorageMetadata):  # shards of one tensor from several ranks
-                seen = {(tuple(c.offsets), tuple(c.sizes)) for c in have.chunks}
-                have.chunks.extend(c for c in meta.chunks if (tuple(c.offsets), tuple(c.sizes)) not in seen)
+                have = values[fqn] = dataclasses.replace(meta, chunks=[])
+                pieces[fqn] = set()
+            seen = pieces[fqn]
+            for chunk in meta.chunks:  # a piece two ranks wrote (replicated shards): the first's
+                if (chunk.offsets, chunk.sizes) not in seen:
+                    seen.add((chunk.offsets, chunk.sizes))
+                    have.chunks.append(chunk)
         for index, info in part.storage_data.items():
-            storage.setdefault(index, info)  # a piece two ranks wrote (replicated shards): the first's
+            storage.setdefault(index, info)
         mappings.update(part.planner_data or {})
     unwritten = [fqn for fqn in mappings if fqn not in values]
     partial = [fqn for fqn, meta in values.items() if isinstance(meta, TensorStorageMetadata)
@@ -71,6 +77,6 @@ def merge_metadata(directory: str | os.PathLike, world_size: int) -> None:
         raise ValueError(f"the ranks' parts of the checkpoint in {directory} leave {len(unwritten)} values "
                          f"unwritten and {len(partial)} tensors incomplete ({what}). HINT: every rank "
                          "must save the same model and optimizer, built the same way.")
-    merged = dataclasses.replace(parts[0], state_dict_metadata=values, storage_data=storage,
-                                 planner_data=mappings or parts[0].planner_data)
+    merged = dataclasses.replace(first, state_dict_metadata=values, storage_data=storage,
+                                 planner_data=mappings or first.planner_data)
     write_bytes(Path(directory) / METADATA, pickle.dumps(merged))
