@@ -34,8 +34,9 @@ writes its part on its own, with DCP's index of that part beside it, and the com
 indexes (merge_metadata) once every rank has reported its files (hpc.checkpoint.store). A DCP
 save's collectives are a gather of every rank's plan to rank 0, a scatter back, and a gather of
 every rank's write results: per save, 4 object collectives and rank 0 handling every rank's plan
-while the others wait, and a rank that fails or dies leaves the others waiting in the next one
-until the group's timeout. Without them a failed rank fails alone, and the commit says which.
+while the others wait (bench.index_merge), and a rank that dies leaves the others waiting in the
+next one until the group's timeout. Without them no rank waits inside a save: a failed rank fails
+alone, and the commit says which (or, for a rank that died, times out naming it).
 """
 
 from __future__ import annotations
