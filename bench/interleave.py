@@ -13,6 +13,8 @@ the block pairs within each, so both the spread between blocks and the one betwe
 """
 from __future__ import annotations
 
+import math
+
 import random
 import time
 from dataclasses import dataclass
@@ -92,7 +94,17 @@ class Estimate:
             return "the whole interval is at or below the target"
         if self.lo > target:
             return "the whole interval is above the target"
-        return "the interval includes the target: not resolved at this load"
+        return ("the interval includes the target: not resolved at this load"
+                f"{self._launches_to_resolve(target)}")
+
+    def _launches_to_resolve(self, target: float) -> str:
+        """How many launches would tell this ratio from the target, if it held: the interval
+        narrows with the square root of the launches (the bootstrap resamples launches)."""
+        half, gap = (self.hi - self.lo) / 2, abs(target - self.ratio)
+        if gap < 1e-4 or not self.launches:
+            return ""
+        need = math.ceil(self.launches * (half / gap) ** 2)
+        return f" (were the ratio to hold, about {need} launches instead of {self.launches} would tell it from {target}x)"
 
     def text(self) -> str:
         return f"{self.ratio:.3f}x (95% interval {self.lo:.3f}x to {self.hi:.3f}x)"

@@ -119,3 +119,14 @@ def test_benchmarks_and_fault_campaigns_are_apart():
     run = subprocess.run([sys.executable, "-m", "faults.reliability", "--help"], cwd=REPO, capture_output=True,
                          text=True, timeout=60)
     assert run.returncode == 0 and run.stdout.startswith("usage: python -m faults.reliability"), run.stderr
+
+
+def test_an_unresolved_ratio_says_how_many_launches_would_resolve_it():
+    """The interval narrows with the square root of the launches: a half-width of 0.0185 around
+    1.006x needs (0.0185 / 0.014)^2 = 1.75 times the 16 launches to clear 1.02x."""
+    from bench.interleave import Estimate
+
+    unresolved = Estimate(1.006, 0.987, 1.024, 640, 16, 1.0).verdict(1.02)
+    assert unresolved.endswith("about 28 launches instead of 16 would tell it from 1.02x)")
+    assert Estimate(1.0, 0.99, 1.01, 640, 16, 1.0).verdict(1.02) == "the whole interval is at or below the target"
+    assert "launches" not in Estimate(1.02, 1.0, 1.04, 640, 16, 1.0).verdict(1.02)  # on the target: no answer
