@@ -79,6 +79,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    f"{REPO / 'BENCHMARKS-quick.md'}, so a smoke test never replaces real figures)")
     p.add_argument("--keep", action="store_true", help="keep the scratch directory (and cluster files)")
     p.add_argument("--cluster-dir", help="use (and leave up) this local cluster instead of a fresh one")
+    p.add_argument("--launches", type=int, metavar="N",
+                   help="launches per pair of the fsdp section (default 16): more narrow its intervals")
     p.add_argument("--list", action="store_true", help="list the benchmarks and exit")
     args = p.parse_args(argv)
     if args.list:
@@ -91,13 +93,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         p.error(f"unknown benchmark(s) {unknown}; expected some of {list(BENCHMARKS)}. "
                 f"HINT: {' and '.join(moved) or 'python -m bench --list'}")
     command = "python -m bench" + (f" --only {' '.join(names)}" if args.only else "") + \
-        (" --quick" if args.quick else "")
+        (" --quick" if args.quick else "") + (f" --launches {args.launches}" if args.launches else "")
     started, info = time.time(), machine()
     out = Path(args.out or REPO / ("BENCHMARKS-quick.md" if args.quick else "BENCHMARKS.md"))
     # --quick figures are a smoke test: they never replace kept ones, nor are kept themselves
     earlier = load(out.with_suffix(".json")) if args.only and not args.quick else {}
     sections = {}
-    with Context(quick=args.quick, keep=args.keep, cluster_dir=args.cluster_dir) as ctx:
+    if args.launches is not None and args.launches < 2:
+        p.error(f"--launches {args.launches}; expected 2 or more. HINT: the interval resamples launches.")
+    with Context(quick=args.quick, keep=args.keep, cluster_dir=args.cluster_dir, launches=args.launches) as ctx:
         for name in names:
             print(f"[bench] {name} ...", file=sys.stderr, flush=True)
             s = run_one(name, ctx, command)

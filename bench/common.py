@@ -91,8 +91,10 @@ def fsync_write_seconds(path: Path, nbytes: int, chunk: int = 64 << 20) -> float
 class Context:
     """Options of this run, a scratch directory, and the cluster (started on first use)."""
 
-    def __init__(self, quick: bool = False, keep: bool = False, cluster_dir: Optional[str] = None):
+    def __init__(self, quick: bool = False, keep: bool = False, cluster_dir: Optional[str] = None,
+                 launches: Optional[int] = None):
         self.quick = quick
+        self.launches = launches  # interleaved pairs (fsdp): launches per pair instead of the default
         self.keep = keep
         self.tmp = Path(tempfile.mkdtemp(prefix="hpc-bench-"))
         # A cluster directory given by the caller is used as is (started if needed) and left up.

@@ -126,10 +126,11 @@ def child(pair: str, blocks: int, size: int, out: str, b_first: bool, only: str 
 
 
 def run(ctx: Context) -> Section:
-    launches, blocks, size = (1, 1, 5) if ctx.quick else (LAUNCHES, BLOCKS, BLOCK_STEPS)
+    launches, blocks, size = (1, 1, 5) if ctx.quick else (ctx.launches or LAUNCHES, BLOCKS, BLOCK_STEPS)
     sec = Section("fsdp", "FSDP step time (gloo, 2 ranks)",
                   f"hpc FSDP step time <= {TARGET} x hand-written FSDP2 (median)",
-                  "python -m bench --only fsdp" + (" --quick" if ctx.quick else ""), headers=HEADERS)
+                  "python -m bench --only fsdp" + (" --quick" if ctx.quick else "") +
+                  (f" --launches {ctx.launches}" if ctx.launches and not ctx.quick else ""), headers=HEADERS)
     repeated: List[str] = []
     # The control pair tells how wide an interval around 1.000x this load makes; a quick run skips it.
     pairs = {"hpc": None, "trainloop": None, **({} if ctx.quick else {"control": None})}
