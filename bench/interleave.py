@@ -14,7 +14,6 @@ the block pairs within each, so both the spread between blocks and the one betwe
 from __future__ import annotations
 
 import math
-
 import random
 import time
 from dataclasses import dataclass

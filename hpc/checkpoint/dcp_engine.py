@@ -10,7 +10,7 @@
 
         engine.save(tmp_dir, model, opt, collectives=False)   # no collective: a part per rank,
         ...                                                    # and once every rank's is written,
-        merge_metadata(tmp_dir, world_size)                    # one process writes DCP's .metadata
+        dcp_index.merge_metadata(tmp_dir, world_size)          # one process writes DCP's .metadata
 
 State goes through ``get_state_dict``/``set_state_dict``, so keys are the model's own names
 whatever wraps it (DDP's ``module.`` prefix, FSDP) and optimizer state is keyed by parameter
@@ -31,7 +31,7 @@ collectives (and NCCL cannot carry the CPU tensors DCP exchanges).
 A save without collectives (what TrainLoop's checkpoints use) skips DCP's exchanges altogether:
 the ranks already agree on who writes what (hpc.checkpoint.replicas), so each rank plans and
 writes its part on its own, with DCP's index of that part beside it, and the commit merges the
-indexes (merge_metadata) once every rank has reported its files (hpc.checkpoint.store). A DCP
+indexes (hpc.checkpoint.dcp_index) once every rank has reported its files (hpc.checkpoint.store). A DCP
 save's collectives are a gather of every rank's plan to rank 0, a scatter back, and a gather of
 every rank's write results: per save, 4 object collectives and rank 0 handling every rank's plan
 while the others wait (bench.index_merge), and a rank that dies leaves the others waiting in the
@@ -53,12 +53,11 @@ import torch
 import torch.distributed as dist
 
 from hpc.checkpoint import shardcrc
-from hpc.checkpoint.dcp_index import METADATA, merge_metadata, rank_metadata
+from hpc.checkpoint.dcp_index import METADATA, rank_metadata
 from hpc.checkpoint.replicas import SharePlanner, ShareStager, share
 from hpc.checkpoint.staging import source_devices, synchronize, tensors_in
 
-__all__ = ["DcpEngine", "ShardCorrupt", "state_dicts", "own_shards", "merge_metadata", "rank_metadata",
-           "METADATA"]
+__all__ = ["DcpEngine", "ShardCorrupt", "state_dicts", "own_shards", "METADATA"]
 
 SINGLE_PROCESS_WARNING = r"torch\.distributed is disabled, unavailable or uninitialized"
 
@@ -118,7 +117,7 @@ class DcpEngine:
         """Write the state under `directory` (the same path on every rank; all ranks call).
 
         collectives=False: no rank waits for another. Each writes its part and DCP's index of it
-        (rank_metadata); the checkpoint can be loaded once merge_metadata has run, after every
+        (rank_metadata); the checkpoint can be loaded once dcp_index.merge_metadata has run, after every
         rank's save finished. A rank's failure is raised on that rank only."""
         import torch.distributed.checkpoint as dcp
 

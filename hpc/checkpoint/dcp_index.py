@@ -20,10 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from hpc.atomic import write_bytes
+from hpc.checkpoint.layout import DCP_METADATA as METADATA  # DCP's coordinator writes it, or the merge
 
 __all__ = ["METADATA", "rank_metadata", "merge_metadata"]
-
-METADATA = ".metadata"  # written by DCP's coordinator after every rank's data files, or by the merge
 
 
 def rank_metadata(rank: int) -> str:

@@ -172,7 +172,7 @@ class CheckpointStore(StoreReader):
                 if len(report) > 1:
                     files.update(reports.files_of(report, 0))
                     files.update(reports.collect(tmp, self.world_size, generation, RANK_WAIT_S))
-                if shards is not None:  # DCP's index: the only file of another rank's rank 0 reads
+                if shards is not None:  # DCP's index: of other ranks' files, rank 0 reads only their indexes
                     if (tmp / dcp_index.rank_metadata(0)).exists():  # saved without collectives:
                         dcp_index.merge_metadata(tmp, self.world_size)  # every rank has reported
                     files[DCP_METADATA] = file_info(tmp / DCP_METADATA)
