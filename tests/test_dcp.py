@@ -193,3 +193,27 @@ def test_the_merge_builds_the_index_dcps_coordinator_builds_from_the_same_parts(
     from bench.index_merge import measure
 
     assert measure(4)["same"]
+
+
+def test_a_stopped_attempt_left_in_the_temporary_directory_does_not_take_the_place_of_the_new_save(tmp_path):
+    """A killed attempt at step 1, saved without collectives, left its index in .step-1.tmp; the
+    next attempt saves step 1 again through DCP's coordinator. The commit must list and check the
+    new save, not merge the old index over DCP's .metadata."""
+    from hpc.checkpoint import SHARDED_KEY, CheckpointStore, StoreReader, layout
+
+    old, new = torch.nn.Linear(5, 4), torch.nn.Linear(3, 2)
+    with DcpEngine() as engine:
+        engine.save(tmp_path / layout.name("tmp", 1), old, blocking=True, collectives=False)
+
+        def shards(directory, blocking):
+            engine.save(directory, new, blocking=blocking)
+            return engine.wait
+
+        store = CheckpointStore(tmp_path)
+        try:
+            store.save(1, {"step": 1}, blocking=True, sharded=shards)
+        finally:
+            store.close()
+        fresh = torch.nn.Linear(3, 2)
+        engine.load(StoreReader(tmp_path).load()[SHARDED_KEY], fresh)
+    assert max_difference(fresh.state_dict(), new.state_dict()) == 0.0

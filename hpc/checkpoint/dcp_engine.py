@@ -127,6 +127,11 @@ class DcpEngine:
         # must have finished first, or the checkpoint holds half an update that its checksum vouches for.
         synchronize(source_devices(tensors_in(state)))
         rank, world = self._rank_world()
+        # An index of this rank's part left in `directory` by an earlier save that was stopped (a
+        # killed attempt at the same step) would be taken for this save's: the commit tells a save
+        # without collectives by that file, and reads this rank's ranges from it.
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):  # DCP reports a bad path itself
+            (Path(directory) / rank_metadata(rank)).unlink()
         if collectives:
             where = {"process_group": self.group, "storage_writer": shardcrc.writer(directory)}
         else:  # DCP as one process, writing under this rank's name
