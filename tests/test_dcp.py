@@ -217,3 +217,33 @@ def test_a_stopped_attempt_left_in_the_temporary_directory_does_not_take_the_pla
         fresh = torch.nn.Linear(3, 2)
         engine.load(StoreReader(tmp_path).load()[SHARDED_KEY], fresh)
     assert max_difference(fresh.state_dict(), new.state_dict()) == 0.0
+
+
+def test_a_save_after_an_elastic_restart_commits_none_of_the_missing_ranks_files(tmp_path):
+    """A 4-rank attempt was killed while saving step 1; the requeued job, on 1 rank, saves step 1
+    into the same .step-1.tmp. Ranks 1 to 3 are gone: their files must not be committed."""
+    from hpc.checkpoint import SHARDED_KEY, CheckpointStore, StoreReader, layout
+
+    tmp = tmp_path / layout.name("tmp", 1)
+    tmp.mkdir()
+    left = ["__1_0.distcp", "__3_0.distcp", "__2.metadata", "rank-1.pt", "rank-3.done"]
+    kept = ["__0_0.distcp", "rank-0.pt", "__10notes.txt", "rank-x.pt"]  # this rank's, or no rank's
+    for name in left + kept:
+        (tmp / name).write_bytes(b"x" * 64)
+    model = torch.nn.Linear(3, 2)
+    with DcpEngine() as engine:
+        def shards(directory, blocking):
+            engine.save(directory, model, blocking=blocking, collectives=False)
+            return engine.wait
+
+        store = CheckpointStore(tmp_path)
+        try:
+            store.save(1, {"step": 1}, blocking=True, sharded=shards)
+        finally:
+            store.close()
+        fresh = torch.nn.Linear(3, 2)
+        engine.load(StoreReader(tmp_path).load()[SHARDED_KEY], fresh)
+    names = {p.name for p in (tmp_path / "step-1").iterdir()}
+    assert not names & set(left)
+    assert {"__0_0.distcp", "__10notes.txt", "rank-x.pt"} <= names
+    assert max_difference(fresh.state_dict(), model.state_dict()) == 0.0
