@@ -195,34 +195,42 @@ def test_the_merge_builds_the_index_dcps_coordinator_builds_from_the_same_parts(
     assert measure(4)["same"]
 
 
+def _resave_step_1(root, engine, model, collectives):
+    """Step 1 of `model` through a CheckpointStore at `root` (1 rank, blocking), then loaded back:
+    what the store committed, as a fresh model of the same shape holds it."""
+    from hpc.checkpoint import SHARDED_KEY, CheckpointStore, StoreReader
+
+    def shards(directory, blocking):
+        engine.save(directory, model, blocking=blocking, collectives=collectives)
+        return engine.wait
+
+    store = CheckpointStore(root)
+    try:
+        store.save(1, {"step": 1}, blocking=True, sharded=shards)
+    finally:
+        store.close()
+    fresh = torch.nn.Linear(model.in_features, model.out_features)
+    engine.load(StoreReader(root).load()[SHARDED_KEY], fresh)
+    return fresh
+
+
 def test_a_stopped_attempt_left_in_the_temporary_directory_does_not_take_the_place_of_the_new_save(tmp_path):
     """A killed attempt at step 1, saved without collectives, left its index in .step-1.tmp; the
     next attempt saves step 1 again through DCP's coordinator. The commit must list and check the
     new save, not merge the old index over DCP's .metadata."""
-    from hpc.checkpoint import SHARDED_KEY, CheckpointStore, StoreReader, layout
+    from hpc.checkpoint import layout
 
     old, new = torch.nn.Linear(5, 4), torch.nn.Linear(3, 2)
     with DcpEngine() as engine:
         engine.save(tmp_path / layout.name("tmp", 1), old, blocking=True, collectives=False)
-
-        def shards(directory, blocking):
-            engine.save(directory, new, blocking=blocking)
-            return engine.wait
-
-        store = CheckpointStore(tmp_path)
-        try:
-            store.save(1, {"step": 1}, blocking=True, sharded=shards)
-        finally:
-            store.close()
-        fresh = torch.nn.Linear(3, 2)
-        engine.load(StoreReader(tmp_path).load()[SHARDED_KEY], fresh)
+        fresh = _resave_step_1(tmp_path, engine, new, collectives=True)
     assert max_difference(fresh.state_dict(), new.state_dict()) == 0.0
 
 
 def test_a_save_after_an_elastic_restart_commits_none_of_the_missing_ranks_files(tmp_path):
     """A 4-rank attempt was killed while saving step 1; the requeued job, on 1 rank, saves step 1
     into the same .step-1.tmp. Ranks 1 to 3 are gone: their files must not be committed."""
-    from hpc.checkpoint import SHARDED_KEY, CheckpointStore, StoreReader, layout
+    from hpc.checkpoint import layout
 
     tmp = tmp_path / layout.name("tmp", 1)
     tmp.mkdir()
@@ -232,17 +240,7 @@ def test_a_save_after_an_elastic_restart_commits_none_of_the_missing_ranks_files
         (tmp / name).write_bytes(b"x" * 64)
     model = torch.nn.Linear(3, 2)
     with DcpEngine() as engine:
-        def shards(directory, blocking):
-            engine.save(directory, model, blocking=blocking, collectives=False)
-            return engine.wait
-
-        store = CheckpointStore(tmp_path)
-        try:
-            store.save(1, {"step": 1}, blocking=True, sharded=shards)
-        finally:
-            store.close()
-        fresh = torch.nn.Linear(3, 2)
-        engine.load(StoreReader(tmp_path).load()[SHARDED_KEY], fresh)
+        fresh = _resave_step_1(tmp_path, engine, model, collectives=False)
     names = {p.name for p in (tmp_path / "step-1").iterdir()}
     assert not names & set(left)
     assert {"__0_0.distcp", "__10notes.txt", "rank-x.pt"} <= names
