@@ -176,18 +176,15 @@ def set_aside(path: Path, step: int) -> Path:
 _RANK_FILE = re.compile(r"^(?:__(\d+)(?:_\d+\.distcp|\.metadata)|rank-(\d+)\.(?:pt|done))$")
 
 
-def drop_ranks_beyond(directory: Path, world_size: int) -> list[str]:
-    """Delete the files of ranks >= `world_size` from a checkpoint being written; their names.
+def drop_ranks_beyond(directory: Path, world_size: int) -> None:
+    """Delete the files of ranks >= `world_size` from a checkpoint being written.
 
     A save stopped by a kill leaves its .step-N.tmp behind, and the requeued job saves step N into
     it again. If it came back on fewer ranks (an elastic restart), the missing ranks' files are
     nobody's now: no index lists them, yet committed with the rest they would hold their share of
     the disk (half a checkpoint, after 64 ranks became 32) until the step is pruned."""
-    dropped = []
     with os.scandir(directory) as entries:
         for entry in entries:
             m = _RANK_FILE.match(entry.name)
             if m and int(m.group(1) or m.group(2)) >= world_size:
                 discard(Path(entry.path))
-                dropped.append(entry.name)
-    return sorted(dropped)
