@@ -245,3 +245,29 @@ def test_a_save_after_an_elastic_restart_commits_none_of_the_missing_ranks_files
     assert not names & set(left)
     assert {"__0_0.distcp", "__10notes.txt", "rank-x.pt"} <= names
     assert max_difference(fresh.state_dict(), model.state_dict()) == 0.0
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_every_file_a_rank_writes_without_collectives_is_known_as_that_ranks(trained, strategy):
+    """layout.rank_of reads back the names DCP gives a rank's files: a save by 2 real ranks
+    holds nothing but their files and the merged index."""
+    from hpc.checkpoint import layout
+
+    names = [p.name for p in (trained / f"{strategy}-solo2" / "ckpt").iterdir()]
+    owners = {n: layout.rank_of(n) for n in names if n != METADATA}
+    assert sorted(set(owners.values())) == [0, 1], owners
+
+
+@pytest.mark.parametrize("rank", [3, 12, 511])
+def test_a_save_under_any_ranks_name_writes_only_files_of_that_rank(tmp_path, rank):
+    """The same through DCP's own writer under a rank with more than one digit: a change in how
+    DCP names a rank's files (or in hpc's pattern) fails here, not at an elastic restart."""
+    import torch.distributed.checkpoint as dcp
+
+    from hpc.checkpoint import layout, shardcrc
+    from hpc.checkpoint.dcp_index import rank_metadata
+
+    dcp.save({"w": torch.arange(6.0)}, storage_writer=shardcrc.writer(tmp_path, rank=rank), no_dist=True)
+    names = {p.name for p in tmp_path.iterdir()}
+    assert rank_metadata(rank) in names
+    assert {layout.rank_of(n) for n in names} == {rank}, names

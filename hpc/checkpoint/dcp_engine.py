@@ -52,7 +52,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hpc.checkpoint import shardcrc
+from hpc.checkpoint import layout, shardcrc
 from hpc.checkpoint.dcp_index import METADATA, rank_metadata
 from hpc.checkpoint.replicas import SharePlanner, ShareStager, share
 from hpc.checkpoint.staging import source_devices, synchronize, tensors_in
@@ -281,7 +281,7 @@ def own_shards(directory: Path, rank: int) -> dict[str, dict]:
         index = pickle.load(fh)  # DCP's Metadata, pickled, as its own reader loads it
     ranges: dict[str, list[tuple[int, int]]] = {}
     for where in index.storage_data.values():
-        if where.relative_path.startswith(f"__{rank}_"):
+        if where.relative_path.endswith(shardcrc.SUFFIX) and layout.rank_of(where.relative_path) == rank:
             ranges.setdefault(where.relative_path, []).append((where.offset, where.length))
     return {name: ranges_info(Path(directory) / name, r, shardcrc.written(Path(directory) / name))
             for name, r in sorted(ranges.items())}

@@ -172,8 +172,27 @@ def set_aside(path: Path, step: int) -> Path:
     return target
 
 
-# One rank's files in a checkpoint's directory: its DCP data files and index, its state, its report.
+# One rank's files in a checkpoint's directory: its state, its report to rank 0, and what DCP writes
+# under its name in a save without collectives (data files __R_K.distcp, its index __R.metadata,
+# dcp_index.rank_metadata). Every name a rank's file is given is formatted here or by DCP, and
+# rank_of reads them all back: tests check it against the names a real save writes.
 _RANK_FILE = re.compile(r"^(?:__(\d+)(?:_\d+\.distcp|\.metadata)|rank-(\d+)\.(?:pt|done))$")
+
+
+def rank_state(rank: int) -> str:
+    """The rank's own state (RNG states, data position): read back by that rank alone."""
+    return f"rank-{rank}.pt"
+
+
+def rank_report(rank: int) -> str:
+    """What the rank tells rank 0 it wrote (hpc.checkpoint.reports); never committed as data."""
+    return f"rank-{rank}.done"
+
+
+def rank_of(file_name: str) -> int | None:
+    """The rank a file of a checkpoint's directory belongs to; None for shared files and others."""
+    m = _RANK_FILE.match(file_name)
+    return int(m.group(1) or m.group(2)) if m else None
 
 
 def drop_ranks_beyond(directory: Path, world_size: int) -> None:
@@ -185,6 +204,6 @@ def drop_ranks_beyond(directory: Path, world_size: int) -> None:
     the disk (half a checkpoint, after 64 ranks became 32) until the step is pruned."""
     with os.scandir(directory) as entries:
         for entry in entries:
-            m = _RANK_FILE.match(entry.name)
-            if m and int(m.group(1) or m.group(2)) >= world_size:
+            rank = rank_of(entry.name)
+            if rank is not None and rank >= world_size:
                 discard(Path(entry.path))

@@ -159,7 +159,7 @@ class StoreReader:
         state = load_file(path / SHARED, map_location)
         if not isinstance(state, dict):
             return f"{SHARED} holds a {type(state).__name__}, not a checkpoint's dict"
-        own = f"rank-{self.rank}.pt"
+        own = layout.rank_state(self.rank)
         state[PER_RANK_KEY] = load_file(path / own, map_location) if own in names else None
         if DCP_METADATA in names:
             state[SHARDED_KEY] = path

@@ -18,13 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from hpc.atomic import write_bytes
+from hpc.checkpoint.layout import rank_report, rank_state
 from hpc.sharedfs import listed
 
 __all__ = ["send", "send_error", "collect", "files_of"]
 
 
 def _path(tmp: Path, rank: int) -> Path:
-    return tmp / f"rank-{rank}.done"
+    return tmp / rank_report(rank)
 
 
 def send(tmp: Path, rank: int, report: dict[str, Any]) -> None:
@@ -41,7 +42,7 @@ def send_error(tmp: Path, rank: int, generation: str, err: BaseException) -> Non
 
 def files_of(report: dict[str, Any], rank: int) -> dict[str, Any]:
     """name -> checksum info of the files a report lists: the rank's file, its DCP shards."""
-    files = {f"rank-{rank}.pt": report["file"]} if "file" in report else {}
+    files = {rank_state(rank): report["file"]} if "file" in report else {}
     files.update(report.get("shards", {}))
     return files
 

@@ -52,7 +52,7 @@ class CheckpointStore(StoreReader):
         self._pending: int | None = None  # step of the background write in flight
         self._lock: WriterLock | None = None  # rank 0's, taken at the first save (readers never lock)
         self._claimed = False
-        self.crc = {SHARED, f"rank-{rank}.pt", DCP_METADATA}  # what this rank reads besides shards
+        self.crc = {SHARED, layout.rank_state(rank), DCP_METADATA}  # what this rank reads besides shards
         self._staging = Staging()
         self._writer = background.ThreadWriter()
         self.stats = {"saves": 0, "copy_s": 0.0, "waited_s": 0.0, "write_s": 0.0}
@@ -164,7 +164,7 @@ class CheckpointStore(StoreReader):
                 # DCP's collectives, its .metadata on rank 0)
                 report["shards"] = dcp_engine.own_shards(tmp, self.rank)
             if per_rank is not None:
-                report["file"] = write_atomic(tmp / f"rank-{self.rank}.pt", per_rank, overlap)
+                report["file"] = write_atomic(tmp / layout.rank_state(self.rank), per_rank, overlap)
             if len(report) > 1 and self.rank > 0:
                 reports.send(tmp, self.rank, report)
             if self.rank == 0:
@@ -194,7 +194,7 @@ class CheckpointStore(StoreReader):
         if self.rank == 0:
             layout.remove(tmp)
             return
-        layout.discard(tmp / f"rank-{self.rank}.pt")
+        layout.discard(tmp / layout.rank_state(self.rank))
         reports.send_error(tmp, self.rank, generation, err)
 
     def _commit(self, step: int, tmp: Path, files: dict[str, str]) -> None:
