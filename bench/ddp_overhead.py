@@ -39,7 +39,8 @@ SAVE_EVERY = 20
 # variant name (command line) -> row name
 VARIANTS = {"torch": "hand-written torch DDP", "hpc": "hpc.ddp.session",
             "torch-save": f"hand-written + torch.save on rank 0 every {SAVE_EVERY}",
-            "trainloop": f"hpc TrainLoop, checkpoint every {SAVE_EVERY}"}
+            "trainloop": f"hpc TrainLoop, checkpoint every {SAVE_EVERY}",
+            "loop": "hpc TrainLoop, no save due"}
 PAIR_WORLD = {"save1": 1}  # pairs run at another world size than WORLD (one process: a core free)
 
 
@@ -148,9 +149,10 @@ def hand_written(rank: int, world: int, out: str, checkpoints: bool) -> Arm:
     return Arm("torch", stepper(model, opt, batches_by_hand(loader, sampler), reduce_mean, after_step=save))
 
 
-def with_hpc(s, stack, out: str, checkpoints: bool, total: int) -> Arm:
+def with_hpc(s, stack, out: str, checkpoints: bool, total: int, save_every: int = SAVE_EVERY) -> Arm:
     """s.wrap, s.loader(...).batches(), s.all_reduce_mean; with checkpoints inside a TrainLoop, whose
-    background write still running at the end of a block is waited for inside the block."""
+    background write still running at the end of a block is waited for inside the block (with
+    `save_every` beyond `total`, TrainLoop's loop alone: its stop checks, no save)."""
     from hpc.trainloop import TrainLoop
 
     model, data = _model_and_data()
@@ -159,7 +161,7 @@ def with_hpc(s, stack, out: str, checkpoints: bool, total: int) -> Arm:
     loader = s.loader(data, batch_size=BATCH, seed=0)
     if not checkpoints:
         return Arm("hpc", stepper(model, opt, loader.batches(), s.all_reduce_mean))
-    loop = stack.enter_context(TrainLoop(s, out, save_every=SAVE_EVERY, tensorboard=False))
+    loop = stack.enter_context(TrainLoop(s, out, save_every=save_every, tensorboard=False))
     loop.resume({"model": model, "optimizer": opt, "data": loader})
     return Arm("hpc", stepper(model, opt, loader.batches(), s.all_reduce_mean, ticks=iter(loop.steps(total))),
                block_end=loop.store.wait)
@@ -177,12 +179,14 @@ def child(pair: str, blocks: int, size: int, out: str, b_first: bool, only: str 
     try:
         with contextlib.ExitStack() as stack:
             s = stack.enter_context(hpc.ddp.session(timeout_s=120))  # finds the group made above
-            checkpoints = pair.startswith("save")
+            checkpoints, total = pair.startswith("save"), (blocks + 1) * size + 1
 
             def build_b():
                 if pair == "control":  # hand-written against a second copy of itself
                     return Arm("hpc", hand_written(rank, world, out, False).step)
-                return with_hpc(s, stack, out, checkpoints, total=(blocks + 1) * size + 1)
+                if pair == "loop":  # TrainLoop with no save due, against the loop without saves
+                    return with_hpc(s, stack, out, True, total, save_every=total + 1)
+                return with_hpc(s, stack, out, checkpoints, total)
 
             a, b = built_in_order(lambda: hand_written(rank, world, out, checkpoints), build_b, b_first)
             times = run_blocks(a, b, blocks, size, b_first, only)
@@ -258,8 +262,8 @@ def run(ctx: Context) -> Section:
                   f"checkpoints <= {TARGET} x hand-written with torch.save on rank 0",
                   "python -m bench --only ddp" + (" --quick" if ctx.quick else ""), headers=HEADERS)
     repeated: List[str] = []
-    runs = measure(ctx, "ddp_overhead", {"session": steps, "control": steps, "save": None, "save1": None}, launches,
-                   blocks, size, repeated)
+    runs = measure(ctx, "ddp_overhead", {"session": steps, "control": steps, "save": None, "save1": None,
+                                         "loop": None}, launches, blocks, size, repeated)
     rows(sec, {"torch": VARIANTS["torch"], "hpc": VARIANTS["hpc"]}, runs["session"], "median", TARGET)
     rows(sec, {"torch": VARIANTS["torch-save"], "hpc": VARIANTS["trainloop"]}, runs["save"], "mean", TARGET)
     control = paired_ratio(runs["control"], "torch", "hpc", "median")
@@ -267,6 +271,15 @@ def run(ctx: Context) -> Section:
                      control.text(), f"{control.p90_ratio:.3f}x"])
     sec.notes.append(f"control: hand-written DDP against a second copy of itself, measured as the session pair is: "
                      f"{control.text()}; an interval this wide around 1.000x is the method's resolution at this load")
+    loop = paired_ratio(runs["loop"], "torch", "hpc", "mean")
+    sec.rows.append([f"{VARIANTS['loop']} (against {VARIANTS['torch']})", "", "", "",
+                     str(len(pooled(runs["loop"], "hpc"))), loop.text(), f"{loop.p90_ratio:.3f}x"])
+    sec.notes.append(f"TrainLoop with no save due in the blocks, against the hand-written loop without saves, "
+                     f"measured as the checkpoint pair is: {loop.text()} ({loop.pairs} block pairs in "
+                     f"{loop.launches} launches) for TrainLoop's own step (its stop checks and votes, the step "
+                     "counter, the loader's position)" + (
+                         ": the interval includes 1.000x, so the checkpoint pair's ratio above it is the saves' cost"
+                         if loop.lo <= 1.0 <= loop.hi else ""))
     sec.notes.append(save_cpu_note(runs["save"], size))
     free = paired_ratio(runs["save1"], "torch", "hpc", "mean")
     sec.rows.append([f"{VARIANTS['trainloop']}, 1 process (a core free)", "", "", "",
@@ -316,7 +329,7 @@ def save_cpu_note(runs: List[dict], size: int) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m bench.ddp_overhead")
-    p.add_argument("--pair", choices=("session", "save", "save1", "control"), required=True)
+    p.add_argument("--pair", choices=("session", "save", "save1", "control", "loop"), required=True)
     p.add_argument("--blocks", type=int, default=BLOCKS, help="block pairs after the warm-up blocks")
     p.add_argument("--block-steps", type=int, default=2 * SAVE_EVERY)
     p.add_argument("--b-first", action="store_true", help="hpc's block first in each pair")
