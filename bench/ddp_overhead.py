@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 from statistics import mean
 from typing import Any, Dict, List
 
@@ -227,29 +228,57 @@ def rows(sec: Section, names: Dict[str, str], runs: List[dict], stat: str, targe
     return est
 
 
+SAVE_CPU = Path(__file__).parent / "profiles" / "save-cpu.txt"
 PROFILE_NOTE = ("profiles: bench/profiles/ddp-*.txt, save-*.txt, fsdp-*.txt (python -m bench.profile TARGET "
                 "ARM): in the session step hpc's frames (all_reduce_mean, the resumable loader) take the share "
-                "of a step that the hand-written loop's all_reduce and DistributedSampler loader take; in "
-                "TrainLoop the stop vote (one small all-reduce per check, which a hand-written loop does not "
-                "make) was about 2% of a step here when it checked every step; it now checks about every "
-                "0.1 s, and the save's staging is about 2%, against torch.save's 3%. Two changes were measured in "
-                "this benchmark and not kept, as neither moved TrainLoop's ratio beyond the spread between runs "
-                "(1.037x and 1.047x in two runs without either): the checkpoint writer threads at nice 19 (1.041x) and Python's GIL "
-                "switch interval at 0.5 ms instead of 5 ms (1.045x). Where a save's CPU goes: bench/profiles/save-cpu.txt "
-                "(python -m bench.profile save-cpu): on rank 0, per save, 3.4 ms in the training thread (the staging "
-                "copy), 9.3 ms on DCP's writer thread (6.9 ms of it serialising and writing this rank's share, "
-                "crc32s taken as it writes included; 0.6 ms its own index) and 6.2 ms on the store's (the rank "
-                "files 1.4 ms; merging the ranks' DCP indexes 1.2 ms; marker, rename and fsync 1.7 ms). TrainLoop's "
-                "saves no longer run DCP's collectives (the plan gather and scatter and the metadata exchange: 3.5 ms "
-                "on the writer thread and 4 object collectives per save before): the ratio moved from 1.040x to 1.033x "
-                "and 1.047x in two runs, within the spread between runs. What is left is the work hpc's guarantees "
-                "need and torch.save on rank 0 does not do: every byte checksummed (zlib's crc32 takes 2.2 ms per "
-                "rank's 6.3 MB here; xxh3 would take 0.25 ms: about 4 ms less per save over both ranks, a fifth "
-                "of the gap), every file fsynced, each rank's RNG and data position written, the state copied so that "
-                "training goes on while it is written. With 2 ranks on 2 busy cores each millisecond of it is taken "
-                "from training; with a core free, as on a GPU node where the training thread waits for the device, "
-                "TrainLoop is faster than the hand-written loop (the row above). 1.02x here would take dropping "
-                "those guarantees")
+                "of a step that the hand-written loop's all_reduce and DistributedSampler loader take. Earlier runs "
+                "of this section, kept for the record and not measured again by this command: changes that did not "
+                "move TrainLoop's ratio beyond the spread between runs (1.037x and 1.047x in two runs without any): "
+                "the checkpoint writer threads at nice 19 (1.041x), Python's GIL switch interval at 0.5 ms instead "
+                "of 5 ms (1.045x), and TrainLoop's saves without DCP's collectives (1.040x before, 1.033x and "
+                "1.047x after: kept, since at scale it spares every save 4 object collectives and rank 0 the "
+                "handling of every rank's plan)")
+
+
+def save_profile_note() -> str:
+    """Where a save's CPU goes, as the kept profile (bench/profiles/save-cpu.txt) gives it."""
+    try:
+        lines = SAVE_CPU.read_text().splitlines()
+    except OSError:
+        return f"{SAVE_CPU.name} is missing: python -m bench.profile save-cpu writes it"
+    phases = []
+    for line in lines:
+        ms, _, what = line.strip().partition("  ")
+        try:
+            value = float(ms)
+        except ValueError:
+            continue  # the header, or a line without a figure
+        if not what.startswith(" "):  # a phase; its parts are indented under it
+            phases.append(f"{what.strip()} {value:.1f} ms")
+    return ("where a save's CPU goes, per save on rank 0, from the kept profile bench/profiles/save-cpu.txt "
+            "(python -m bench.profile save-cpu; its parts are listed there): " + "; ".join(phases))
+
+
+def crc_note(world: int) -> str:
+    """What checksumming one rank's share of the checkpoint costs here, measured now."""
+    import time
+    import zlib
+
+    model, _ = _model_and_data()
+    share = 2 * sum(p.numel() * p.element_size() for p in model.parameters()) // world  # weights and momentum
+    data, times = bytes(share), []
+    for _ in range(21):
+        t0 = time.perf_counter()
+        zlib.crc32(data)
+        times.append(time.perf_counter() - t0)
+    return (f"what is left is the work hpc's guarantees need and torch.save on rank 0 does not do: every byte "
+            f"checksummed (zlib's crc32 of one rank's share, {share / 1e6:.1f} MB, takes {median(times) * 1e3:.1f} ms "
+            "here, on each rank at every save), every file fsynced, each rank's RNG and data position written, "
+            "the state copied so that training goes on while it is written. With 2 ranks on 2 busy cores each "
+            "millisecond of it is taken from training; with a core free, as on a GPU node where the training "
+            "thread waits for the device, the 1-process row shows what the same saves cost the step")
+
+
 HEADERS = ["variant", "median step", "mean step", "p90 step", "steps measured", "ratio (95% interval)",
            "p90 ratio"]
 
@@ -301,7 +330,8 @@ def run(ctx: Context) -> Section:
         f"{BOOTSTRAP} resamples). A target counts as met only when the whole interval is at or below it",
         f"checkpoint pair: model and optimizer every {SAVE_EVERY} steps (TrainLoop also the data position "
         "and RNG states, written in the background, and its stop vote about every 0.1 s); a background write "
-        "still running at the end of a TrainLoop block is waited for inside that block", PROFILE_NOTE] + repeated_note(repeated)
+        "still running at the end of a TrainLoop block is waited for inside that block", PROFILE_NOTE,
+        save_profile_note(), crc_note(WORLD)] + repeated_note(repeated)
     return sec
 
 

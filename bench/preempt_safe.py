@@ -190,5 +190,5 @@ def run(ctx: Context) -> Section:
         "step = bench.trainjob's step (a 256x256 matmul and an in-place update of a strided slice of "
         "every parameter tensor); a job whose step is longer adds up to one step to 'SIGTERM -> safe'",
         "outside SLURM here, so the decision needs no scontrol call; under SLURM add one `scontrol show job` "
-        "(about 10 ms on the local cluster) and, on a timeout, one `scontrol requeue`"]
+        "(about 10 ms on the local cluster in earlier runs; the row under SLURM includes it) and, on a timeout, one `scontrol requeue`"]
     return sec

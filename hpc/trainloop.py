@@ -62,7 +62,7 @@ import torch.distributed as dist
 from hpc import preemption, resumepoint, rng, watchdog
 from hpc.scalars import PendingScalars
 from hpc.stopsignal import StopFlag, StopVote
-from hpc.checkpoint import SHARDED_KEY, CheckpointStore
+from hpc.checkpoint import SHARDED_KEY, CheckpointStore, optim_state
 from hpc.checkpoint.layout import marker_files
 
 log = logging.getLogger(__name__)
@@ -158,6 +158,8 @@ class TrainLoop:
         if sharded is not None or resumepoint.through_dcp(self.objects):
             self._dcp_names = resumepoint.sharded_objects(self.objects)
             self._engine = self._engine or _new_engine(self.s)  # collective: every rank, here
+            for name in self._dcp_names[1:]:  # the optimizer: a save then knows whether an empty
+                optim_state.watch(self.objects[name])  # state is all it keeps
         if step < 0:
             log.info("no checkpoint in %s: starting fresh", self.store.directory)
             return 0

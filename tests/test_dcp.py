@@ -271,3 +271,73 @@ def test_a_save_under_any_ranks_name_writes_only_files_of_that_rank(tmp_path, ra
     names = {p.name for p in tmp_path.iterdir()}
     assert rank_metadata(rank) in names
     assert {layout.rank_of(n) for n in names} == {rank}, names
+
+
+def _steps_taken(optimizer):
+    """A list that grows by one at each step of `optimizer`."""
+    taken = []
+    optimizer.register_step_pre_hook(lambda *_: taken.append(1))
+    return taken
+
+
+def _trained(optimizer_class, **kwargs):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Linear(5, 2))
+    opt = optimizer_class(model.parameters(), lr=0.1, **kwargs)
+    return model, opt
+
+
+@pytest.mark.parametrize("watched", [True, False], ids=["watched", "unwatched"])
+def test_an_optimizer_that_keeps_no_state_is_saved_and_loaded_without_a_step(tmp_path, watched):
+    """SGD without momentum keeps no state: once it has been seen stepping, a save takes its
+    (empty) state as it is, instead of DCP's filling it in with a zero-gradient step over the
+    whole model, and a load of a checkpoint without optimizer state does the same. Unwatched, the
+    save is DCP's own, step included: what the watched case is measured against."""
+    from hpc.checkpoint import optim_state
+
+    model, opt = _trained(torch.optim.SGD)
+    if watched:
+        optim_state.watch(opt)
+    for _ in range(2):
+        model(torch.randn(3, 6)).sum().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    taken = _steps_taken(opt)
+    with DcpEngine() as engine:
+        engine.save(tmp_path, model, opt, blocking=True)
+        assert len(taken) == (0 if watched else 1)
+        assert all(p.grad is None for p in model.parameters())
+        fresh_model, fresh_opt = _trained(torch.optim.SGD)
+        loaded = _steps_taken(fresh_opt)
+        engine.load(tmp_path, fresh_model, fresh_opt)
+    assert loaded == [] and not fresh_opt.state
+    assert max_difference(fresh_model.state_dict(), model.state_dict()) == 0.0
+    assert all(p.grad is None for p in fresh_model.parameters())
+
+
+def test_an_optimizer_that_keeps_state_saves_it_and_loads_it_back(tmp_path):
+    """Adam stepped with gradients: its state is saved and loaded exactly. Adam stepped without
+    any (its state still empty) is saved as it is, and a fresh Adam loads that checkpoint without
+    being asked for state it does not hold."""
+    from hpc.checkpoint import optim_state
+
+    model, opt = _trained(torch.optim.Adam)
+    optim_state.watch(opt)
+    model(torch.randn(3, 6)).sum().backward()
+    opt.step()
+    with DcpEngine() as engine:
+        engine.save(tmp_path / "stateful", model, opt, blocking=True)
+        fresh_model, fresh_opt = _trained(torch.optim.Adam)
+        engine.load(tmp_path / "stateful", fresh_model, fresh_opt)
+        saved, loaded = opt.state_dict()["state"], fresh_opt.state_dict()["state"]
+        assert saved.keys() == loaded.keys() and saved
+        for k in saved:
+            assert max_difference(saved[k], loaded[k]) == 0.0
+
+        idle_model, idle = _trained(torch.optim.Adam)
+        optim_state.watch(idle)
+        idle.step()  # no gradients: Adam makes no state
+        engine.save(tmp_path / "empty", idle_model, idle, blocking=True)
+        fresh_model, fresh_opt = _trained(torch.optim.Adam)
+        engine.load(tmp_path / "empty", fresh_model, fresh_opt)
+    assert not idle.state and not fresh_opt.state

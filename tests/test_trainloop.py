@@ -240,3 +240,26 @@ def test_check_interval_spaces_checks_by_the_period(pace_us, period_s):
     elif 1 < n < MAX_CHECK_EVERY:  # as many steps as fit in the period, never more
         period_us = period_s * 1e6
         assert n * pace_us <= period_us * (1 + 1e-12) and period_us < (n + 1) * pace_us * (1 + 1e-12)
+
+
+def test_a_stop_save_of_an_optimizer_that_keeps_no_state_takes_no_step(tmp_path):
+    """TrainLoop watches its optimizer from resume() on: the stop's save of plain SGD neither
+    steps it nor leaves a gradient behind, and the run resumes from that save."""
+    with ddp.session(env=None) as s:
+        model = torch.nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with TrainLoop(s, tmp_path, save_every=100, tensorboard=False) as loop:
+            loop.resume({"model": model, "optimizer": opt})
+            for _ in loop.steps(3):
+                model(torch.randn(5, 4)).sum().backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            taken = []
+            opt.register_step_pre_hook(lambda *_: taken.append(1))
+            loop.finish()
+        assert taken == [] and all(p.grad is None for p in model.parameters())
+        again = torch.nn.Linear(4, 2)
+        fresh = torch.optim.SGD(again.parameters(), lr=0.1)
+        with TrainLoop(s, tmp_path, save_every=100, tensorboard=False) as loop:
+            assert loop.resume({"model": again, "optimizer": fresh}) == 3
+        assert torch.equal(again.weight, model.weight) and torch.equal(again.bias, model.bias)

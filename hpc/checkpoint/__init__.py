@@ -43,6 +43,8 @@ Parts (one concept each)::
     reports.py            each rank's report of what it wrote, which rank 0 commits from
     dcp_engine.py         model and optimizer through torch.distributed.checkpoint (FSDP)
     dcp_index.py          DCP's .metadata merged from the ranks' own indexes, for saves without collectives
+    dcp_reader.py         DCP's reader of a checkpoint: its index read once, every byte checked as read
+    optim_state.py        an optimizer's state for DCP as it is, without DCP's zero-gradient step
     (hpc.atomic           atomic small-file writes and directory fsync, torch-free)
 """
 

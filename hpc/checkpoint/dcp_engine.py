@@ -52,7 +52,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hpc.checkpoint import layout, shardcrc
+from hpc.checkpoint import dcp_reader, layout, optim_state, shardcrc
+from hpc.checkpoint.dcp_reader import ShardCorrupt
 from hpc.checkpoint.dcp_index import METADATA, rank_metadata
 from hpc.checkpoint.replicas import SharePlanner, ShareStager, share
 from hpc.checkpoint.staging import source_devices, synchronize, tensors_in
@@ -62,13 +63,16 @@ __all__ = ["DcpEngine", "ShardCorrupt", "state_dicts", "own_shards", "METADATA"]
 SINGLE_PROCESS_WARNING = r"torch\.distributed is disabled, unavailable or uninitialized"
 
 
-def state_dicts(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict:
-    """{"model": ..., "optimizer": ...} keyed by parameter names, as DCP saves and loads them."""
+def state_dicts(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
+                as_it_is: bool = False) -> dict:
+    """{"model": ..., "optimizer": ...} keyed by parameter names, as DCP saves and loads them.
+    as_it_is: the optimizer's state as it is, not filled in by a step (hpc.checkpoint.optim_state)."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
     if optimizer is None:
         return {"model": get_model_state_dict(model)}
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    with optim_state.as_it_is(optimizer, as_it_is):
+        model_sd, optim_sd = get_state_dict(model, optimizer)
     return {"model": model_sd, "optimizer": optim_sd}
 
 
@@ -122,7 +126,8 @@ class DcpEngine:
         import torch.distributed.checkpoint as dcp
 
         self.wait()  # one save at a time: its staging buffers are the next one's
-        state = state_dicts(model, optimizer)
+        optim_state.watch(optimizer)  # from the next save on, a stepped optimizer's state is taken as it is
+        state = state_dicts(model, optimizer, as_it_is=optim_state.stepped(optimizer))
         # DCP copies on each tensor's current stream: work on a side stream or another device
         # must have finished first, or the checkpoint holds half an update that its checksum vouches for.
         synchronize(source_devices(tensors_in(state)))
@@ -194,15 +199,20 @@ class DcpEngine:
         from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 
         self.wait()
-        state = state_dicts(model, optimizer)  # this rank's layout: what to read, and where
-        reader = None if files is None else _checked_reader(directory, files)
+        reader = dcp_reader.reader(directory, files)
+        # A checkpoint without optimizer state (one that keeps none, or saved before it had any)
+        # loads into the optimizer's state as it is: filling it in first would ask the checkpoint
+        # for state it does not hold.
+        as_it_is = optimizer is not None and not optimizer.state and not dcp_reader.holds_optimizer_state(reader)
+        state = state_dicts(model, optimizer, as_it_is)  # this rank's layout: what to read, and where
         with _plain_errors(self.rank):
             dcp.load(state, checkpoint_id=str(directory), process_group=self.group, storage_reader=reader)
         if optimizer is None:
             set_model_state_dict(model, state["model"])
         else:
-            set_state_dict(model, optimizer, model_state_dict=state["model"],
-                           optim_state_dict=state["optimizer"])
+            with optim_state.as_it_is(optimizer, as_it_is):
+                set_state_dict(model, optimizer, model_state_dict=state["model"],
+                               optim_state_dict=state["optimizer"])
 
     # -- scope -----------------------------------------------------------------------------
     def close(self) -> None:
@@ -225,48 +235,6 @@ class DcpEngine:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-class ShardCorrupt(ValueError):
-    """A DCP data file does not match the checksums its completion marker lists."""
-
-
-def _checked_reader(directory: str | os.PathLike, files: dict) -> Any:
-    """A FileSystemReader that checks each stored tensor's bytes against the marker's crc32 as it
-    reads them: a rank reads its share once, verification included, never a whole file or
-    another rank's shards (the marker lists one crc32 per (offset, length) range, see own_shards)."""
-    import io
-    import zlib
-
-    from torch.distributed.checkpoint import FileSystemReader
-
-    from hpc.checkpoint.files import verify
-
-    known = {(name, off, length): crc for name, info in files.items() if isinstance(info, dict)
-             for off, length, crc in info.get("items") or ()}
-
-    whole: dict[str, str] = {}  # files whose marker entry has no per-tensor items: checked whole, once
-
-    class CheckedReader(FileSystemReader):
-        def _slice_file(self, file: Any, sinfo: Any) -> Any:
-            name = sinfo.relative_path
-            where = (name, sinfo.offset, sinfo.length)
-            if name not in files:
-                raise ShardCorrupt(f"{name} is not in the completion marker")
-            if not isinstance(files[name], dict) or "items" not in files[name]:
-                if name not in whole:
-                    whole[name] = verify(Path(directory) / name, files[name])
-                if whole[name]:
-                    raise ShardCorrupt(whole[name])
-                return super()._slice_file(file, sinfo)
-            file.seek(sinfo.offset)
-            data = file.read(sinfo.length)
-            if len(data) != sinfo.length or known.get(where) != f"{zlib.crc32(data):08x}":
-                raise ShardCorrupt(f"{sinfo.relative_path} does not match its crc32 checksum at offset "
-                                   f"{sinfo.offset} ({'truncated' if len(data) != sinfo.length else 'corrupted'})")
-            return io.BytesIO(data)
-
-    return CheckedReader(str(directory))
 
 
 def own_shards(directory: Path, rank: int) -> dict[str, dict]:

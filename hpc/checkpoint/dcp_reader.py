@@ -1,0 +1,81 @@
+"""DCP's reader for a checkpoint of the store: DCP's index read once, every byte checked as read.
+
+    r = reader(step_dir, marker_files(step_dir))    # a torch.distributed.checkpoint StorageReader
+    holds_optimizer_state(r)                         # from DCP's index, which r then keeps
+    dcp.load(state, checkpoint_id=str(step_dir), storage_reader=r)   # ShardCorrupt on a mismatch
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from hpc.checkpoint import optim_state
+
+__all__ = ["ShardCorrupt", "reader", "holds_optimizer_state"]
+
+
+class ShardCorrupt(ValueError):
+    """A DCP data file does not match the checksums its completion marker lists."""
+
+
+def holds_optimizer_state(reader: Any) -> bool:
+    """Whether a checkpoint holds per-parameter optimizer state, from DCP's merged index (read
+    once: the reader keeps it). Without that index (DCP then reads its per-rank ones) the answer
+    is yes: the optimizer is filled in as before, never left short of state the checkpoint holds."""
+    try:
+        keys = reader.read_metadata().state_dict_metadata
+    except FileNotFoundError:
+        return True
+    return any(key.startswith(optim_state.OPTIMIZER_STATE_PREFIX) for key in keys)
+
+
+def reader(directory: str | os.PathLike, files: dict | None) -> Any:
+    """A FileSystemReader that reads DCP's index once however often it is asked for it, and, with
+    `files` (the marker's checksums), checks each stored tensor's bytes against the marker's crc32
+    as it reads them: a rank reads its share once, verification included, never a whole file or
+    another rank's shards (the marker lists one crc32 per (offset, length) range, see own_shards)."""
+    import io
+    import zlib
+
+    from torch.distributed.checkpoint import FileSystemReader
+
+    from hpc.checkpoint.files import verify
+
+    known = {(name, off, length): crc for name, info in (files or {}).items() if isinstance(info, dict)
+             for off, length, crc in info.get("items") or ()}
+
+    whole: dict[str, str] = {}  # files whose marker entry has no per-tensor items: checked whole, once
+    indexes: dict[Any, Any] = {}  # rank (None: the merged index) -> DCP's Metadata
+
+    class CheckedReader(FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            rank = kwargs.get("rank")
+            if rank not in indexes:
+                indexes[rank] = super().read_metadata(*args, **kwargs)
+            elif getattr(indexes[rank], "storage_meta", None) is not None:
+                indexes[rank].storage_meta.load_id = self.load_id  # this load's, as DCP sets it
+            return indexes[rank]
+
+        def _slice_file(self, file: Any, sinfo: Any) -> Any:
+            if files is None:
+                return super()._slice_file(file, sinfo)
+            name = sinfo.relative_path
+            where = (name, sinfo.offset, sinfo.length)
+            if name not in files:
+                raise ShardCorrupt(f"{name} is not in the completion marker")
+            if not isinstance(files[name], dict) or "items" not in files[name]:
+                if name not in whole:
+                    whole[name] = verify(Path(directory) / name, files[name])
+                if whole[name]:
+                    raise ShardCorrupt(whole[name])
+                return super()._slice_file(file, sinfo)
+            file.seek(sinfo.offset)
+            data = file.read(sinfo.length)
+            if len(data) != sinfo.length or known.get(where) != f"{zlib.crc32(data):08x}":
+                raise ShardCorrupt(f"{sinfo.relative_path} does not match its crc32 checksum at offset "
+                                   f"{sinfo.offset} ({'truncated' if len(data) != sinfo.length else 'corrupted'})")
+            return io.BytesIO(data)
+
+    return CheckedReader(str(directory))
