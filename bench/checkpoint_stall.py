@@ -194,7 +194,7 @@ def run(ctx: Context) -> Section:
         "writer (DCP) for every strategy if its stall is within 1.5x of the custom writer's and within "
         "10%. At 1000 MB the custom writer forks (from 256 MiB); DCP's kept buffers are mapped "
         "MADV_DONTFORK, or else each fork would write-protect them and the next copy into them would "
-        "take a fault per 4 KiB page (in an earlier run, not measured again here: a copy of 1 GiB "
+        "take a fault per 4 KiB page (in an earlier run, which this command does not repeat: a copy of 1 GiB "
         "in one process took 264 ms after a fork, 76 ms without). DCP's async_save starts a new "
         "thread per save; waiting for it to start was 2 to 3 ms of the stall in an earlier run, "
         "which the kept thread saves",
