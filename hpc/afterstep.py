@@ -35,6 +35,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return supervise(["srun", *args[2:]], lambda why: act(run, why))
 
 
+WAIT_SLICE_S = 0.5  # supervise's wait for srun, in slices: see there
+
+
 def supervise(argv: Sequence[str], on_end: Callable[[str], bool]) -> int:
     """Run argv to its end; call on_end(why) on each SIGTERM until it returns True (it acted), and
     once more if argv failed and nothing was done yet. Returns argv's exit status."""
@@ -47,7 +50,17 @@ def supervise(argv: Sequence[str], on_end: Callable[[str], bool]) -> int:
 
     before = signal.signal(signal.SIGTERM, on_term)
     try:
-        code = subprocess.Popen(list(argv)).wait()
+        proc = subprocess.Popen(list(argv))
+        while True:
+            # Not one blocking wait: a SIGTERM that the kernel hands to another thread of this
+            # process (an embedding with threads of its own) only flags it for the main thread,
+            # whose waitpid it does not interrupt; the handler would run once srun ended, after
+            # SLURM's SIGKILL. Waiting in short slices runs it within a slice (Popen.wait polls).
+            try:
+                code = proc.wait(timeout=WAIT_SLICE_S)
+                break
+            except subprocess.TimeoutExpired:
+                continue
         if code != 0 and not acted[0]:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             on_end(f"srun exited {code}")

@@ -182,3 +182,35 @@ def test_the_wrapper_acts_on_sigterm_at_once_and_again_until_it_did_something(tm
                          f"{wait.format(tmp_path / '2')}; kill -TERM $PPID; exit 5"]
     assert afterstep.supervise(child, on_end) == 5
     assert seen == ["SIGTERM", "SIGTERM"]  # it acted on the second: the third is ignored, no failure looked at
+
+
+def test_the_wrapper_acts_on_a_sigterm_that_another_thread_of_its_process_took(tmp_path):
+    """The kernel may hand a process's SIGTERM to any of its threads; the handler must still run
+    while srun runs. The child gives up waiting after about 10 s and exits 7: on a wrapper that
+    only noticed the signal once the child had ended, that is the exit status seen."""
+    import signal
+    import threading
+
+    seen = []
+
+    def on_end(why):
+        seen.append(why)
+        (tmp_path / "seen").touch()
+        return True
+
+    def signal_from_another_thread():
+        for _ in range(2000):  # the child has started once its file exists
+            if (tmp_path / "started").exists():
+                break
+            threading.Event().wait(0.01)
+        signal.pthread_kill(threading.get_ident(), signal.SIGTERM)  # to this thread, not the main one
+
+    child = ["sh", "-c", f"touch {tmp_path / 'started'}; i=0; while [ ! -e {tmp_path / 'seen'} ]; do "
+                         "i=$((i+1)); [ $i -gt 200 ] && exit 7; sleep 0.05; done; exit 0"]
+    helper = threading.Thread(target=signal_from_another_thread)
+    helper.start()
+    try:
+        assert afterstep.supervise(child, on_end) == 0
+    finally:
+        helper.join()
+    assert seen == ["SIGTERM"]
