@@ -229,6 +229,13 @@ def rows(sec: Section, names: Dict[str, str], runs: List[dict], stat: str, targe
 
 
 SAVE_CPU = Path(__file__).parent / "profiles" / "save-cpu.txt"
+def ratio_row(sec: Section, name: str, runs: List[dict], stat: str) -> Estimate:
+    """A row of B's ratio to A alone (no step times, no verdict): a control or a decomposition."""
+    est = paired_ratio(runs, "torch", "hpc", stat)
+    sec.rows.append([name, "", "", "", str(len(pooled(runs, "hpc"))), est.text(), f"{est.p90_ratio:.3f}x"])
+    return est
+
+
 PROFILE_NOTE = ("profiles: bench/profiles/ddp-*.txt, save-*.txt, fsdp-*.txt (python -m bench.profile TARGET "
                 "ARM): in the session step hpc's frames (all_reduce_mean, the resumable loader) take the share "
                 "of a step that the hand-written loop's all_reduce and DistributedSampler loader take. Earlier runs "
@@ -295,14 +302,10 @@ def run(ctx: Context) -> Section:
                                          "loop": None}, launches, blocks, size, repeated)
     rows(sec, {"torch": VARIANTS["torch"], "hpc": VARIANTS["hpc"]}, runs["session"], "median", TARGET)
     rows(sec, {"torch": VARIANTS["torch-save"], "hpc": VARIANTS["trainloop"]}, runs["save"], "mean", TARGET)
-    control = paired_ratio(runs["control"], "torch", "hpc", "median")
-    sec.rows.append([f"control: {VARIANTS['torch']}, a second copy", "", "", "", str(len(pooled(runs["control"], "hpc"))),
-                     control.text(), f"{control.p90_ratio:.3f}x"])
+    control = ratio_row(sec, f"control: {VARIANTS['torch']}, a second copy", runs["control"], "median")
     sec.notes.append(f"control: hand-written DDP against a second copy of itself, measured as the session pair is: "
                      f"{control.text()}; an interval this wide around 1.000x is the method's resolution at this load")
-    loop = paired_ratio(runs["loop"], "torch", "hpc", "mean")
-    sec.rows.append([f"{VARIANTS['loop']} (against {VARIANTS['torch']})", "", "", "",
-                     str(len(pooled(runs["loop"], "hpc"))), loop.text(), f"{loop.p90_ratio:.3f}x"])
+    loop = ratio_row(sec, f"{VARIANTS['loop']} (against {VARIANTS['torch']})", runs["loop"], "mean")
     sec.notes.append(f"TrainLoop with no save due in the blocks, against the hand-written loop without saves, "
                      f"measured as the checkpoint pair is: {loop.text()} ({loop.pairs} block pairs in "
                      f"{loop.launches} launches) for TrainLoop's own step (its stop checks and votes, the step "
@@ -310,9 +313,7 @@ def run(ctx: Context) -> Section:
                          ": the interval includes 1.000x, so the checkpoint pair's ratio above it is the saves' cost"
                          if loop.lo <= 1.0 <= loop.hi else ""))
     sec.notes.append(save_cpu_note(runs["save"], size))
-    free = paired_ratio(runs["save1"], "torch", "hpc", "mean")
-    sec.rows.append([f"{VARIANTS['trainloop']}, 1 process (a core free)", "", "", "",
-                     str(len(pooled(runs["save1"], "hpc"))), free.text(), f"{free.p90_ratio:.3f}x"])
+    free = ratio_row(sec, f"{VARIANTS['trainloop']}, 1 process (a core free)", runs["save1"], "mean")
     sec.notes.append(f"the checkpoint pair in 1 process, so that a core is free for the background write as on a GPU "
                      f"node: TrainLoop {free.text()} of the hand-written loop with torch.save ({free.pairs} block "
                      f"pairs in {free.launches} launches): the save's extra CPU costs the step only where no core is "

@@ -25,17 +25,18 @@ from bench.common import REPO, Context, best_effort, fmt_s, median
 from bench.common import timed as timed_wall
 from bench.interleave import paired_ratio
 from bench.report import Section
+from hpc.rundir import GIT_HEAD
+from hpc.scheduler import SHOW_CONFIG
+from hpc.snapshot import GIT_FILES
 
 TARGET_S = 0.5
 TARGET_RATIO = 1.0  # hpc's real submission over plain submitit's
 DRY_S = 0.3
 SNAPSHOT_BUDGET_S = 0.1  # the code snapshot's share of TARGET_S, for this repository
 REPEATS = 12
-# The external commands a real submission runs besides sbatch, as hpc runs them (hpc.rundir,
-# hpc.scheduler, hpc.snapshot): timed in the same rounds, for the note on where hpc's time goes.
-PROBES = {"git rev-parse": ["git", "rev-parse", "HEAD", "--show-toplevel"],
-          "scontrol show config": ["scontrol", "show", "config"],
-          "git ls-files": ["git", "ls-files", "-z", "-t", "-co", "--exclude-standard"]}
+# The external commands a real submission runs besides sbatch, the very command lines hpc runs:
+# timed in the same rounds, for the note on where hpc's time goes.
+PROBES = {"git rev-parse": GIT_HEAD, "scontrol show config": SHOW_CONFIG, "git ls-files": GIT_FILES}
 LEVELS = ["0", "1", "2"]
 IMPORT_SUBMITIT = "import submitit"
 IMPORT_HPC = "import hpc.submit, hpc.executor, submitit"

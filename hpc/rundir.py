@@ -222,10 +222,13 @@ def code_version(module_file: Optional[str], cwd: Optional[Path] = None) -> Dict
     return {"git_commit": commit, "code_dir": root, "hpc_version": hpc_version()}
 
 
+GIT_HEAD = ["git", "rev-parse", "HEAD", "--show-toplevel"]  # the commit, then the checkout's root
+
+
 def _git_head(place: Path) -> Tuple[Optional[str], Optional[str]]:
     """(commit, checkout root) of the git checkout holding `place`; (None, None) outside one."""
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD", "--show-toplevel"], cwd=place,
+        out = subprocess.run(GIT_HEAD, cwd=place,
                              capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.TimeoutExpired):
         return None, None

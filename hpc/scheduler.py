@@ -93,9 +93,12 @@ def partitions() -> List[str]:
     return sorted({line.strip().rstrip("*") for line in out.splitlines() if line.strip()})
 
 
+SHOW_CONFIG = ["scontrol", "show", "config"]
+
+
 def max_array_size() -> int:
     """The most tasks one array may have (one `scontrol show config` call)."""
-    return parse_max_array_size(_run(["scontrol", "show", "config"]))
+    return parse_max_array_size(_run(SHOW_CONFIG))
 
 
 def parse_max_array_size(text: str) -> int:

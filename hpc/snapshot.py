@@ -185,10 +185,13 @@ def listing(source: Source) -> Tuple[Dict[str, os.stat_result], List[str]]:
     return files, sorted(skipped)
 
 
+GIT_FILES = ["git", "ls-files", "-z", "-t", "-co", "--exclude-standard"]  # tracked and untracked, not ignored
+
+
 def _git_files(root: Path) -> List[Tuple[str, bool]]:
     """(path, tracked) for what `git ls-files -co --exclude-standard` names; -t tags untracked '?'."""
     try:
-        out = subprocess.run(["git", "ls-files", "-z", "-t", "-co", "--exclude-standard"], cwd=root,
+        out = subprocess.run(GIT_FILES, cwd=root,
                              capture_output=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as err:
         raise SnapshotError(f"git ls-files in {root} failed ({err}); expected a git checkout. {HINT}.") from None

@@ -280,11 +280,11 @@ def _steps_taken(optimizer):
     return taken
 
 
-def _trained(optimizer_class, **kwargs):
+def _model_and_optimizer(optimizer_class):
+    """The same small model (seeded) and a new optimizer of that class over it."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Linear(5, 2))
-    opt = optimizer_class(model.parameters(), lr=0.1, **kwargs)
-    return model, opt
+    return model, optimizer_class(model.parameters(), lr=0.1)
 
 
 @pytest.mark.parametrize("watched", [True, False], ids=["watched", "unwatched"])
@@ -295,7 +295,7 @@ def test_an_optimizer_that_keeps_no_state_is_saved_and_loaded_without_a_step(tmp
     save is DCP's own, step included: what the watched case is measured against."""
     from hpc.checkpoint import optim_state
 
-    model, opt = _trained(torch.optim.SGD)
+    model, opt = _model_and_optimizer(torch.optim.SGD)
     if watched:
         optim_state.watch(opt)
     for _ in range(2):
@@ -307,7 +307,7 @@ def test_an_optimizer_that_keeps_no_state_is_saved_and_loaded_without_a_step(tmp
         engine.save(tmp_path, model, opt, blocking=True)
         assert len(taken) == (0 if watched else 1)
         assert all(p.grad is None for p in model.parameters())
-        fresh_model, fresh_opt = _trained(torch.optim.SGD)
+        fresh_model, fresh_opt = _model_and_optimizer(torch.optim.SGD)
         loaded = _steps_taken(fresh_opt)
         engine.load(tmp_path, fresh_model, fresh_opt)
     assert loaded == [] and not fresh_opt.state
@@ -321,23 +321,23 @@ def test_an_optimizer_that_keeps_state_saves_it_and_loads_it_back(tmp_path):
     being asked for state it does not hold."""
     from hpc.checkpoint import optim_state
 
-    model, opt = _trained(torch.optim.Adam)
+    model, opt = _model_and_optimizer(torch.optim.Adam)
     optim_state.watch(opt)
     model(torch.randn(3, 6)).sum().backward()
     opt.step()
     with DcpEngine() as engine:
         engine.save(tmp_path / "stateful", model, opt, blocking=True)
-        fresh_model, fresh_opt = _trained(torch.optim.Adam)
+        fresh_model, fresh_opt = _model_and_optimizer(torch.optim.Adam)
         engine.load(tmp_path / "stateful", fresh_model, fresh_opt)
         saved, loaded = opt.state_dict()["state"], fresh_opt.state_dict()["state"]
         assert saved.keys() == loaded.keys() and saved
         for k in saved:
             assert max_difference(saved[k], loaded[k]) == 0.0
 
-        idle_model, idle = _trained(torch.optim.Adam)
+        idle_model, idle = _model_and_optimizer(torch.optim.Adam)
         optim_state.watch(idle)
         idle.step()  # no gradients: Adam makes no state
         engine.save(tmp_path / "empty", idle_model, idle, blocking=True)
-        fresh_model, fresh_opt = _trained(torch.optim.Adam)
+        fresh_model, fresh_opt = _model_and_optimizer(torch.optim.Adam)
         engine.load(tmp_path / "empty", fresh_model, fresh_opt)
     assert not idle.state and not fresh_opt.state
