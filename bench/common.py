@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from hpc.ports import free_port  # noqa: F401 (the benchmarks' ranks rendezvous on one: bench.ranks)
+from hpc.runtime.ports import free_port  # noqa: F401 (the benchmarks' ranks rendezvous on one: bench.ranks)
 
 REPO = Path(__file__).resolve().parent.parent
 # Scheduler clients whose calls bench.status counts.

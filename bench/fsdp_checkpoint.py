@@ -18,7 +18,7 @@ trained a step both ranks get SIGTERM (as SLURM signals every task); rank 0 repo
 had committed the checkpoint (outside SLURM: JobNotRequeued). The bound is bench.preempt_safe's,
 2 x an fsync'd write of the same bytes (measured right after, after a sync and a pause) + 0.5 s,
 plus two of the run's steps: the ranks stop at a step boundary they agree on, through a vote read
-one step after it was cast (hpc.stopsignal), so a signal that lands early in a step is acted on
+one step after it was cast (hpc.recovery.stopsignal), so a signal that lands early in a step is acted on
 after that step and the next. A step of 100 ms or less, as bench.preempt_safe's, hides this;
 FSDP's 0.3 s steps on this CPU do not.
 """
@@ -82,7 +82,7 @@ def stall(strategy: str, variant: str, steps: int, out: str, blocks: int = BLOCK
 
 def preempt(strategy: str, out: str, blocks: int = BLOCKS) -> None:
     import hpc.ddp
-    from hpc.preemption import JobNotRequeued
+    from hpc.recovery.preemption import JobNotRequeued
     from hpc.trainloop import TrainLoop
 
     with hpc.ddp.session(timeout_s=120) as s:

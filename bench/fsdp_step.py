@@ -147,7 +147,7 @@ def run(ctx: Context) -> Section:
             "around 1.000x is the method's resolution at this load, and a ratio inside the control's interval is "
             "a difference this machine cannot tell from none")
     sec.notes += [
-        f"MLP 64-{WIDTH} then {BLOCKS_NET} blocks of {WIDTH}x{WIDTH} (each an FSDP unit, as hpc.fsdp shards a "
+        f"MLP 64-{WIDTH} then {BLOCKS_NET} blocks of {WIDTH}x{WIDTH} (each an FSDP unit, as hpc.runtime.fsdp shards a "
         f"ModuleList's elements) then a 10-way head; batch {BATCH} per rank, SGD with momentum, loss averaged "
         f"over ranks every step; {WORLD} local processes with one thread each, gloo over 127.0.0.1",
         f"hand-written FSDP2 and one hpc variant train in the same two processes, in alternating blocks of "

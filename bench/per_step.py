@@ -6,8 +6,8 @@ step of TrainLoop makes besides the user's own work, each timed alone.
 
 Each launch starts WORLD local processes (bench.ranks); in them, one operation at a time is
 called CALLS times in a row after a barrier, and rank 0 reports the time per call, the median of
-ROUNDS such runs. The device-sync column is read from the code (see hpc.stopsignal, hpc.ddp,
-hpc.scalars): on CUDA none of them makes the host wait for the step's kernels.
+ROUNDS such runs. The device-sync column is read from the code (see hpc.recovery.stopsignal, hpc.ddp,
+hpc.runtime.scalars): on CUDA none of them makes the host wait for the step's kernels.
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ OPS = {
     "bare all_reduce": ("dist.all_reduce of a 1-element tensor, what a hand-written loop calls instead",
                         "1 all-reduce", "none"),
     "loop.log": ("TrainLoop.log('loss', tensor) with TensorBoard on: rank 0 writes, the others return",
-                 "none", "none: device values are copied behind an event (hpc.scalars)"),
+                 "none", "none: device values are copied behind an event (hpc.runtime.scalars)"),
     "progress": ("one iteration of s.progress(...) (tqdm on rank 0)", "none", "none"),
     "watchdog beat": ("TrainLoop's watchdog.beat(step) after each step", "none", "none"),
 }

@@ -78,7 +78,7 @@ def io(out: Path, blocks: int) -> None:
     import torch.distributed as dist
 
     import hpc.ddp
-    from hpc.fsdp import materialize, shard
+    from hpc.runtime.fsdp import materialize, shard
     from hpc.trainloop import TrainLoop
 
     with hpc.ddp.session(timeout_s=600) as s:

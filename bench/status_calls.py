@@ -6,7 +6,7 @@ and 100 jobs, against one bare sacct call and a per-job `scontrol show job` loop
 Calls are counted by wrapper scripts named sacct, squeue, scontrol, sinfo, ... placed first on
 PATH: each appends its name to a log and execs the real client, so every answer is SLURM's own.
 The jobs are real, held (pending) jobs on the benchmark's local cluster, recorded in a run
-directory through hpc.rundir as hpc.submit would; they are cancelled afterwards.
+directory through hpc.rundir.run as hpc.submit would; they are cancelled afterwards.
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def _submit_held(cluster, n: int, out: Path) -> List[str]:
 
 
 def _make_run(path: Path, ids: List[str]) -> None:
-    from hpc.rundir import RunDir
+    from hpc.rundir.run import RunDir
 
     run = RunDir(path)
     run.start("bench", "{}\n", "slurm")

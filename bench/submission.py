@@ -9,7 +9,7 @@ Each figure is the wall time of the whole command, interpreter start included, a
 the variants are interleaved and the median of the repeats is kept. The nodes are drained while
 this runs so that the submitted jobs stay pending (they are cancelled afterwards) and no training
 competes with the measurement. The commands run from this checkout, so a real submission snapshots
-it (hpc.snapshot); `--no-snapshot` beside it, and the snapshot alone (a first copy into a new run
+it (hpc.rundir.snapshot); `--no-snapshot` beside it, and the snapshot alone (a first copy into a new run
 directory, and the reuse of a resubmission whose files did not change), say what the snapshot costs.
 """
 from __future__ import annotations
@@ -25,9 +25,9 @@ from bench.common import REPO, Context, best_effort, fmt_s, median
 from bench.common import timed as timed_wall
 from bench.interleave import paired_ratio
 from bench.report import Section
-from hpc.rundir import GIT_HEAD
-from hpc.scheduler import SHOW_CONFIG
-from hpc.snapshot import GIT_FILES
+from hpc.rundir.run import GIT_HEAD
+from hpc.slurm.scheduler import SHOW_CONFIG
+from hpc.rundir.snapshot import GIT_FILES
 
 TARGET_S = 0.5
 TARGET_RATIO = 1.0  # hpc's real submission over plain submitit's
@@ -39,7 +39,7 @@ REPEATS = 12
 PROBES = {"git rev-parse": GIT_HEAD, "scontrol show config": SHOW_CONFIG, "git ls-files": GIT_FILES}
 LEVELS = ["0", "1", "2"]
 IMPORT_SUBMITIT = "import submitit"
-IMPORT_HPC = "import hpc.submit, hpc.executor, submitit"
+IMPORT_HPC = "import hpc.submit, hpc.pipeline.executor, submitit"
 PLAIN = [sys.executable, str(REPO / "bench" / "plain_submitit.py")]  # the baseline: submitit alone
 # The sandbox profile's resources (templates/profiles/sandbox.yaml), spelled as sbatch options.
 RGB_OPTS = ["-p", "low", "-N", "1", "--ntasks-per-node=1", "--cpus-per-task=1", "--gpus-per-node=1",
@@ -95,10 +95,10 @@ def run(ctx: Context) -> Section:
     for name, label in labels.items():
         sec.rows.append([name, label, fmt_s(median(times[name])), fmt_s(median(times[f"{name} cpu"])),
                          str(len(times[name]))])
-    for name, label in (("snapshot copy", "`hpc.snapshot.take` of this checkout into a new run dir, nothing "
+    for name, label in (("snapshot copy", "`hpc.rundir.snapshot.take` of this checkout into a new run dir, nothing "
                                           "snapshotted before (in process)"),
                         ("snapshot linked", "the same, into another new run dir: hard links to the first "
-                                            "(hpc.snapcache)"),
+                                            "(hpc.rundir.snapcache)"),
                         ("snapshot reused", "the same, into a run dir whose snapshot has the same files")):
         sec.rows.append([name, label, fmt_s(median(snap[name])), fmt_s(median(snap[f"{name} cpu"])),
                          str(len(snap[name]))])
@@ -135,9 +135,9 @@ def run(ctx: Context) -> Section:
         "so the submitted jobs stay pending and are cancelled after each round",
         "hpc real also creates the run directory (manifest.json, config.yaml), reads the resolved config and "
         "snapshots this checkout (git ls-files, then hard links to the previous round's snapshot of the same "
-        "files, hpc.snapcache; a copy of each file, hashed as it is read, when nothing was snapshotted before); "
+        "files, hpc.rundir.snapcache; a copy of each file, hashed as it is read, when nothing was snapshotted before); "
         "one warm-up round, dropped, writes the bytecode and hpc's user cache (the resolved config, "
-        "hpc.configcache; the newest snapshot), which every round after it reads, as a user's second "
+        "hpc.config.cache; the newest snapshot), which every round after it reads, as a user's second "
         "submission does; the dry-run renders the sbatch scripts through submitit without calling sbatch"]
     return sec
 
@@ -151,9 +151,9 @@ def where_note(times: Dict[str, List[float]]) -> str:
             "bench.profile submission[-real]). hpc's real submission does all that plain submitit does "
             "(interpreter start, import submitit, 2 sbatch calls: submitit's own submission code) and, on top "
             f"of it: imports its own modules ({fmt_s(own_imports)} in this run: "
-            "hpc's imports less `import submitit`; hpc.plan with hpc.arrays and hpc.rundir, hpc.config, "
-            "hpc.snapshot, hpc.status), reads the resolved config back from its cache as plain data "
-            "(hpc.configcache, hpc.configview: neither OmegaConf nor yaml is imported), runs three commands once "
+            "hpc's imports less `import submitit`; hpc.pipeline.plan with hpc.pipeline.arrays and hpc.rundir.run, hpc.config.schema, "
+            "hpc.rundir.snapshot, hpc.status), reads the resolved config back from its cache as plain data "
+            "(hpc.config.cache, hpc.config.view: neither OmegaConf nor yaml is imported), runs three commands once "
             f"each (in this run, whole processes as hpc starts them: {probes}), links the code snapshot and "
             "writes the run directory; why that keeps the ratio above 1.0x: the note 'what bounds the ratio from below'")
 
@@ -181,8 +181,8 @@ def critical_path_note(times: Dict[str, List[float]]) -> str:
 
 def snapshot_cost(ctx: Context, repeats: int) -> Dict[str, Any]:
     """The snapshot of this checkout alone, in this process: a first copy, and a reuse."""
-    from hpc import snapshot
-    from hpc.rundir import code_version
+    from hpc.rundir import snapshot
+    from hpc.rundir.run import code_version
 
     base = ctx.scratch("snapshot")
     source = snapshot.source_of(code_version(None, REPO)["code_dir"], REPO, [base])
@@ -191,7 +191,7 @@ def snapshot_cost(ctx: Context, repeats: int) -> Dict[str, Any]:
     before = os.environ.get("HPC_CACHE_DIR")
 
     def take(name: str, run_dir: Path, cache: Path) -> Any:
-        os.environ["HPC_CACHE_DIR"] = str(cache)  # hpc.snapcache: an empty cache copies, a warm one links
+        os.environ["HPC_CACHE_DIR"] = str(cache)  # hpc.rundir.snapcache: an empty cache copies, a warm one links
         c0 = _cpu(resource.RUSAGE_SELF) + _cpu()  # this process with its copying threads, and git
         taken = snapshot.take(source, run_dir, max_mb=100)
         out[f"{name} cpu"].append(_cpu(resource.RUSAGE_SELF) + _cpu() - c0)
@@ -259,7 +259,7 @@ def bench_env(env: Dict[str, str], base: Path) -> Dict[str, str]:
     """Every Python variant as a user runs it: bytecode written and read (under the scratch
     directory, not the checkout: PYTHONDONTWRITEBYTECODE in the caller's environment would make
     hpc compile its own modules on every start, where plain submitit's installed ones have theirs),
-    and hpc's user cache (hpc.configcache, hpc.snapcache) in the scratch directory."""
+    and hpc's user cache (hpc.config.cache, hpc.rundir.snapcache) in the scratch directory."""
     env = {k: v for k, v in env.items() if k != "PYTHONDONTWRITEBYTECODE"}
     return {**env, "PYTHONPYCACHEPREFIX": str(base / "pycache"), "HPC_CACHE_DIR": str(base / "cache")}
 

@@ -63,7 +63,7 @@ def main() -> None:
     import torch
 
     import hpc.ddp
-    from hpc.preemption import JobNotRequeued
+    from hpc.recovery.preemption import JobNotRequeued
     from hpc.trainloop import TrainLoop
 
     torch.set_num_threads(1)

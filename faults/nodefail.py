@@ -34,8 +34,8 @@ from faults.nodes import bring_back, campaign_cluster, fail_node, wait_for
 from hpc.cluster import LocalCluster
 from hpc.cluster.daemons import ClusterError
 from hpc.cluster.preempt import job_field, release_hold
-from hpc.nodefail import load as recovery, progress_mark
-from hpc.rundir import DONE, RunDir
+from hpc.recovery.nodefail import load as recovery, progress_mark
+from hpc.rundir.run import DONE, RunDir
 
 REPO = Path(__file__).resolve().parents[1]
 STARTING = frozenset({"PENDING", "CONFIGURING", "RUNNING"})

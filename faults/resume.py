@@ -41,8 +41,9 @@ def train(out, directory: Path, stop_at: int | None = None, sig: int = signal.SI
     for key in [k for k in os.environ if k.startswith("SLURM_")]:
         del os.environ[key]  # a local run: a stop is not requeued
     os.environ["HPC_CHECKPOINT_MODE"] = mode
-    from hpc import ddp, rng
-    from hpc.preemption import JobNotRequeued
+    from hpc import ddp
+    from hpc.runtime import rng
+    from hpc.recovery.preemption import JobNotRequeued
     from hpc.trainloop import TrainLoop
 
     try:

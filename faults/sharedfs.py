@@ -3,7 +3,7 @@
     python -c "from faults.sharedfs import negative_cache as f; print(f(__import__('pathlib').Path('/tmp/x'), 3, 0))"
 
 The machine the campaigns run on has no NFS client or server in its kernel, so each behaviour is
-injected (hpc.sharedfs says what hpc does about it):
+injected (hpc.fs.sharedfs says what hpc does about it):
   - dir_fsync_einval: every directory fsync answers EINVAL; checkpoints are saved and loaded back.
   - negative_cache: lookups of a missing name keep failing until the directory is read again, as
     NFS's negative dentries do; rank 0 of a 2-rank store commits while rank 1's file comes late.
@@ -31,11 +31,11 @@ from unittest import mock
 import torch
 
 from faults.common import Outcome
-from hpc import sharedfs
+from hpc.fs import sharedfs
 from hpc.checkpoint import CheckpointStore
 from hpc.checkpoint import store as store_module
 from hpc.checkpoint.files import load_file, write_atomic
-from hpc.rundir import RunDir, RunDirError
+from hpc.rundir.run import RunDir, RunDirError
 
 _FORK = multiprocessing.get_context("fork")
 
@@ -49,7 +49,7 @@ def write_mounts(directory: Path, fstype: str, options: str = "rw,relatime") -> 
 
 @contextlib.contextmanager
 def mounted_as(directory: Path, fstype: str) -> Iterator[Path]:
-    """hpc.sharedfs sees `directory` as a mount of `fstype` inside the block."""
+    """hpc.fs.sharedfs sees `directory` as a mount of `fstype` inside the block."""
     with mock.patch.object(sharedfs, "MOUNTS", str(write_mounts(directory, fstype))) as mounts:
         yield mounts
 

@@ -5,6 +5,46 @@
 Data flows one way: config -> plan -> submit (submitit) -> job runtime
 (env -> DDP session -> training loop with checkpoints) -> run directory on disk.
 Everything up to `submit` imports without torch.
+
+Packages, layered top to bottom (a package imports only from the layers below it; tests/test_layers.py
+keeps it so):
+
+    commands and API   submit status logs cancel env launch afterstep (python -m hpc.X); ddp, trainloop
+    sweep/             grids, per-point configs, a sweep's array jobs
+    pipeline/          PipelineDef and StageDef, the pure plan, sbatch rendering, the stage task, submission
+    monitor/ runtime/  where a run stands | what runs inside a task: environment, DDP/FSDP session, data
+    checkpoint/ recovery/ config/ cluster/
+                       checkpoint store | stop signals, requeue, node failures, hangs | config layers |
+                       the local SLURM cluster
+    rundir/ slurm/     the run directory's records, code snapshot | SLURM's clients and their answers
+    fs/                atomic writes, shared filesystems
 """
+import sys
+from importlib.machinery import ModuleSpec
 
 __version__ = "0.1.0"
+
+# submitit pickles a job when it is submitted and unpickles it at every start, requeues included, so
+# a job queued before hpc's modules moved into packages still names them by their old paths.
+MOVED = {"hpc.executor": "hpc.pipeline.executor", "hpc.snapshot": "hpc.rundir.snapshot"}
+
+
+class _Moved:
+    """Import finder for MOVED's names: the old name is the new module itself."""
+
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        return ModuleSpec(name, _Moved) if name in MOVED else None
+
+    @staticmethod
+    def create_module(spec):
+        import importlib
+
+        return importlib.import_module(MOVED[spec.name])
+
+    @staticmethod
+    def exec_module(module):
+        pass
+
+
+sys.meta_path.append(_Moved)

@@ -10,7 +10,7 @@ It runs srun and exits with srun's status. It acts on the job's SIGTERM and on s
   acts on the SIGTERM itself, with SIGTERM ignored meanwhile, which its scontrol calls inherit.
 - srun ending with an error on its own (a rank that died, an error in the user's code) is looked
   at once srun has returned; it is retried only when a node of the job has failed.
-What it decides, and why, goes to the task's history (hpc.nodefail, shown by hpc.status) and to
+What it decides, and why, goes to the task's history (hpc.recovery.nodefail, shown by hpc.status) and to
 the job's log. The batch script runs on the job's first node, beside rank 0: if that node is the
 one that fails, nothing of the job is left to act, and SLURM requeues it (--requeue) as it was.
 """
@@ -22,8 +22,10 @@ import subprocess
 import sys
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
-from hpc import hostlist, nodefail, preemption, requeue, scheduler, sweepdir
-from hpc.rundir import RunDir
+from hpc.slurm import hostlist, scheduler
+from hpc.recovery import nodefail, preemption, requeue
+from hpc.rundir import sweepdir
+from hpc.rundir.run import RunDir
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -81,7 +83,7 @@ def act(run: RunDir, why: str) -> bool:
 
 
 def after_step(run: RunDir, env: Mapping[str, str], srun_ended: bool = True) -> tuple:
-    """Read SLURM, decide (hpc.nodefail.decide), carry it out, record it: (action, in words)."""
+    """Read SLURM, decide (hpc.recovery.nodefail.decide), carry it out, record it: (action, in words)."""
     job_id = env["SLURM_JOB_ID"]
     array_task = env.get("SLURM_ARRAY_TASK_ID")
     key = f"{env['SLURM_ARRAY_JOB_ID']}_{array_task}" if array_task else job_id  # as the manifest has it
@@ -136,9 +138,9 @@ def _said(values: Dict[str, str], what: str) -> str:
 def resubmit(run_dir: str, stage: str, nodes: Sequence[str]) -> None:
     """hpc.submit into `run_dir`, as its first submission named the pipeline, with `nodes` added to
     the stage's excluded nodes (stages.X.extra.exclude, saved in config.yaml for later ones). The
-    job hpc.requeue.resubmit_after submits runs it."""
-    from hpc import config as hconfig
-    from hpc import plan as hplan
+    job hpc.recovery.requeue.resubmit_after submits runs it."""
+    from hpc.config import schema as hconfig
+    from hpc.pipeline import plan as hplan
     from hpc import submit
 
     run = RunDir(run_dir)

@@ -12,8 +12,9 @@ import argparse
 import sys
 from typing import Optional, Sequence
 
-from hpc import scheduler, sweepdir
-from hpc.rundir import RunDir, RunDirError
+from hpc.slurm import scheduler
+from hpc.rundir import sweepdir
+from hpc.rundir.run import RunDir, RunDirError
 
 
 def recorded_jobs(path: str, stage: Optional[str]) -> list:

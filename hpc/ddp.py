@@ -7,12 +7,12 @@
             for x, y in s.progress(s.loader(data, batch_size=16, seed=0)): ...
 
 Backend: nccl when this task has a CUDA device, gloo otherwise. Device binding follows
-hpc.env.bind_device with the count torch sees (one GPU per task -> cuda:0, GPUs shared by the
+hpc.runtime.envparse.bind_device with the count torch sees (one GPU per task -> cuda:0, GPUs shared by the
 node's tasks -> cuda:local_rank, also under torchrun or without CUDA_VISIBLE_DEVICES).
 Rank 0 is named once (is_main); other ranks get a writer that does nothing and no progress
 bar. The process group has a timeout so a rank that dies fails the others instead of
 leaving them blocked in a collective. What the session offers inside (wrap, loader, collectives,
-writer) is hpc.ddpsession's Session; this module joins and leaves the group.
+writer) is hpc.runtime.session's Session; this module joins and leaves the group.
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 
-from hpc.ddpsession import NullWriter, Session, _fsdp  # noqa: F401 (re-exported)
-from hpc.env import DistEnv, bind_device, from_environ
-from hpc.hangs import attempt_dir, flight_recorder_env
-from hpc.teardown import EXIT_TIMEOUT_S, rendezvous_exit
+from hpc.runtime.session import NullWriter, Session, _fsdp  # noqa: F401 (re-exported)
+from hpc.runtime.envparse import DistEnv, bind_device, from_environ
+from hpc.recovery.hangs import attempt_dir, flight_recorder_env
+from hpc.runtime.teardown import EXIT_TIMEOUT_S, rendezvous_exit
 
 __all__ = ["Session", "session", "NullWriter"]
 
@@ -80,7 +80,7 @@ def session(timeout_s: float = 600, backend: str | None = None, env: DistEnv | N
     timeout_s bounds the rendezvous and every collective: a peer that died makes the others
     raise after timeout_s instead of blocking until the job's time limit. train_timeout_s, usually
     shorter, replaces it after the first training step (Session.training_started). Under NCCL the
-    flight recorder keeps the last collectives and dumps them on a timeout (hpc.hangs).
+    flight recorder keeps the last collectives and dumps them on a timeout (hpc.recovery.hangs).
     """
     env = env or from_environ()
     device = _pick_device(env)

@@ -4,7 +4,7 @@
 
 The script reads RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT
 as torchrun would set them (and OMP_NUM_THREADS=1 with several tasks per node, unless it is set);
-this module derives them from SLURM's variables (hpc.env), exports them and replaces itself
+this module derives them from SLURM's variables (hpc.runtime.envparse), exports them and replaces itself
 with the command (exec: signals from SLURM, such as the SIGTERM of a preemption, reach the script
 directly, and its exit status is the task's).
 
@@ -24,8 +24,8 @@ import shlex
 import signal
 import sys
 
-from hpc.env import DistEnv, EnvError, device_index, from_environ
-from hpc.stopsignal import DEFAULT_TIMEOUT_SIGNAL, signal_number
+from hpc.runtime.envparse import DistEnv, EnvError, device_index, from_environ
+from hpc.recovery.stopsignal import DEFAULT_TIMEOUT_SIGNAL, signal_number
 
 __all__ = ["prepare", "main", "ignore_timeout_signal"]
 

@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-from hpc.rundir import RunDir, RunDirError
-from hpc.sharedfs import listed
+from hpc.rundir.run import RunDir, RunDirError
+from hpc.fs.sharedfs import listed
 
 
 def select(run: RunDir, stage: Optional[str], task: Optional[str], rank: int, stream: str) -> List[Path]:

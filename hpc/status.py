@@ -2,7 +2,7 @@
 
     python -m hpc.status runs/langsplat-20260101-120000 [--json]
 
-One scheduler call per poll (hpc.scheduler.query: sacct, or squeue where accounting is disabled),
+One scheduler call per poll (hpc.slurm.scheduler.query: sacct, or squeue where accounting is disabled),
 whatever the number of jobs: a task that will never start is recognised from the state of the job it
 waits for (the manifest records each job's afterok ids) in that same answer. Without accounting, a
 job that has left the queue has ended and its outcome is what it left behind: a done marker
@@ -10,9 +10,9 @@ job that has left the queue has ended and its outcome is what it left behind: a 
 as such). Done markers, progress (tqdm's last redraw in the rank-0 stderr log, else the last line of
 its stdout log), the world size and node count the task got (its done marker, else the latest start
 line of its rank-0 log: under a node range it need not be the one requested), the task's outputs
-and the newest hang its watchdog recorded (the stuck ranks and their hosts, hpc.hangs) come from the
+and the newest hang its watchdog recorded (the stuck ranks and their hosts, hpc.recovery.hangs) come from the
 run directory. Below the table: the run id, and whether the live code still matches the snapshot the
-jobs import (hpc.snapshot: a stat of each file, a hash only where one changed).
+jobs import (hpc.rundir.snapshot: a stat of each file, a hash only where one changed).
 """
 from __future__ import annotations
 
@@ -25,8 +25,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from hpc import hangs, nodefail, scheduler, snapshot, sweepdir
-from hpc.rundir import DONE, RunDir, task_key
+from hpc.recovery import hangs, nodefail
+from hpc.slurm import scheduler
+from hpc.rundir import snapshot, sweepdir
+from hpc.rundir.run import DONE, RunDir, task_key
 
 # What a job left behind -> hpc state: for local/debug jobs (no scheduler), and for SLURM jobs that
 # have left the queue of a cluster without accounting (then "none" reads ENDED: nothing to go by).
@@ -37,7 +39,7 @@ ENDED_WHY = ("ENDED (no accounting; no done marker, no result file): outcome unk
 # tqdm's redraw: "desc:  55%|#####5    | 164/300 [00:01<00:01, 99.50it/s]", or "164it [00:01, ...]"
 TQDM = re.compile(r"(?:(?P<desc>[^|\r\n]*?):\s*)?(?:\d+%\|[^|]*\|\s*)?"
                   r"(?P<n>\d+(?:\.\d+)?[kMGTPEZY]?)(?:/(?P<total>\d+(?:\.\d+)?[kMGTPEZY]?))?(?:it)?\s*\[\d")
-# hpc.executor's start line in each rank's stdout log: "[hpc] stage S item I rank 0/24 on 3 node(s) job ..."
+# hpc.pipeline.executor's start line in each rank's stdout log: "[hpc] stage S item I rank 0/24 on 3 node(s) job ..."
 STARTED = re.compile(rb"\[hpc\] stage .* rank [0-9]+/([0-9]+) on ([0-9]+) node\(s\)")
 
 
@@ -56,8 +58,8 @@ class TaskStatus:
     error: str = ""  # last line of the rank-0 stderr log (the exception of a failed task)
     world_size: Optional[int] = None  # ranks the task got (None: not started, or nothing says)
     nodes: Optional[int] = None  # nodes it got
-    hang: str = ""  # the newest hang the watchdog recorded: stuck ranks and hosts (hpc.hangs)
-    recovery: str = ""  # node failures, excluded nodes and the latest decision (hpc.nodefail)
+    hang: str = ""  # the newest hang the watchdog recorded: stuck ranks and hosts (hpc.recovery.hangs)
+    recovery: str = ""  # node failures, excluded nodes and the latest decision (hpc.recovery.nodefail)
 
 
 def collect(run: RunDir, answer: Optional[Tuple[scheduler.Answer, Dict[str, Any]]] = None) -> List[TaskStatus]:
@@ -271,8 +273,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               "HINT: pass the 'run dir:' path printed at submission.", file=sys.stderr)
         return 2
     try:
-        if args.timeline:  # a picture of the run (hpc.timeline), or of a sweep: one row per point
-            from hpc import timeline
+        if args.timeline:  # a picture of the run (hpc.monitor.timeline), or of a sweep: one row per point
+            from hpc.monitor import timeline
 
             return timeline.main(args.run_dir, args.timeline)
         if sweepdir.is_sweep(args.run_dir):

@@ -3,9 +3,9 @@
     python -m hpc.submit langsplat --levels 0 1 2 [--cluster auto|slurm|local|debug] [--profile sandbox]
         [--run-dir DIR] [--dry-run] [--wait] [--no-snapshot] [key=value ...]
     python -m hpc.submit run --nodes 2 --gpus-per-node 8 -- python train.py --lr 1e-3
-    python -m hpc.submit tiny [key=value ...] --sweep tiny.score=1,2 tiny.sleep_s=0,1   # hpc.sweep
+    python -m hpc.submit tiny [key=value ...] --sweep tiny.score=1,2 tiny.sleep_s=0,1   # hpc.sweep.submission
 
-Thin entry point: arguments -> config (hpc.config) -> plan (hpc.plan) -> code snapshot (hpc.snapshot)
+Thin entry point: arguments -> config (hpc.config.schema) -> plan (hpc.pipeline.plan) -> code snapshot (hpc.rundir.snapshot)
 -> submit_plan (submitit).
 Returns as soon as SLURM has the jobs (afterok chains the stages; nothing here stays alive),
 except with the local executor, which has no dependencies and so runs the stages in order.
@@ -22,10 +22,12 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from hpc import config as hconfig
-from hpc import plan as hplan
-from hpc import scheduler, snapshot, status, sweepdir
-from hpc.rundir import RunDir, code_version
+from hpc.config import schema as hconfig
+from hpc.pipeline import plan as hplan
+from hpc.slurm import scheduler
+from hpc.rundir import snapshot, sweepdir
+from hpc import status
+from hpc.rundir.run import RunDir, code_version
 
 
 VALUE_OPTIONS = ("--run-dir", "--profile", "--cluster", "--nodes", "--gpus-per-node", "--sweep-file")  # take one value
@@ -50,7 +52,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--dry-run", action="store_true", help="print the plan and sbatch scripts only")
     p.add_argument("--wait", action="store_true", help="follow the jobs until they end")
     p.add_argument("--sweep", nargs="*", metavar="KEY=V1,V2",
-                   help="run the grid of these values, each stage as one array job (hpc.sweep); "
+                   help="run the grid of these values, each stage as one array job (hpc.sweep.submission); "
                         "every token after it up to the next option is an axis")
     p.add_argument("--sweep-file", help="a YAML grid (key: [values]) for --sweep")
     p.add_argument("--no-snapshot", action="store_true",
@@ -80,7 +82,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 def build(args: argparse.Namespace, view: bool = True) -> Tuple[hplan.PipelineDef, Any, RunDir, str, List[str]]:
     """Config, run directory, executor kind and plan notes from the arguments; validates everything.
-    The config is read-only (hpc.configview); `view=False`: a DictConfig (hpc.config.load)."""
+    The config is read-only (hpc.config.view); `view=False`: a DictConfig (hpc.config.schema.load)."""
     pipe = hplan.get_pipeline(args.pipeline)
     run_dir = None
     if args.run_dir is not None:
@@ -165,9 +167,9 @@ def current_state(pipe: hplan.PipelineDef, cfg: Any, run: RunDir, kind: str, ans
 def submit_plan(plan: hplan.Plan, run: RunDir, setup: Sequence[str] = (), code: Optional[snapshot.JobCode] = None,
                 run_id: str = "") -> Dict[str, List[str]]:
     """Submit every job of the plan through submitit; returns stage -> job ids. Variables of an
-    enclosing allocation or launcher are hidden meanwhile (hpc.executor.submission_env). Every task
-    runs `code` (a snapshot; None: the live tree) and exports `run_id` (hpc.tracking)."""
-    from hpc.executor import StageTask, drop_unexpanded_folder, make_executor, submission_env
+    enclosing allocation or launcher are hidden meanwhile (hpc.pipeline.executor.submission_env). Every task
+    runs `code` (a snapshot; None: the live tree) and exports `run_id` (hpc.rundir.tracking)."""
+    from hpc.pipeline.executor import StageTask, drop_unexpanded_folder, make_executor, submission_env
 
     ids: Dict[str, List[str]] = {}
     by_label: Dict[str, List[str]] = {}  # JobSpec.label -> its job ids, for aftercorr
@@ -248,7 +250,7 @@ def submit(args: argparse.Namespace) -> int:
     """Plan and submit. The run dir's lock is held from reading its state to the last manifest write;
     a dry run reads the state and changes nothing: no scancel, no sbatch, no file written."""
     if args.sweep is not None or args.sweep_file or sweepdir.is_sweep(args.run_dir):
-        from hpc import sweep  # a grid of runs: hpc.sweep does the same for every point
+        from hpc.sweep import submission as sweep  # a grid of runs: hpc.sweep.submission does the same for every point
 
         return sweep.submit(args)
     pipe, cfg, run, kind, notes = build(args)
@@ -302,7 +304,7 @@ def _user_module_file(pipeline: str) -> Optional[str]:
 
 def take_snapshot(cfg: Any, where: Path, kind: str, code: Dict[str, Any],
                   same: Optional[Dict[str, Any]] = None) -> Optional[snapshot.Snapshot]:
-    """Copy the user's code into `where` (a run or sweep dir; hpc.snapshot), or reuse a copy there
+    """Copy the user's code into `where` (a run or sweep dir; hpc.rundir.snapshot), or reuse a copy there
     whose files did not change; `same`: a manifest's snapshot record to run again as it is
     (--same-snapshot). None when run.snapshot=false, or for the debug executor, which runs the jobs
     in this very process: its imports are the live tree's, whatever the snapshot holds."""

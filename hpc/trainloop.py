@@ -16,9 +16,9 @@ Usage::
 A requeued job (SLURM_RESTART_COUNT > 0) or a resubmission into the same `out_dir` continues from
 the newest valid checkpoint in ``out_dir/checkpoints``. Checkpoints hold every registered object's
 state_dict, ``loop.extra`` (shared) and, per rank, the RNG states and the position of registered
-data loaders (``s.loader(...)``, hpc.sampler), so a run that was stopped and resumed ends bitwise
+data loaders (``s.loader(...)``, hpc.runtime.sampler), so a run that was stopped and resumed ends bitwise
 identical to one that was not, provided its data comes from such a loader or is a function of the
-step (e.g. hpc.sharding.round_robin with epoch = step // steps_per_epoch).
+step (e.g. hpc.runtime.sharding.round_robin with epoch = step // steps_per_epoch).
 
 The model and its optimizer (one model, at most one optimizer registered) are saved through
 DCP (hpc.checkpoint.dcp_engine) into the same ``step-N/`` directory under either strategy and at
@@ -31,8 +31,8 @@ reseeded from (seed, step, rank) with a warning that says so. The global batch s
 when the batch is planned with ``s.plan_batch``: its gradient accumulation is re-planned.
 
 On the pre-timeout signal or preemption every rank stops at the same step, the checkpoint is
-written, rank 0 asks SLURM what happened and requeues (hpc.preemption), and every process exits.
-Ranks agree on that step through an asynchronous vote read one check later (hpc.stopsignal), so
+written, rank 0 asks SLURM what happened and requeues (hpc.recovery.preemption), and every process exits.
+Ranks agree on that step through an asynchronous vote read one check later (hpc.recovery.stopsignal), so
 no step waits for the device. By default a check is made about every VOTE_PERIOD_S (0.1 s) of
 training, whatever the step time: the vote carries each rank's time per step, and every rank
 derives the next check's step from the slowest, the same on all. A stop thus comes within about
@@ -59,9 +59,10 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
-from hpc import preemption, resumepoint, rng, watchdog
-from hpc.scalars import PendingScalars
-from hpc.stopsignal import StopFlag, StopVote
+from hpc.recovery import preemption, watchdog
+from hpc.runtime import resumepoint, rng
+from hpc.runtime.scalars import PendingScalars
+from hpc.recovery.stopsignal import StopFlag, StopVote
 from hpc.checkpoint import SHARDED_KEY, CheckpointStore, optim_state
 from hpc.checkpoint.layout import marker_files
 
@@ -74,7 +75,7 @@ def _unwrap(obj: Any) -> Any:
 
 
 def _per_rank(obj: Any) -> bool:
-    return bool(getattr(obj, "per_rank_state", False))  # hpc.sampler.ResumableLoader
+    return bool(getattr(obj, "per_rank_state", False))  # hpc.runtime.sampler.ResumableLoader
 
 
 def _new_engine(session: Any) -> Any:
@@ -142,7 +143,7 @@ class TrainLoop:
         self._dcp_names: tuple[str, ...] = ()  # model (and optimizer) saved through it
         self._next_check: int | None = None  # step of the next stop check (check_every=None)
         self._last_check: tuple[float, int] | None = None  # (time, step) of this rank's last check
-        # ends a hung job and requeues it (hpc.watchdog); None when watchdog_s (HPC_WATCHDOG_S) is 0
+        # ends a hung job and requeues it (hpc.recovery.watchdog); None when watchdog_s (HPC_WATCHDOG_S) is 0
         self.watchdog = watchdog.for_loop(self, watchdog_s)
 
     # ---------------------------------------------------------------- resume
@@ -367,7 +368,7 @@ class TrainLoop:
         """Scalar on rank 0 at `step` (default: the current step); steps <= resumed are skipped."""
         step = self.current if step is None else step
         if step > self.resumed_step and self._tb and self.s.is_main:  # elsewhere: no device wait
-            self._scalars.add(self.writer.add_scalar, tag, value, step)  # hpc.scalars: never waits
+            self._scalars.add(self.writer.add_scalar, tag, value, step)  # hpc.runtime.scalars: never waits
 
     def close_writer(self) -> None:
         if self._writer is not None:

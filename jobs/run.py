@@ -18,10 +18,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, List, Mapping, Optional
 
-from hpc import preemption
-from hpc.config import ConfigError, PipelineConfig, Resources
-from hpc.plan import PipelineDef, StageDef
-from hpc.rundir import atomic_write_text
+from hpc.recovery import preemption
+from hpc.config.schema import ConfigError, PipelineConfig, Resources
+from hpc.pipeline.plan import PipelineDef, StageDef
+from hpc.rundir.run import atomic_write_text
 
 # Rank 0's stop decision for the attempt that wrote it, in the task's checkpoint directory.
 DECISION_FILE = "stop-decision.json"
@@ -65,7 +65,7 @@ def run_argv(ctx: Any, argv: List[str], max_timeouts: int, launch: bool = True,
     """Run argv (no shell) in this task, under `python -m hpc.launch --` for torchrun-style
     variables (launch=False: `--no-env`, the signal set-up only), in `cwd` (default: this
     process's) with `env` added to the script's environment; this process's own stay as they are."""
-    from hpc.stopsignal import StopFlag
+    from hpc.recovery.stopsignal import StopFlag
 
     checkpoints = ctx.stage_dir / "checkpoints"
     checkpoints.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
 """Pipeline templates and cluster profiles (YAML), shipped as package data of hpc.templates.
 
-Read through importlib.resources (hpc.config), so a wheel or `pip install .` finds them too.
+Read through importlib.resources (hpc.config.schema), so a wheel or `pip install .` finds them too.
 """

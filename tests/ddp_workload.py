@@ -109,7 +109,7 @@ def stop(s, args):
     import signal
     import threading
 
-    from hpc.preemption import JobNotRequeued
+    from hpc.recovery.preemption import JobNotRequeued
     from hpc.trainloop import TrainLoop
 
     stops = []

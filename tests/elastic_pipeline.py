@@ -1,6 +1,6 @@
 """A one-stage pipeline training tests/elastic_workload.py's model through TrainLoop, under DDP or FSDP.
 
-    hpc.plan.PIPELINES["elastic"] = "tests.elastic_pipeline"; python -m hpc.submit elastic ...
+    hpc.pipeline.plan.PIPELINES["elastic"] = "tests.elastic_pipeline"; python -m hpc.submit elastic ...
 
 Stage `train` runs elastic.steps optimizer steps of a 12-sample global batch (planned for the world
 size the job got), checkpointing every elastic.save_every steps. Every attempt logs apart, under a
@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, List
 
-from hpc.config import PipelineConfig, Resources
-from hpc.plan import PipelineDef, StageDef
+from hpc.config.schema import PipelineConfig, Resources
+from hpc.pipeline.plan import PipelineDef, StageDef
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """A one-stage pipeline whose 2 x 2 training job has a rank that hangs (tests/hang_workload.py).
 
-    hpc.plan.PIPELINES["hang"] = "tests.hang_pipeline"; python -m hpc.submit hang --cluster slurm ...
+    hpc.pipeline.plan.PIPELINES["hang"] = "tests.hang_pipeline"; python -m hpc.submit hang --cluster slurm ...
 
 In its first attempt rank hang.stop_rank stops itself (SIGSTOP) after step hang.stop_at; the
 watchdog (hang.watchdog_s) of the other ranks saves every rank's stacks, names the stuck rank and
@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, List
 
-from hpc.config import PipelineConfig
-from hpc.plan import PipelineDef, StageDef
+from hpc.config.schema import PipelineConfig
+from hpc.pipeline.plan import PipelineDef, StageDef
 from tests.elastic_pipeline import TrainOn2x2
 
 

@@ -77,7 +77,7 @@ def local(t: torch.Tensor) -> torch.Tensor:
 def warm_up(s) -> None:
     """Shard and initialise a tiny meta model first: the code FSDP and DTensor load on first use
     (tens of MB of Python modules, once per process) is not the model's memory."""
-    from hpc.fsdp import materialize, shard
+    from hpc.runtime.fsdp import materialize, shard
 
     if s.distributed:
         with torch.device("meta"):

@@ -25,7 +25,8 @@ def train(out_dir: str, total: int = 40, step_s: float = 0.15, save_every: int =
           max_timeouts: int = 3, ballast_mb: int = 0) -> dict:
     import torch
 
-    from hpc import ddp, rng
+    from hpc import ddp
+    from hpc.runtime import rng
     from hpc.checkpoint import store as store_module
     from hpc.trainloop import TrainLoop, bitwise_ddp_kwargs
 

@@ -17,8 +17,8 @@ PIPE = '''\
 import json, os, time
 from dataclasses import dataclass, field
 
-from hpc.config import PipelineConfig, Resources
-from hpc.plan import PipelineDef, StageDef
+from hpc.config.schema import PipelineConfig, Resources
+from hpc.pipeline.plan import PipelineDef, StageDef
 
 VERSION = "{version}"
 SEEN = ("HPC_RUN_ID", "HPC_TASK_RUN_ID", "WANDB_RUN_ID", "WANDB_RESUME", "WANDB_RUN_GROUP", "MLFLOW_RUN_ID",
@@ -54,8 +54,8 @@ def work(ctx):
     with open(ctx.stage_dir / "attempts.jsonl", "a") as fh:
         fh.write(json.dumps(seen) + "\\n")
     if ctx.cfg["snap"]["preempt_wait_s"] and (os.environ.get("SLURM_RESTART_COUNT") or "0") == "0":
-        from hpc import preemption
-        from hpc.stopsignal import StopFlag
+        from hpc.recovery import preemption
+        from hpc.recovery.stopsignal import StopFlag
 
         with StopFlag() as flag:
             deadline = time.monotonic() + ctx.cfg["snap"]["preempt_wait_s"]

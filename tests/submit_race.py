@@ -65,7 +65,8 @@ def _submit(run_dir: str, executor: str, barrier, counts, path: List[str]) -> No
     sys.path[:] = path
     devnull = open(os.devnull, "w")
     sys.stdout = sys.stderr = devnull
-    from hpc import plan, submit
+    from hpc.pipeline import plan
+    from hpc import submit
 
     plan.PIPELINES["tiny"] = "tests.tiny_pipeline"
     real, made = submit.submit_plan, []

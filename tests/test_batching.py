@@ -3,7 +3,7 @@ import math
 import pytest
 from hypothesis import given, strategies as st
 
-from hpc.batching import plan_batch, scale_lr
+from hpc.runtime.batching import plan_batch, scale_lr
 
 
 @pytest.mark.parametrize("world, micro, accum", [(1, 16, 4), (2, 16, 2), (4, 16, 1), (8, 8, 1)])

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from hpc import config, logs, plan, status, submit
+from hpc.config import schema as config
+from hpc import logs, status, submit
+from hpc.pipeline import plan
 
 ROOT = Path(__file__).resolve().parent.parent
 

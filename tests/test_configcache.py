@@ -1,11 +1,11 @@
-"""The resolved-config cache (hpc.configcache): the same inputs read back, any changed input built anew."""
+"""The resolved-config cache (hpc.config.cache): the same inputs read back, any changed input built anew."""
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict
 
 import pytest
 from omegaconf import OmegaConf
 
-from hpc import config, configcache
+from hpc.config import schema as config, cache as configcache
 
 
 @dataclass

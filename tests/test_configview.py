@@ -1,4 +1,4 @@
-"""hpc.configview: a resolved config read as plain data, as hpc.config.load returns it."""
+"""hpc.config.view: a resolved config read as plain data, as hpc.config.schema.load returns it."""
 import copy
 import pickle
 
@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hpc import config, configview
-from hpc.configview import ConfigView
+from hpc.config import schema as config, view as configview
+from hpc.config.view import ConfigView
 
 keys = st.text(alphabet="abcdefghij_", min_size=1, max_size=6)
 scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5)

@@ -15,14 +15,14 @@ import pytest
 import torch
 
 import hpc.ddp
-from hpc import ports
-from hpc.env import EnvError, from_environ
+from hpc.runtime import ports
+from hpc.runtime.envparse import EnvError, from_environ
 
 WORKLOAD = Path(__file__).with_name("ddp_workload.py")
 
 
 def free_port() -> int:
-    """A port for a rendezvous of this worker's ranks, from its own slice (hpc.ports)."""
+    """A port for a rendezvous of this worker's ranks, from its own slice (hpc.runtime.ports)."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:]
     return ports.free_port(int(worker) % 8 if worker.isdigit() else 0, 8)
 
@@ -140,7 +140,7 @@ def test_no_rank_tears_down_before_every_rank_has_finished(tmp_path):
 
 def test_a_peer_that_left_by_an_exception_delays_the_exit_by_the_bound_only(monkeypatch):
     """rendezvous_exit answers False (and the caller tears down) when a peer never checks in."""
-    from hpc.teardown import rendezvous_exit
+    from hpc.runtime.teardown import rendezvous_exit
 
     store = torch.distributed.HashStore()
     started = time.monotonic()
@@ -182,7 +182,7 @@ def test_more_tasks_than_gpus_refused_before_init():
 
 
 def test_env_probe_falls_back_to_cpu_without_cuda():
-    from hpc.env import describe
+    from hpc.runtime.envparse import describe
 
     env = from_environ({"CUDA_VISIBLE_DEVICES": "3"})
     assert describe(env)["device"] == "cuda:0"  # what SLURM's allocation implies

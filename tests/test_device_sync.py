@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from hpc.checkpoint.staging import Staging, source_devices, tensors_in
-from hpc.stopsignal import StopFlag, StopVote
+from hpc.recovery.stopsignal import StopFlag, StopVote
 
 
 class OnGpu(torch.Tensor):
@@ -109,7 +109,7 @@ def test_the_stop_vote_copies_and_records_on_its_own_devices_stream(fake_cuda, m
 
 
 def test_a_logged_scalar_is_waited_for_on_its_own_devices_stream(fake_cuda, monkeypatch):
-    from hpc.scalars import PendingScalars
+    from hpc.runtime.scalars import PendingScalars
 
     events = []
     monkeypatch.setattr(torch.cuda, "Event", lambda: events.append(FakeEvent()) or events[-1])

@@ -6,7 +6,7 @@ import sys
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from hpc.env import (EnvError, bind_device, device_index, from_environ, master_port_for,
+from hpc.runtime.envparse import (EnvError, bind_device, device_index, from_environ, master_port_for,
                      parse_tasks_per_node, PORT_BASE, PORT_SPAN)
 
 

@@ -20,8 +20,8 @@ import pytest
 import torch
 
 import hpc.ddp
-from hpc.env import from_environ
-from hpc.fsdp import default_units, shard
+from hpc.runtime.envparse import from_environ
+from hpc.runtime.fsdp import default_units, shard
 from fsdp_workload import Net
 from test_ddp_session import free_port
 

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import hpc.ddp
-from hpc.env import from_environ
+from hpc.runtime.envparse import from_environ
 from meta_workload import Deep
 from test_ddp_session import free_port
 from test_fsdp import REPO
@@ -90,12 +90,12 @@ def test_a_module_without_reset_parameters_is_named_with_a_hint():
 @pytest.mark.parametrize("bf16", [False, True])
 def test_fsdp_follows_the_sessions_precision_on_a_faked_cuda_device(monkeypatch, bf16):
     """No GPU needed: a Session bound to cuda:0 (nothing touches the device) hands its bf16 switch
-    to hpc.fsdp.shard, and the default policy on CUDA is bf16 only when asked for."""
-    import hpc.fsdp
-    from hpc.fsdp import default_policy
+    to hpc.runtime.fsdp.shard, and the default policy on CUDA is bf16 only when asked for."""
+    import hpc.runtime.fsdp
+    from hpc.runtime.fsdp import default_policy
 
     seen = {}
-    monkeypatch.setattr(hpc.fsdp, "shard", lambda model, mesh, **kw: seen.update(kw) or model)
+    monkeypatch.setattr(hpc.runtime.fsdp, "shard", lambda model, mesh, **kw: seen.update(kw) or model)
     s = hpc.ddp.Session(from_environ({}), torch.device("cuda", 0), bf16=bf16)
     s._mesh = "mesh"
     hpc.ddp._fsdp(s, torch.nn.Linear(2, 2))

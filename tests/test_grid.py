@@ -1,4 +1,4 @@
-"""Sweep grids: parsing --sweep tokens and grid files, points and their signatures (hpc.grid).
+"""Sweep grids: parsing --sweep tokens and grid files, points and their signatures (hpc.sweep.grid).
 
     python -m pytest tests/test_grid.py -q
 """
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hpc import grid
+from hpc.sweep import grid
 
 KEYS = st.text(alphabet="abcdefghij.", min_size=1, max_size=8).filter(lambda k: k.strip("."))
 VALUES = st.one_of(st.integers(), st.floats(allow_nan=False, allow_infinity=False), st.booleans(),

@@ -1,7 +1,7 @@
 """Hostlist expansion against `scontrol show hostnames` (Slurm 22.05).
 
 The tables hold what scontrol printed; where SLURM is installed, hypothesis also fuzzes
-hpc.hostlist against the real scontrol (refused: scontrol printed an error or nothing).
+hpc.slurm.hostlist against the real scontrol (refused: scontrol printed an error or nothing).
 """
 
 import os
@@ -10,7 +10,7 @@ import subprocess
 import pytest
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
-from hpc.hostlist import MAX_HOSTS, HostlistError, expand
+from hpc.slurm.hostlist import MAX_HOSTS, HostlistError, expand
 
 SCONTROL_SAID = {
     "gpu-a[001-003,010],gpu-b07": ["gpu-a001", "gpu-a002", "gpu-a003", "gpu-a010", "gpu-b07"],

@@ -8,10 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from hpc import config, plan, submit
+from hpc.config import schema as config
+from hpc.pipeline import plan
+from hpc import submit
 from hpc.jobs.langsplat import external_stages as es
 from hpc.jobs.langsplat import pipeline as lp
-from hpc.rundir import RunDir
+from hpc.rundir.run import RunDir
 from tests.langsplat_standins.checkout import make_checkout, make_dim3, make_env, make_scene, make_weights
 
 

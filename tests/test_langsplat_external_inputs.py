@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from hpc import config, submit
-from hpc.rundir import RunDir
+from hpc.config import schema as config
+from hpc import submit
+from hpc.rundir.run import RunDir
 from tests.langsplat_standins.autoencoder import model as autoencoder
 from tests.langsplat_standins.checkout import jpeg, make_dim3, make_env
 from tests.langsplat_standins.common import fetch_ply, save_checkpoint

@@ -1,5 +1,6 @@
 """The LangSplat pipeline definition in synthetic mode (external mode: test_langsplat_external.py)."""
-from hpc import config, plan
+from hpc.config import schema as config
+from hpc.pipeline import plan
 from hpc.jobs.langsplat import pipeline as lp
 
 

@@ -3,7 +3,7 @@ import sys
 
 import pytest
 
-from hpc.env import EnvError
+from hpc.runtime.envparse import EnvError
 from hpc.launch import prepare
 from test_env import srun_task
 
@@ -51,10 +51,10 @@ def test_batch_script_refused_with_hint():
 
 
 def test_free_ports_come_from_below_the_ephemeral_range_and_skip_taken_ones():
-    """hpc.ports: never a port the kernel hands to outgoing connections, never one that is bound."""
+    """hpc.runtime.ports: never a port the kernel hands to outgoing connections, never one that is bound."""
     import socket
 
-    from hpc import ports
+    from hpc.runtime import ports
 
     ephemeral_lo = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
     assert ports.PORTS.stop <= ephemeral_lo

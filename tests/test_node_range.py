@@ -11,7 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hpc import config, noderange, plan, sbatch
+from hpc.config import schema as config
+from hpc.slurm import noderange
+from hpc.pipeline import plan, sbatch
 
 ROOT = Path(__file__).resolve().parent.parent
 LIMITS = config.LIMITS["nodes"]

@@ -11,7 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hpc import afterstep, nodefail, requeue, sbatch
+from hpc import afterstep
+from hpc.recovery import nodefail, requeue
+from hpc.pipeline import sbatch
 
 
 def test_a_node_is_failed_when_slurm_says_down_fail_or_not_responding():

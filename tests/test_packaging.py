@@ -69,7 +69,7 @@ def test_installed_wheel_reads_its_templates_outside_the_checkout(wheel, tmp_pat
     purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                              check=True, capture_output=True, text=True).stdout.strip()
     Path(purelib, "test-dependencies.pth").write_text("\n".join(_dependency_dirs()) + "\n")
-    probe = ("import hpc.config as c, hpc.plan as p;"
+    probe = ("import hpc.config.schema as c, hpc.pipeline.plan as p;"
              "pipe = p.get_pipeline('langsplat');"
              "cfg = c.load(pipe.schema, 'langsplat', extra=pipe.templates);"
              "sandbox = c.load(pipe.schema, 'langsplat', 'sandbox', extra=pipe.templates);"
@@ -85,7 +85,8 @@ def test_installed_wheel_reads_its_templates_outside_the_checkout(wheel, tmp_pat
 
 
 def test_a_missing_template_is_an_error(tmp_path):
-    from hpc import config, plan
+    from hpc.config import schema as config
+    from hpc.pipeline import plan
 
     pipe = plan.get_pipeline("langsplat")
     (tmp_path / "profiles").mkdir()

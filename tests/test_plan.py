@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from hpc import config, plan
-from hpc.rundir import RunDir
+from hpc.config import schema as config
+from hpc.pipeline import plan
+from hpc.rundir.run import RunDir
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).parent / "golden" / "dryrun"

@@ -5,8 +5,10 @@ arrays split at the cluster's MaxArraySize, and array_parallelism.
 """
 import pytest
 
-from hpc import arrays, config, plan, scheduler
-from hpc.rundir import RunDir
+from hpc.pipeline import arrays, plan
+from hpc.config import schema as config
+from hpc.slurm import scheduler
+from hpc.rundir.run import RunDir
 from tests.test_langsplat_external import overrides, world  # noqa: F401 - world is a fixture
 
 

@@ -4,8 +4,8 @@ from dataclasses import dataclass, field
 
 from omegaconf import OmegaConf
 
-from hpc.config import PipelineConfig, Resources
-from hpc.plan import PipelineDef, StageDef, make_plan
+from hpc.config.schema import PipelineConfig, Resources
+from hpc.pipeline.plan import PipelineDef, StageDef, make_plan
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Unit tests for hpc.preemption and hpc.stopsignal: signal flags, the stop vote and the requeue
+"""Unit tests for hpc.recovery.preemption and hpc.recovery.stopsignal: signal flags, the stop vote and the requeue
 decision table."""
 
 import json
@@ -10,8 +10,8 @@ import time
 import pytest
 import torch
 
-from hpc import preemption as pre
-from hpc.stopsignal import StopFlag, StopVote
+from hpc.recovery import preemption as pre
+from hpc.recovery.stopsignal import StopFlag, StopVote
 
 RUNNING = {"JobState": "RUNNING", "Reason": "None", "PreemptTime": "None", "Restarts": "0"}
 
@@ -221,7 +221,7 @@ def test_a_shielded_client_outlives_a_stop_signal_and_the_caller_still_gets_it()
 
 
 def test_only_the_scheduler_adapter_runs_scontrol():
-    """The scheduler adapter (hpc.scheduler, with hpc.slurmcli and hpc.jobcontrol) holds every scontrol
+    """The scheduler adapter (hpc.slurm.scheduler, with hpc.slurm.cli and hpc.slurm.jobcontrol) holds every scontrol
     call and its parsers; the local cluster's own controls (hpc.cluster.local starts and pings the
     daemons it runs) are the exception."""
     import ast

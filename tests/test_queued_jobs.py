@@ -3,7 +3,7 @@
 submitit pickles each job when it is submitted and unpickles it when the job starts, and again after
 every requeue: a job queued under one version of hpc may start under the next. The pickle in
 tests/golden/pickles/ was written by `DelayedSubmission(StageTask(...)).dump(...)` with hpc 0.1.0's
-module names (hpc.executor.StageTask, hpc.snapshot.JobCode); here it is loaded and run the way
+module names (hpc.pipeline.executor.StageTask, hpc.rundir.snapshot.JobCode); here it is loaded and run the way
 submitit's job runner does (DelayedSubmission.load, then result()), in a fresh interpreter.
 """
 from __future__ import annotations

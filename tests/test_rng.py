@@ -1,4 +1,4 @@
-"""Unit tests for hpc.rng: capture/restore repeats every generator's draws exactly."""
+"""Unit tests for hpc.runtime.rng: capture/restore repeats every generator's draws exactly."""
 
 import io
 import random
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from hpc import rng
+from hpc.runtime import rng
 
 
 def _draws():
@@ -61,7 +61,7 @@ def test_unknown_source_is_rejected_with_hint():
 def test_cuda_state_is_this_ranks_device_only_and_restores_on_another_split(monkeypatch):
     """Faked device layout: 8 visible GPUs, this rank bound to cuda:5 (a 1 x 8 node). A resume on
     a 2 x 4 split binds the same rank to cuda:1 and sees 4 devices: the state must still load."""
-    from hpc import rng
+    from hpc.runtime import rng
 
     states = {i: torch.full((4,), i, dtype=torch.uint8) for i in range(8)}
     written: dict = {}

@@ -15,7 +15,7 @@ import pytest
 
 from hpc.jobs.run import (DECISION_FILE, _await_own_signal, _killed_by_stop_signal, run_argv,
                           wait_for_decision)
-from hpc.preemption import Decision, StopFlag
+from hpc.recovery.preemption import Decision, StopFlag
 
 
 @pytest.fixture

@@ -2,7 +2,7 @@
 import json
 
 from hpc import status
-from hpc.rundir import RunDir
+from hpc.rundir.run import RunDir
 
 
 def test_manifest_keeps_every_attempt_and_config(tmp_path):
@@ -78,7 +78,7 @@ def test_atomic_write_syncs_the_file_and_its_directory(tmp_path, monkeypatch):
     import os
     import stat
 
-    from hpc.rundir import atomic_write_text
+    from hpc.rundir.run import atomic_write_text
 
     synced = []
     real = os.fsync
@@ -99,7 +99,7 @@ def test_failed_atomic_write_leaves_no_temporary_file(tmp_path, monkeypatch):
 
     import pytest
 
-    from hpc.rundir import atomic_write_text
+    from hpc.rundir.run import atomic_write_text
 
     (tmp_path / "m.json").write_text("old")
 

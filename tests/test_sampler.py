@@ -1,11 +1,11 @@
-"""hpc.sampler: a loader stopped anywhere and resumed from its state yields the uninterrupted batches."""
+"""hpc.runtime.sampler: a loader stopped anywhere and resumed from its state yields the uninterrupted batches."""
 
 import itertools
 
 import pytest
 import torch
 
-from hpc.sampler import ResumableLoader, ResumableSampler
+from hpc.runtime.sampler import ResumableLoader, ResumableSampler
 
 N, BATCH, WORLD = 42, 4, 2  # 21 samples per rank, 5 full batches per epoch (drop_last)
 

@@ -17,8 +17,10 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from hpc import config, plan, sbatch, submit
-from hpc.rundir import RunDir
+from hpc.config import schema as config
+from hpc.pipeline import plan, sbatch
+from hpc import submit
+from hpc.rundir.run import RunDir
 
 BASE = Path(tempfile.mkdtemp(prefix="hpc-render-"))  # run dirs are made under it, never written
 SPECIAL = list("ab-_.:/=%@+,[] \n\r\t\x00\x0b\x1b\x7f\x85\u2028\u2029'\"$;|&`\\#*?~(){}<>!")

@@ -1,4 +1,4 @@
-"""Logged scalars never wait for the device: hpc.scalars.PendingScalars.
+"""Logged scalars never wait for the device: hpc.runtime.scalars.PendingScalars.
 
     python -m pytest tests/test_scalars.py
 """
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from hpc.scalars import PendingScalars
+from hpc.runtime.scalars import PendingScalars
 
 
 class FakeEvent:

@@ -1,8 +1,9 @@
-"""Pure parts of hpc.scheduler: sacct and squeue parsing, array ids, the state table, detection."""
+"""Pure parts of hpc.slurm.scheduler: sacct and squeue parsing, array ids, the state table, detection."""
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hpc import plan, scheduler
+from hpc.pipeline import plan
+from hpc.slurm import scheduler
 
 
 def test_expand_array_id():
@@ -88,7 +89,7 @@ def test_auto_without_scontrol_says_so(monkeypatch):
 
 def test_plan_says_which_gpu_stage_runs_on_the_cpu_when_auto_fell_back():
     from tests.tiny_pipeline import PIPELINE
-    from hpc import config
+    from hpc.config import schema as config
 
     cfg = config.load(PIPELINE.schema, "tiny", None, ["stages.second.gpus_per_node=8",
                                                       "stages.second.local_tasks=2"], None)

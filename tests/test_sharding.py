@@ -1,7 +1,7 @@
 import pytest
 from hypothesis import given, strategies as st
 
-from hpc.sharding import permutation, round_robin
+from hpc.runtime.sharding import permutation, round_robin
 
 
 def test_round_robin_takes_every_nth_position():

@@ -23,11 +23,11 @@ import torch
 from hypothesis import given, strategies as st
 
 from faults.sharedfs import NegativeCache, write_mounts
-from hpc import atomic, sharedfs
+from hpc.fs import atomic, sharedfs
 from hpc.checkpoint import CheckpointStore, reports
 from hpc.checkpoint.files import load_file, write_atomic
 from hpc.checkpoint.writer_lock import WriterLock
-from hpc.rundir import RunDir, RunDirError
+from hpc.rundir.run import RunDir, RunDirError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -76,7 +76,7 @@ def test_checkpoints_are_memory_mapped_only_on_a_local_disk(monkeypatch, tmp_pat
 
 PRUNED = """
 import sys, torch
-from hpc import sharedfs
+from hpc.fs import sharedfs
 from hpc.checkpoint.files import load_file
 sharedfs.MOUNTS = sys.argv[2]
 w = load_file(sys.argv[1])["w"]
@@ -118,7 +118,7 @@ def einval_for_directories(monkeypatch) -> list:
 def test_a_directory_fsync_answering_einval_does_not_fail_a_commit(monkeypatch, tmp_path, caplog):
     calls = einval_for_directories(monkeypatch)
     monkeypatch.setattr(sharedfs, "_said", set())
-    with caplog.at_level(logging.WARNING, logger="hpc.sharedfs"):
+    with caplog.at_level(logging.WARNING, logger="hpc.fs.sharedfs"):
         store = CheckpointStore(tmp_path / "ckpt", keep=2)
         for step in (1, 2, 3):
             store.save(step, {"w": torch.full((4,), float(step))}, blocking=True)

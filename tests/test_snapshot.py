@@ -1,4 +1,4 @@
-"""The code snapshot (hpc.snapshot): what is copied, reuse, limits, and how the live tree is compared."""
+"""The code snapshot (hpc.rundir.snapshot): what is copied, reuse, limits, and how the live tree is compared."""
 import os
 import subprocess
 import sys
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc import snapshot
+from hpc.rundir import snapshot
 
 
 def git(root, *args):
@@ -121,7 +121,7 @@ def test_an_earlier_copy_that_no_longer_matches_its_listing_is_not_linked(checko
 def test_a_torn_or_foreign_cache_entry_costs_one_copy(checkout, tmp_path, monkeypatch, entry):
     """The cache entry is written without fsync: after a crash it may be empty, cut short or
     anything else. The next run dir then copies, and names its own snapshot for the one after."""
-    from hpc import snapcache
+    from hpc.rundir import snapcache
 
     monkeypatch.setenv("HPC_CACHE_DIR", str(tmp_path / "cache"))
     source = snapshot.source_of(str(checkout), checkout)

@@ -6,7 +6,7 @@ import pytest
 from tqdm import tqdm
 
 from hpc import status
-from hpc.rundir import RunDir
+from hpc.rundir.run import RunDir
 
 
 def _write_bar(path: Path, steps: int, **kw) -> None:

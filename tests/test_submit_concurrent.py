@@ -9,8 +9,10 @@ import time
 
 import pytest
 
-from hpc import plan, rundir, submit
-from hpc.rundir import RunDir
+from hpc.pipeline import plan
+from hpc.rundir import run as rundir
+from hpc import submit
+from hpc.rundir.run import RunDir
 from tests.submit_race import attempts, race
 
 

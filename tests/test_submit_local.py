@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from hpc import plan, submit
-from hpc.rundir import RunDir
+from hpc.pipeline import plan
+from hpc import submit
+from hpc.rundir.run import RunDir
 
 
 @pytest.fixture(autouse=True)
@@ -100,7 +101,7 @@ def test_variables_of_an_enclosing_allocation_do_not_reach_the_jobs(tmp_path, mo
 
 
 def test_hidden_variables_keep_the_client_configuration():
-    from hpc.executor import submission_env
+    from hpc.pipeline.executor import submission_env
 
     env = {"SLURM_CONF": "/etc/x.conf", "SLURM_CONF_SERVER": "ctl", "SLURM_JOB_ID": "1", "SBATCH_QOS": "q",
            "SRUN_CPUS_PER_TASK": "2", "TORCHELASTIC_RUN_ID": "r", "LOCAL_RANK": "0", "PATH": "/bin",
@@ -142,7 +143,7 @@ def test_manifest_records_the_commit_of_the_pipeline_module_and_hpc_version(tmp_
 
 
 def test_manifest_records_the_working_directory_commit_for_a_builtin_pipeline(tmp_path, monkeypatch):
-    from hpc.rundir import code_version
+    from hpc.rundir.run import code_version
 
     (tmp_path / "train.py").write_text("print('hi')\n")
     head = git_checkout(tmp_path)
@@ -171,7 +172,8 @@ def attempts(run_dir):
 
 
 def test_local_jobs_import_a_snapshot_of_the_code_and_see_the_run_identity(user_repo, tmp_path, capsys):
-    from hpc import snapshot, status
+    from hpc.rundir import snapshot
+    from hpc import status
     from tests.snapshot_user import set_version
 
     run_dir = tmp_path / "run"

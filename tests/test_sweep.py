@@ -8,9 +8,12 @@ import json
 import pytest
 import yaml
 
-from hpc import config as hconfig
-from hpc import grid, plan, submit, sweep, sweepconfig, sweepdir
-from hpc.rundir import RunDir
+from hpc.config import schema as hconfig
+from hpc.sweep import grid, submission as sweep, points as sweepconfig
+from hpc.pipeline import plan
+from hpc import submit
+from hpc.rundir import sweepdir
+from hpc.rundir.run import RunDir
 from tests.test_cli_errors import one_line_error
 
 SLURM = ["--cluster", "slurm", "cluster.partitions=[low]"]  # partitions given: no sinfo call

@@ -1,4 +1,4 @@
-"""The picture of a run (hpc.timeline, hpc.timeline_plot) from sacct's records or, without
+"""The picture of a run (hpc.monitor.timeline, hpc.monitor.timeline_plot) from sacct's records or, without
 accounting, from the logs: one bar per attempt with its world size, and the SVG that shows it.
 The preempted run on the cluster is in tests/slurm/test_pipeline.py.
 
@@ -9,9 +9,10 @@ import re
 
 import pytest
 
-from hpc import status, timeline, timeline_plot
-from hpc.config import ConfigError
-from hpc.rundir import RunDir
+from hpc import status
+from hpc.monitor import timeline, timeline_plot
+from hpc.config.schema import ConfigError
+from hpc.rundir.run import RunDir
 
 T0 = 1_700_000_000.0
 
@@ -50,7 +51,7 @@ def test_waiting_and_running_jobs_reach_now():
     requeued = timeline.from_history([record(0, 0, 1, 9, "REQUEUED"), record(9, 9, 10, 12, "TIMEOUT")], T0,
                                      False, {}, "g", T0 + 30)
     assert [s.kind for s in requeued if s.gid] == ["REQUEUED", "TIMEOUT"]
-    # a job that requeued itself on a preemption (hpc.preemption) reads REQUEUED; its record says why
+    # a job that requeued itself on a preemption (hpc.recovery.preemption) reads REQUEUED; its record says why
     why = timeline.from_history([record(0, 0, 1, 9, "REQUEUED"), record(9, 9, 10, 12, "COMPLETED")], T0,
                                 False, {}, "g", T0 + 30, [(T0 + 8.5, "PREEMPTED")])
     assert [s.kind for s in why if s.gid] == ["PREEMPTED", "COMPLETED"]

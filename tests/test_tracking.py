@@ -1,10 +1,10 @@
-"""Run identity for experiment trackers (hpc.tracking): ids, the variables a task exports, mlflow's record."""
+"""Run identity for experiment trackers (hpc.rundir.tracking): ids, the variables a task exports, mlflow's record."""
 import json
 import re
 from types import SimpleNamespace
 
-from hpc import tracking
-from hpc.rundir import RunDir
+from hpc.rundir import tracking
+from hpc.rundir.run import RunDir
 
 
 def test_run_ids_are_plain_unique_and_name_their_run_directory():

@@ -9,8 +9,9 @@ import pytest
 from hypothesis import given, strategies as st
 import torch
 
-from hpc import ddp, rng
-from hpc.preemption import JobNotRequeued
+from hpc import ddp
+from hpc.runtime import rng
+from hpc.recovery.preemption import JobNotRequeued
 from hpc.trainloop import TrainLoop
 
 TOTAL = 12

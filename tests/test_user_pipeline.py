@@ -1,9 +1,9 @@
-"""Users' own pipelines load from a module path, without registering them in hpc.plan."""
+"""Users' own pipelines load from a module path, without registering them in hpc.pipeline.plan."""
 
 import pytest
 
-from hpc import plan
-from hpc.config import ConfigError
+from hpc.pipeline import plan
+from hpc.config.schema import ConfigError
 
 
 def test_module_path_loads_its_pipeline():
@@ -16,7 +16,7 @@ def test_module_path_loads_its_pipeline():
     ("nosuch", "unknown pipeline 'nosuch'"),
     ("tests.no_such_module", "could not be loaded"),
     ("os.path", "has no attribute 'PIPELINE'"),
-    ("tests.tiny_pipeline:TinyConfig", "expected a hpc.plan.PipelineDef"),
+    ("tests.tiny_pipeline:TinyConfig", "expected a hpc.pipeline.plan.PipelineDef"),
 ])
 def test_bad_pipeline_names_say_how_to_fix(name, match):
     with pytest.raises(ConfigError, match=match):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc import hangs, preemption, watchdog
+from hpc.recovery import hangs, preemption, watchdog
 from tests.hang_workload import launch
 
 

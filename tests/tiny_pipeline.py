@@ -1,6 +1,6 @@
 """A tiny two- (or three-) stage pipeline for testing the pipeline machinery (no torch, seconds per task).
 
-    hpc.plan.PIPELINES["tiny"] = "tests.tiny_pipeline"; python -m hpc.submit tiny ...
+    hpc.pipeline.plan.PIPELINES["tiny"] = "tests.tiny_pipeline"; python -m hpc.submit tiny ...
 
 Stage `first` (one task) writes first.txt; stage `second` (an array over tiny.parts) writes
 out-<item>.txt; stage `third` (tiny.third=true) checks them all; stage `follow` (tiny.follow=true),
@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, List
 
-from hpc.config import PipelineConfig, Resources
-from hpc.plan import PipelineDef, StageDef
+from hpc.config.schema import PipelineConfig, Resources
+from hpc.pipeline.plan import PipelineDef, StageDef
 
 
 @dataclass

@@ -45,7 +45,7 @@ Parts (one concept each)::
     dcp_index.py          DCP's .metadata merged from the ranks' own indexes, for saves without collectives
     dcp_reader.py         DCP's reader of a checkpoint: its index read once, every byte checked as read
     optim_state.py        an optimizer's state for DCP as it is, without DCP's zero-gradient step
-    (hpc.atomic           atomic small-file writes and directory fsync, torch-free)
+    (hpc.fs.atomic           atomic small-file writes and directory fsync, torch-free)
 """
 
 from hpc.checkpoint.layout import DCP_METADATA, MARKER, SHARED

@@ -19,7 +19,7 @@ import pickle
 from pathlib import Path
 from typing import Any
 
-from hpc.atomic import write_bytes
+from hpc.fs.atomic import write_bytes
 from hpc.checkpoint.layout import DCP_METADATA as METADATA  # DCP's coordinator writes it, or the merge
 
 __all__ = ["METADATA", "rank_metadata", "merge_metadata"]

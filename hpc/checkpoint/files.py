@@ -30,8 +30,8 @@ from typing import Any, Iterator
 
 import torch
 
-from hpc.atomic import replacing
-from hpc.sharedfs import mmap_ok
+from hpc.fs.atomic import replacing
+from hpc.fs.sharedfs import mmap_ok
 
 CHUNK = 8 * 2**20  # read size while verifying: large enough for full-speed reads, small in memory
 
@@ -105,7 +105,7 @@ def _no_record_crc() -> Iterator[None]:
 
 
 def write_atomic(path: Path, obj: Any, overlap: bool = False) -> dict[str, Any]:
-    """torch.save `obj` to `path` via hpc.atomic (``NAME.part``, fsync, rename); return its
+    """torch.save `obj` to `path` via hpc.fs.atomic (``NAME.part``, fsync, rename); return its
     checksum info. `overlap`: checksum on a helper thread alongside the writes (for saves the
     caller waits on; a forked writer stays single-threaded)."""
     out = None
@@ -247,7 +247,7 @@ def load_file(path: Path, map_location: Any = "cpu") -> Any:
     """weights_only torch.load, memory-mapped on a local disk: tensors are backed by the page cache
     (which the verification pass just filled) instead of a second copy in memory. On a network
     filesystem it reads into memory: there a page fault after another node pruned the file would be
-    SIGBUS, a crash (hpc.sharedfs)."""
+    SIGBUS, a crash (hpc.fs.sharedfs)."""
     try:
         return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap_ok(path))
     except pickle.UnpicklingError as err:

@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hpc.atomic import write_bytes
+from hpc.fs.atomic import write_bytes
 from hpc.checkpoint.layout import rank_report, rank_state
-from hpc.sharedfs import listed
+from hpc.fs.sharedfs import listed
 
 __all__ = ["send", "send_error", "collect", "files_of"]
 
@@ -51,7 +51,7 @@ def collect(tmp: Path, world_size: int, generation: str, wait_s: float) -> dict[
     """Wait for the reports of ranks 1..world_size-1 of this generation; return the files they
     list (files_of). A report is looked for in a listing of the directory, never by opening its
     name before it exists: NFS would answer that lookup from its cache of misses for up to a
-    minute (hpc.sharedfs). Raises RuntimeError for a rank's failure, TimeoutError after wait_s."""
+    minute (hpc.fs.sharedfs). Raises RuntimeError for a rank's failure, TimeoutError after wait_s."""
     # Short first pauses: the ranks finish their reports at about the time rank 0 finishes its
     # own part; the pause then grows, because each look lists the whole directory.
     files, pending, deadline, pause = {}, list(range(1, world_size)), time.monotonic() + wait_s, 0.002

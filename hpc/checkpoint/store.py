@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hpc.atomic import fsync_dir, write_bytes
+from hpc.fs.atomic import fsync_dir, write_bytes
 from hpc.checkpoint import background_writer as background
 from hpc.checkpoint import dcp_engine, dcp_index, layout, read_lease, reports
 from hpc.checkpoint.files import file_info, nbytes, space_error, write_atomic

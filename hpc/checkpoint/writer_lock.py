@@ -35,7 +35,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from hpc.sharedfs import LOCK_HINT, local_locks
+from hpc.fs.sharedfs import LOCK_HINT, local_locks
 
 log = logging.getLogger(__name__)
 

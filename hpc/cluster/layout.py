@@ -17,7 +17,7 @@ from pathlib import Path
 
 # Each cluster takes a block of this many consecutive ports: ctld, dbd, mysql, then one per node.
 PORT_BLOCK = 32
-# Below the range hpc.env derives MASTER_PORT from (20000+), so a rendezvous never lands on a daemon.
+# Below the range hpc.runtime.envparse derives MASTER_PORT from (20000+), so a rendezvous never lands on a daemon.
 PORT_RANGE = (10000, 20000)
 PORT_BLOCKS = (PORT_RANGE[1] - PORT_RANGE[0]) // PORT_BLOCK  # blocks in the range
 MAX_NODES = PORT_BLOCK - 3
@@ -54,7 +54,7 @@ class ClusterLayout:
     min_job_age_s: int = 600  # how long slurmctld (squeue, scontrol) remembers an ended job
     max_array_size: int = 1001  # MaxArraySize: an array's task ids run from 0 to this - 1 (SLURM's default)
     # FirstJobId: clusters that run side by side on one host (parallel test workers) start their
-    # job ids apart, since a DDP job's MASTER_PORT is derived from its job id (hpc.env).
+    # job ids apart, since a DDP job's MASTER_PORT is derived from its job id (hpc.runtime.envparse).
     first_job_id: int = 1
     db_password: str = field(default="hpc-local-slurm", repr=False)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 
-from hpc import hostlist, scheduler
+from hpc.slurm import hostlist, scheduler
 from hpc.cluster.daemons import ClusterError
 from hpc.cluster.local import LocalCluster
 

@@ -16,7 +16,7 @@ import struct
 from pathlib import Path
 from typing import List, Optional, Tuple
 
-from hpc.config import ConfigError
+from hpc.config.schema import ConfigError
 
 from . import checkout as co
 from .colmap import registered_images

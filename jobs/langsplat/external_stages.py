@@ -24,7 +24,7 @@ from typing import Any, List, Optional
 
 # train.py binds a GUI socket (no reuse flag): two tasks on one node with its default port (55555,
 # 3DGS: 6009) would collide, so each gets a free one.
-from hpc.ports import free_port
+from hpc.runtime.ports import free_port
 
 from . import checkout as co
 from . import interpreters as py

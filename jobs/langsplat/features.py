@@ -5,7 +5,7 @@
         fit_features(s, cfg, scene, geometry, field, level, out_dir)    # resumes from out_dir
 
 Every step takes a GLOBAL batch of `cameras_per_step` cameras (positions j*C .. j*C+C-1 of the
-epoch's shared permutation); hpc.sharding.round_robin deals them so that rank r renders positions
+epoch's shared permutation); hpc.runtime.sharding.round_robin deals them so that rank r renders positions
 r, r+N, ... Each rank sums its cameras' losses divided by C, gradients are all-reduce-summed, so
 every rank applies the gradient of the mean over the same C cameras whatever N is: 1 and N ranks
 train the same model up to float rounding. Geometry is frozen, so each camera's blending weights
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from hpc.batching import plan_batch
-from hpc.sharding import round_robin
+from hpc.runtime.batching import plan_batch
+from hpc.runtime.sharding import round_robin
 from hpc.trainloop import TrainLoop
 
 from .render import blend_weights, composite

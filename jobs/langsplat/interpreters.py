@@ -17,7 +17,7 @@ import subprocess
 import sys
 from typing import Any, Dict
 
-from hpc.config import ConfigError
+from hpc.config.schema import ConfigError
 
 LANGSPLAT, GAUSSIAN_SPLATTING = "langsplat", "gaussian_splatting"
 KEYS = {LANGSPLAT: "external.python", GAUSSIAN_SPLATTING: "external.gaussian_splatting_python"}

@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from hpc.config import ConfigError, PipelineConfig, Resources, to_dict
-from hpc.plan import PipelineDef, StageDef
+from hpc.config.schema import ConfigError, PipelineConfig, Resources, to_dict
+from hpc.pipeline.plan import PipelineDef, StageDef
 
 from . import external
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from hpc.sharding import permutation
+from hpc.runtime.sharding import permutation
 from hpc.trainloop import TrainLoop
 
 from .gaussians import DensifyStats, densify_and_prune, init_from_points, make_optimizer, reset_opacity

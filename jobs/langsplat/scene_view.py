@@ -16,7 +16,7 @@ import struct
 from pathlib import Path
 from typing import Iterable, List, Tuple
 
-from hpc.rundir import atomic_write_bytes
+from hpc.rundir.run import atomic_write_bytes
 
 PLY_PROPERTIES = [("x", "float"), ("y", "float"), ("z", "float"), ("nx", "float"), ("ny", "float"),
                   ("nz", "float"), ("red", "uchar"), ("green", "uchar"), ("blue", "uchar")]

@@ -65,7 +65,7 @@ while step < 100000:
 
 def submit_run(run_dir: Path, script: Path, *overrides: str) -> str:
     from hpc import submit
-    from hpc.rundir import RunDir
+    from hpc.rundir.run import RunDir
 
     assert submit.main(["run", "--cluster", "slurm", "--run-dir", str(run_dir), "--nodes", "1",
                         "--gpus-per-node", "2", "stages.main.cpus_per_task=1",

@@ -10,7 +10,8 @@ from datetime import datetime
 
 import pytest
 
-from hpc import plan, scheduler
+from hpc.pipeline import plan
+from hpc.slurm import scheduler
 from tests.slurm.test_pipeline import ROOT, ended, job_ids, run_tiny, wait_until
 
 pytestmark = pytest.mark.slurm

@@ -25,9 +25,10 @@ from pathlib import Path
 
 import pytest
 
-from hpc import plan, submit
+from hpc.pipeline import plan
+from hpc import submit
 from hpc.cluster.preempt import job_field, preempt
-from hpc.rundir import DONE, RunDir
+from hpc.rundir.run import DONE, RunDir
 from tests.slurm.test_pipeline import ended, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]

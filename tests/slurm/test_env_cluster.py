@@ -1,4 +1,4 @@
-"""What SLURM's tasks really see, parsed by hpc.env on the real local cluster.
+"""What SLURM's tasks really see, parsed by hpc.runtime.envparse on the real local cluster.
 
     python -m pytest tests/slurm/test_env_cluster.py -m slurm
 """
@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from hpc.env import master_port_for
+from hpc.runtime.envparse import master_port_for
 from tests.slurm.test_ddp import TWO_BY_TWO, job_log, submit, wait_end
 
 pytestmark = pytest.mark.slurm
@@ -22,7 +22,7 @@ LOGIN_SHELL = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_S
 
 
 def report_per_task(out) -> str:
-    """A step where every task records the variables it inherited and what hpc.env parses."""
+    """A step where every task records the variables it inherited and what hpc.runtime.envparse parses."""
     task = (f'echo "$RANK $WORLD_SIZE $MASTER_ADDR $MASTER_PORT" > {out}/seen-$SLURM_PROCID; '
             f"{sys.executable} -m hpc.env --json > {out}/env-$SLURM_PROCID.json")
     return f"srun bash -c '{task}'"

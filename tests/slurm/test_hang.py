@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from hpc import plan, status, submit
+from hpc.pipeline import plan
+from hpc import status, submit
 from hpc.cluster.preempt import job_field
-from hpc.hangs import HANGS, REPORT
-from hpc.rundir import DONE, RunDir
+from hpc.recovery.hangs import HANGS, REPORT
+from hpc.rundir.run import DONE, RunDir
 from tests.slurm.test_pipeline import ended, wait_until
 from tests.slurm.requeue_helpers import release
 

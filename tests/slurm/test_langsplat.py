@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from hpc import scheduler, submit
-from hpc.rundir import RunDir
+from hpc.slurm import scheduler
+from hpc import submit
+from hpc.rundir.run import RunDir
 from tests.slurm.test_pipeline import ended, job_ids, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]

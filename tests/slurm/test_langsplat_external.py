@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from hpc import submit
-from hpc.hostlist import expand
-from hpc.rundir import RunDir
+from hpc.slurm.hostlist import expand
+from hpc.rundir.run import RunDir
 from tests.langsplat_standins.checkout import make_dim3
 from tests.langsplat_standins.common import HOLD_ENV
 from tests.slurm.test_langsplat import finished

@@ -17,9 +17,11 @@ from pathlib import Path
 import pytest
 
 from faults.nodes import bring_back, fail_node
-from hpc import nodefail, plan, submit
+from hpc.recovery import nodefail
+from hpc.pipeline import plan
+from hpc import submit
 from hpc.cluster.preempt import job_field, release_hold
-from hpc.rundir import DONE, RunDir
+from hpc.rundir.run import DONE, RunDir
 from tests.slurm.test_pipeline import ended, job_ids, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]

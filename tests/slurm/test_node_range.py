@@ -10,7 +10,7 @@ import json
 import pytest
 
 from hpc import submit
-from hpc.rundir import DONE, RunDir
+from hpc.rundir.run import DONE, RunDir
 from tests.slurm.test_pipeline import ended, job_ids, tiny, wait_until  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.slurm

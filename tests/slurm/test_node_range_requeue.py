@@ -14,7 +14,7 @@ import pytest
 
 from hpc import submit
 from hpc.cluster.preempt import job_field, preempt, release_hold
-from hpc.rundir import DONE, RunDir
+from hpc.rundir.run import DONE, RunDir
 from faults.nodes import node_state
 from tests.slurm.test_node_failure import pipelines  # noqa: F401 (fixture)
 from tests.slurm.test_pipeline import job_ids, wait_until

@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from hpc import plan, scheduler, status, submit
-from hpc.rundir import RunDir
+from hpc.pipeline import plan
+from hpc.slurm import scheduler
+from hpc import status, submit
+from hpc.rundir.run import RunDir
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slurm

@@ -11,9 +11,10 @@ import json
 
 import pytest
 
-from hpc import scheduler, status, submit
+from hpc.slurm import scheduler
+from hpc import status, submit
 from hpc.cluster.preempt import preempt
-from hpc.rundir import RunDir
+from hpc.rundir.run import RunDir
 from tests import snapshot_user
 from tests.slurm.test_pipeline import wait_until
 

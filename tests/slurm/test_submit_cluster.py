@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from hpc import submit
-from hpc.rundir import RunDir
+from hpc.rundir.run import RunDir
 from tests.slurm.test_pipeline import ended, job_ids, wait_until
 
 pytestmark = pytest.mark.slurm

@@ -9,7 +9,11 @@ import sys
 
 import pytest
 
-from hpc import grid, scheduler, status, submit, sweepdir, timeline
+from hpc.sweep import grid
+from hpc.slurm import scheduler
+from hpc import status, submit
+from hpc.rundir import sweepdir
+from hpc.monitor import timeline
 from tests.slurm.test_pipeline import ROOT, counting_path, tiny, wait_until  # noqa: F401 (tiny: autouse)
 
 pytestmark = pytest.mark.slurm

@@ -1,0 +1,123 @@
+"""The resolved config of a submission whose inputs were seen before, kept in the user's cache.
+
+    python -m hpc.submit langsplat --profile sandbox --run-dir runs/a   # builds and checks the config
+    python -m hpc.submit langsplat --profile sandbox --run-dir runs/b   # the same inputs: read back
+
+hpc.config.schema.load builds the config from the schema's dataclasses and merges the template, saved,
+profile and command-line layers into it through OmegaConf, then checks it. The same inputs always
+give the same config, so load() keeps each result it built under a digest of everything the
+result depends on: the schema (every dataclass reachable from it: field names, types and defaults),
+the text of each template, of the saved config and of the profile, the overrides, and the code that
+merges and checks (hpc.config.schema, hpc.config.checks, hpc.slurm.noderange, OmegaConf's files, a pipeline's
+settle hook). An entry holds the result three ways: its plain data and its YAML text, which a
+submission reads through hpc.config.view without importing OmegaConf or yaml, and the pickled
+DictConfig, which a sweep needs to vary it; and the notes the build made. Only configs that passed
+every check are kept: a bad input is always built, and refused, anew. A schema whose defaults have
+no stable text (an object printed with its address) is not cached. Entries live in $HPC_CACHE_DIR/config/ (hpc.rundir.snapcache.cache_dir); the oldest go beyond
+MAX_ENTRIES, and one that cannot be read or written only costs a build.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.util
+import os
+import pickle
+import typing
+from pathlib import Path
+from typing import Any, List, Optional, Sequence, Set, Tuple
+
+MAX_ENTRIES = 256
+
+
+def schema_text(schema: type) -> Optional[str]:
+    """Every dataclass reachable from `schema` with its fields' names, types and defaults; None when
+    a default has no stable text."""
+    out: List[str] = []
+    seen: Set[type] = set()
+
+    def walk(tp: Any) -> None:
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp) and tp not in seen:
+            seen.add(tp)
+            hints = typing.get_type_hints(tp)
+            out.append(f"{tp.__module__}.{tp.__qualname__}")
+            for f in dataclasses.fields(tp):
+                default: Any = "<missing>"
+                if f.default is not dataclasses.MISSING:
+                    default = f.default
+                elif f.default_factory is not dataclasses.MISSING:
+                    default = f.default_factory()
+                out.append(f"{f.name}:{hints.get(f.name, f.type)!r}={default!r}")
+                walk(hints.get(f.name))
+        for arg in typing.get_args(tp):
+            walk(arg)
+
+    walk(schema)
+    text = "\n".join(out)
+    return None if " at 0x" in text else text
+
+
+def key(schema: type, texts: Sequence[Tuple[str, Optional[str]]], overrides: Sequence[str],
+        code: Sequence[str] = ()) -> Optional[str]:
+    """The digest naming a load's result; `texts`: (origin, text or None) of each layer read;
+    `code`: further source files the result depends on (a pipeline's settle hook)."""
+    described = schema_text(schema)
+    # an interpolation (${oc.env:...}) may resolve differently next time: always built and checked
+    if described is None or any("${" in (t or "") for _, t in texts) or any("${" in o for o in overrides):
+        return None
+    from hpc.config import schema as config, checks as configcheck
+    from hpc.slurm import noderange
+
+    h = hashlib.sha256(f"{described}\n".encode())
+    # OmegaConf by its files, found without importing it (the point of a hit is not to)
+    spec = importlib.util.find_spec("omegaconf")
+    for file in (config.__file__, configcheck.__file__, noderange.__file__, spec and spec.origin, *code):
+        st = os.stat(file) if file else None
+        h.update(f"{file} {st and st.st_size} {st and st.st_mtime_ns}\n".encode())
+    for origin, text in texts:
+        h.update(f"{origin}\0{len(text) if text is not None else -1}\0{text or ''}\0".encode(errors="surrogateescape"))
+    h.update("\0".join(overrides).encode(errors="surrogateescape"))
+    return h.hexdigest()[:32]
+
+
+def _path(digest: str) -> Path:
+    from hpc.rundir.snapcache import cache_dir
+
+    return cache_dir() / "config" / f"{digest}.pickle"
+
+
+def get(digest: Optional[str], view: bool) -> Optional[Tuple[Any, List[str]]]:
+    """(config, notes) kept under `digest`, or None; the config as an hpc.config.view.ConfigView
+    when `view`, else as the DictConfig that was built."""
+    if digest is None:
+        return None
+    try:
+        entry = pickle.loads(_path(digest).read_bytes())  # plain data; the DictConfig stays bytes
+        if view:
+            from hpc.config.view import ConfigView
+
+            cfg = ConfigView(entry["plain"], yaml=entry["yaml"])
+        else:
+            cfg = pickle.loads(entry["built"])
+        return cfg, list(entry["notes"])
+    except Exception:  # absent, truncated, or written by another version of a class or of hpc
+        return None
+
+
+def put(digest: Optional[str], built: Any, plain: Any, yaml: str, notes: Sequence[str]) -> None:
+    """Keep a config: `built` (the DictConfig), `plain` (its resolved data), `yaml` (its text)."""
+    if digest is None:
+        return
+    from hpc.fs.atomic import write_bytes
+
+    path = _path(digest)
+    try:
+        entry = {"plain": plain, "yaml": yaml, "notes": list(notes),
+                 "built": pickle.dumps(built, protocol=pickle.HIGHEST_PROTOCOL)}
+        write_bytes(path, pickle.dumps(entry, protocol=pickle.HIGHEST_PROTOCOL), sync_dir=False)
+        entries = list(path.parent.glob("*.pickle"))
+        if len(entries) > MAX_ENTRIES:
+            for old in sorted(entries, key=lambda p: p.stat().st_mtime_ns)[:len(entries) - MAX_ENTRIES]:
+                old.unlink(missing_ok=True)
+    except (OSError, pickle.PicklingError, TypeError, AttributeError):
+        pass

@@ -1,0 +1,314 @@
+"""Pipeline configuration: documented dataclasses checked by OmegaConf.
+
+    python -m hpc.submit langsplat --profile sandbox stages.features.nodes=1 --dry-run
+
+Precedence, lowest first: dataclass defaults < the pipeline's templates (templates/<pipeline>.yaml, ...)
+< the run directory's saved config.yaml (when resubmitting) < templates/profiles/<profile>.yaml
+< dotted `key=value` command-line overrides. A profile named on a resubmission is applied over the
+saved config (resuming with fewer GPUs is a profile away), and load() says which values it changed. Templates ship as package data (hpc.templates, from the
+repository's templates/) and are read through importlib.resources, so an installed wheel has them too.
+The resolved result is saved as <run_dir>/config.yaml. No torch here: dry-run and status stay fast.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from importlib import resources
+from importlib.abc import Traversable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+
+from hpc.config import cache as configcache, view as configview
+from hpc.config.checks import CLUSTER_KINDS, LIMITS, ConfigError, check_resources, check_text, has_control  # noqa: F401
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+    from omegaconf.errors import ConfigKeyError
+
+# OmegaConf and yaml are imported where a config is built, not here: a submission whose config was
+# built before reads it back as plain data (hpc.config.cache, hpc.config.view) and never needs them.
+
+
+def templates_root() -> Traversable:
+    """The shipped templates (package hpc.templates; the repository's templates/ directory)."""
+    return resources.files("hpc.templates")
+
+
+_PROFILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # a plain file name under templates/profiles/
+
+
+@dataclass
+class Resources:
+    """What one job (or one array task) of a stage asks SLURM for."""
+
+    nodes: Union[int, str] = 1  # nodes per job, or a range MIN-MAX (sbatch --nodes=2-4; hpc.slurm.noderange)
+    gpus_per_node: int = 0  # GPUs per node (--gpus-per-node); 0 for CPU-only stages
+    tasks_per_node: int = 1  # ranks per node; one per GPU for DDP stages
+    cpus_per_task: int = 2  # CPU cores per rank (data loader workers live here)
+    mem: Optional[str] = None  # memory per node, sbatch syntax (e.g. 16G); None = cluster default
+    time_min: int = 60  # wall-clock limit in minutes
+    partition: Optional[str] = None  # None = the cluster's default partition
+    account: Optional[str] = None  # --account
+    qos: Optional[str] = None  # --qos
+    constraint: Optional[str] = None  # --constraint (node features)
+    signal_delay_s: int = 120  # SIGUSR2 this many seconds before the time limit (checkpoint window)
+    max_timeouts: int = 3  # how often a job that hit its time limit is requeued
+    max_node_failures: int = 3  # how often a job is requeued after a node failure, failed nodes excluded (hpc.recovery.nodefail)
+    local_tasks: int = 1  # processes when run by the local executor (CPU, one machine)
+    array_parallelism: Optional[int] = None  # array tasks running at once (sbatch --array=0-N%P); None: submitit's 256
+    extra: Dict[str, str] = field(default_factory=dict)  # further sbatch options, name -> value
+
+
+@dataclass
+class ClusterSettings:
+    """Where jobs go."""
+
+    kind: str = "auto"  # auto | slurm | local | debug; auto = slurm when sbatch answers, else local
+    partitions: Optional[List[str]] = None  # partitions that exist; None = ask the scheduler once
+    setup: List[str] = field(default_factory=list)  # shell lines run before srun (module load ...)
+
+
+@dataclass
+class RunSettings:
+    """Where the run directory lives, and the code its jobs run."""
+
+    name: Optional[str] = None  # run name; default <pipeline>-<timestamp>
+    root: str = "runs"  # parent of new run directories
+    run_dir: Optional[str] = None  # explicit run directory (resubmit into it to resume)
+    snapshot: bool = True  # copy the code into <run>/code/ at submission, and run the jobs from it (hpc.rundir.snapshot)
+    snapshot_max_mb: float = 100.0  # a larger snapshot is refused before anything is submitted
+
+
+@dataclass
+class PipelineConfig:
+    """Sections every pipeline has; a pipeline's schema adds `stages` and its own section."""
+
+    run: RunSettings = field(default_factory=RunSettings)
+    cluster: ClusterSettings = field(default_factory=ClusterSettings)
+
+
+def load(schema: type, pipeline: str, profile: Optional[str] = None,
+         overrides: Sequence[str] = (), saved: Optional[Path] = None,
+         templates: Optional[Traversable] = None, extra: Sequence[str] = (),
+         notes: Optional[List[str]] = None, view: bool = True,
+         settle: Optional[Callable[[Any], bool]] = None) -> Any:
+    """Build the resolved config for `pipeline`, checked against `schema` (a dataclass).
+    `extra`: the pipeline's template files (PipelineDef.templates), merged in order; each must exist:
+    running on dataclass defaults because a template went missing would be silently wrong.
+    `notes`: receives a line naming what a profile changed in a saved config. `settle`: the
+    pipeline's hook that fills in values depending on others (PipelineDef.settle). A result built from
+    the same inputs before is read back from the user's cache (hpc.config.cache).
+    Returns a read-only hpc.config.view.ConfigView, built or read back alike (so a cache hit behaves
+    as a miss does); `view=False`: the DictConfig, for callers that vary it (hpc.sweep.points)."""
+    templates = templates or templates_root()
+    digest = _cache_key(schema, profile, overrides, saved, templates, extra, notes is not None, settle)
+    hit = configcache.get(digest, view)
+    if hit is not None:
+        if notes is not None:
+            notes.extend(hit[1])
+        return hit[0]
+    said: List[str] = []
+    cfg, plain, pure = _build(schema, pipeline, profile, overrides, saved, templates, extra,
+                              said if notes is not None else None, settle)
+    keep = digest if pure else None
+    if view or keep:  # a DictConfig that is not kept needs no text
+        text = to_yaml(cfg)
+        configcache.put(keep, cfg, plain, text, said)
+    if notes is not None:
+        notes.extend(said)
+    return configview.ConfigView(plain, yaml=text) if view else cfg
+
+
+def _cache_key(schema: type, profile: Optional[str], overrides: Sequence[str], saved: Optional[Path],
+               templates: Traversable, extra: Sequence[str], tells: bool,
+               settle: Optional[Callable[[Any], bool]]) -> Optional[str]:
+    """hpc.config.cache's name for this load's result; None when an input cannot be read (the build
+    then says why)."""
+    try:
+        texts = [(f"templates/{name}", (templates / name).read_text()) for name in extra]
+        if saved is not None and saved.exists():
+            texts.append((str(saved), saved.read_text()))
+        if profile is not None:
+            if not _PROFILE_NAME.fullmatch(profile):
+                return None
+            texts.append((f"profile {profile}", (templates / "profiles" / f"{profile}.yaml").read_text()))
+    except (OSError, UnicodeDecodeError):
+        return None
+    code = getattr(getattr(settle, "__code__", None), "co_filename", None)
+    if settle is not None and code is None:  # a callable object: its code cannot be named
+        return None
+    hook = f"{settle.__module__}.{settle.__qualname__}" if settle is not None else ""
+    return configcache.key(schema, [*texts, ("notes", str(tells)), ("settle", hook)], list(overrides),
+                           [code] if code else [])
+
+
+def _build(schema: type, pipeline: str, profile: Optional[str], overrides: Sequence[str], saved: Optional[Path],
+           templates: Traversable, extra: Sequence[str], notes: Optional[List[str]],
+           settle: Optional[Callable[[Any], bool]] = None) -> Tuple[DictConfig, Dict[str, Any], bool]:
+    """The config, its plain data, and whether it may be kept (its settle hook read nothing but
+    the config)."""
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.structured(schema)
+    for name in extra:
+        base = templates / name
+        if not base.is_file():
+            raise ConfigError(f"template {name} of pipeline {pipeline!r} not found in {templates}. "
+                              "HINT: reinstall hpc (pip install .), or restore templates/" + name + ".")
+        cfg = _merge(cfg, read_yaml(base, f"templates/{name}"), f"templates/{name}")
+    if saved is not None and saved.exists():
+        cfg = _merge(cfg, read_yaml(saved, str(saved)), str(saved))
+    if profile is not None:
+        origin = f"templates/profiles/{profile}.yaml"
+        tell = saved is not None and saved.exists() and notes is not None
+        before = OmegaConf.create(to_dict(cfg)) if tell else None  # _merge changes cfg in place
+        cfg = _merge(cfg, _for_stages(read_yaml(_profile_path(profile, templates), origin), cfg), origin)
+        if tell:
+            notes.append(f"profile {profile} applied over the saved {saved}: "
+                         f"{', '.join(changes(before, cfg)) or 'nothing changed'}")
+    cfg = _merge(cfg, _parse_overrides(overrides), "command line")
+    pure = True
+    if settle is not None:
+        try:
+            pure = bool(settle(cfg))
+        except ConfigError:
+            raise
+        except Exception as err:  # OmegaConf's type check of a settled value
+            raise ConfigError(f"the pipeline {pipeline!r} could not settle its config: {str(err).splitlines()[0]}. "
+                              "HINT: check the values its settle hook reads.") from None
+    check_resources(cfg)
+    plain = to_dict(cfg)
+    check_text(plain)
+    return cfg, plain, pure
+
+
+def read_yaml(source: Any, origin: str) -> DictConfig:
+    """A YAML mapping from a file (Path or importlib Traversable); a syntax error names file and line."""
+    import yaml
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        text = source.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{origin}: cannot be read ({err}); expected a UTF-8 YAML file. "
+                          f"HINT: fix or remove {origin}.") from None
+    try:
+        data = OmegaConf.create(text) if text.strip() else OmegaConf.create({})
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{origin}:{mark.line + 1}" if mark is not None else origin
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(f"{where}: YAML syntax error: {problem}; expected valid YAML. "
+                          f"HINT: fix line {mark.line + 1 if mark is not None else '?'} of {origin}.") from None
+    except (AssertionError, OmegaConfBaseException):  # a bare scalar
+        data = None
+    if not isinstance(data, DictConfig):
+        what = "a list" if isinstance(data, ListConfig) else "no mapping"
+        raise ConfigError(f"{origin} holds {what}; expected a mapping of config keys (e.g. stages: ...). "
+                          f"HINT: see templates/ for the layout.")
+    return data
+
+
+def changes(before: DictConfig, after: DictConfig) -> List[str]:
+    """'key old -> new' for every leaf that differs (the plan says what a profile changed)."""
+    old, new = dict(_leaves(to_dict(before))), dict(_leaves(to_dict(after)))
+    return [f"{k} {old.get(k)} -> {v}" for k, v in new.items() if old.get(k) != v]
+
+
+def _leaves(node: Any, prefix: str = "") -> Iterator[Tuple[str, Any]]:
+    if isinstance(node, dict) and node:
+        for key, value in node.items():
+            yield from _leaves(value, f"{prefix}.{key}" if prefix else str(key))
+    else:
+        yield prefix, node
+
+
+def profile_names(templates: Optional[Traversable] = None) -> List[str]:
+    folder = (templates or templates_root()) / "profiles"
+    return sorted(p.name[:-len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+def _profile_path(profile: str, templates: Traversable) -> Traversable:
+    names = profile_names(templates)
+    if not _PROFILE_NAME.fullmatch(profile):  # '', '../langsplat': a path would load other templates
+        raise ConfigError(f"--profile {profile!r} is not a profile name; expected one of {names}. "
+                          "HINT: name a file of templates/profiles/ without its .yaml, e.g. --profile sandbox.")
+    path = templates / "profiles" / f"{profile}.yaml"
+    if not path.is_file():
+        raise ConfigError(f"unknown profile {profile!r}; expected one of {names}. "
+                          f"HINT: add templates/profiles/{profile}.yaml or pick an existing one.")
+    return path
+
+
+def _for_stages(profile: DictConfig, cfg: DictConfig) -> DictConfig:
+    """A profile describes resources for stages of several pipelines: keep the ones this one has."""
+    if "stages" in profile:
+        profile.stages = {k: v for k, v in profile.stages.items() if k in cfg.stages}
+    return profile
+
+
+def _parse_overrides(overrides: Sequence[str]) -> DictConfig:
+    bad = [o for o in overrides if "=" not in o or o.startswith("=")]
+    if bad:
+        raise ConfigError(f"cannot read override(s) {bad}; expected dotted key=value "
+                          "(e.g. stages.features.nodes=2). HINT: options go before '--'.")
+    from omegaconf import OmegaConf
+
+    try:
+        return OmegaConf.from_dotlist(list(overrides))
+    except Exception as err:  # yaml's parser errors: the value is not valid YAML
+        raise ConfigError(f"cannot parse overrides {list(overrides)}: {str(err).splitlines()[0]}. "
+                          "HINT: quote lists as key=[a,b] and values with spaces as key='a b'.") from None
+
+
+def _merge(cfg: DictConfig, layer: Any, origin: str) -> DictConfig:
+    """`layer` merged into `cfg` in place (unsafe_merge: no copy of cfg, half of a load's time);
+    cfg is fresh from OmegaConf.structured in load() and nothing else holds it."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+
+    try:
+        return OmegaConf.unsafe_merge(cfg, layer)
+    except ConfigKeyError as err:
+        raise ConfigError(_unknown_key_message(cfg, err, origin)) from None
+    except OmegaConfBaseException as err:
+        key = getattr(err, "full_key", "?")
+        detail = str(getattr(err, "msg", err)).splitlines()[0]
+        raise ConfigError(f"{origin}: bad value for {key}: {detail}. "
+                          f"HINT: give {key} a value of the documented type "
+                          "(see hpc/config/schema.py and the pipeline's config dataclass).") from None
+
+
+def _unknown_key_message(cfg: DictConfig, err: ConfigKeyError, origin: str) -> str:
+    from omegaconf import DictConfig, OmegaConf
+
+    full_key = getattr(err, "full_key", "") or ""
+    parent_path = full_key.rsplit(".", 1)[0] if "." in full_key else ""
+    parent = OmegaConf.select(cfg, parent_path) if parent_path else cfg
+    valid = sorted(parent.keys()) if isinstance(parent, DictConfig) else []
+    where = parent_path or "the top level"
+    return (f"{origin}: unknown config key {full_key!r}; valid keys under {where}: {valid}. "
+            "HINT: check the spelling, or see templates/ for the documented keys.")
+
+
+def to_yaml(cfg: Any) -> str:
+    """The YAML of a whole config (a DictConfig or the ConfigView load() returns)."""
+    if isinstance(cfg, configview.ConfigView):
+        return configview.to_yaml(cfg)
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_yaml(cfg, resolve=True)
+
+
+def to_dict(node: Any) -> Any:
+    """A config or a section of it as plain data (dicts, lists, scalars): a copy, resolved."""
+    if isinstance(node, configview.ConfigView):
+        return configview.to_dict(node)
+    if isinstance(node, configview.ListView):
+        return [to_dict(v) for v in node]
+    from omegaconf import OmegaConf
+
+    if OmegaConf.is_config(node):
+        return OmegaConf.to_container(node, resolve=True)
+    return node

@@ -1,0 +1,170 @@
+"""The picklable stage job and the submitit executor that runs it.
+
+    executor = make_executor("slurm", "runs/x/rgb/logs/%j"); executor.submit(StageTask(...))
+
+StageTask is what submitit pickles: the run directory, the stage name, the array item, a
+"module:function" target, where the code snapshot is and the run id; nothing heavy. In every task
+it exports the task's variables (HPC_CHECKPOINT_DIR, the tracker ids of hpc.rundir.tracking, the
+snapshot's PYTHONPATH), moves into the snapshot (hpc.rundir.snapshot), imports the target from there,
+builds a StageContext, calls the target, and rank 0 writes the done marker. A requeued job unpickles
+the same task, so it runs the same snapshot. On SIGUSR2 (time limit near) submitit calls
+checkpoint(), which resubmits the same task (snapshot included); it resumes from what the stage
+saved under its task directory. Preemption (SIGTERM, PreemptMode=REQUEUE) is requeued by SLURM
+itself with the same job id.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, Iterator, MutableMapping, Optional, Sequence, Tuple
+
+from hpc.rundir.run import RunDir, task_key
+from hpc.rundir.snapshot import JobCode
+
+# Submitting from inside an allocation (an salloc shell, a job that submits the next stage) or a
+# launcher: sbatch exports the submitting environment into the new job, sbatch reads SBATCH_* as its
+# own options (SBATCH_PARTITION), srun in the new job reads SLURM_NTASKS & co. as its options, and a
+# leaked RANK/WORLD_SIZE would describe the wrong world. None of them belongs to the new job.
+INHERITED_PREFIXES = ("SLURM_", "SLURMD_", "SRUN_", "SBATCH_", "SALLOC_", "SUBMITIT_", "TORCHELASTIC_")
+INHERITED_NAMES = frozenset({"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK",
+                             "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE"})
+# ... except how the SLURM clients find the controller (a sandbox's or a configless site's).
+CLIENT_CONFIG = frozenset({"SLURM_CONF", "SLURM_CONF_SERVER"})
+
+
+def inherited(name: str) -> bool:
+    """Whether `name` comes from an enclosing allocation or launcher and must not reach a new job."""
+    return name not in CLIENT_CONFIG and (name.startswith(INHERITED_PREFIXES) or name in INHERITED_NAMES)
+
+
+@contextlib.contextmanager
+def submission_env(environ: MutableMapping[str, str] = os.environ) -> Iterator[Dict[str, str]]:
+    """Hide the inherited variables while jobs are submitted (and, for the local executors, run);
+    they are put back afterwards, so the submitting process itself is unchanged."""
+    hidden = {name: environ.pop(name) for name in [n for n in environ if inherited(n)]}
+    try:
+        yield hidden
+    finally:
+        environ.update(hidden)
+
+
+def drop_unexpanded_folder(folder: str) -> None:
+    """submitit's local controller creates its folder ('.../logs/%j') before expanding %j, leaving an
+    empty directory literally named %j; remove it once the job has ended (rmdir: only if empty)."""
+    if "%j" in folder:
+        with contextlib.suppress(OSError):
+            os.rmdir(folder)
+
+
+@dataclass
+class StageContext:
+    """What a stage callable receives."""
+
+    run_dir: Path
+    stage_dir: Path  # <run>/<stage>/[task-<item>/]: outputs, checkpoints/, tensorboard/ of this task
+    cfg: Dict[str, Any]  # the resolved run config as a plain dict
+    stage: str
+    task_index: Optional[int]  # position of `item` in the stage's item list
+    item: Any  # the array item (e.g. a feature level); None for a single job
+    env: Any = None  # hpc.runtime.envparse.DistEnv of this process
+
+
+class StageTask:
+    """`needs`: tasks (stage, item) of the same run that must have their done marker before this one
+    runs; a sweep's array waits for the whole previous array to end (afterany), and each task then
+    checks its own point's (hpc.sweep.submission)."""
+
+    def __init__(self, run_dir: str, stage: str, target: str, item: Any = None,
+                 task_index: Optional[int] = None, needs: Sequence[Tuple[str, Any]] = (),
+                 code: Optional[JobCode] = None, run_id: str = ""):
+        self.run_dir, self.stage, self.target = run_dir, stage, target
+        self.item, self.task_index, self.needs = item, task_index, tuple(needs)
+        self.code = code  # the snapshot to import from (hpc.rundir.snapshot); None: the live tree
+        self.run_id = run_id  # the manifest's run id (hpc.rundir.tracking)
+
+    def __call__(self) -> Any:
+        from hpc.runtime import envparse as hpc_env  # at run time, in the task: keep the pickle small
+        from hpc.rundir import tracking
+
+        started = time.time()
+        run = RunDir(self.run_dir)
+        missing = [task_key(*k) for k in getattr(self, "needs", ()) if not run.is_done(*k)]  # older pickles: none
+        if missing:
+            raise RuntimeError(f"{task_key(self.stage, self.item)} did not run: {', '.join(missing)} has no done "
+                               f"marker (it failed or was cancelled); expected it finished first. HINT: python -m "
+                               f"hpc.status {run.path.parent}, then resubmit the sweep")
+        dist = _local_env(hpc_env) or hpc_env.from_environ()
+        if dist.source != "single":
+            dist.export()  # RANK/WORLD_SIZE/MASTER_* for torch.distributed and user code
+        stage_dir = run.task_dir(self.stage, self.item)
+        stage_dir.mkdir(parents=True, exist_ok=True)
+        # set, not setdefault: sbatch exports the submitting shell's environment, which may carry one
+        exported = {"HPC_CHECKPOINT_DIR": str(stage_dir / "checkpoints")}
+        run_id, code = getattr(self, "run_id", ""), getattr(self, "code", None)  # older pickles: neither
+        if run_id:
+            exported.update(tracking.environ(run_id, self.stage, self.item, stage_dir))
+        if code is not None:
+            exported.update(code.environ(os.environ))
+            code.enter()  # before the target is imported: it comes from the snapshot
+        os.environ.update(exported)
+        # the world the job got, which a node range (sbatch --nodes=MIN-MAX) leaves to the scheduler
+        print(f"[hpc] stage {self.stage} item {self.item} rank {dist.rank}/{dist.world_size} "
+              f"on {dist.num_nodes} node(s) job {dist.job_id} restart {dist.restart_count}", flush=True)
+        module, _, name = self.target.partition(":")
+        func = getattr(importlib.import_module(module), name)
+        from omegaconf import OmegaConf
+
+        cfg = OmegaConf.to_container(OmegaConf.load(run.config_path), resolve=True)
+        ctx = StageContext(run.path, stage_dir, cfg, self.stage, self.task_index, self.item, dist)
+        try:
+            result = func(ctx)
+        finally:  # a requeue leaves by SystemExit: the next attempt resumes the same tracker run
+            if dist.rank == 0:
+                tracking.record(stage_dir)
+        if dist.rank == 0:
+            run.mark_done(self.stage, self.item, {"started": started, "finished": time.time(), "job_id": dist.job_id,
+                                                  "world_size": dist.world_size, "nodes": dist.num_nodes,
+                                                  "result": result})
+        print(f"[hpc] stage {self.stage} item {self.item} rank {dist.rank} finished", flush=True)
+        return result
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+        """Called by submitit on the time-limit signal: requeue a fresh copy of this task."""
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(StageTask(
+            self.run_dir, self.stage, self.target, self.item, self.task_index, getattr(self, "needs", ()),
+            getattr(self, "code", None), getattr(self, "run_id", "")))
+
+
+def _local_env(hpc_env: Any) -> Any:
+    """Under submitit's LocalExecutor, turn its SUBMITIT_LOCAL_* variables into torchrun-style ones."""
+    env = os.environ
+    if env.get("SUBMITIT_EXECUTOR") != "local" or "SUBMITIT_LOCAL_GLOBALID" not in env:
+        return None
+    world = env.get("SUBMITIT_LOCAL_NTASKS", "1")
+    if world == "1":
+        return None
+    job_id = env.get("SUBMITIT_LOCAL_JOB_ID", "0")
+    mapping = {"RANK": env["SUBMITIT_LOCAL_GLOBALID"], "LOCAL_RANK": env["SUBMITIT_LOCAL_LOCALID"],
+               "WORLD_SIZE": world, "LOCAL_WORLD_SIZE": world, "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(hpc_env.master_port_for(job_id if job_id.isdigit() else "0"))}
+    return hpc_env.from_environ(mapping)
+
+
+def make_executor(kind: str, folder: str, max_timeouts: int = 3) -> Any:
+    """A submitit executor for `kind` (slurm | local | debug)."""
+    import submitit
+
+    if kind == "slurm":
+        return submitit.SlurmExecutor(folder=folder, max_num_timeout=max_timeouts)
+    if kind == "local":
+        return submitit.LocalExecutor(folder=folder)
+    if kind == "debug":
+        return submitit.DebugExecutor(folder=folder)
+    raise ValueError(f"executor kind {kind!r}; expected slurm, local or debug. "
+                     "HINT: resolve 'auto' with hpc.slurm.scheduler.detect() first.")

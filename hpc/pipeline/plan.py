@@ -1,0 +1,318 @@
+"""Pure planning: pipeline config -> job specs that render their own sbatch text.
+
+    python -m hpc.submit langsplat --levels 0 2 --dry-run
+
+Pipelines register in PIPELINES (name -> module exposing PIPELINE, a PipelineDef); modules are
+imported lazily so that planning never imports torch. make_plan() decides which stages and array
+items still need to run (no done marker, not already queued) and which stage each waits for.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple, Union
+
+from hpc.pipeline import arrays, sbatch
+from hpc.slurm import noderange
+from hpc.config.schema import to_dict
+from hpc.runtime.batching import plan_batch
+from hpc.rundir.run import task_key
+
+# name -> module path; the module defines PIPELINE. Tests and users may add entries.
+PIPELINES: Dict[str, str] = {
+    "langsplat": "hpc.jobs.langsplat.pipeline",
+    "run": "hpc.jobs.run",
+}
+
+TaskKey = Tuple[str, Any]  # (stage name, array item or None)
+
+
+@dataclass(frozen=True)
+class StageDef:
+    """One stage: `target` ("module:function") is called with a StageContext in every task."""
+
+    name: str
+    target: str
+    items: Tuple[Any, ...] = ()  # array items (one task each); () = a single job
+    after: Tuple[str, ...] = ()  # stages that must end successfully first (afterok)
+    # an earlier array stage with the same items: item k waits only for its item k (aftercorr)
+    per_item_after: str = ""
+    resources: str = ""  # key under cfg.stages; default: the stage name
+    describe: str = ""  # what each task runs, for the plan output (default: the target)
+    skip: str = ""  # why this stage is not needed (its outputs exist): listed as skipped, never submitted
+    batch: Tuple[int, ...] = ()  # (global batch, most samples per device): the plan shows plan_batch per world size
+
+
+@dataclass(frozen=True)
+class PipelineDef:
+    name: str
+    schema: type  # config dataclass checked by OmegaConf
+    stages: Callable[[Any], List[StageDef]]  # cfg -> stages, in submission order
+    validate: Callable[[Any], None] = lambda cfg: None  # pipeline-specific input checks
+    templates: Tuple[str, ...] = ()  # its files in templates/ (hpc.templates), merged in order; each must exist
+    notes: Callable[[Any], List[str]] = lambda cfg: []  # cfg -> lines the plan states (choices it made)
+    # fills in values that depend on others (a mode's default) on the built config, before it is
+    # checked, kept (hpc.config.cache) and saved: `validate` only reads, as it gets a read-only view.
+    # Returns whether what it did depends on the config alone; False (it read files or the working
+    # directory): the result is built anew every time, never read back from the cache
+    settle: Optional[Callable[[Any], bool]] = None
+
+
+def get_pipeline(name: str) -> PipelineDef:
+    """A registered name, or a user's own `package.module[:ATTR]` defining a PipelineDef (ATTR: PIPELINE)."""
+    from hpc.config.schema import ConfigError
+
+    module, _, attr = PIPELINES.get(name, name).partition(":")
+    if name not in PIPELINES and "." not in module and not attr:
+        raise ConfigError(f"unknown pipeline {name!r}; expected one of {sorted(PIPELINES)} or a module "
+                          "path such as mypkg.pipelines:PIPELINE. HINT: register it in hpc.pipeline.plan.PIPELINES.")
+    try:
+        found = getattr(importlib.import_module(module), attr or "PIPELINE")
+    except (ImportError, AttributeError) as err:
+        raise ConfigError(f"pipeline {name!r} could not be loaded ({err}). HINT: the module must be "
+                          "importable from the current directory and define PIPELINE "
+                          "(a hpc.pipeline.plan.PipelineDef).") from err
+    if not isinstance(found, PipelineDef):
+        raise ConfigError(f"{name!r} is a {type(found).__name__}, expected a hpc.pipeline.plan.PipelineDef.")
+    return found
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One submission: a single job or one array over the items still to run."""
+
+    stage: str
+    target: str
+    items: Tuple[Any, ...]  # items submitted now; (None,) for a non-array stage
+    indices: Tuple[Any, ...]  # their positions in the stage's full item list (task_index)
+    is_array: bool
+    resources: Dict[str, Any] = field(hash=False)
+    after: Tuple[str, ...]
+    folder: str  # submitit folder (logs, pickles); %j is the job id
+    kind: str  # slurm | local | debug
+    ranks: int  # processes per job (array task) as it will actually run; the fewest under a node range
+    describe: str = ""  # what each task runs
+    worlds: Tuple[int, ...] = ()  # world sizes it may get: both ends of a node range, else (ranks,)
+    batch: Tuple[int, ...] = ()  # StageDef.batch
+    item_after: str = ""  # StageDef.per_item_after
+    waits: Tuple[arrays.Ref, ...] = ()  # per item, the item_after task it waits for (hpc.pipeline.arrays)
+    part: Tuple[int, int] = (1, 1)  # (k, n): the k-th of the n arrays this stage is submitted as
+
+    @property
+    def label(self) -> str:
+        """The stage name, or 'stage#k' for the k-th of several arrays of one stage."""
+        return self.stage if self.part[1] == 1 else f"{self.stage}#{self.part[0]}"
+
+    def item_dependency(self, ids: Optional[Mapping[str, Sequence[str]]] = None
+                        ) -> Tuple[Optional[str], List[List[str]]]:
+        """hpc.pipeline.arrays.dependency: the aftercorr/afterok term and each item's upstream job id."""
+        return arrays.dependency(arrays.Part(self.items, self.waits or (None,) * len(self.items)),
+                                 self.item_after, ids)
+
+    def executor_parameters(self, dependency: Optional[str] = None, setup: Sequence[str] = ()) -> Dict[str, Any]:
+        if self.kind == "slurm":
+            return sbatch.slurm_parameters(self.resources, self.stage, dependency, setup, self.run_dir)
+        return sbatch.local_parameters(self.resources)
+
+    @property
+    def run_dir(self) -> str:
+        return self.folder.rsplit("/", 3)[0]  # the folder is <run_dir>/<stage>/logs/%j (make_plan)
+
+    def sbatch_text(self, python: Optional[str] = None, setup: Sequence[str] = (), how: str = "afterok") -> str:
+        """`how`: the dependency type on the `after` stages (a sweep's arrays wait afterany)."""
+        per_item, _ = self.item_dependency()
+        dependency = ",".join([f"{how}:<{s}>" for s in self.after] + [per_item] * bool(per_item)) or None
+        size = len(self.items) if self.is_array else None
+        params = sbatch.slurm_parameters(self.resources, self.stage, dependency, setup, self.run_dir)
+        return sbatch.render(params, self.folder, size, python)
+
+
+@dataclass(frozen=True)
+class Plan:
+    pipeline: str
+    run_dir: str
+    kind: str
+    jobs: Tuple[JobSpec, ...]
+    skipped: Tuple[str, ...]  # "stage[item]: why" lines
+    notes: Tuple[str, ...]
+
+    def render(self, python: Optional[str] = None, setup: Sequence[str] = ()) -> str:
+        """The summary, then the sbatch script of every job (the dry-run output)."""
+        label = "sbatch script" + ("" if self.kind == "slurm"
+                                   else f" on SLURM (the {self.kind} executor runs no sbatch)")
+        lines = [self.summary()]
+        for job in self.jobs:
+            lines += ["", f"# ---- {label}: stage {job.label} ----", job.sbatch_text(python, setup)]
+        return "\n".join(lines)
+
+    def summary(self) -> str:
+        """Which stages and items run, how many ranks, after what; what is skipped and why."""
+        lines = [f"plan: pipeline {self.pipeline} -> {self.run_dir} (executor: {self.kind})"]
+        for job in self.jobs:
+            items = f" items {list(job.items)}" if job.is_array else ""
+            part = f" (array {job.part[0]} of {job.part[1]})" if job.part[1] > 1 else ""
+            how = "afterok" if self.kind == "slurm" else "submitted when it has ended"
+            waits = [f"{', '.join(job.after)} ({how})"] * bool(job.after) + _item_wait(job, how)
+            after = f" after {', '.join(waits)}" if waits else ""
+            lines.append(f"  stage {job.stage}{part}:{items} {_rank_text(job)} per job{after}")
+            lines.append(f"    each task runs {job.describe}")
+            lines += [f"    {line}" for line in batch_lines(job.batch, job.worlds or (job.ranks,))]
+        lines += [f"  skip {s}" for s in self.skipped]
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def make_plan(pipe: PipelineDef, cfg: Any, run_dir: str, kind: str,
+              finished: FrozenSet[TaskKey] = frozenset(),
+              queued: Union[FrozenSet[TaskKey], Mapping[TaskKey, str]] = frozenset(),
+              max_array_size: Optional[int] = None) -> Plan:
+    """Which jobs to submit now. `finished`: tasks with a done marker; `queued`: tasks still in the
+    queue, as task key -> job id where a stage waits on them item by item (per_item_after).
+    `max_array_size`: the cluster's MaxArraySize (task ids 0 to it - 1); a larger stage is split
+    into several arrays (None: no limit). `kind` may carry why `auto` fell back from SLURM
+    (hpc.slurm.scheduler.Kind): the notes then say it."""
+    jobs: List[JobSpec] = []
+    skipped: List[str] = []
+    notes: List[str] = []
+    not_todo = finished | frozenset(queued)
+    placed: Dict[TaskKey, arrays.Ref] = {}  # (stage, item) -> (label, task id) of what is submitted now
+    notes.extend(pipe.notes(cfg))
+    defined: Dict[str, StageDef] = {}
+    for stage in pipe.stages(cfg):
+        _check_per_item(stage, defined)
+        defined[stage.name] = stage
+        if stage.skip:  # stages waiting on it wait only for what is submitted or queued
+            skipped.append(f"{stage.name}: {stage.skip}")
+            continue
+        keys = [(stage.name, item) for item in (stage.items or (None,))]
+        todo = tuple(item for (_, item) in keys if (stage.name, item) not in not_todo)
+        for key in keys:
+            if key in finished:
+                skipped.append(f"{task_key(*key)}: done marker present")
+            elif key in queued:
+                skipped.append(f"{task_key(*key)}: already queued or running")
+        if not todo:
+            continue
+        res = dict(to_dict(cfg.stages[stage.resources or stage.name]))
+        if kind == "slurm" and stage.batch:  # every node count SLURM may grant, not only the ends
+            _check_batch(f"stages.{stage.resources or stage.name}.nodes", res, stage.batch[0])
+        ranks, note = _ranks(stage.name, res, kind)
+        if note:
+            notes.append(note)
+        # wait for what is submitted now or still queued from an earlier submission
+        after = tuple(s for s in stage.after if any(j.stage == s for j in jobs) or any(k[0] == s for k in queued))
+        where = {i: arrays.locate((stage.per_item_after, i), placed, queued)
+                 for i in todo} if stage.per_item_after and kind == "slurm" else {}
+        # the local executor runs stages in order: it names the stage only when it runs it now
+        item_after = stage.per_item_after if kind == "slurm" or any(j.stage == stage.per_item_after
+                                                                    for j in jobs) else ""
+        split = arrays.parts(todo, where, max_array_size if stage.items else None)
+        if len(arrays.chunks(todo, max_array_size)) > 1 and stage.items:
+            notes.append(f"stage {stage.name}: {len(todo)} items, more than the cluster's MaxArraySize "
+                         f"{max_array_size}: submitted as {len(split)} arrays")
+        for k, part in enumerate(split, 1):
+            job = JobSpec(stage=stage.name, target=stage.target, items=part.items, is_array=bool(stage.items),
+                          indices=tuple(stage.items.index(i) if stage.items else None for i in part.items),
+                          resources=res, after=after, folder=f"{run_dir}/{stage.name}/logs/%j",
+                          kind=kind, ranks=ranks[0], describe=stage.describe or stage.target,
+                          worlds=ranks, batch=tuple(stage.batch), item_after=item_after,
+                          waits=part.waits if any(w is not None for w in part.waits) else (),
+                          part=(k, len(split)))
+            placed.update({(stage.name, i): (job.label, t) for t, i in enumerate(part.items)})
+            jobs.append(job)
+    notes += _fallback_notes(pipe, cfg, getattr(kind, "why_not_slurm", ""))
+    if kind != "slurm" and len(jobs) > 1:
+        notes.append("the local executor has no afterok: stages run one after another, "
+                     "and submit waits for each before starting the next")
+    return Plan(pipe.name, run_dir, kind, tuple(jobs), tuple(skipped), tuple(notes))
+
+
+def _check_per_item(stage: StageDef, defined: Mapping[str, StageDef]) -> None:
+    """per_item_after names an earlier array stage holding every item of this array stage."""
+    up = defined.get(stage.per_item_after)
+    if not stage.per_item_after or (up and stage.items and up.items and set(stage.items) <= set(up.items)
+                                    and up.name not in stage.after):
+        return
+    from hpc.config.schema import ConfigError
+
+    raise ConfigError(f"stage {stage.name}: per_item_after={stage.per_item_after!r} with items {list(stage.items)}; "
+                      "expected an earlier array stage, not also in `after`, with every one of these items "
+                      f"(earlier stages: {sorted(defined)}). HINT: fix the pipeline's StageDef list.")
+
+
+def _item_wait(job: JobSpec, how: str) -> List[str]:
+    """How `job` waits on its per_item_after stage, in words ([] when it waits on none of it)."""
+    if not job.item_after or (job.kind == "slurm" and not job.waits):
+        return []
+    if job.kind != "slurm":
+        return [f"{job.item_after} ({how})"]
+    if len(job.items) == 1:
+        return [f"{task_key(job.item_after, job.items[0])} (afterok)"]
+    array = job.waits[0][0] if isinstance(job.waits[0], tuple) else f"job {job.waits[0].split('_')[0]}"
+    return [f"{job.item_after}[k] for each item k (aftercorr on {array})"]
+
+
+def _fallback_notes(pipe: PipelineDef, cfg: Any, why_not_slurm: str) -> List[str]:
+    """What `--cluster auto` falling back to the local executor means for each stage that asks for
+    GPUs, in words, with the reason no SLURM answered."""
+    if not why_not_slurm:
+        return []
+    notes = []
+    for stage in pipe.stages(cfg):
+        res = to_dict(cfg.stages[stage.resources or stage.name])
+        if res["gpus_per_node"]:
+            notes.append(f"no SLURM answered ({why_not_slurm}); stage {stage.name} asks for "
+                         f"{res['gpus_per_node']} GPUs per node and runs as {res['local_tasks']} CPU "
+                         "process(es) here")
+    return notes or [f"no SLURM answered ({why_not_slurm}); running on this machine"]
+
+
+def _ranks(stage: str, res: Dict[str, Any], kind: str) -> Tuple[Tuple[int, ...], str]:
+    """The world sizes a job may run with (both ends of a node range; one otherwise), and a note
+    when the executor runs another number of processes than SLURM would."""
+    lo, hi = noderange.bounds(res["nodes"])
+    requested = tuple(sorted({lo * res["tasks_per_node"], hi * res["tasks_per_node"]}))
+    if kind == "slurm":
+        return requested, ""
+    actual = res["local_tasks"]
+    if requested == (actual,):
+        return requested, ""
+    return (actual,), (f"stage {stage}: requested {noderange.show((lo, hi))} node(s) x {res['tasks_per_node']} "
+                       f"task(s) = {'-'.join(map(str, requested))} rank(s); the {kind} executor runs {actual} "
+                       "process(es) on this machine's CPU")
+
+
+def _check_batch(where: str, res: Dict[str, Any], global_batch: int) -> None:
+    from hpc.config.schema import ConfigError
+
+    try:
+        noderange.check_batch(where, noderange.bounds(res["nodes"]), res["tasks_per_node"], global_batch)
+    except noderange.NodeRangeError as err:
+        raise ConfigError(str(err)) from None
+
+
+def _rank_text(job: JobSpec) -> str:
+    """'4 rank(s)'; under a node range '1-2 node(s) x 2 task(s) = 2-4 rank(s)'."""
+    worlds = job.worlds or (job.ranks,)
+    if len(worlds) == 1:
+        return f"{worlds[0]} rank(s)"
+    return (f"{noderange.show(noderange.bounds(job.resources['nodes']))} node(s) x {job.resources['tasks_per_node']} task(s) = "
+            f"{worlds[0]}-{worlds[-1]} rank(s)")
+
+
+def batch_lines(batch: Sequence[int], worlds: Sequence[int]) -> List[str]:
+    """The batch plan (hpc.runtime.batching.plan_batch) at each world size; one that cannot split says so."""
+    if not batch:
+        return []
+    global_batch, per_device_max = batch
+    lines = []
+    for world in worlds:
+        try:
+            b = plan_batch(global_batch, per_device_max, world)
+        except ValueError as err:
+            lines.append(f"batch at {world} rank(s): cannot plan: {err}")
+            continue
+        lines.append(f"batch at {world} rank(s): global {b.global_batch} = {b.micro_batch} per micro-batch x "
+                     f"{b.accum_steps} accumulation step(s) x {world} rank(s)")
+    return lines

@@ -1,0 +1,87 @@
+"""Resources -> submitit executor parameters, and the sbatch text they produce.
+
+    python -m hpc.submit langsplat --cluster slurm --dry-run    # prints what render() returns
+
+The dry-run text is made by submitit's own script builder from the very parameters the submitter
+passes to the executor, so what is printed is what sbatch receives. Every value goes through
+shlex.quote there; config values were already restricted to plain tokens in hpc.config.schema.
+"""
+from __future__ import annotations
+
+import shlex
+import sys
+from typing import Any, Dict, Mapping, Optional, Sequence
+
+from hpc.slurm import noderange
+from hpc.recovery.nodefail import DEFAULT_MAX_NODE_FAILURES
+
+
+def slurm_parameters(res: Mapping[str, Any], job_name: str, dependency: Optional[str] = None,
+                     setup: Sequence[str] = (), run_dir: Optional[str] = None) -> Dict[str, Any]:
+    """Parameters for submitit.SlurmExecutor.update_parameters(); with `run_dir`, srun runs under
+    hpc.afterstep (node failures, node ranges after a requeue)."""
+    lo, hi = noderange.bounds(res["nodes"])
+    params: Dict[str, Any] = {
+        "job_name": job_name,
+        # submitit counts the job's tasks from an integer: the fewest it may get (a range goes below)
+        "nodes": lo,
+        "ntasks_per_node": res["tasks_per_node"],
+        "cpus_per_task": res["cpus_per_task"],
+        "time": res["time_min"],
+        # SIGUSR2, not USR1: NCCL may catch USR1 (submitit's note); the stage checkpoints on it.
+        "signal_delay_s": res["signal_delay_s"],
+    }
+    if res["gpus_per_node"]:
+        params["gpus_per_node"] = res["gpus_per_node"]
+    if res.get("array_parallelism"):  # the %P of --array=0-N%P; a job that is no array ignores it
+        params["array_parallelism"] = res["array_parallelism"]
+    for key in ("mem", "partition", "account", "qos", "constraint"):
+        if res.get(key) is not None:
+            params[key] = res[key]
+    # requeue: a preempted job (PreemptMode=REQUEUE) comes back with the same id and resumes.
+    extra: Dict[str, Any] = {"requeue": True, **dict(res.get("extra") or {})}
+    if hi != lo:  # overrides submitit's --nodes line: sbatch --nodes=MIN-MAX
+        extra["nodes"] = noderange.show((lo, hi))
+    if dependency:
+        extra["dependency"] = dependency
+    params["additional_parameters"] = extra
+    # a rank that dies takes the whole step down at once; otherwise its peers block in the next
+    # collective until their NCCL/gloo timeout or the job's time limit.
+    params["srun_args"] = ["--kill-on-bad-exit=1"]
+    ours = afterstep_setup(res, run_dir) if run_dir is not None else []
+    if ours or setup:
+        params["setup"] = ours + list(setup)
+    return params
+
+
+def afterstep_setup(res: Mapping[str, Any], run_dir: str, python: Optional[str] = None) -> list:
+    """Lines before srun: srun runs under hpc.afterstep (node failures, a node range after a requeue),
+    which is told what the job asked for; the script outlives SIGTERM until srun has ended."""
+    python = python or shlex.quote(sys.executable)
+    limit = int(res.get("max_node_failures", DEFAULT_MAX_NODE_FAILURES))
+    return ["trap true TERM  # hpc: a preemption, requeue or node failure: wait for srun under hpc.afterstep",
+            f'srun() {{ {python} -u -m hpc.afterstep {shlex.quote(run_dir)} -- "$@"; }}',
+            f"export HPC_NODES={shlex.quote(str(res['nodes']))} HPC_MAX_NODE_FAILURES={limit}"]
+
+
+def local_parameters(res: Mapping[str, Any]) -> Dict[str, Any]:
+    """Parameters for submitit.LocalExecutor: one machine, CPU processes, no scheduler."""
+    return {"timeout_min": res["time_min"], "tasks_per_node": res["local_tasks"], "nodes": 1,
+            "gpus_per_node": 0, "signal_delay_s": res["signal_delay_s"]}
+
+
+def submit_command(folder: str, python: Optional[str] = None) -> str:
+    """The command submitit runs in each task (mirrors SlurmExecutor._submitit_command_str)."""
+    python = python or shlex.quote(sys.executable)
+    return " ".join([python, "-u -m submitit.core._submit", shlex.quote(folder)])
+
+
+def render(params: Mapping[str, Any], folder: str, array_size: Optional[int] = None,
+           python: Optional[str] = None) -> str:
+    """The sbatch script submitit would write for these parameters."""
+    from submitit.slurm.slurm import _make_sbatch_string  # private, but it is the source of truth
+
+    params = dict(params)
+    if array_size:
+        params["map_count"] = array_size
+    return _make_sbatch_string(command=submit_command(folder, python), folder=folder, **params)

@@ -1,0 +1,248 @@
+"""The requeue decision after a stop, read from SLURM; the stop signals come from hpc.recovery.stopsignal.
+
+Usage (what hpc.trainloop does for you)::
+
+    with StopFlag() as flag:                       # USR2 = time limit near, TERM = preempted
+        vote = StopVote(flag, device=s.device)
+        for step in ...:
+            train_step()
+            request = vote.poll()                  # collective: every rank, at the same steps
+            if request:
+                store.save(step, state, blocking=True)
+                decision = preemption.handle_stop(request, history=ckpt_dir / "requeue.json")
+                preemption.exit_for(decision)      # SystemExit after a requeue, error if none
+        vote.close()
+    # the handlers that were there before are back
+
+Submit with ``--signal=USR2@<seconds>`` (submitit: ``slurm_signal_delay_s``) and ``--requeue``.
+USR2, not USR1: NCCL may catch USR1. Handlers only set a flag; the work happens at a step
+boundary, where a MAX all-reduce makes every rank stop at the same step (Lightning deadlocked when
+only some ranks saw SIGTERM). The all-reduce is asynchronous and read one poll later, so no poll
+waits for the device (see StopVote). Whether the job was preempted or is timing out is read from
+SLURM's job state, not guessed from elapsed time as submitit does.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from hpc.recovery import requeue
+from hpc.slurm import scheduler
+from hpc.rundir.run import atomic_write_text
+from hpc.recovery.stopsignal import (DEFAULT_TIMEOUT_SIGNAL, PREEMPT_SIGNAL, REASON_CODES,  # noqa: F401
+                            StopFlag, StopRequest, StopVote, install)
+
+log = logging.getLogger(__name__)
+DEFAULT_MAX_TIMEOUTS = 3
+DEFAULT_MAX_HANGS = 3  # requeues after a hang (hpc.recovery.watchdog); a hang that comes back every time is a bug
+
+
+# ------------------------------------------------------------------ what SLURM says about the job
+@dataclass(frozen=True)
+class Decision:
+    """Outcome of a stop: requeue or not, who requeues ('hpc' runs scontrol, 'slurm' already did),
+    and why, in words for the log and the error."""
+
+    requeue: bool
+    by: str | None
+    why: str
+    kind: str  # 'preempt' | 'timeout' | 'hang' | 'cancelled' | 'finished'
+
+
+# SLURM job state -> what happened to the job. Any other state (RUNNING, COMPLETING) falls through
+# to the fields below and finally to the signal seen.
+STATE_KINDS = {
+    "PREEMPTED": "preempt", "REQUEUED": "preempt", "REQUEUE_HOLD": "preempt",
+    "REQUEUE_FED": "preempt", "PENDING": "preempt",
+    "TIMEOUT": "timeout", "DEADLINE": "timeout",
+    "CANCELLED": "cancelled",
+    "COMPLETED": "finished", "FAILED": "finished", "NODE_FAIL": "finished", "OUT_OF_MEMORY": "finished",
+}
+# States in which SLURM has already queued the job again: running `scontrol requeue` is redundant.
+REQUEUED_BY_SLURM = {"REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "PENDING"}
+_UNSET = {"", "None", "Unknown", "(null)"}
+
+
+def job_info(job_id: str, runner: Callable[..., Any] = subprocess.run, tries: int = 3) -> dict[str, str]:
+    """hpc.slurm.scheduler.job_info (JobState, PreemptTime, ...), or {} when SLURM cannot say: the signal
+    then decides. An scontrol that exits non-zero is asked again: while a step is being ended (time
+    limit, requeue) slurmstepd signals every process of the step, and an scontrol started then can
+    die of it (no stderr)."""
+    for attempt in range(1, tries + 1):
+        try:
+            return scheduler.job_info(job_id, runner=runner)
+        except scheduler.SlurmExit as err:
+            log.warning("try %d of %d: %s", attempt, tries, err)
+            time.sleep(0.2 * attempt)
+        except RuntimeError as err:  # scontrol could not run or gave no answer in time
+            log.warning("could not ask SLURM about job %s: %s", job_id, err)
+            return {}
+    return {}
+
+
+def classify(info: dict[str, str], signal_kind: str, restart_count: int = 0) -> tuple[str, bool]:
+    """(what happened, whether SLURM requeues the job itself) from `scontrol show job` fields.
+
+    During GraceTime a preempted job still reads JobState=RUNNING; SLURM marks it by setting
+    PreemptTime (and EndTime = PreemptTime + GraceTime). After GraceTime it reads COMPLETING with
+    Restarts already incremented. Only when SLURM shows none of these does the signal decide:
+    the time-limit signal (--signal=USR2@N) leaves the job RUNNING with PreemptTime=None.
+    """
+    state = info.get("JobState", "UNKNOWN").split("+")[0].upper()
+    if state in STATE_KINDS:
+        return STATE_KINDS[state], state in REQUEUED_BY_SLURM
+    if info.get("PreemptTime", "None") not in _UNSET or "preempt" in info.get("Reason", "").lower():
+        return "preempt", False
+    if int(info.get("Restarts", 0) or 0) > restart_count:
+        return "preempt", True
+    if info.get("Reason") == "TimeLimit":  # at the limit: JobState=COMPLETING, Reason=TimeLimit
+        return "timeout", False
+    if state == "COMPLETING":  # ending with no preemption recorded: scancel (its SIGTERM) or failure
+        return "cancelled", False
+    return signal_kind, False
+
+
+def decide(kind: str, state: str, timeouts_done: int, max_timeouts: int,
+           by: str = "hpc", hangs_done: int = 0, max_hangs: int = DEFAULT_MAX_HANGS) -> Decision:
+    """Requeue table: preemption always, timeout up to `max_timeouts` times, a hang (hpc.recovery.watchdog)
+    up to `max_hangs` times, never otherwise.
+
+    `state` is what SLURM showed (for the message), `by` who requeues ('hpc' or 'slurm').
+    """
+    if kind == "preempt":
+        return Decision(True, by, f"preempted (SLURM JobState={state})", kind)
+    if kind == "hang":
+        if hangs_done < max_hangs:
+            return Decision(True, by, f"a rank hung: requeue {hangs_done + 1} of at most {max_hangs} "
+                                      "for hangs, from the last checkpoint", kind)
+        return Decision(False, None, f"hung {hangs_done + 1} times, more than max_hangs={max_hangs}. "
+                        "HINT: read the stacks under the task's hangs/ directory (python -m hpc.status "
+                        "names the rank and host)", kind)
+    if kind == "timeout":
+        if timeouts_done < max_timeouts:
+            return Decision(True, by, f"time limit near: requeue {timeouts_done + 1} of at most "
+                                      f"{max_timeouts} for timeouts", kind)
+        return Decision(False, None, f"timed out {timeouts_done + 1} times, more than max_timeouts="
+                        f"{max_timeouts}. HINT: raise max_timeouts or the time limit (--time), or "
+                        "resubmit into the same run directory to continue from the checkpoint", kind)
+    if kind == "cancelled":
+        return Decision(False, None, f"cancelled (SLURM JobState={state}); not requeued", kind)
+    return Decision(False, None, f"job is {state}; a finished job is never requeued", kind)
+
+
+def load_history(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        return {"timeouts": 0, "preemptions": 0, "events": []}
+
+
+def _record(path: Path, history: dict[str, Any], decision: Decision, info: dict[str, str]) -> None:
+    history["timeouts" if decision.kind == "timeout" else "preemptions"] += decision.kind in (
+        "timeout", "preempt")
+    history["hangs"] = history.get("hangs", 0) + (decision.kind == "hang")
+    history["events"].append({"time": time.time(), "restart": info.get("Restarts"),
+                              "state": info.get("JobState"), **asdict(decision)})
+    atomic_write_text(Path(path), json.dumps(history, indent=1))
+
+
+def handle_stop(request: StopRequest, history: str | os.PathLike, job_id: str | None = None,
+                max_timeouts: int = DEFAULT_MAX_TIMEOUTS,
+                runner: Callable[..., Any] = subprocess.run) -> Decision:
+    """On rank 0 only: read SLURM's verdict, record it in `history`, requeue if the table says so."""
+    job_id = job_id or os.environ.get("SLURM_JOB_ID")
+    if not job_id:
+        return Decision(False, None, "not running under SLURM; nothing to requeue", request.reason)
+    info = job_info(job_id, shielded(runner))
+    state = info.get("JobState", "UNKNOWN")
+    restarts = int(os.environ.get("SLURM_RESTART_COUNT", 0) or 0)
+    # A job that exits during GraceTime is not requeued by SLURM, even with PreemptMode=REQUEUE
+    # (seen on Slurm 22.05): unless SLURM already queued it again, hpc runs scontrol requeue.
+    kind, by_slurm = classify(info, request.reason, restarts)
+    evidence = f"{state}, PreemptTime={info.get('PreemptTime', '?')}"
+    past = load_history(Path(history))
+    decision = decide(kind, evidence, past["timeouts"], max_timeouts, "slurm" if by_slurm else "hpc",
+                      past.get("hangs", 0))
+    _record(Path(history), past, decision, info)
+    log.warning("stop at SLURM JobState=%s Reason=%s: %s", state, info.get("Reason"), decision.why)
+    if decision.requeue and decision.by == "hpc":
+        refused = _requeue(job_id, restarts, runner)
+        if refused:
+            return Decision(False, None, f"{refused} HINT: submit with --requeue and check JobRequeue in "
+                            "slurm.conf", kind)
+    if decision.requeue:  # SLURM pins the node count it last granted: give a node range back (hpc.recovery.requeue)
+        try:
+            requeue.after_requeue(job_id)
+        except RuntimeError as err:  # the batch script's hpc.afterstep tries again
+            log.warning("node range of job %s not restored: %s", job_id, err)
+    return decision
+
+
+REQUEUE_TRIES = 3
+
+
+def _requeue(job_id: str, restarts: int, runner: Callable[..., Any]) -> str:
+    """Run `scontrol requeue`; '' once SLURM has the job queued again, else SLURM's words.
+
+    This runs in the job's last seconds: after the time limit's SIGTERM and before KillWait's
+    SIGKILL, while slurmd may signal the step's processes again, and the requeue itself signals
+    them too. The client runs with the stop signals blocked (`shielded`), and one
+    that died of a signal anyway, before SLURM took the request, is run again."""
+    seen = ""
+    for _ in range(REQUEUE_TRIES):
+        try:
+            scheduler.requeue(job_id, runner=shielded(runner))
+            return ""
+        except RuntimeError as err:
+            if _taken(job_id, restarts, runner):
+                return ""
+            seen = str(err).partition(" HINT:")[0]
+            if getattr(err, "returncode", 1) >= 0:  # SLURM answered, and refused: asking again will not help
+                return seen
+    return seen
+
+
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGUSR2, signal.SIGUSR1}
+
+
+def shielded(runner: Callable[..., Any]) -> Callable[..., Any]:
+    """`runner` with this thread's stop signals (SIGTERM, SIGUSR2, SIGUSR1) blocked while it runs.
+    A child inherits the signal mask, so the SLURM client it starts cannot die of them halfway;
+    for this process they stay pending and reach its handlers as soon as the call returns."""
+    def run(*args: Any, **kwargs: Any) -> Any:
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            return runner(*args, **kwargs)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+    return run
+
+
+def _taken(job_id: str, restarts: int, runner: Callable[..., Any]) -> bool:
+    """Whether SLURM requeued the job although scontrol failed: a requeue ends the job's steps at
+    once, and an scontrol run from inside one (the hang watchdog's) can die of that SIGTERM."""
+    return classify(job_info(job_id, shielded(runner)), "", restarts)[1]
+
+
+class JobNotRequeued(RuntimeError):
+    """The job stopped early and will not run again; the message says why."""
+
+
+def exit_for(decision: Decision) -> None:
+    """End this process after a stop: SystemExit when requeued, JobNotRequeued otherwise.
+
+    SystemExit is not an Exception, so submitit writes no result for a requeued job (its client
+    keeps waiting for the rerun); JobNotRequeued becomes the job's error result, with the reason.
+    """
+    if decision.requeue:
+        log.warning("exiting for requeue (%s)", decision.why)
+        raise SystemExit(-1)
+    raise JobNotRequeued(f"job stopped and not requeued: {decision.why}")

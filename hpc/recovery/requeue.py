@@ -1,0 +1,102 @@
+"""Putting a job back in the queue so that it runs again as it was asked for, not as it last ran.
+
+    python -c "from hpc import requeue; print(requeue.fields((1, 2), 2, ['n2']))"
+    # {'NumNodes': '1-2', 'NumTasks': '2', 'ExcNodeList': 'n2'}
+
+- Node ranges. Slurm 22.05 requeues a job with NumTasks pinned to its last allocation's: a
+  `--nodes=1-2 --ntasks-per-node=2` job that ran on 2 nodes comes back asking for 4 tasks, which
+  only 2 nodes hold, so with a node gone it pends for good. The range itself is kept. After every
+  requeue hpc sets NumTasks back to MIN x tasks per node, what sbatch asked for at submission; SLURM
+  grants any count of the range again and the tasks follow the nodes (--ntasks-per-node).
+- Failed nodes join the job's ExcNodeList.
+- SLURM refuses both while the job runs ("Job is no longer pending execution") and takes them once
+  the requeue has begun (COMPLETING) or the job pends. The job's processes are being ended then
+  (SIGTERM, and SIGKILL KillWait seconds later): an scontrol started meanwhile can die of that
+  SIGTERM, so each update is tried again.
+- Where requeue is refused (JobRequeue=0, a site's job_submit plugin, `scontrol requeue` denied),
+  `resubmit_after` submits a one-task job that waits for this one to end (afterany) and then runs
+  hpc.afterstep.resubmit: hpc.submit into the same run directory with the failed nodes excluded, as
+  a user would; the stages that waited on the failed job are submitted again with it.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+
+from hpc.slurm import hostlist, noderange, scheduler
+
+log = logging.getLogger(__name__)
+_UNSET = {"", "(null)", "None"}
+
+
+def requested(environ: Mapping[str, str] = os.environ) -> Optional[Tuple[Tuple[int, int], int]]:
+    """((MIN, MAX) nodes, tasks per node) the job asked for: HPC_NODES, which hpc's batch script
+    exports, and SLURM's task count per node. None outside such a job."""
+    nodes, per_node = environ.get("HPC_NODES", ""), environ.get("SLURM_NTASKS_PER_NODE", "")
+    if not nodes:
+        return None
+    if not per_node.isdigit():  # no --ntasks-per-node: the tasks the job got over its nodes
+        tasks, count = environ.get("SLURM_NTASKS", ""), environ.get("SLURM_JOB_NUM_NODES", "")
+        per_node = str(int(tasks) // int(count)) if tasks.isdigit() and count.isdigit() and int(count) else "1"
+    return noderange.bounds(nodes), int(per_node)
+
+
+def fields(nodes: Optional[Tuple[int, int]], tasks_per_node: int, exclude: Sequence[str] = ()) -> Dict[str, str]:
+    """The `scontrol update` fields that restore a node range and exclude nodes ({} for neither)."""
+    out = {}
+    if nodes and nodes[0] != nodes[1]:
+        out.update(NumNodes=noderange.show(nodes), NumTasks=str(nodes[0] * tasks_per_node))
+    if exclude:
+        out["ExcNodeList"] = ",".join(sorted(set(exclude)))
+    return out
+
+
+def excluded(info: Mapping[str, str]) -> list:
+    """The nodes a job already excludes (`scontrol show job`'s ExcNodeList)."""
+    value = info.get("ExcNodeList", "")
+    return [] if value in _UNSET else hostlist.expand(value)
+
+
+def after_requeue(job_id: str, exclude: Sequence[str] = (), environ: Mapping[str, str] = os.environ,
+                  tries: int = 6) -> Dict[str, str]:
+    """Once the job is being requeued: its node range back and `exclude` excluded. Returns the
+    fields set ({} when there was nothing to do); raises scheduler.SlurmExit if SLURM refused."""
+    shape = requested(environ)
+    todo = fields(shape[0] if shape else None, shape[1] if shape else 1, exclude)
+    if todo:
+        retry(lambda: scheduler.update_job(job_id, todo), tries)
+    return todo
+
+
+def retry(call: Any, tries: int, pause_s: float = 0.2) -> Any:
+    """`call()`, again after a failure (an scontrol killed by the job's SIGTERM exits non-zero)."""
+    for attempt in range(1, tries + 1):
+        try:
+            return call()
+        except scheduler.SlurmExit as err:
+            if attempt == tries:
+                raise
+            log.warning("try %d of %d: %s", attempt, tries, err)
+            time.sleep(pause_s * attempt)
+
+
+def resubmit_after(job_id: str, run_dir: str, stage: str, exclude: Sequence[str],
+                   info: Mapping[str, str]) -> str:
+    """Submit (through submitit) the job that resubmits `stage` into `run_dir` once `job_id` has
+    ended; returns its id. It runs in this job's partition, account and QOS, from this job's working
+    directory, where the pipeline's module is importable, without this job's SLURM_* variables."""
+    import submitit
+
+    from hpc.afterstep import resubmit
+    from hpc.pipeline.executor import submission_env
+
+    extra = {"dependency": f"afterany:{job_id}", **{flag: info[key] for key, flag in (
+        ("Account", "account"), ("QOS", "qos")) if info.get(key, "") not in _UNSET}}
+    executor = submitit.SlurmExecutor(folder=f"{run_dir}/{stage}/logs/resubmit-%j")
+    partition = {"partition": info["Partition"]} if info.get("Partition", "") not in _UNSET else {}
+    executor.update_parameters(job_name=f"hpc-resubmit-{stage}", nodes=1, ntasks_per_node=1, cpus_per_task=1,
+                               time=10, additional_parameters=extra, **partition)
+    with submission_env():
+        return str(executor.submit(resubmit, run_dir, stage, list(exclude)).job_id)

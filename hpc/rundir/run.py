@@ -1,0 +1,252 @@
+"""The run directory: manifest, resolved config, per-stage/task folders and done markers.
+
+    python -m hpc.status runs/langsplat-20260101-120000     # reads what this module writes
+
+Layout:
+    <run>/manifest.json        pipeline, run id (hpc.rundir.tracking), the user's code version (git commit of
+                               the pipeline module's checkout or of the working directory), its snapshot
+                               and hpc's version, submissions (time, job ids per stage and task, the
+                               job ids each job waits for, the snapshot each job runs)
+    <run>/config.yaml          the resolved config
+    <run>/code/<hash>/         the code snapshot the jobs import (hpc.rundir.snapshot); <hash>.json lists its files
+    <run>/.submit.lock         held (flock) by the submission that is reading state and writing the manifest
+    <run>/<stage>/logs/<jobid>/<jobid>_<rank>_log.{out,err}   submitit's per-rank logs
+    <run>/<stage>/[task-<item>/]  done, checkpoints/, tensorboard/, outputs
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Optional, Sequence, Tuple
+
+from hpc.fs.atomic import write_bytes as atomic_write_bytes
+from hpc.fs.sharedfs import local_locks, lock_error
+
+DONE = "done"
+LOCK = ".submit.lock"
+LOCK_WAIT_S = 60.0  # how long a second submission into the same run dir waits before it is refused
+
+
+class RunDirError(RuntimeError):
+    """A run directory that cannot be used: the message says what was seen, what is expected, and a HINT."""
+
+
+class RunDir:
+    def __init__(self, path: os.PathLike | str):
+        self.path = Path(path).resolve()
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.path / "manifest.json"
+
+    @property
+    def config_path(self) -> Path:
+        return self.path / "config.yaml"
+
+    def task_dir(self, stage: str, item: Any = None) -> Path:
+        base = self.path / stage
+        return base if item is None else base / f"task-{item}"
+
+    def is_done(self, stage: str, item: Any = None) -> bool:
+        return (self.task_dir(stage, item) / DONE).exists()
+
+    def mark_done(self, stage: str, item: Any, info: Dict[str, Any]) -> None:
+        atomic_write_text(self.task_dir(stage, item) / DONE, json.dumps(info, default=str, indent=1))
+
+    def finished(self, keys: List[Tuple[str, Any]]) -> FrozenSet[Tuple[str, Any]]:
+        return frozenset(k for k in keys if self.is_done(*k))
+
+    def check_usable(self) -> None:
+        """Refuse, before anything is submitted, a run dir that is a file, sits under a file, or
+        cannot be written (the nearest existing directory is what a new run dir would be made in)."""
+        hint = "HINT: pass --run-dir a writable directory, or a new path under one."
+        if self.path.exists() and not self.path.is_dir():
+            raise RunDirError(f"run dir {self.path} is a file; expected a directory. {hint}")
+        base = self.path
+        while not base.exists():
+            base = base.parent
+        if not base.is_dir():
+            raise RunDirError(f"run dir {self.path} sits under {base}, which is a file; expected a directory. {hint}")
+        if not os.access(base, os.W_OK | os.X_OK):
+            raise RunDirError(f"run dir {self.path}: {base} is read-only; expected a writable directory. {hint}")
+
+    # ---- manifest
+    def manifest(self) -> Dict[str, Any]:
+        """The manifest, or {} before the first submission; a damaged one is a RunDirError."""
+        if not self.manifest_path.exists():
+            return {}
+        try:
+            data = json.loads(self.manifest_path.read_bytes())
+        except (OSError, ValueError) as err:  # empty, truncated, binary (UnicodeDecodeError), a directory
+            raise self._damaged(f"cannot be read as JSON ({str(err).splitlines()[0]})") from None
+        if not isinstance(data, dict):
+            raise self._damaged(f"holds a JSON {type(data).__name__}")
+        if not isinstance(data.get("tasks"), dict) or not isinstance(data.get("submissions"), list) or not all(
+                isinstance(t, dict) and {"stage", "item", "job_id", "jobs"} <= set(t) for t in data["tasks"].values()):
+            raise self._damaged("lacks its 'tasks' and 'submissions' entries")
+        return data
+
+    def _damaged(self, what: str) -> RunDirError:
+        return RunDirError(f"{self.manifest_path} {what}; expected the JSON object written by python -m hpc.submit. "
+                           "HINT: restore it, or move it away to start the run's bookkeeping afresh "
+                           "(done markers are kept, so finished tasks are still skipped).")
+
+    def start(self, pipeline: str, config_yaml: str, kind: str, code: Optional[Dict[str, Any]] = None) -> str:
+        """Create the directory (or reopen it) and save config.yaml; keeps earlier submissions.
+        `code`: the submitted code's version (code_version()) and its snapshot, recorded with this
+        submission. Returns the run id (hpc.rundir.tracking), made at the first submission and kept."""
+        from hpc.rundir.tracking import new_run_id
+
+        self.path.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(self.config_path, config_yaml)
+        data = self.manifest() or {"pipeline": pipeline, "submissions": [], "tasks": {}}
+        data.setdefault("run_id", new_run_id(self.path.name))
+        data.update(pipeline=pipeline, executor=kind, updated=_now(), **(code or {}))
+        self._write(data)
+        return data["run_id"]
+
+    def record(self, stage: str, item: Any, job_id: str, kind: str, after: Sequence[str] = ()) -> None:
+        """Remember the job that runs (stage, item); older attempts stay in the history.
+        `after`: the job ids it waits for (afterok), so status can tell when it never will start."""
+        self.record_all(stage, [(item, job_id)], kind, after)
+
+    def record_all(self, stage: str, jobs: Sequence[Tuple[Any, str]], kind: str,
+                   after: Sequence[str] = (), each_after: Sequence[Sequence[str]] = (),
+                   code: Optional[str] = None) -> None:
+        """record() for every (item, job_id) of one submission (an array): one manifest write.
+        `each_after`: per job, the further job ids it alone waits for (its own task, aftercorr).
+        `code`: the hash of the snapshot the jobs run (None: the live tree)."""
+        data = self.manifest()
+        for n, (item, job_id) in enumerate(jobs):
+            entry = data["tasks"].setdefault(task_key(stage, item), {"stage": stage, "item": item, "jobs": []})
+            waits = list(after) + [j for j in (each_after[n] if n < len(each_after) else ()) if j]
+            entry["jobs"].append({"job_id": job_id, "executor": kind, "submitted": _now(), "after": waits,
+                                  "code": code})
+            entry["job_id"] = job_id
+            data["submissions"].append({"time": _now(), "stage": stage, "item": item, "job_id": job_id})
+        self._write(data)
+
+    def tasks(self) -> List[Dict[str, Any]]:
+        return list(self.manifest().get("tasks", {}).values())
+
+    def slurm_jobs(self, stage: Optional[str] = None) -> List[str]:
+        """Latest job id of each task that went to SLURM (local jobs have no scheduler to ask)."""
+        return [t["job_id"] for t in self.tasks()
+                if t["jobs"][-1]["executor"] == "slurm" and stage in (None, t["stage"])]
+
+    def dependencies(self) -> Dict[str, List[str]]:
+        """Latest job of each task -> the job ids it waits for (afterok)."""
+        return {t["job_id"]: t["jobs"][-1].get("after", []) for t in self.tasks()}
+
+    def job_tasks(self) -> Dict[str, str]:
+        """Every job id ever recorded (all attempts) -> its task key, e.g. 'second[1]'."""
+        return {j["job_id"]: task_key(t["stage"], t["item"]) for t in self.tasks() for j in t["jobs"]}
+
+    def _write(self, data: Dict[str, Any]) -> None:
+        atomic_write_text(self.manifest_path, json.dumps(data, indent=1, default=str))
+
+    # ---- one submission at a time
+    @contextlib.contextmanager
+    def submission_lock(self, wait_s: Optional[float] = None, say: Callable[[str], None] = print) -> Iterator[None]:
+        """Hold the run dir's lock from reading its state to the last manifest write, so that two
+        submissions into one run dir neither lose each other's manifest entries nor both run every
+        task. A second submission waits up to `wait_s` (default LOCK_WAIT_S), saying so once, then
+        is refused. flock belongs to the open file: it is released when the holder exits, however it
+        exits, and it works across NFS clients (Linux emulates it with POSIX locks there). A mount
+        whose locks are node-local (Lustre's localflock, NFS's nolock) gets a warning, since they keep
+        nothing on other nodes out; a filesystem without locks is refused with the reason."""
+        wait_s = LOCK_WAIT_S if wait_s is None else wait_s
+        self.path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            deadline, told = time.monotonic() + wait_s, False
+            warning = local_locks(self.path)
+            say(f"warning: {warning}") if warning else None
+            while not _try_lock(fd, self.path / LOCK):
+                holder = os.pread(fd, 512, 0).decode(errors="replace").strip() or "a process"
+                if time.monotonic() >= deadline:
+                    raise RunDirError(
+                        f"run dir {self.path} is being submitted to by {holder}, still after {wait_s:g} s; "
+                        "expected one submission at a time. HINT: wait until that submission returns "
+                        "(python -m hpc.status shows the run), or pass another --run-dir.")
+                if not told:
+                    say(f"waiting up to {wait_s:g} s for {holder}, which is submitting into {self.path}")
+                    told = True
+                time.sleep(0.25)
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {_now()}\n".encode(), 0)
+            yield
+        finally:
+            os.close(fd)
+
+    # ---- logs
+    def log_path(self, stage: str, job_id: str, rank: int = 0, stream: str = "out") -> Path:
+        return self.path / stage / "logs" / job_id / f"{job_id}_{rank}_log.{stream}"
+
+
+def _try_lock(fd: int, path: Path) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError as err:  # a filesystem without locks: say so, not "no space" (hpc.fs.sharedfs)
+        problem = lock_error(path, err)
+        if problem is None:
+            raise
+        raise RunDirError(problem) from None
+    return True
+
+
+def task_key(stage: str, item: Any) -> str:
+    return stage if item is None else f"{stage}[{item}]"
+
+
+def code_version(module_file: Optional[str], cwd: Optional[Path] = None) -> Dict[str, Any]:
+    """What the manifest records about the submitted code: the git commit of the user's code and
+    hpc's version beside it. The user's code is the checkout of `module_file` (the pipeline's module;
+    None for pipelines that ship with hpc), else that of the working directory, where a `run`
+    pipeline's script lives."""
+    places = [Path(module_file).resolve().parent] if module_file else []
+    places.append(Path(cwd or os.getcwd()))
+    commit = root = None
+    for place in places:
+        commit, root = _git_head(place)
+        if commit:
+            break
+    return {"git_commit": commit, "code_dir": root, "hpc_version": hpc_version()}
+
+
+GIT_HEAD = ["git", "rev-parse", "HEAD", "--show-toplevel"]  # the commit, then the checkout's root
+
+
+def _git_head(place: Path) -> Tuple[Optional[str], Optional[str]]:
+    """(commit, checkout root) of the git checkout holding `place`; (None, None) outside one."""
+    try:
+        out = subprocess.run(GIT_HEAD, cwd=place,
+                             capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        return None, None
+    lines = out.stdout.split("\n")
+    return (lines[0], lines[1]) if out.returncode == 0 and len(lines) > 1 else (None, None)
+
+
+def hpc_version() -> str:
+    # hpc.__version__, the one pyproject.toml also states: importlib.metadata would scan every
+    # installed distribution, a cost of the same order as importing submitit, on every submission.
+    from hpc import __version__
+
+    return __version__
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode())

@@ -1,0 +1,403 @@
+"""A copy of the user's code per submission: every job of the run imports from it.
+
+    python -m hpc.submit mypkg.pipeline                  # copies the code into <run>/code/<hash>/
+    python -m hpc.submit mypkg.pipeline --no-snapshot    # the jobs run the live tree instead
+
+What is copied: the files `git ls-files -co --exclude-standard` names in the checkout of the
+pipeline's module, else in that of the working directory (tracked files as they are on disk, so with
+their uncommitted changes, and untracked files that .gitignore does not exclude); without git, the
+working directory's files, hidden and virtualenv directories left out. Untracked files over
+UNTRACKED_MAX_BYTES are data, not code: they are left out and named. The run directory is never
+copied into itself. A snapshot over `max_mb` in all, or with more than MAX_FILES files, is refused
+before anything is submitted.
+
+Files are copied, never hard-linked to the live tree: an editor that saves in place would change a
+linked copy (a new run directory may link to an earlier run's snapshot of the same files: hpc.rundir.snapcache). The
+snapshot is content-addressed, <run>/code/<hash>/, and <run>/code/<hash>.json lists each file's size,
+mtime and digest. A resubmission whose files all still have the listed size and mtime reuses the
+snapshot without reading them; hpc.status compares the live tree with the listing the same way and
+hashes only the files whose size or mtime changed. `--same-snapshot` (recorded()) runs a manifest's
+snapshot again whatever the live tree holds: hpc's own resubmissions do. A sweep keeps one snapshot,
+in the sweep directory, for all of its points.
+
+In the job (JobCode.enter): the snapshot's copy of the submission directory becomes the working
+directory, and the snapshot's copies of the pipeline's import root and of the submission directory
+come first on sys.path and PYTHONPATH. HPC_SUBMIT_DIR names the live submission directory, for data
+paths relative to it; HPC_CODE_DIR names the snapshot. No torch here: submission and status stay fast.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+CODE = "code"  # <run>/code/<hash>/ and <run>/code/<hash>.json
+UNTRACKED_MAX_BYTES = 2 << 20  # an untracked (or, without git, any) file larger than this is data
+MAX_FILES = 50_000  # more than this is not a code tree (a home directory, a dataset)
+PRUNE = frozenset({"__pycache__", "node_modules"})  # never code, walked without git
+COPY_THREADS = 8
+HINT = ("HINT: add what is not code to .gitignore, raise run.snapshot_max_mb, or pass --no-snapshot "
+        "(the jobs then import the live tree)")
+
+Stat = Tuple[int, int, str, int]  # (size, mtime_ns, digest, mode) of one file
+
+
+class SnapshotError(RuntimeError):
+    """The code cannot be snapshotted as it is: what was seen, the limit, and a HINT."""
+
+
+@dataclass(frozen=True)
+class Source:
+    """The live tree a snapshot copies: a git checkout's top level, or a directory without git."""
+
+    root: Path
+    git: bool
+    exclude: Tuple[str, ...] = ()  # absolute paths never copied (the run directory, the runs root)
+
+
+@dataclass(frozen=True)
+class JobCode:
+    """What a task needs to run the snapshot (pickled with each StageTask: paths only)."""
+
+    dir: str  # <run>/code/<hash>
+    hash: str
+    submit_dir: str  # the live working directory of the submission
+    cwd: Optional[str]  # the snapshot's copy of it; None when it is not in the snapshot
+    path: Tuple[str, ...]  # put first on sys.path and PYTHONPATH
+
+    def environ(self, environ: Mapping[str, str]) -> Dict[str, str]:
+        """The variables a task exports: child processes (the `run` pipeline's script, external
+        scripts) import from the snapshot too."""
+        pythonpath = [*self.path, *[p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]]
+        return {"HPC_CODE_DIR": self.dir, "HPC_SUBMIT_DIR": self.submit_dir,
+                "PYTHONPATH": os.pathsep.join(dict.fromkeys(pythonpath))}
+
+    def enter(self) -> None:
+        """Run from the snapshot in this process. Modules imported before (hpc itself, which
+        unpickled this task) stay as they are; the pipeline's own are imported after this."""
+        if not os.path.isdir(self.dir):
+            raise SnapshotError(f"the code snapshot {self.dir} this job runs is gone; expected the copy taken at "
+                                "submission. HINT: resubmit with --run-dir (that takes a new snapshot), or with "
+                                "--no-snapshot.")
+        if self.cwd:
+            os.chdir(self.cwd)
+        sys.path[:0] = [p for p in self.path if p not in sys.path[:len(self.path)]]
+        importlib.invalidate_caches()
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    source: Source
+    hash: str
+    dir: Path
+    files: int
+    bytes: int
+    seconds: float
+    reused: bool  # an earlier submission's snapshot of the same files
+    skipped: Tuple[str, ...]  # untracked files left out as data (relative paths)
+    linked: bool = False  # hard links to an earlier run's snapshot of the same files (hpc.rundir.snapcache)
+
+    def record(self) -> Dict[str, Any]:
+        """What the manifest keeps (hpc.status reads the listing beside the copy)."""
+        return {"hash": self.hash, "dir": str(self.dir), "root": str(self.source.root), "git": self.source.git,
+                "files": self.files, "bytes": self.bytes, "seconds": round(self.seconds, 4),
+                "reused": self.reused, "skipped": list(self.skipped)}
+
+    def summary(self) -> str:
+        how = ("reused (no file changed)" if self.reused else
+               "linked to an earlier run's snapshot (no file changed)" if self.linked else "copied")
+        text = (f"code: {self.source.root} ({'git checkout' if self.source.git else 'no git'}) -> {self.dir}, "
+                f"{self.files} files, {self.bytes / 1e6:.1f} MB, {how} in {self.seconds * 1000:.0f} ms")
+        if self.skipped:
+            text += (f"; left out {len(self.skipped)} untracked file(s) over {UNTRACKED_MAX_BYTES >> 20} MB: "
+                     f"{', '.join(self.skipped[:3])}{' ...' if len(self.skipped) > 3 else ''}")
+        return text
+
+    def job_code(self, submit_dir: Path, import_root: Optional[Path] = None) -> JobCode:
+        """Where a task runs and imports from: the snapshot's copies of the submission directory
+        and of the pipeline's import root (a src/ layout, a package beside the tests) when those lie
+        in the copied tree. Elsewhere the job keeps the live directory."""
+        def inside(place: Optional[Path]) -> Optional[str]:
+            if place is None:
+                return None
+            try:
+                rel = Path(place).resolve().relative_to(self.source.root)
+            except ValueError:
+                return None
+            mapped = self.dir / rel
+            return str(mapped) if mapped.is_dir() else None
+
+        cwd = inside(submit_dir)
+        path = tuple(dict.fromkeys(p for p in (inside(import_root), cwd) if p))
+        return JobCode(str(self.dir), self.hash, str(Path(submit_dir).resolve()), cwd, path)
+
+
+def source_of(code_dir: Optional[str], cwd: Path, exclude: Sequence[Path] = ()) -> Source:
+    """The tree to copy: the checkout code_version() found (hpc.rundir.run), else the working directory."""
+    root, git = (Path(code_dir), True) if code_dir else (Path(cwd), False)
+    return Source(root.resolve(), git, tuple(str(Path(p).resolve()) for p in exclude))
+
+
+def import_root(module_file: Optional[str], module: str) -> Optional[Path]:
+    """The sys.path entry a module was found under: /repo/src for /repo/src/pkg/mod.py as pkg.mod."""
+    if not module_file:
+        return None
+    path = Path(module_file).resolve()
+    depth = len(module.split(".")) - (0 if path.name == "__init__.py" else 1)
+    return path.parents[depth] if depth < len(path.parents) else None
+
+
+# ------------------------------------------------------------------------------------ listing
+def listing(source: Source) -> Tuple[Dict[str, os.stat_result], List[str]]:
+    """(relative path -> lstat of each file to copy, untracked files left out as too big)."""
+    entries = _git_files(source.root) if source.git else _walk(source.root)
+    # strictly inside: a run root that is the checkout itself (run.root=.) leaves the run dirs in it
+    excluded = [os.path.relpath(p, source.root) + "/" for p in source.exclude if source.root in Path(p).parents]
+    files: Dict[str, os.stat_result] = {}
+    skipped: List[str] = []
+    root = str(source.root)  # joined as a string: a Path per file costs more than its lstat
+    for rel, tracked in entries:
+        if any((rel + "/").startswith(e) for e in excluded):
+            continue
+        try:
+            st = os.lstat(os.path.join(root, rel))
+        except OSError:  # tracked but deleted in the working tree: an uncommitted deletion
+            continue
+        if not (stat.S_ISREG(st.st_mode) or _link(st)):  # a submodule's directory, a socket
+            continue
+        if not tracked and st.st_size > UNTRACKED_MAX_BYTES:
+            skipped.append(rel)
+            continue
+        files[rel] = st
+        if len(files) > MAX_FILES:
+            raise SnapshotError(f"{source.root} holds more than {MAX_FILES} files to snapshot; expected a code "
+                                f"tree. {HINT}.")
+    return files, sorted(skipped)
+
+
+GIT_FILES = ["git", "ls-files", "-z", "-t", "-co", "--exclude-standard"]  # tracked and untracked, not ignored
+
+
+def _git_files(root: Path) -> List[Tuple[str, bool]]:
+    """(path, tracked) for what `git ls-files -co --exclude-standard` names; -t tags untracked '?'."""
+    try:
+        out = subprocess.run(GIT_FILES, cwd=root,
+                             capture_output=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise SnapshotError(f"git ls-files in {root} failed ({err}); expected a git checkout. {HINT}.") from None
+    if out.returncode:
+        raise SnapshotError(f"git ls-files in {root} exited {out.returncode}: "
+                            f"{out.stderr.decode(errors='replace').strip()}. {HINT}.")
+    entries = {}
+    for item in out.stdout.decode(errors="surrogateescape").split("\0"):
+        if item:
+            tag, rel = item[:1], item[2:]
+            entries[rel] = entries.get(rel, False) or tag != "?"  # a merge conflict lists a path twice
+    return list(entries.items())
+
+
+def _walk(root: Path) -> List[Tuple[str, bool]]:
+    """Every file under a directory without git, hidden and virtualenv directories left out."""
+    found: List[Tuple[str, bool]] = []
+    for here, dirs, names in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in PRUNE
+                         and not os.path.exists(os.path.join(here, d, "pyvenv.cfg")))
+        base = os.path.relpath(here, root)
+        found += [(n if base == "." else f"{base}/{n}", False) for n in sorted(names) if not n.startswith(".")]
+        if len(found) > MAX_FILES:
+            raise SnapshotError(f"{root} is not a git checkout and holds more than {MAX_FILES} files; expected "
+                                f"a code tree. HINT: submit from your project's directory, make it a git "
+                                "repository, or pass --no-snapshot.")
+    return found
+
+
+def _link(st: os.stat_result) -> bool:
+    return stat.S_ISLNK(st.st_mode)
+
+
+def _digest(data: bytes, link: bool = False) -> str:
+    """A file's content digest; a symlink's is that of its target, marked as a link."""
+    return hashlib.sha256(b"link\0" + data if link else data).hexdigest()
+
+
+# ------------------------------------------------------------------------------------ taking one
+def take(source: Source, run_path: Path, max_mb: float, previous: Optional[str] = None) -> Snapshot:
+    """Copy the code into <run>/code/<hash>/, or reuse `previous` (a hash; default: the newest
+    snapshot there) when no file changed."""
+    started = time.perf_counter()
+    files, skipped = listing(source)
+    total = sum(st.st_size for st in files.values())
+    if total > max_mb * 1e6:
+        raise SnapshotError(f"the snapshot of {source.root} would be {total / 1e6:.0f} MB in {len(files)} files, "
+                            f"over run.snapshot_max_mb={max_mb:g}; the largest directories: "
+                            f"{_largest(files)}. {HINT}.")
+    code = Path(run_path) / CODE
+    if previous is None:
+        listings = sorted(code.glob("*.json"), key=lambda p: p.stat().st_mtime_ns) if code.is_dir() else []
+        previous = listings[-1].stem if listings else None
+    if previous:
+        table = load_table(code / f"{previous}.json")
+        if table and unchanged(table, files) and (code / previous).is_dir():
+            return Snapshot(source, previous, code / previous, len(files), total,
+                            time.perf_counter() - started, True, tuple(skipped))
+    tmp = code / f".tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    from hpc.rundir import snapcache
+
+    try:
+        linked = snapcache.link_earlier(source.root, tmp, files, unchanged)
+        stats = linked or _copy(source.root, tmp, files)
+        digest = tree_hash(stats)
+        final = code / digest
+        try:
+            os.rename(tmp, final)
+        except OSError:  # the same files were snapshotted before: keep that copy
+            shutil.rmtree(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    table = {"hash": digest, "root": str(source.root), "git": source.git, "exclude": list(source.exclude),
+             "files": stats}
+    from hpc.rundir.run import atomic_write_text
+
+    atomic_write_text(code / f"{digest}.json", json.dumps(table, separators=(",", ":")))
+    snapcache.remember(source.root, final)
+    return Snapshot(source, digest, final, len(files), total, time.perf_counter() - started, False,
+                    tuple(skipped), linked is not None)
+
+
+def _copy(root: Path, dest: Path, files: Mapping[str, os.stat_result]) -> Dict[str, Stat]:
+    """Copy each file (a symlink as a symlink), read-only, hashing what was read; the stat kept is
+    the one taken before the read, so a file changed meanwhile shows as changed later. Threads: the
+    time goes to creating files, which releases the GIL and overlaps well."""
+    for parent in sorted({(dest / rel).parent for rel in files}):
+        parent.mkdir(parents=True, exist_ok=True)
+
+    def one(rel: str) -> Tuple[str, Stat]:
+        src, dst, st = root / rel, dest / rel, files[rel]
+        if _link(st):
+            target = os.readlink(src)
+            os.symlink(target, dst)
+            digest = _digest(os.fsencode(target), link=True)
+        else:
+            data = src.read_bytes()
+            digest = _digest(data)
+            fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o555 if st.st_mode & 0o111 else 0o444)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+        return rel, (st.st_size, st.st_mtime_ns, digest, 0o755 if st.st_mode & 0o111 else 0o644)
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(COPY_THREADS) as pool:
+        return dict(pool.map(one, sorted(files)))
+
+
+def tree_hash(stats: Mapping[str, Stat]) -> str:
+    """The snapshot's name: a digest of every path, content digest and executable bit."""
+    h = hashlib.sha256()
+    for rel in sorted(stats):
+        h.update(f"{rel}\0{stats[rel][2]}\0{stats[rel][3]:o}\n".encode(errors="surrogateescape"))
+    return h.hexdigest()[:16]
+
+
+def _largest(files: Mapping[str, os.stat_result], n: int = 3) -> str:
+    sizes: Dict[str, int] = {}
+    for rel, st in files.items():
+        top = rel.split("/")[0] if "/" in rel else "."
+        sizes[top] = sizes.get(top, 0) + st.st_size
+    ranked = sorted(sizes.items(), key=lambda kv: -kv[1])[:n]
+    return ", ".join(f"{name}/ {size / 1e6:.0f} MB" for name, size in ranked)
+
+
+def recorded(record: Mapping[str, Any]) -> Optional[Snapshot]:
+    """The snapshot a manifest records, to run again as it is (None when its copy is gone)."""
+    if not record or not Path(record["dir"]).is_dir():
+        return None
+    return Snapshot(Source(Path(record["root"]), bool(record["git"])), record["hash"], Path(record["dir"]),
+                    record["files"], record["bytes"], 0.0, True, tuple(record.get("skipped", ())))
+
+
+# ------------------------------------------------------------------------------------ comparing
+def load_table(path: Path) -> Optional[Dict[str, Any]]:
+    try:
+        table = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return table if isinstance(table, dict) and isinstance(table.get("files"), dict) else None
+
+
+def unchanged(table: Mapping[str, Any], files: Mapping[str, os.stat_result]) -> bool:
+    """The same paths, each with the listed size and mtime (git's own shortcut for a clean file)."""
+    listed = table["files"]
+    return listed.keys() == files.keys() and all(
+        listed[rel][0] == st.st_size and listed[rel][1] == st.st_mtime_ns for rel, st in files.items())
+
+
+@dataclass(frozen=True)
+class Drift:
+    """How the live tree differs from a snapshot (all empty: it does not)."""
+
+    changed: Tuple[str, ...]
+    added: Tuple[str, ...]
+    removed: Tuple[str, ...]
+
+    def __bool__(self) -> bool:
+        return bool(self.changed or self.added or self.removed)
+
+    def summary(self, n: int = 3) -> str:
+        parts = []
+        for what, paths in (("changed", self.changed), ("added", self.added), ("removed", self.removed)):
+            if paths:
+                parts.append(f"{len(paths)} {what} ({', '.join(paths[:n])}{' ...' if len(paths) > n else ''})")
+        return "; ".join(parts)
+
+
+def drift(table: Mapping[str, Any]) -> Drift:
+    """Compare the live tree with a snapshot's listing: only files whose size or mtime changed are
+    read and hashed."""
+    source = Source(Path(table["root"]), bool(table["git"]), tuple(table.get("exclude", ())))
+    files, _ = listing(source)
+    listed = table["files"]
+    changed = []
+    for rel in sorted(files.keys() & listed.keys()):
+        st, (size, mtime, digest) = files[rel], listed[rel][:3]  # then the mode, not compared here
+        if (st.st_size, st.st_mtime_ns) == (size, mtime):
+            continue
+        path = source.root / rel
+        content = os.fsencode(os.readlink(path)) if _link(st) else path.read_bytes()
+        if _digest(content, _link(st)) != digest:
+            changed.append(rel)
+    return Drift(tuple(changed), tuple(sorted(files.keys() - listed.keys())),
+                 tuple(sorted(listed.keys() - files.keys())))
+
+
+def status_line(record: Optional[Mapping[str, Any]]) -> str:
+    """hpc.status's line about the code: which snapshot the jobs run, and whether the live code
+    still matches it."""
+    if not record:
+        return "code: no snapshot (run.snapshot=false, or submitted before snapshots): the jobs run the live tree"
+    listing_path = Path(f"{record['dir']}.json")  # <code>/<hash>.json, beside the copy
+    table = load_table(listing_path)
+    where = f"code: snapshot {record['hash']} of {record['root']}"
+    if table is None:
+        return f"{where}: its listing {listing_path} is missing, so the live code is not compared"
+    if not Path(table["root"]).is_dir():
+        return f"{where}: the live tree is gone"
+    try:
+        found = drift(table)
+    except (SnapshotError, OSError) as err:
+        return f"{where}: the live code could not be compared ({err})"
+    if not found:
+        return f"{where}: the live code matches it"
+    return (f"{where}: the live code differs ({found.summary()}); the jobs of this run import the snapshot, "
+            "a resubmission snapshots the live code")

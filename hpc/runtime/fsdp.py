@@ -1,0 +1,108 @@
+"""Sharded data parallelism (FSDP2): parameters, gradients and optimizer state split over tasks.
+
+    with hpc.ddp.session() as s:
+        model = s.wrap(Net(), strategy="fsdp")       # hpc.runtime.fsdp.shard over s.mesh
+        opt = torch.optim.AdamW(model.parameters())  # built after wrapping: it holds the shards
+
+Each task keeps 1/world_size of every parameter (a DTensor sharded on dim 0). A sharding unit
+gathers its parameters just before its forward and backward and frees them after, so peak
+memory is one unit's full parameters plus the shards. Units are, by default, the elements of
+every ``nn.ModuleList`` in the model (transformer blocks, as torchtitan shards them), then the
+root, which takes whatever parameters the units left (embeddings, heads). A model without a
+module list is one unit: correct, but it gathers all its parameters at once.
+
+A model too large for one device is built on the ``meta`` device (no memory), sharded there, and
+only then given storage: ``to_empty`` allocates each rank's shards on its device, and the shards
+are initialised by the modules' own ``reset_parameters`` or by ``init_fn(model)``. No rank ever
+holds the full model. A model built on the CPU is moved to the device one unit at a time by
+``fully_shard`` itself, so the device holds at most one unit's full parameters beside the shards.
+
+Precision follows the session: with ``hpc.ddp.session(bf16=True)`` on CUDA the gathered
+parameters are bf16 and gradients are reduced in fp32
+(``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``), while the shards and the optimizer
+keep fp32. Otherwise (the default, and always on the CPU) everything stays in the model's dtype.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import torch
+
+__all__ = ["shard", "default_units", "default_policy", "on_meta", "materialize"]
+
+
+def default_units(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The elements of the outermost module lists, in model order."""
+    units: list[torch.nn.Module] = []
+    inside: set[int] = set()  # ids of modules below a chosen unit: never a unit themselves
+    for _, module in model.named_modules():
+        if id(module) in inside:
+            continue
+        if isinstance(module, torch.nn.ModuleList):
+            for block in module:
+                units.append(block)
+                inside.update(id(m) for m in block.modules())
+    return units
+
+
+def default_policy(device: torch.device, bf16: bool = False):
+    """bf16 compute with fp32 gradient reduction on CUDA when the session asked for bf16
+    (``hpc.ddp.session(bf16=True)``); the model's own dtype otherwise."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    if bf16 and device.type == "cuda":
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy()
+
+
+def on_meta(model: torch.nn.Module) -> bool:
+    """True when any parameter or buffer of `model` has no storage yet (built on ``meta``)."""
+    return any(t.is_meta for t in (*model.parameters(), *model.buffers()))
+
+
+def materialize(model: torch.nn.Module, device: torch.device,
+                init_fn: Callable[[torch.nn.Module], None] | None = None) -> torch.nn.Module:
+    """Give a meta model storage on `device` (its shards, once sharded) and initialise it.
+
+    `init_fn(model)` when given; otherwise every module that owns parameters or buffers calls its
+    own ``reset_parameters()``. Under FSDP the parameters are DTensors then, and the init writes
+    each rank's shard only.
+    """
+    model.to_empty(device=device)
+    if init_fn is not None:
+        init_fn(model)
+        return model
+    missing = []
+    for name, module in model.named_modules():
+        owns = any(True for _ in module.parameters(recurse=False)) or \
+            any(True for _ in module.buffers(recurse=False))
+        if not owns:
+            continue
+        if callable(getattr(module, "reset_parameters", None)):
+            with torch.no_grad():
+                module.reset_parameters()
+        else:
+            missing.append(f"{name or 'the model'} ({type(module).__name__})")
+    if missing:
+        raise ValueError(
+            f"a model built on meta has modules without reset_parameters(): {', '.join(missing)}; "
+            "expected every module that owns parameters to initialise itself. HINT: "
+            "s.wrap(model, strategy='fsdp', init_fn=my_init) with my_init(model) initialising them.")
+    return model
+
+
+def shard(model: torch.nn.Module, mesh, units: Iterable[torch.nn.Module] | None = None,
+          mp_policy=None, bf16: bool = False) -> torch.nn.Module:
+    """fully_shard each unit, then the root; returns the model (FSDP2 shards it in place).
+    A meta model stays on meta: call materialize() afterwards."""
+    from torch.distributed.fsdp import fully_shard
+
+    chosen = default_units(model) if units is None else list(units)
+    if any(unit is model for unit in chosen):
+        raise ValueError("units= contains the model itself; the root is sharded last anyway. "
+                         "HINT: pass its blocks, e.g. units=list(model.layers)")
+    policy = mp_policy if mp_policy is not None else default_policy(torch.device(mesh.device_type), bf16)
+    for unit in chosen:
+        fully_shard(unit, mesh=mesh, mp_policy=policy)
+    return fully_shard(model, mesh=mesh, mp_policy=policy)

@@ -1,0 +1,53 @@
+"""One job through scontrol and scancel: read it, requeue it, lift its hold, update it, cancel it.
+
+Polling the states of many jobs at once (sacct, squeue) is hpc.slurm.scheduler's. Each call here is one
+SLURM client run (hpc.slurm.cli.run): a refusal raises SlurmExit with SLURM's words, a SLURM that
+cannot be asked raises RuntimeError. `env` is the environment the client runs in (default: this
+process's), so a caller can act on another cluster than the one its shell points at.
+"""
+from __future__ import annotations
+
+import subprocess
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional
+
+from hpc.slurm.cli import run
+
+
+def job_info(job_id: str, env: Optional[Mapping[str, str]] = None, timeout_s: float = 30,
+             runner: Callable[..., Any] = subprocess.run) -> Dict[str, str]:
+    """`scontrol -o show job JOBID` as a dict (JobState, Reason, Restarts, PreemptTime, ...): hpc's one
+    parser of it. Raises SlurmExit, with SLURM's words, if the job is unknown; RuntimeError if SLURM
+    cannot be asked. `runner` runs the command (subprocess.run's arguments)."""
+    out = run(["scontrol", "-o", "show", "job", str(job_id)], env, timeout_s, runner)
+    return dict(tok.split("=", 1) for tok in out.split() if "=" in tok)
+
+
+def requeue(job_id: str, env: Optional[Mapping[str, str]] = None,
+            runner: Callable[..., Any] = subprocess.run) -> None:
+    """Put the job back in the queue; SLURM then holds it back for a while (start_now lifts that)."""
+    run(["scontrol", "requeue", str(job_id)], env, runner=runner)
+
+
+def start_now(job_id: str, env: Optional[Mapping[str, str]] = None) -> None:
+    """Lift a requeued job's begin-time hold (SLURM holds it back about two minutes)."""
+    update_job(job_id, {"StartTime": "now"}, env)
+
+
+def update_job(job_id: str, fields: Mapping[str, str], env: Optional[Mapping[str, str]] = None) -> None:
+    """`scontrol update JobId=J KEY=VALUE ...` (StartTime, NumTasks, ExcNodeList, ...)."""
+    run(["scontrol", "update", f"JobId={job_id}", *(f"{k}={v}" for k, v in fields.items())], env)
+
+
+def node_states(nodes: str, env: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+    """Node -> State (IDLE, MIXED+NOT_RESPONDING, DOWN, ...) of a hostlist ("n[1-2]"): one scontrol call."""
+    rows = [dict(t.split("=", 1) for t in line.split() if "=" in t)
+            for line in run(["scontrol", "-o", "show", "node", nodes], env).splitlines()]
+    return {r["NodeName"]: r.get("State", "") for r in rows if "NodeName" in r}
+
+
+def cancel(job_ids: Iterable[str], env: Optional[Mapping[str, str]] = None) -> List[str]:
+    """Cancel the jobs with one scancel call (none for no ids); returns their ids, sorted."""
+    ids = sorted(set(job_ids))
+    if ids:
+        run(["scancel", *ids], env)
+    return ids

@@ -1,0 +1,240 @@
+"""Sweeps as array jobs: every point of a grid is a run, and each stage is one array job across the points.
+
+    python -m hpc.submit tiny --cluster slurm --sweep tiny.score=1,2 tiny.sleep_s=0,1 [--run-dir SWEEP]
+    python -m hpc.submit tiny --run-dir SWEEP        # again: the recorded grid; done points are skipped
+
+A point is a run directory <sweep>/<signature>/ (hpc.sweep.grid names it, hpc.rundir.sweepdir lays it out) with
+its own config.yaml, manifest and done markers, so whatever reads a run reads a point. The planner
+(hpc.pipeline.plan) is given one pipeline whose stage items are (signature, item) pairs: what is done or
+queued is skipped per point, MaxArraySize splits an array, and a per-item stage (aftercorr) lines
+up with its upstream array across points as it does within a run. Each array task carries its
+point's run directory and item (hpc.pipeline.executor.StageTask), so it reads its point's config and writes
+into its point's directories.
+
+Between stages an array waits for the whole previous array to end (afterany), and each task checks
+that its own point's previous stages finished (their done markers) before it runs: one failed point
+does not hold back the others. The points share each stage's resources (one array job), so
+stages.*, cluster.* and run.* are not swept; key=value before --sweep applies to every point.
+"""
+from __future__ import annotations
+
+import argparse
+from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
+
+from hpc.config import schema as hconfig
+from hpc.sweep import grid as hgrid
+from hpc.pipeline import plan as hplan
+from hpc.slurm import scheduler
+from hpc import status, submit as hsubmit
+from hpc.sweep import points as sweepconfig
+from hpc.fs.atomic import batched
+from hpc.rundir.run import RunDir, RunDirError, code_version
+from hpc.sweep.points import Defs
+from hpc.rundir.sweepdir import SweepDir, follow
+
+
+def submit(args: argparse.Namespace) -> int:
+    """Plan and submit every point of the grid; a dry run prints the plan and changes nothing."""
+    recorded = _recorded(args)
+    pipe, base, run, kind, notes = hsubmit.build(args, view=False)
+    sweep = SweepDir(run.path)
+    grid = _grid(args, recorded, base, pipe.name)
+    points = hgrid.points(grid)
+    defs = sweepconfig.resolve(base, points, pipe)
+    if args.dry_run:
+        plan, states, _ = _plan(pipe, base, defs, sweep, kind, None)
+        print(summary(plan, points, states, sweep.removed(points) + [f"note: {n}" for n in notes]))
+        for job in plan.jobs:
+            print(f"\n# ---- sbatch script: stage {job.label} ----")
+            print(job.sbatch_text(setup=list(base.cluster.setup), how="afterany"))
+        return 0
+    # one syncfs makes every point's files durable at the end, instead of two fsyncs per file
+    with RunDir(sweep.path).submission_lock(say=print), batched(sweep.path):
+        max_size = scheduler.max_array_size() if kind == "slurm" else None
+        plan, states, never = _plan(pipe, base, defs, sweep, kind, max_size)
+        scheduler.cancel(never)
+        print(summary(plan, points, states, sweep.removed(points) + [f"note: {n}" for n in notes]))
+        sweep.save(pipe.name, grid, latest(args.overrides + hsubmit.pipe_flags(args)), args.profile, points)
+        if not plan.jobs:
+            print(f"nothing to submit: every task of every point of {sweep.path} is done or queued")
+            return 0
+        # pipeline_arg: how a job names the pipeline to resubmit its point (hpc.afterstep, as hpc.submit)
+        module_file = hsubmit._user_module_file(args.pipeline)
+        code = {**code_version(module_file), "pipeline_arg": args.pipeline}
+        # one code snapshot for every point, in the sweep dir (hpc.rundir.snapshot); each point its own run id
+        snap = hsubmit.take_snapshot(base, sweep.path, kind, code)
+        code["snapshot"] = snap and snap.record()
+        now = {sig for job in plan.jobs for sig, _ in job.items}
+        texts = sweepconfig.texts(base, [p for p in points if p.signature in now], pipe.settle)
+        run_ids = {sig: sweep.point(sig).start(pipe.name, text, kind, code) for sig, text in texts.items()}
+        ids = submit_arrays(plan, sweep, defs, list(base.cluster.setup),
+                            hsubmit.job_code(snap, args.pipeline, module_file), run_ids)
+    print(f"sweep dir: {sweep.path}")
+    for label, jids in ids.items():
+        print(f"  {label}: {jids[0].split('_')[0]} ({len(jids)} task(s))")
+    return follow(sweep) if args.wait or kind != "slurm" else 0
+
+
+def _recorded(args: argparse.Namespace) -> Dict[str, Any]:
+    """A resubmission into a sweep dir: its recorded overrides and profile, under those given now."""
+    if not args.run_dir:
+        return {}
+    sweep, run = SweepDir(args.run_dir), RunDir(args.run_dir)
+    if not sweep.record_path.exists():
+        if run.manifest_path.exists():
+            raise RunDirError(f"--run-dir {run.path} is a run, not a sweep (no sweep.json); expected a new "
+                              "directory or a sweep's. HINT: pass --run-dir a new path for the sweep.")
+        return {}
+    recorded = sweep.record()
+    if recorded.get("pipeline") not in (None, hplan.get_pipeline(args.pipeline).name):
+        raise RunDirError(f"sweep {sweep.path} is of pipeline {recorded['pipeline']!r}, not {args.pipeline!r}; "
+                          f"expected the same pipeline. HINT: python -m hpc.submit {recorded['pipeline']} "
+                          f"--run-dir {sweep.path}")
+    args.overrides = list(recorded.get("overrides", [])) + list(args.overrides)
+    args.profile = args.profile or recorded.get("profile")
+    return recorded
+
+
+def latest(overrides: Sequence[str]) -> List[str]:
+    """key=value overrides with only the last value of each key, in the order of those last values."""
+    last = {o.partition("=")[0]: i for i, o in enumerate(overrides)}
+    return [o for i, o in enumerate(overrides) if last[o.partition("=")[0]] == i]
+
+
+def _grid(args: argparse.Namespace, recorded: Mapping[str, Any], base: Any, pipeline: str) -> Dict[str, List[Any]]:
+    """The grid from --sweep and --sweep-file, else the one the sweep dir recorded; keys checked."""
+    grids = ([hgrid.parse_tokens(args.sweep)] if args.sweep is not None else []) + \
+        ([hgrid.read_file(args.sweep_file)] if args.sweep_file else [])
+    grid = hgrid.merge(*grids) if grids else dict(recorded["grid"])
+    hgrid.check_keys(grid, hgrid.leaf_keys(hconfig.to_dict(base)), pipeline)
+    for key, values in grid.items():
+        bad = [v for v in values if hconfig.has_control(str(v))]
+        if bad:
+            raise hgrid.SweepError(f"--sweep {key}: value {bad[0]!r} contains a control character; expected "
+                                   "printable text. HINT: write each value on one line, without escapes.")
+    return grid
+
+
+def merged_stages(defs: Defs) -> List[hplan.StageDef]:
+    """One StageDef per stage name whose items are (signature, item) over every point that runs it."""
+    names = list(dict.fromkeys(name for stages in defs.values() for name in stages))
+    out = []
+    for name in names:
+        own = [(sig, stages[name]) for sig, stages in defs.items() if name in stages]
+        first = own[0][1]
+        other = next((sig for sig, s in own if s.target != first.target), None)
+        if other:
+            raise hgrid.SweepError(f"stage {name} runs {first.target} in point {own[0][0]} but "
+                                   f"{defs[other][name].target} in point {other}; expected one target per "
+                                   "stage (one array job). HINT: sweep a key that leaves the stages' targets alone.")
+        items = tuple((sig, i) for sig, s in own if not s.skip for i in (s.items or (None,)))
+        out.append(hplan.StageDef(name, first.target, items=items, after=first.after,
+                                  per_item_after=first.per_item_after, resources=first.resources,
+                                  describe=first.describe, skip="" if items else first.skip or "no point runs it",
+                                  batch=first.batch))
+    return out
+
+
+def _plan(pipe: hplan.PipelineDef, base: Any, defs: Defs, sweep: SweepDir, kind: str,
+          max_size: Any) -> Tuple[hplan.Plan, Dict[str, Tuple[int, int, int, bool]], List[str]]:
+    """(the plan of the arrays, per point (done, queued, total tasks, submitted before), the jobs
+    that can never start),
+    from one scheduler call for all points."""
+    runs = {sig: sweep.point(sig) for sig in defs}
+    answer = status.query_run(*runs.values()) if kind == "slurm" else None
+    finished: set = set()
+    queued: Dict[Tuple[str, Any], str] = {}
+    states, never = {}, []
+    for sig, run in runs.items():
+        own = hplan.PipelineDef(pipe.name, pipe.schema, lambda _, sig=sig: list(defs[sig].values()))
+        done, waiting, _ = hsubmit.current_state(own, base, run, kind, answer)
+        finished |= {(stage, (sig, item)) for stage, item in done}
+        queued.update({(stage, (sig, item)): jid for (stage, item), jid in waiting.items()})
+        total = sum(len(s.items or (None,)) for s in defs[sig].values() if not s.skip)
+        states[sig] = (len(done), len(waiting), total, bool(done or waiting) or run.manifest_path.exists())
+        never += [t["job_id"] for t in run.tasks() if answer and t["job_id"] in answer[1]]
+    merged = merged_stages(defs)
+    virtual = hplan.PipelineDef(pipe.name, pipe.schema, lambda cfg: merged, notes=pipe.notes)
+    plan = hplan.make_plan(virtual, base, str(sweep.path), kind, frozenset(finished), queued, max_size)
+    return plan, states, sorted(never)
+
+
+def summary(plan: hplan.Plan, points: Sequence[hgrid.Point], states: Mapping[str, Tuple[int, int, int, bool]],
+            extra: Sequence[str]) -> str:
+    """The arrays, then one line per point: new, done, queued, or what it resumes."""
+    lines = [f"sweep: pipeline {plan.pipeline}, {len(points)} point(s) -> {plan.run_dir} (executor: {plan.kind})"]
+    for job in plan.jobs:
+        owners = len({sig for sig, _ in job.items})
+        worlds = "-".join(map(str, sorted(set(job.worlds or (job.ranks,)))))
+        after = [f"{', '.join(job.after)} (afterany; each task first checks its own point's)"] * bool(job.after)
+        if job.item_after and job.waits:
+            after.append(f"{job.item_after}[k] for each task k (aftercorr)")
+        lines.append(f"  stage {job.label}: one array of {len(job.items)} task(s) over {owners} point(s), "
+                     f"{worlds} rank(s) per task" + (f", after {', '.join(after)}" if after else ""))
+    todo = {sig: 0 for sig in states}
+    for job in plan.jobs:
+        for sig, _ in job.items:
+            todo[sig] += 1
+    for p in points:
+        done, queued, total, known = states[p.signature]
+        now = todo[p.signature]
+        if done == total:
+            what = "done"
+        elif now:
+            what = f"{'resume' if known else 'new'}: {now} of {total} task(s) to submit, {done} done, {queued} queued"
+        else:
+            what = f"{done} done, {queued} queued"
+        lines.append(f"  point {p.signature} {p.describe()}: {what}")
+    lines += [f"  note: {n}" for n in plan.notes] + [f"  {line}" for line in extra]
+    return "\n".join(lines)
+
+
+def submit_arrays(plan: hplan.Plan, sweep: SweepDir, defs: Defs, setup: Sequence[str], code: Any = None,
+                  run_ids: Optional[Dict[str, str]] = None) -> Dict[str, List[str]]:
+    """One submission (an array) per job of the plan; each point's manifest records its tasks. Every
+    task runs `code` (hpc.rundir.snapshot.JobCode; None: the live tree) and its point's run id."""
+    from hpc.pipeline.executor import StageTask, drop_unexpanded_folder, make_executor, submission_env
+
+    by_label: Dict[str, List[str]] = {}
+    slurm = plan.kind == "slurm"
+    with submission_env():
+        for job in plan.jobs:
+            runs = {sig: sweep.point(sig) for sig, _ in job.items}
+            tasks = [StageTask(str(runs[sig].path), job.stage, job.target, item,
+                               defs[sig][job.stage].items.index(item) if defs[sig][job.stage].items else None,
+                               _needs(defs[sig], job.stage), code=code, run_id=(run_ids or {}).get(sig, ""))
+                     for sig, item in job.items]
+            upstream = {sig: hsubmit._upstream(job, {}, run) for sig, run in runs.items()} if slurm else {}
+            per_item, each = job.item_dependency(by_label) if slurm else (None, [])
+            executor = make_executor(plan.kind, job.folder, job.resources["max_timeouts"])
+            if plan.kind != "debug":
+                dependency = ",".join(d for d in (afterany(upstream.values(), by_label), per_item) if d) or None
+                executor.update_parameters(**job.executor_parameters(dependency, setup))
+            with executor.batch():
+                submitted = [executor.submit(t) for t in tasks]
+            by_label[job.label] = [str(s.job_id) for s in submitted]
+            for sig, run in runs.items():
+                mine = [n for n, (owner, _) in enumerate(job.items) if owner == sig]
+                run.record_all(job.stage, [(job.items[n][1], by_label[job.label][n]) for n in mine], plan.kind,
+                               upstream.get(sig, []), [each[n] for n in mine] if each else (),
+                               code.hash if code else None)
+                sweep.link_logs(sig, job.stage)
+            if not slurm:  # no scheduler to order the stages: each array ends before the next starts
+                hsubmit._wait_ok(submitted)
+                drop_unexpanded_folder(job.folder)
+    return by_label
+
+
+def _needs(stages: Mapping[str, hplan.StageDef], stage: str) -> List[Tuple[str, Any]]:
+    """The tasks of this point that must be done before its `stage` runs: every task of its `after` stages."""
+    return [(up, i) for up in stages[stage].after if not stages[up].skip for i in (stages[up].items or (None,))]
+
+
+def afterany(upstream: Any, arrays_now: Mapping[str, Sequence[str]]) -> Any:
+    """'afterany:12:13_4' for the job ids the points wait for; an array submitted now whose tasks are
+    all among them is named whole ('12'), which keeps the option short for any number of points."""
+    ids: FrozenSet[str] = frozenset(j for ups in upstream for j in ups)
+    for jids in arrays_now.values():
+        if len(jids) > 1 and set(jids) <= ids:
+            ids = (ids - set(jids)) | {jids[0].split("_")[0]}
+    return f"afterany:{':'.join(sorted(ids))}" if ids else None
