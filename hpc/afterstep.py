@@ -26,6 +26,7 @@ from hpc.slurm import hostlist, scheduler
 from hpc.recovery import nodefail, preemption, requeue
 from hpc.rundir import sweepdir
 from hpc.rundir.run import RunDir
+from hpc.slurm.submitenv import submission_env
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -123,7 +124,7 @@ def carry_out(action: nodefail.Action, job_id: str, info: Dict[str, str], alread
         except RuntimeError as err:
             info = preemption.job_info(job_id)
             if not nodefail.requeued(info, restart):  # nor has SLURM requeued it meanwhile
-                new = requeue.resubmit_after(job_id, run_dir, stage, exclude, info)
+                new = resubmit_after(job_id, run_dir, stage, exclude, info)
                 seen = str(err).partition(" HINT:")[0]
                 without = f", excluding {','.join(exclude)}" if exclude else ""
                 return (f"requeue refused ({seen}); job {new} submits the task again into the run "
@@ -135,10 +136,27 @@ def _said(values: Dict[str, str], what: str) -> str:
     return f"{what} with {' '.join(f'{k}={v}' for k, v in values.items())}" if values else what
 
 
+def resubmit_after(job_id: str, run_dir: str, stage: str, exclude: Sequence[str],
+                   info: Mapping[str, str]) -> str:
+    """Submit (through submitit) the job that resubmits `stage` into `run_dir` once `job_id` has
+    ended; returns its id. It runs in this job's partition, account and QOS, from this job's working
+    directory, where the pipeline's module is importable, without this job's SLURM_* variables."""
+    import submitit  # here, not at the top: a wrapper that only runs srun never needs it
+
+    extra = {"dependency": f"afterany:{job_id}", **{flag: info[key] for key, flag in (
+        ("Account", "account"), ("QOS", "qos")) if info.get(key, "") not in requeue.UNSET}}
+    executor = submitit.SlurmExecutor(folder=f"{run_dir}/{stage}/logs/resubmit-%j")
+    partition = {"partition": info["Partition"]} if info.get("Partition", "") not in requeue.UNSET else {}
+    executor.update_parameters(job_name=f"hpc-resubmit-{stage}", nodes=1, ntasks_per_node=1, cpus_per_task=1,
+                               time=10, additional_parameters=extra, **partition)
+    with submission_env():
+        return str(executor.submit(resubmit, run_dir, stage, list(exclude)).job_id)
+
+
 def resubmit(run_dir: str, stage: str, nodes: Sequence[str]) -> None:
     """hpc.submit into `run_dir`, as its first submission named the pipeline, with `nodes` added to
     the stage's excluded nodes (stages.X.extra.exclude, saved in config.yaml for later ones). The
-    job hpc.recovery.requeue.resubmit_after submits runs it."""
+    job resubmit_after submits runs it."""
     from hpc.config import schema as hconfig
     from hpc.pipeline import plan as hplan
     from hpc import submit

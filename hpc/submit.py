@@ -26,7 +26,7 @@ from hpc.config import schema as hconfig
 from hpc.pipeline import plan as hplan
 from hpc.slurm import scheduler
 from hpc.rundir import snapshot, sweepdir
-from hpc import status
+from hpc.monitor import status
 from hpc.rundir.run import RunDir, code_version
 
 
@@ -167,9 +167,10 @@ def current_state(pipe: hplan.PipelineDef, cfg: Any, run: RunDir, kind: str, ans
 def submit_plan(plan: hplan.Plan, run: RunDir, setup: Sequence[str] = (), code: Optional[snapshot.JobCode] = None,
                 run_id: str = "") -> Dict[str, List[str]]:
     """Submit every job of the plan through submitit; returns stage -> job ids. Variables of an
-    enclosing allocation or launcher are hidden meanwhile (hpc.pipeline.executor.submission_env). Every task
+    enclosing allocation or launcher are hidden meanwhile (hpc.slurm.submitenv). Every task
     runs `code` (a snapshot; None: the live tree) and exports `run_id` (hpc.rundir.tracking)."""
-    from hpc.pipeline.executor import StageTask, drop_unexpanded_folder, make_executor, submission_env
+    from hpc.pipeline.executor import StageTask, drop_unexpanded_folder, make_executor  # only when jobs are submitted: a dry run never loads it
+    from hpc.slurm.submitenv import submission_env
 
     ids: Dict[str, List[str]] = {}
     by_label: Dict[str, List[str]] = {}  # JobSpec.label -> its job ids, for aftercorr

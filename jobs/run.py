@@ -21,7 +21,7 @@ from typing import Any, List, Mapping, Optional
 from hpc.recovery import preemption
 from hpc.config.schema import ConfigError, PipelineConfig, Resources
 from hpc.pipeline.plan import PipelineDef, StageDef
-from hpc.rundir.run import atomic_write_text
+from hpc.fs import atomic
 
 # Rank 0's stop decision for the attempt that wrote it, in the task's checkpoint directory.
 DECISION_FILE = "stop-decision.json"
@@ -134,7 +134,7 @@ def agree_on_stop(ctx: Any, flag: Any, checkpoints: Path, max_timeouts: int) -> 
     except Exception as err:
         error = err
         decision = preemption.Decision(False, None, f"rank 0 could not decide: {err}", "failed")
-    atomic_write_text(path, json.dumps({**attempt, "decision": decision and asdict(decision)}))
+    atomic.write_text(path, json.dumps({**attempt, "decision": decision and asdict(decision)}))
     if error is not None:
         raise error
     return decision

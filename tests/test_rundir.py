@@ -1,7 +1,7 @@
 """Run directory: manifest history, done markers, status helpers that read it."""
 import json
 
-from hpc import status
+from hpc.monitor import status
 from hpc.rundir.run import RunDir
 
 
@@ -78,7 +78,7 @@ def test_atomic_write_syncs_the_file_and_its_directory(tmp_path, monkeypatch):
     import os
     import stat
 
-    from hpc.rundir.run import atomic_write_text
+    from hpc.fs import atomic
 
     synced = []
     real = os.fsync
@@ -89,7 +89,7 @@ def test_atomic_write_syncs_the_file_and_its_directory(tmp_path, monkeypatch):
         real(fd)
 
     monkeypatch.setattr(os, "fsync", recording)
-    atomic_write_text(tmp_path / "m.json", "{}")
+    atomic.write_text(tmp_path / "m.json", "{}")
     assert synced == [("file", False), ("dir", True)]
     assert (tmp_path / "m.json").read_text() == "{}" and sorted(p.name for p in tmp_path.iterdir()) == ["m.json"]
 
@@ -99,7 +99,7 @@ def test_failed_atomic_write_leaves_no_temporary_file(tmp_path, monkeypatch):
 
     import pytest
 
-    from hpc.rundir.run import atomic_write_text
+    from hpc.fs import atomic
 
     (tmp_path / "m.json").write_text("old")
 
@@ -108,5 +108,5 @@ def test_failed_atomic_write_leaves_no_temporary_file(tmp_path, monkeypatch):
 
     monkeypatch.setattr(os, "fsync", full)
     with pytest.raises(OSError, match="No space left"):
-        atomic_write_text(tmp_path / "m.json", "new")
+        atomic.write_text(tmp_path / "m.json", "new")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.json"] and (tmp_path / "m.json").read_text() == "old"

@@ -5,7 +5,9 @@ from pathlib import Path
 import pytest
 from tqdm import tqdm
 
-from hpc import status
+from hpc.monitor import status
+
+from hpc import status as status_cmd
 from hpc.rundir.run import RunDir
 
 
@@ -71,11 +73,11 @@ def test_the_world_a_task_got_comes_from_its_done_marker_else_its_latest_start_l
 
 def test_status_shows_the_world_size_and_nodes_in_the_table_and_the_json(tmp_path, capsys):
     run = _run_with_two_tasks(tmp_path)
-    assert status.main([str(run.path), "--json"]) == 0
+    assert status_cmd.main([str(run.path), "--json"]) == 0
     rows = {r["task"]: r for r in json.loads(capsys.readouterr().out)}
     assert (rows["train[0]"]["world_size"], rows["train[0]"]["nodes"]) == (24, 3)
     assert (rows["train[1]"]["world_size"], rows["train[1]"]["nodes"]) == (8, 1)
-    assert status.main([str(run.path)]) == 0
+    assert status_cmd.main([str(run.path)]) == 0
     head, done, running = capsys.readouterr().out.splitlines()[:3]
     assert head.split()[5:7] == ["WORLD", "NODES"]
     assert done.split()[:7] == ["train[0]", "11", "COMPLETED", "0", "00:01:05", "24", "3"]

@@ -47,7 +47,7 @@ def test_failed_first_stage_stops_the_pipeline_locally(tmp_path, capsys):
 def test_local_status_shows_elapsed_time_of_finished_tasks(tmp_path):
     import re
 
-    from hpc.status import collect
+    from hpc.monitor.status import collect
 
     run_dir = tmp_path / "run"
     assert submit.main(["tiny", "--cluster", "local", "--run-dir", str(run_dir), "tiny.parts=[0]",
@@ -101,7 +101,7 @@ def test_variables_of_an_enclosing_allocation_do_not_reach_the_jobs(tmp_path, mo
 
 
 def test_hidden_variables_keep_the_client_configuration():
-    from hpc.pipeline.executor import submission_env
+    from hpc.slurm.submitenv import submission_env
 
     env = {"SLURM_CONF": "/etc/x.conf", "SLURM_CONF_SERVER": "ctl", "SLURM_JOB_ID": "1", "SBATCH_QOS": "q",
            "SRUN_CPUS_PER_TASK": "2", "TORCHELASTIC_RUN_ID": "r", "LOCAL_RANK": "0", "PATH": "/bin",

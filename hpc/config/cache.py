@@ -27,7 +27,15 @@ import typing
 from pathlib import Path
 from typing import Any, List, Optional, Sequence, Set, Tuple
 
+from hpc.config.view import ConfigView
+from hpc.fs.atomic import write_bytes
+from hpc.rundir.snapcache import cache_dir
+
 MAX_ENTRIES = 256
+# The code a built config depends on besides the schema: a change to any of them misses the cache. By
+# path, not by import: the loader (hpc.config.schema) imports this module.
+_HERE = Path(__file__).resolve().parent
+SOURCES = (str(_HERE / "schema.py"), str(_HERE / "checks.py"), str(_HERE.parent / "slurm" / "noderange.py"))
 
 
 def schema_text(schema: type) -> Optional[str]:
@@ -65,13 +73,10 @@ def key(schema: type, texts: Sequence[Tuple[str, Optional[str]]], overrides: Seq
     # an interpolation (${oc.env:...}) may resolve differently next time: always built and checked
     if described is None or any("${" in (t or "") for _, t in texts) or any("${" in o for o in overrides):
         return None
-    from hpc.config import schema as config, checks as configcheck
-    from hpc.slurm import noderange
-
     h = hashlib.sha256(f"{described}\n".encode())
     # OmegaConf by its files, found without importing it (the point of a hit is not to)
     spec = importlib.util.find_spec("omegaconf")
-    for file in (config.__file__, configcheck.__file__, noderange.__file__, spec and spec.origin, *code):
+    for file in (*SOURCES, spec and spec.origin, *code):
         st = os.stat(file) if file else None
         h.update(f"{file} {st and st.st_size} {st and st.st_mtime_ns}\n".encode())
     for origin, text in texts:
@@ -81,8 +86,6 @@ def key(schema: type, texts: Sequence[Tuple[str, Optional[str]]], overrides: Seq
 
 
 def _path(digest: str) -> Path:
-    from hpc.rundir.snapcache import cache_dir
-
     return cache_dir() / "config" / f"{digest}.pickle"
 
 
@@ -94,8 +97,6 @@ def get(digest: Optional[str], view: bool) -> Optional[Tuple[Any, List[str]]]:
     try:
         entry = pickle.loads(_path(digest).read_bytes())  # plain data; the DictConfig stays bytes
         if view:
-            from hpc.config.view import ConfigView
-
             cfg = ConfigView(entry["plain"], yaml=entry["yaml"])
         else:
             cfg = pickle.loads(entry["built"])
@@ -108,8 +109,6 @@ def put(digest: Optional[str], built: Any, plain: Any, yaml: str, notes: Sequenc
     """Keep a config: `built` (the DictConfig), `plain` (its resolved data), `yaml` (its text)."""
     if digest is None:
         return
-    from hpc.fs.atomic import write_bytes
-
     path = _path(digest)
     try:
         entry = {"plain": plain, "yaml": yaml, "notes": list(notes),

@@ -104,6 +104,11 @@ def write_bytes(path: str | os.PathLike, data: bytes, unique: bool = True, sync_
         fh.write(data)
 
 
+def write_text(path: str | os.PathLike, text: str, **how: bool) -> None:
+    """write_bytes of `text` in UTF-8."""
+    write_bytes(path, text.encode(), **how)
+
+
 def unlink_quietly(path: str | os.PathLike) -> None:
     with contextlib.suppress(OSError):
         os.unlink(path)

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from hpc.slurm import scheduler
-from hpc import status
+from hpc.monitor import status
+from hpc.rundir import sweepdir
 from hpc.rundir.run import RunDir, task_key
 
 # kind -> (legend text, colour): waits first, then how an attempt ended (hpc states)
@@ -176,7 +177,7 @@ def lanes(run: RunDir, history: Optional[Mapping[str, List[Dict[str, str]]]], st
                 continue
             latest = jid == t["job_id"]
             last = states.get(key, "ENDED") if latest else status.left_behind(run, t["stage"], t["item"], jid)
-            done = status._done_info(run, t["stage"], t["item"]) if latest else {}
+            done = status.done_info(run, t["stage"], t["item"]) if latest else {}
             segs += from_log(run.log_path(t["stage"], jid), submitted, waits, last, done.get("finished"),
                              sizes, gid, now, stopped)
         out.append(Lane(key, segs))
@@ -186,9 +187,6 @@ def lanes(run: RunDir, history: Optional[Mapping[str, List[Dict[str, str]]]], st
 def collect(path: str) -> List[Row]:
     """The rows of a run (one per task) or of a sweep (one per point), from one scheduler call
     (plus one more for the states where there is no accounting)."""
-    from hpc.rundir import sweepdir
-    from hpc.sweep.grid import describe
-
     now = time.time()
     is_sweep = sweepdir.is_sweep(path)
     record = sweepdir.SweepDir(path).record()["points"] if is_sweep else {}
@@ -203,7 +201,7 @@ def collect(path: str) -> List[Row]:
         found = lanes(run, history, states, now)
         if is_sweep:
             sig = run.path.name
-            rows.append(Row(f"{sig} {describe(record[sig]['overrides'])}", found))
+            rows.append(Row(f"{sig} {sweepdir.describe(record[sig]['overrides'])}", found))
         else:
             rows += [Row(lane.name, [lane]) for lane in found]
     return rows

@@ -20,37 +20,10 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterator, MutableMapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 from hpc.rundir.run import RunDir, task_key
 from hpc.rundir.snapshot import JobCode
-
-# Submitting from inside an allocation (an salloc shell, a job that submits the next stage) or a
-# launcher: sbatch exports the submitting environment into the new job, sbatch reads SBATCH_* as its
-# own options (SBATCH_PARTITION), srun in the new job reads SLURM_NTASKS & co. as its options, and a
-# leaked RANK/WORLD_SIZE would describe the wrong world. None of them belongs to the new job.
-INHERITED_PREFIXES = ("SLURM_", "SLURMD_", "SRUN_", "SBATCH_", "SALLOC_", "SUBMITIT_", "TORCHELASTIC_")
-INHERITED_NAMES = frozenset({"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK",
-                             "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE"})
-# ... except how the SLURM clients find the controller (a sandbox's or a configless site's).
-CLIENT_CONFIG = frozenset({"SLURM_CONF", "SLURM_CONF_SERVER"})
-
-
-def inherited(name: str) -> bool:
-    """Whether `name` comes from an enclosing allocation or launcher and must not reach a new job."""
-    return name not in CLIENT_CONFIG and (name.startswith(INHERITED_PREFIXES) or name in INHERITED_NAMES)
-
-
-@contextlib.contextmanager
-def submission_env(environ: MutableMapping[str, str] = os.environ) -> Iterator[Dict[str, str]]:
-    """Hide the inherited variables while jobs are submitted (and, for the local executors, run);
-    they are put back afterwards, so the submitting process itself is unchanged."""
-    hidden = {name: environ.pop(name) for name in [n for n in environ if inherited(n)]}
-    try:
-        yield hidden
-    finally:
-        environ.update(hidden)
-
 
 def drop_unexpanded_folder(folder: str) -> None:
     """submitit's local controller creates its folder ('.../logs/%j') before expanding %j, leaving an

@@ -26,8 +26,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+from hpc.config.schema import Resources
+from hpc.fs import atomic
+
 HISTORY = "recovery.json"  # in the task directory, beside its checkpoints
-DEFAULT_MAX_NODE_FAILURES = 3
 NO_PROGRESS_LIMIT = 2
 # Node state words (`scontrol show node`, State=BASE+FLAG+...) that mean the node has failed.
 FAILED_STATES = frozenset({"DOWN", "FAIL", "NOT_RESPONDING"})
@@ -126,15 +128,13 @@ def load(task_dir: Path) -> Dict[str, Any]:
 def record(task_dir: Path, history: Dict[str, Any], action: Action, job: str, restart: int,
            failed: Sequence[str], mark: Optional[int], done: str) -> None:
     """Append this attempt's end to the history; `done` says what was carried out."""
-    from hpc.rundir.run import atomic_write_text
-
     if failed:
         history["node_failures"] = history.get("node_failures", 0) + 1
         history["excluded"] = sorted(set(history.get("excluded", [])) | set(action.exclude))
     history.setdefault("events", []).append({
         "time": time.time(), "job": job, "restart": restart, "kind": "node_failure" if failed else "requeued",
         "failed_nodes": list(failed), "progress": mark, **asdict(action), "done": done})
-    atomic_write_text(Path(task_dir) / HISTORY, json.dumps(history, indent=1))
+    atomic.write_text(Path(task_dir) / HISTORY, json.dumps(history, indent=1))
 
 
 def summary(task_dir: Path) -> str:
@@ -152,4 +152,4 @@ def summary(task_dir: Path) -> str:
 
 def env_limit(environ: Mapping[str, str] = os.environ) -> int:
     value = environ.get("HPC_MAX_NODE_FAILURES", "")
-    return int(value) if value.isdigit() else DEFAULT_MAX_NODE_FAILURES
+    return int(value) if value.isdigit() else Resources.max_node_failures

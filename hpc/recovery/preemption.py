@@ -36,7 +36,7 @@ from typing import Any, Callable
 
 from hpc.recovery import requeue
 from hpc.slurm import scheduler
-from hpc.rundir.run import atomic_write_text
+from hpc.fs import atomic
 from hpc.recovery.stopsignal import (DEFAULT_TIMEOUT_SIGNAL, PREEMPT_SIGNAL, REASON_CODES,  # noqa: F401
                             StopFlag, StopRequest, StopVote, install)
 
@@ -151,7 +151,7 @@ def _record(path: Path, history: dict[str, Any], decision: Decision, info: dict[
     history["hangs"] = history.get("hangs", 0) + (decision.kind == "hang")
     history["events"].append({"time": time.time(), "restart": info.get("Restarts"),
                               "state": info.get("JobState"), **asdict(decision)})
-    atomic_write_text(Path(path), json.dumps(history, indent=1))
+    atomic.write_text(Path(path), json.dumps(history, indent=1))
 
 
 def handle_stop(request: StopRequest, history: str | os.PathLike, job_id: str | None = None,

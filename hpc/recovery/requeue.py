@@ -14,9 +14,9 @@
   (SIGTERM, and SIGKILL KillWait seconds later): an scontrol started meanwhile can die of that
   SIGTERM, so each update is tried again.
 - Where requeue is refused (JobRequeue=0, a site's job_submit plugin, `scontrol requeue` denied),
-  `resubmit_after` submits a one-task job that waits for this one to end (afterany) and then runs
-  hpc.afterstep.resubmit: hpc.submit into the same run directory with the failed nodes excluded, as
-  a user would; the stages that waited on the failed job are submitted again with it.
+  hpc.afterstep submits a one-task job that waits for this one to end (afterany) and then submits
+  the stage again into the same run directory with the failed nodes excluded, as a user would; the
+  stages that waited on the failed job are submitted again with it.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 from hpc.slurm import hostlist, noderange, scheduler
 
 log = logging.getLogger(__name__)
-_UNSET = {"", "(null)", "None"}
+UNSET = {"", "(null)", "None"}  # what scontrol shows for a field without a value
 
 
 def requested(environ: Mapping[str, str] = os.environ) -> Optional[Tuple[Tuple[int, int], int]]:
@@ -56,7 +56,7 @@ def fields(nodes: Optional[Tuple[int, int]], tasks_per_node: int, exclude: Seque
 def excluded(info: Mapping[str, str]) -> list:
     """The nodes a job already excludes (`scontrol show job`'s ExcNodeList)."""
     value = info.get("ExcNodeList", "")
-    return [] if value in _UNSET else hostlist.expand(value)
+    return [] if value in UNSET else hostlist.expand(value)
 
 
 def after_requeue(job_id: str, exclude: Sequence[str] = (), environ: Mapping[str, str] = os.environ,
@@ -80,23 +80,3 @@ def retry(call: Any, tries: int, pause_s: float = 0.2) -> Any:
                 raise
             log.warning("try %d of %d: %s", attempt, tries, err)
             time.sleep(pause_s * attempt)
-
-
-def resubmit_after(job_id: str, run_dir: str, stage: str, exclude: Sequence[str],
-                   info: Mapping[str, str]) -> str:
-    """Submit (through submitit) the job that resubmits `stage` into `run_dir` once `job_id` has
-    ended; returns its id. It runs in this job's partition, account and QOS, from this job's working
-    directory, where the pipeline's module is importable, without this job's SLURM_* variables."""
-    import submitit
-
-    from hpc.afterstep import resubmit
-    from hpc.pipeline.executor import submission_env
-
-    extra = {"dependency": f"afterany:{job_id}", **{flag: info[key] for key, flag in (
-        ("Account", "account"), ("QOS", "qos")) if info.get(key, "") not in _UNSET}}
-    executor = submitit.SlurmExecutor(folder=f"{run_dir}/{stage}/logs/resubmit-%j")
-    partition = {"partition": info["Partition"]} if info.get("Partition", "") not in _UNSET else {}
-    executor.update_parameters(job_name=f"hpc-resubmit-{stage}", nodes=1, ntasks_per_node=1, cpus_per_task=1,
-                               time=10, additional_parameters=extra, **partition)
-    with submission_env():
-        return str(executor.submit(resubmit, run_dir, stage, list(exclude)).job_id)

@@ -39,6 +39,7 @@ from typing import Any, Callable
 
 from hpc.recovery import preemption
 from hpc.recovery.hangs import REPORT, HangDir, attempt_dir, describe, verdict
+from hpc.fs.atomic import write_bytes
 
 log = logging.getLogger(__name__)
 DEFAULT_WATCHDOG_S = 300.0
@@ -222,8 +223,6 @@ def nccl_trace(directory: Any) -> None:
     before NCCL's own timeout would dump it."""
     import torch
     import torch.distributed as dist
-
-    from hpc.fs.atomic import write_bytes
 
     dump = getattr(torch._C._distributed_c10d, "_dump_nccl_trace", None)
     if dump is not None and dist.is_initialized():

@@ -25,8 +25,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Optional, Sequence, Tuple
 
-from hpc.fs.atomic import write_bytes as atomic_write_bytes
+from hpc import __version__
+from hpc.fs import atomic
 from hpc.fs.sharedfs import local_locks, lock_error
+from hpc.rundir.tracking import new_run_id
 
 DONE = "done"
 LOCK = ".submit.lock"
@@ -57,7 +59,7 @@ class RunDir:
         return (self.task_dir(stage, item) / DONE).exists()
 
     def mark_done(self, stage: str, item: Any, info: Dict[str, Any]) -> None:
-        atomic_write_text(self.task_dir(stage, item) / DONE, json.dumps(info, default=str, indent=1))
+        atomic.write_text(self.task_dir(stage, item) / DONE, json.dumps(info, default=str, indent=1))
 
     def finished(self, keys: List[Tuple[str, Any]]) -> FrozenSet[Tuple[str, Any]]:
         return frozenset(k for k in keys if self.is_done(*k))
@@ -101,10 +103,8 @@ class RunDir:
         """Create the directory (or reopen it) and save config.yaml; keeps earlier submissions.
         `code`: the submitted code's version (code_version()) and its snapshot, recorded with this
         submission. Returns the run id (hpc.rundir.tracking), made at the first submission and kept."""
-        from hpc.rundir.tracking import new_run_id
-
         self.path.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(self.config_path, config_yaml)
+        atomic.write_text(self.config_path, config_yaml)
         data = self.manifest() or {"pipeline": pipeline, "submissions": [], "tasks": {}}
         data.setdefault("run_id", new_run_id(self.path.name))
         data.update(pipeline=pipeline, executor=kind, updated=_now(), **(code or {}))
@@ -149,7 +149,7 @@ class RunDir:
         return {j["job_id"]: task_key(t["stage"], t["item"]) for t in self.tasks() for j in t["jobs"]}
 
     def _write(self, data: Dict[str, Any]) -> None:
-        atomic_write_text(self.manifest_path, json.dumps(data, indent=1, default=str))
+        atomic.write_text(self.manifest_path, json.dumps(data, indent=1, default=str))
 
     # ---- one submission at a time
     @contextlib.contextmanager
@@ -239,14 +239,8 @@ def _git_head(place: Path) -> Tuple[Optional[str], Optional[str]]:
 def hpc_version() -> str:
     # hpc.__version__, the one pyproject.toml also states: importlib.metadata would scan every
     # installed distribution, a cost of the same order as importing submitit, on every submission.
-    from hpc import __version__
-
     return __version__
 
 
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode())

@@ -24,6 +24,8 @@ import stat
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Tuple
 
+from hpc.fs.atomic import write_bytes
+
 Stat = Tuple[int, int, str, int]  # hpc.rundir.snapshot.Stat
 
 
@@ -45,8 +47,6 @@ def remember(root: Path, snapshot_dir: Path) -> None:
     Atomic but not fsynced: an entry lost or torn by a crash costs the next submission a copy,
     which is what reading it does about an unreadable one, and a submission need not wait for the
     disk (two fsyncs) for a cache."""
-    from hpc.fs.atomic import write_bytes
-
     path = _entry(root)
     try:
         write_bytes(path, json.dumps({"root": str(root), "dir": str(snapshot_dir)}).encode(), durable=False)

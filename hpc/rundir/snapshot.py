@@ -41,6 +41,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from hpc.rundir import snapcache
+from hpc.fs import atomic
+
 CODE = "code"  # <run>/code/<hash>/ and <run>/code/<hash>.json
 UNTRACKED_MAX_BYTES = 2 << 20  # an untracked (or, without git, any) file larger than this is data
 MAX_FILES = 50_000  # more than this is not a code tree (a home directory, a dataset)
@@ -251,8 +254,6 @@ def take(source: Source, run_path: Path, max_mb: float, previous: Optional[str] 
             return Snapshot(source, previous, code / previous, len(files), total,
                             time.perf_counter() - started, True, tuple(skipped))
     tmp = code / f".tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    from hpc.rundir import snapcache
-
     try:
         linked = snapcache.link_earlier(source.root, tmp, files, unchanged)
         stats = linked or _copy(source.root, tmp, files)
@@ -267,9 +268,7 @@ def take(source: Source, run_path: Path, max_mb: float, previous: Optional[str] 
         raise
     table = {"hash": digest, "root": str(source.root), "git": source.git, "exclude": list(source.exclude),
              "files": stats}
-    from hpc.rundir.run import atomic_write_text
-
-    atomic_write_text(code / f"{digest}.json", json.dumps(table, separators=(",", ":")))
+    atomic.write_text(code / f"{digest}.json", json.dumps(table, separators=(",", ":")))
     snapcache.remember(source.root, final)
     return Snapshot(source, digest, final, len(files), total, time.perf_counter() - started, False,
                     tuple(skipped), linked is not None)

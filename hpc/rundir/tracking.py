@@ -29,6 +29,8 @@ import uuid
 from pathlib import Path
 from typing import Any, Dict, Mapping
 
+from hpc.fs import atomic
+
 TRACKING = "tracking.json"  # <task>/tracking.json: tracker run ids recorded by earlier attempts
 MAX_ID = 64  # wandb's limit on a run id
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")  # wandb refuses / \ # ? % : in ids; keep ids plain
@@ -81,9 +83,7 @@ def record(task_dir: Path, modules: Mapping[str, Any] = sys.modules) -> None:
         return
     run_id = getattr(getattr(run, "info", None), "run_id", None)
     if run_id and recorded(task_dir).get("mlflow_run_id") != run_id:
-        from hpc.rundir.run import atomic_write_text
-
         try:
-            atomic_write_text(Path(task_dir) / TRACKING, json.dumps({**recorded(task_dir), "mlflow_run_id": run_id}))
+            atomic.write_text(Path(task_dir) / TRACKING, json.dumps({**recorded(task_dir), "mlflow_run_id": run_id}))
         except OSError as err:  # never hide the stage's own outcome behind this
             print(f"[hpc] warning: mlflow run {run_id} not recorded in {task_dir}: {err}", file=sys.stderr)

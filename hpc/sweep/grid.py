@@ -19,6 +19,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Sequence
 import yaml
 
 from hpc.config.schema import ConfigError
+from hpc.rundir.sweepdir import describe
 
 SIGNATURE_CHARS = 10  # hex digits of sha256 kept: 40 bits, no collision in any grid a person submits
 # Keys a point may not vary: one array job per stage shares its resources, and the sweep itself
@@ -42,12 +43,6 @@ class Point:
 
     def describe(self) -> str:
         return describe(self.overrides)
-
-
-def describe(overrides: Mapping[str, Any]) -> str:
-    """'tiny.score=1 tiny.sleep_s=0.5': the overrides as a user would type them."""
-    return " ".join(f"{k}={v if isinstance(v, str) else json.dumps(v, default=str, separators=(',', ':'))}"
-                    for k, v in overrides.items())
 
 
 def signature(overrides: Mapping[str, Any]) -> str:

@@ -25,12 +25,13 @@ from hpc.config import schema as hconfig
 from hpc.sweep import grid as hgrid
 from hpc.pipeline import plan as hplan
 from hpc.slurm import scheduler
-from hpc import status, submit as hsubmit
+from hpc import submit as hsubmit
+from hpc.monitor import status, sweeps
 from hpc.sweep import points as sweepconfig
 from hpc.fs.atomic import batched
 from hpc.rundir.run import RunDir, RunDirError, code_version
 from hpc.sweep.points import Defs
-from hpc.rundir.sweepdir import SweepDir, follow
+from hpc.rundir.sweepdir import SweepDir
 
 
 def submit(args: argparse.Namespace) -> int:
@@ -72,7 +73,7 @@ def submit(args: argparse.Namespace) -> int:
     print(f"sweep dir: {sweep.path}")
     for label, jids in ids.items():
         print(f"  {label}: {jids[0].split('_')[0]} ({len(jids)} task(s))")
-    return follow(sweep) if args.wait or kind != "slurm" else 0
+    return sweeps.follow(sweep) if args.wait or kind != "slurm" else 0
 
 
 def _recorded(args: argparse.Namespace) -> Dict[str, Any]:
@@ -193,7 +194,8 @@ def submit_arrays(plan: hplan.Plan, sweep: SweepDir, defs: Defs, setup: Sequence
                   run_ids: Optional[Dict[str, str]] = None) -> Dict[str, List[str]]:
     """One submission (an array) per job of the plan; each point's manifest records its tasks. Every
     task runs `code` (hpc.rundir.snapshot.JobCode; None: the live tree) and its point's run id."""
-    from hpc.pipeline.executor import StageTask, drop_unexpanded_folder, make_executor, submission_env
+    from hpc.pipeline.executor import StageTask, drop_unexpanded_folder, make_executor  # only when jobs are submitted: a dry run never loads it
+    from hpc.slurm.submitenv import submission_env
 
     by_label: Dict[str, List[str]] = {}
     slurm = plan.kind == "slurm"

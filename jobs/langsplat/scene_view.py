@@ -16,7 +16,7 @@ import struct
 from pathlib import Path
 from typing import Iterable, List, Tuple
 
-from hpc.rundir.run import atomic_write_bytes
+from hpc.fs import atomic
 
 PLY_PROPERTIES = [("x", "float"), ("y", "float"), ("z", "float"), ("nx", "float"), ("ny", "float"),
                   ("nz", "float"), ("red", "uchar"), ("green", "uchar"), ("blue", "uchar")]
@@ -41,7 +41,7 @@ def make_view(data: Path, view: Path, linked: Iterable[str]) -> Path:
         link(entry, view / "sparse" / "0" / entry.name)
     ply = view / "sparse" / "0" / "points3D.ply"
     if not ply.exists():
-        atomic_write_bytes(ply, points_ply(read_points(data / "sparse" / "0")))
+        atomic.write_bytes(ply, points_ply(read_points(data / "sparse" / "0")))
     return view
 
 

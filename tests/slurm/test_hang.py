@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from hpc.pipeline import plan
-from hpc import status, submit
+from hpc import submit
+from hpc.monitor import status
 from hpc.cluster.preempt import job_field
 from hpc.recovery.hangs import HANGS, REPORT
 from hpc.rundir.run import DONE, RunDir

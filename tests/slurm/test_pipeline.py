@@ -15,7 +15,9 @@ import pytest
 
 from hpc.pipeline import plan
 from hpc.slurm import scheduler
-from hpc import status, submit
+from hpc import submit
+from hpc.monitor import status
+from hpc import status as status_cmd
 from hpc.rundir.run import RunDir
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -246,7 +248,7 @@ def test_run_pipeline_is_requeued_on_preemption_and_resumes(slurm_cluster, tmp_p
     row = status.collect(run)[0]
     assert row.state == "COMPLETED" and row.restarts >= 1
     # the picture of the run (sacct -D): one bar per attempt, each with the world size it got
-    assert status.main([str(run_dir), "--timeline", str(tmp_path / "run.svg")]) == 0
+    assert status_cmd.main([str(run_dir), "--timeline", str(tmp_path / "run.svg")]) == 0
     svg = (tmp_path / "run.svg").read_text()
     bars = re.findall(r'id="attempt-main-(\d+)-(\d+)"', svg)
     assert bars == [(job_id, str(n)) for n in range(1, row.restarts + 2)], bars

@@ -16,7 +16,8 @@ import pytest
 
 from hpc.pipeline import plan
 from hpc.slurm import scheduler
-from hpc import status, submit
+from hpc import submit
+from hpc.monitor import status
 from hpc.rundir.run import RunDir
 from tests.slurm.test_pipeline import wait_until
 

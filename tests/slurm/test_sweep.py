@@ -11,7 +11,8 @@ import pytest
 
 from hpc.sweep import grid
 from hpc.slurm import scheduler
-from hpc import status, submit
+from hpc import submit
+from hpc.monitor import status, sweeps
 from hpc.rundir import sweepdir
 from hpc.monitor import timeline
 from tests.slurm.test_pipeline import ROOT, counting_path, tiny, wait_until  # noqa: F401 (tiny: autouse)
@@ -29,8 +30,8 @@ def calls(tmp_path, monkeypatch):
 
 def settled(sweep):
     """The rows, once no point is pending or running."""
-    rows = sweepdir.collect(sweep)
-    return rows if rows and not any(r.state in scheduler.ACTIVE or r.state == sweepdir.NOT_SUBMITTED
+    rows = sweeps.collect(sweep)
+    return rows if rows and not any(r.state in scheduler.ACTIVE or r.state == sweeps.NOT_SUBMITTED
                                     for r in rows) else None
 
 

@@ -1,0 +1,258 @@
+"""Where a run stands, per stage and task: the engine of `python -m hpc.status`.
+
+    python -c "from hpc.monitor import status; from hpc.rundir.run import RunDir; print(status.format_table(status.collect(RunDir('runs/x'))))"
+
+One scheduler call per poll (hpc.slurm.scheduler.query: sacct, or squeue where accounting is disabled),
+whatever the number of jobs: a task that will never start is recognised from the state of the job it
+waits for (the manifest records each job's afterok ids) in that same answer. Without accounting, a
+job that has left the queue has ended and its outcome is what it left behind: a done marker
+(COMPLETED), submitit's result file (COMPLETED, or FAILED with the error), or nothing (ENDED, said
+as such). Done markers, progress (tqdm's last redraw in the rank-0 stderr log, else the last line of
+its stdout log), the world size and node count the task got (its done marker, else the latest start
+line of its rank-0 log: under a node range it need not be the one requested), the task's outputs
+and the newest hang its watchdog recorded (the stuck ranks and their hosts, hpc.recovery.hangs) come from the
+run directory. Below the table: the run id, and whether the live code still matches the snapshot the
+jobs import (hpc.rundir.snapshot: a stat of each file, a hash only where one changed).
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from hpc.recovery import hangs, nodefail
+from hpc.slurm import scheduler
+from hpc.rundir.run import DONE, RunDir, task_key
+
+# What a job left behind -> hpc state: for local/debug jobs (no scheduler), and for SLURM jobs that
+# have left the queue of a cluster without accounting (then "none" reads ENDED: nothing to go by).
+LEFT_BEHIND = {"done": "COMPLETED", "error": "FAILED", "result": "COMPLETED", "none": "UNKNOWN"}
+ENDED = "ENDED"
+ENDED_WHY = ("ENDED (no accounting; no done marker, no result file): outcome unknown. "
+             "HINT: python -m hpc.logs RUN_DIR --err")
+# tqdm's redraw: "desc:  55%|#####5    | 164/300 [00:01<00:01, 99.50it/s]", or "164it [00:01, ...]"
+TQDM = re.compile(r"(?:(?P<desc>[^|\r\n]*?):\s*)?(?:\d+%\|[^|]*\|\s*)?"
+                  r"(?P<n>\d+(?:\.\d+)?[kMGTPEZY]?)(?:/(?P<total>\d+(?:\.\d+)?[kMGTPEZY]?))?(?:it)?\s*\[\d")
+# hpc.pipeline.executor's start line in each rank's stdout log: "[hpc] stage S item I rank 0/24 on 3 node(s) job ..."
+STARTED = re.compile(rb"\[hpc\] stage .* rank [0-9]+/([0-9]+) on ([0-9]+) node\(s\)")
+
+
+@dataclass
+class TaskStatus:
+    task: str
+    stage: str
+    item: Any
+    job_id: str
+    state: str
+    restarts: int
+    elapsed: str
+    progress: str
+    outputs: List[str]
+    why: str
+    error: str = ""  # last line of the rank-0 stderr log (the exception of a failed task)
+    world_size: Optional[int] = None  # ranks the task got (None: not started, or nothing says)
+    nodes: Optional[int] = None  # nodes it got
+    hang: str = ""  # the newest hang the watchdog recorded: stuck ranks and hosts (hpc.recovery.hangs)
+    recovery: str = ""  # node failures, excluded nodes and the latest decision (hpc.recovery.nodefail)
+
+
+def collect(run: RunDir, answer: Optional[Tuple[scheduler.Answer, Dict[str, Any]]] = None) -> List[TaskStatus]:
+    """`answer`: query_run()'s, when one call asked for several runs (a sweep's points)."""
+    tasks = run.tasks()
+    records, never = answer or query_run(run)
+    rows = []
+    for t in tasks:
+        jid, stage, item = t["job_id"], t["stage"], t["item"]
+        rec = records.get(jid)
+        slurm = t["jobs"][-1]["executor"] == "slurm"
+        if rec:
+            state = rec.state
+        elif slurm and records.source == "sacct":
+            state = "PENDING"  # just submitted: sacct may not list the job for a moment
+        else:  # a local job, or one that left the queue of a cluster without accounting
+            state = left_behind(run, stage, item, jid)
+            state = ENDED if slurm and state == LEFT_BEHIND["none"] else state
+        err = run.log_path(stage, jid, stream="err")
+        rows.append(TaskStatus(task_key(stage, item), stage, item, jid, state,
+                               rec.restarts if rec else 0,
+                               rec.elapsed if rec else _done_elapsed(run, stage, item),
+                               tqdm_progress(err) or last_progress(run.log_path(stage, jid)),
+                               outputs(run.task_dir(stage, item)), "", last_progress(err),
+                               *world(run, stage, item, jid), hangs.summary(run.task_dir(stage, item)),
+                               recovery=nodefail.summary(run.task_dir(stage, item))))
+    _explain(rows, records, never, run.job_tasks())
+    return rows
+
+
+def query_run(*runs: RunDir) -> Tuple[scheduler.Answer, Dict[str, Optional[scheduler.JobRecord]]]:
+    """One scheduler call for the SLURM jobs of the runs and the jobs they wait for: (records, the
+    pending jobs that can never start -> the upstream record that failed)."""
+    after = {jid: deps for run in runs for jid, deps in run.dependencies().items()}
+    ids = [jid for run in runs for jid in run.slurm_jobs()]
+    records = scheduler.query(ids + [u for jid in ids for u in after.get(jid, [])])
+    return records, scheduler.never_starts(records, after)
+
+
+def done_info(run: RunDir, stage: str, item: Any) -> Dict[str, Any]:
+    """A task's done marker ({} when there is none or it does not read)."""
+    try:
+        info = json.loads((run.task_dir(stage, item) / DONE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def _done_elapsed(run: RunDir, stage: str, item: Any) -> str:
+    """A finished task's run time from its done marker (no scheduler to ask), as sacct writes it."""
+    info = done_info(run, stage, item)
+    try:
+        seconds = int(info["finished"] - info["started"])
+    except (KeyError, TypeError):
+        return ""
+    return f"{seconds // 3600:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def world(run: RunDir, stage: str, item: Any, job_id: str) -> Tuple[Optional[int], Optional[int]]:
+    """(world size, nodes) a task got: its done marker's, else those of the latest start line in its
+    rank-0 log (a requeued job appends one per start, and under a node range each may differ)."""
+    info = done_info(run, stage, item)
+    if isinstance(info.get("world_size"), int):
+        return info["world_size"], info.get("nodes") if isinstance(info.get("nodes"), int) else None
+    found = _last_match(run.log_path(stage, job_id), STARTED)
+    return (int(found[1]), int(found[2])) if found else (None, None)
+
+
+def _last_match(log: Path, pattern: "re.Pattern[bytes]", block: int = 1 << 20) -> Optional["re.Match[bytes]"]:
+    """The last match of a one-line pattern in a file, read backwards a block at a time: a long
+    log is read only as far back as its latest start."""
+    if not log.exists():
+        return None
+    with log.open("rb") as fh:
+        end, carry = fh.seek(0, 2), b""
+        while end > 0:
+            start = max(0, end - block)
+            fh.seek(start)
+            chunk = fh.read(end - start) + carry
+            found = None
+            for found in pattern.finditer(chunk):
+                pass
+            if found:
+                return found
+            carry, end = chunk[:chunk.find(b"\n") + 1 or len(chunk)], start  # a line the block boundary cut
+    return None
+
+
+def left_behind(run: RunDir, stage: str, item: Any, job_id: str) -> str:
+    """The state an ended job's files tell: its done marker, else rank 0's submitit result file."""
+    if run.is_done(stage, item):
+        return LEFT_BEHIND["done"]
+    result = run.path / stage / "logs" / job_id / f"{job_id}_0_result.pkl"
+    if not result.exists():
+        return LEFT_BEHIND["none"]
+    import pickle
+
+    outcome = pickle.loads(result.read_bytes())[0]  # ("success" | "error", payload), written by submitit
+    return LEFT_BEHIND["result" if outcome == "success" else "error"]
+
+
+def _explain(rows: List[TaskStatus], records: Dict[str, scheduler.JobRecord],
+             never: Dict[str, Optional[scheduler.JobRecord]], job_tasks: Dict[str, str]) -> None:
+    """Fill in `why`: the reason a task waits, will never run, or failed."""
+    for r in rows:
+        rec = records.get(r.job_id)
+        if r.job_id in never:
+            upstream = never[r.job_id]
+            cause = (f"waits on {_name(upstream.job_id, job_tasks)} which "
+                     f"{upstream.state} (afterok)" if upstream else f"SLURM reports {scheduler.NEVER}")
+            r.state = "NEVER"
+            r.why = (f"never: {cause}. HINT: fix it and resubmit with --run-dir, "
+                     "or python -m hpc.cancel RUN_DIR")
+        elif rec and rec.state == "PENDING" and rec.reason not in ("", "None"):
+            r.why = rec.reason
+        elif r.state == "TIMEOUT":
+            reason = rec.reason if rec and rec.reason not in ("", "None") else "TimeLimit"
+            r.why = (f"TIMEOUT ({reason}): killed at its time limit. HINT: raise stages.{r.stage}.time_min, "
+                     "or resubmit with --run-dir to continue from the last checkpoint")
+        elif r.state == ENDED:
+            r.why = ENDED_WHY
+        elif r.state == "FAILED":
+            code = f"exit code {rec.exit_code}: " if rec and rec.exit_code else ""
+            r.why = f"{code}{r.error or '?'} (python -m hpc.logs RUN_DIR --stage {r.stage} --err)"
+
+
+def _name(job_id: str, job_tasks: Dict[str, str]) -> str:
+    return f"stage {job_tasks[job_id]}" if job_id in job_tasks else f"job {job_id}"
+
+
+def last_progress(log: Path, tail_bytes: int = 4096) -> str:
+    """Last non-empty line of a log; tqdm redraws with \\r, so split on that too."""
+    text = _tail(log, tail_bytes)
+    # submitit's own bookkeeping lines are not progress
+    lines = [ln.strip() for ln in text.replace("\r", "\n").splitlines()
+             if ln.strip() and not ln.startswith(("submitit ", "srun: "))]
+    return lines[-1][:120] if lines else ""
+
+
+def tqdm_progress(log: Path, tail_bytes: int = 4096) -> str:
+    """tqdm's latest redraw in a log ("164/300", with the bar's description if it has one), or ""."""
+    for segment in reversed(_tail(log, tail_bytes).replace("\r", "\n").splitlines()):
+        found = TQDM.search(segment)
+        if found:
+            done = found["n"] + (f"/{found['total']}" if found["total"] else "")
+            desc = (found["desc"] or "").strip()
+            return f"{desc} {done}" if desc else done
+    return ""
+
+
+def _tail(log: Path, tail_bytes: int) -> str:
+    if not log.exists():
+        return ""
+    with log.open("rb") as fh:
+        fh.seek(max(0, log.stat().st_size - tail_bytes))
+        return fh.read().decode(errors="replace")
+
+
+def outputs(task_dir: Path) -> List[str]:
+    if not task_dir.exists():
+        return []
+    skip = {"logs", DONE, nodefail.HISTORY}
+    return sorted(p.name for p in task_dir.iterdir() if p.name not in skip and not p.name.startswith("task-"))
+
+
+def format_table(rows: List[TaskStatus]) -> str:
+    head = ("TASK", "JOB", "STATE", "RESTARTS", "ELAPSED", "WORLD", "NODES", "PROGRESS / WHY")
+    body = [(r.task, r.job_id, r.state, str(r.restarts), r.elapsed, _count(r.world_size), _count(r.nodes),
+             r.why or r.progress) for r in rows]
+    widths = [max(len(x) for x in col) for col in zip(head, *body)] if body else [len(h) for h in head]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in [head, *body]]
+    lines += [f"  {r.task} outputs: {', '.join(r.outputs)}" for r in rows if r.outputs]
+    lines += [f"  {r.task} hang: {r.hang}" for r in rows if r.hang]
+    lines += [f"  {r.task} node failures: {r.recovery}" for r in rows if r.recovery]
+    return "\n".join(lines)
+
+
+def _count(value: Optional[int]) -> str:
+    return "-" if value is None else str(value)
+
+
+def follow(run: RunDir, interval_s: float = 5.0, out=None) -> int:
+    """Print the table whenever it changes until nothing is active; non-zero if anything failed."""
+    out = out or sys.stdout
+    last = None
+    while True:
+        rows = collect(run)
+        seen = [(r.task, r.state, r.why or r.progress) for r in rows]  # not elapsed: it always moves
+        if seen != last:
+            print(time.strftime("%H:%M:%S"), file=out)
+            print(format_table(rows), file=out, flush=True)
+            last = seen
+        if not any(r.state in scheduler.ACTIVE for r in rows):
+            orphans = [r.job_id for r in rows if r.state == "NEVER"]
+            if orphans:  # they would pend forever: cancel them, a resubmission replaces them
+                print(f"cancelling jobs that can never start: {' '.join(scheduler.cancel(orphans))}", file=out)
+            return 0 if rows and all(r.state == "COMPLETED" for r in rows) else 1
+        time.sleep(interval_s)
