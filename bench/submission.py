@@ -27,7 +27,7 @@ from bench.interleave import paired_ratio
 from bench.report import Section
 from hpc.rundir.run import GIT_HEAD
 from hpc.slurm.scheduler import SHOW_CONFIG
-from hpc.rundir.snapshot import GIT_FILES
+from hpc.rundir.codefiles import GIT_FILES
 
 TARGET_S = 0.5
 TARGET_RATIO = 1.0  # hpc's real submission over plain submitit's
@@ -181,11 +181,11 @@ def critical_path_note(times: Dict[str, List[float]]) -> str:
 
 def snapshot_cost(ctx: Context, repeats: int) -> Dict[str, Any]:
     """The snapshot of this checkout alone, in this process: a first copy, and a reuse."""
-    from hpc.rundir import snapshot
+    from hpc.rundir import codefiles, snapshot
     from hpc.rundir.run import code_version
 
     base = ctx.scratch("snapshot")
-    source = snapshot.source_of(code_version(None, REPO)["code_dir"], REPO, [base])
+    source = codefiles.source_of(code_version(None, REPO)["code_dir"], REPO, [base])
     out: Dict[str, Any] = {k: [] for k in ("snapshot copy", "snapshot linked", "snapshot reused",
                                            "snapshot copy cpu", "snapshot linked cpu", "snapshot reused cpu")}
     before = os.environ.get("HPC_CACHE_DIR")

@@ -157,9 +157,9 @@ def resubmit(run_dir: str, stage: str, nodes: Sequence[str]) -> None:
     """hpc.submit into `run_dir`, as its first submission named the pipeline, with `nodes` added to
     the stage's excluded nodes (stages.X.extra.exclude, saved in config.yaml for later ones). The
     job resubmit_after submits runs it."""
+    # here, not at the top: the wrapper around srun, in every job, never needs the config machinery
     from hpc.config import schema as hconfig
-    from hpc.pipeline import plan as hplan
-    from hpc import submit
+    from hpc.pipeline import plan as hplan, submission
 
     run = RunDir(run_dir)
     manifest: Dict[str, Any] = run.manifest()
@@ -171,9 +171,7 @@ def resubmit(run_dir: str, stage: str, nodes: Sequence[str]) -> None:
     exclude = sorted(set(hostlist.expand(before) if before else []) | set(nodes))
     overrides = [f"stages.{key}.extra.exclude={','.join(exclude)}"] if exclude else []
     # the same code as the job it replaces: the run's snapshot, never what the live tree holds now
-    code = submit.main([spec, "--run-dir", run_dir, "--same-snapshot", *overrides])
-    if code != 0:
-        raise RuntimeError(f"resubmitting {stage} into {run_dir} failed (exit status {code}); see the error above")
+    submission.submit(submission.Request(spec, tuple(overrides), run_dir=run_dir, same_snapshot=True))
 
 
 if __name__ == "__main__":

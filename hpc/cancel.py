@@ -14,17 +14,7 @@ from typing import Optional, Sequence
 
 from hpc.slurm import scheduler
 from hpc.rundir import sweepdir
-from hpc.rundir.run import RunDir, RunDirError
-
-
-def recorded_jobs(path: str, stage: Optional[str]) -> list:
-    """The SLURM job ids a run directory records, or all of a sweep's points (deduplicated: a
-    sweep's stage is one array job across its points)."""
-    if not sweepdir.is_sweep(path):
-        return RunDir(path).slurm_jobs(stage)
-    sweep = sweepdir.SweepDir(path)
-    runs = [sweep.point(sig) for sig in sweep.record()["points"]]
-    return sorted({jid for run in runs if run.manifest_path.exists() for jid in run.slurm_jobs(stage)})
+from hpc.rundir.run import RunDirError
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -33,7 +23,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--stage", help="only this stage")
     args = p.parse_args(argv)
     try:
-        slurm_ids = recorded_jobs(args.run_dir, args.stage)
+        slurm_ids = sweepdir.slurm_jobs(args.run_dir, args.stage)
     except RunDirError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -13,7 +13,7 @@ import sys
 from dataclasses import asdict
 from typing import Optional, Sequence
 
-from hpc.monitor import status, sweeps
+from hpc.monitor import status, sweeps, timeline_plot
 from hpc.rundir import snapshot, sweepdir
 from hpc.rundir.run import RunDir
 
@@ -32,9 +32,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     try:
         if args.timeline:  # a picture of the run, or of a sweep: one row per point
-            from hpc.monitor import timeline  # its plot imports matplotlib, an optional extra
-
-            return timeline.main(args.run_dir, args.timeline)
+            return timeline_plot.write(args.run_dir, args.timeline)
         if sweepdir.is_sweep(args.run_dir):
             return sweeps.show(args.run_dir, args.json)
         rows = status.collect(run)

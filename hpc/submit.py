@@ -3,56 +3,45 @@
     python -m hpc.submit langsplat --levels 0 1 2 [--cluster auto|slurm|local|debug] [--profile sandbox]
         [--run-dir DIR] [--dry-run] [--wait] [--no-snapshot] [key=value ...]
     python -m hpc.submit run --nodes 2 --gpus-per-node 8 -- python train.py --lr 1e-3
-    python -m hpc.submit tiny [key=value ...] --sweep tiny.score=1,2 tiny.sleep_s=0,1   # hpc.sweep.submission
+    python -m hpc.submit tiny [key=value ...] --sweep tiny.score=1,2 tiny.sleep_s=0,1
 
-Thin entry point: arguments -> config (hpc.config.schema) -> plan (hpc.pipeline.plan) -> code snapshot (hpc.rundir.snapshot)
--> submit_plan (submitit).
-Returns as soon as SLURM has the jobs (afterok chains the stages; nothing here stays alive),
-except with the local executor, which has no dependencies and so runs the stages in order.
-One submission at a time per run dir (a lock held from reading its state to the last manifest write);
-a dry run reads the state and changes nothing. Variables of an enclosing allocation never reach the jobs.
+Arguments -> a Request -> the submission engine: hpc.pipeline.submission for a run,
+hpc.sweep.submission for a grid of runs (--sweep, --sweep-file, or a sweep's directory).
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 import sys
-import time
-from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence
 
-from hpc.config import schema as hconfig
-from hpc.pipeline import plan as hplan
-from hpc.slurm import scheduler
-from hpc.rundir import snapshot, sweepdir
-from hpc.monitor import status
-from hpc.rundir.run import RunDir, code_version
-
+from hpc.config.checks import CLUSTER_KINDS, ConfigError
+from hpc.pipeline.plan import PIPELINES
+from hpc.pipeline.submission import Request
+from hpc.rundir import sweepdir
 
 VALUE_OPTIONS = ("--run-dir", "--profile", "--cluster", "--nodes", "--gpus-per-node", "--sweep-file")  # take one value
 
 
-def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+def parse_args(argv: Sequence[str]) -> Request:
     argv = list(argv)
     command: List[str] = []
     if "--" in argv:
         cut = argv.index("--")
         argv, command = argv[:cut], argv[cut + 1:]
     p = argparse.ArgumentParser(prog="python -m hpc.submit", description=__doc__.split("\n\n")[0])
-    p.add_argument("pipeline", help=f"one of {sorted(hplan.PIPELINES)}")
+    p.add_argument("pipeline", help=f"one of {sorted(PIPELINES)}, or a module path (mypkg.pipeline)")
     p.add_argument("overrides", nargs="*", help="dotted key=value config overrides, anywhere before --")
     p.add_argument("--levels", nargs="+", type=int,
                    help="LangSplat feature levels 0-3 (default: 1 2 3 in external mode, 0 1 2 synthetic)")
     p.add_argument("--nodes", help="run: nodes per job, or a range MIN-MAX (e.g. 1-2)")
     p.add_argument("--gpus-per-node", type=int, help="run: GPUs (and ranks) per node")
-    p.add_argument("--cluster", choices=hconfig.CLUSTER_KINDS, help="where to run (default: config, auto)")
+    p.add_argument("--cluster", choices=CLUSTER_KINDS, help="where to run (default: config, auto)")
     p.add_argument("--profile", help="cluster profile from templates/profiles/")
     p.add_argument("--run-dir", help="run directory; an existing one resumes (done tasks are skipped)")
     p.add_argument("--dry-run", action="store_true", help="print the plan and sbatch scripts only")
     p.add_argument("--wait", action="store_true", help="follow the jobs until they end")
     p.add_argument("--sweep", nargs="*", metavar="KEY=V1,V2",
-                   help="run the grid of these values, each stage as one array job (hpc.sweep.submission); "
+                   help="run the grid of these values, each stage as one array job; "
                         "every token after it up to the next option is an axis")
     p.add_argument("--sweep-file", help="a YAML grid (key: [values]) for --sweep")
     p.add_argument("--no-snapshot", action="store_true",
@@ -62,278 +51,39 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         "(what hpc's own resubmissions do)")
     # key=value tokens are taken out first, so `--levels 0 1 a.b=c` does not read a.b=c as a level;
     # the value of an option (--run-dir /data/a=b) is never one
-    overrides, rest, sweep, in_sweep, argv = [], [], None, False, iter(argv)
-    for a in argv:
+    overrides, rest, sweep, in_sweep, tokens = [], [], None, False, iter(argv)
+    for a in tokens:
         in_sweep = a == "--sweep" or (in_sweep and not a.startswith("-"))
         if a == "--sweep":
             sweep = sweep or []
         elif in_sweep:  # every token after --sweep up to the next option is an axis
             sweep.append(a)
         elif a in VALUE_OPTIONS:
-            rest += [a, *[v for v in [next(argv, None)] if v is not None]]
+            rest += [a, *[v for v in [next(tokens, None)] if v is not None]]
         else:
             (overrides if "=" in a and not a.startswith("-") else rest).append(a)
     args = p.parse_args(rest)
-    args.overrides = args.overrides + overrides
-    args.command = command
-    args.sweep = sweep
-    return args
-
-
-def build(args: argparse.Namespace, view: bool = True) -> Tuple[hplan.PipelineDef, Any, RunDir, str, List[str]]:
-    """Config, run directory, executor kind and plan notes from the arguments; validates everything.
-    The config is read-only (hpc.config.view); `view=False`: a DictConfig (hpc.config.schema.load)."""
-    pipe = hplan.get_pipeline(args.pipeline)
-    run_dir = None
-    if args.run_dir is not None:
-        _check_run_dir(args.run_dir)
-        run_dir = Path(args.run_dir)
-    overrides = list(args.overrides) + pipe_flags(args)
-    saved = run_dir / "config.yaml" if run_dir else None
-    notes: List[str] = []
-    cfg = hconfig.load(pipe.schema, args.pipeline, args.profile, overrides, saved, extra=pipe.templates,
-                       notes=notes, view=view, settle=pipe.settle)
-    pipe.validate(cfg)
-    kind = scheduler.detect(cfg.cluster.kind)
-    if kind == "slurm":
-        check_partitions(cfg, dry_run=args.dry_run)
-    if run_dir is None:
-        name = cfg.run.name or f"{args.pipeline}-{time.strftime('%Y%m%d-%H%M%S')}"
-        run_dir = Path(cfg.run.run_dir or Path(cfg.run.root) / name)
-        _check_run_dir(str(run_dir))
-    return pipe, cfg, RunDir(run_dir), kind, notes
-
-
-def _check_run_dir(path: str) -> None:
-    # the path reaches sbatch scripts (--output, the srun command): a newline would start a script line
-    if not path or hconfig.has_control(path):
-        why = "is empty" if not path else "contains a control character (newline, tab, ...)"
-        raise hconfig.ConfigError(f"run dir {path!r} {why}; expected a plain path. "
-                                  "HINT: pass --run-dir a directory path without escapes.")
-    RunDir(path).check_usable()
-
-
-def pipe_flags(args: argparse.Namespace) -> List[str]:
-    """Convenience flags as dotted overrides (quoted as YAML flow values by OmegaConf)."""
-    out = []
-    if args.cluster:
-        out.append(f"cluster.kind={args.cluster}")
-    if args.levels:
-        out.append(f"langsplat.levels=[{','.join(map(str, args.levels))}]")
-    if args.nodes is not None:
-        out.append(f"stages.main.nodes={args.nodes}")
-    if args.gpus_per_node is not None:
-        out += [f"stages.main.gpus_per_node={args.gpus_per_node}",
-                f"stages.main.tasks_per_node={max(1, args.gpus_per_node)}"]
-    if args.command:
-        out.append(f"script.command={json.dumps(args.command)}")  # JSON list: YAML reads it verbatim
-    if getattr(args, "no_snapshot", False):
-        out.append("run.snapshot=false")
-    return out
-
-
-def check_partitions(cfg: Any, dry_run: bool = False) -> None:
-    try:
-        known = list(cfg.cluster.partitions or []) or scheduler.partitions()
-    except RuntimeError as err:
-        if not dry_run:
-            raise
-        print(f"warning: partitions not checked ({err})", file=sys.stderr)
-        return
-    for name, res in cfg.stages.items():
-        if res.partition is not None and res.partition not in known:
-            raise hconfig.ConfigError(
-                f"stages.{name}.partition={res.partition!r} is not a partition of this cluster; "
-                f"expected one of {sorted(known)}. HINT: pass stages.{name}.partition=<one of those> or --profile.")
-
-
-def current_state(pipe: hplan.PipelineDef, cfg: Any, run: RunDir, kind: str, answer: Any = None):
-    """(finished task keys, queued task key -> job id, never), read only: `never` are the jobs that
-    can never start (an upstream job failed); a submission cancels them so that its plan submits
-    their tasks again, a dry run leaves them be. `answer`: status.query_run()'s for several runs."""
-    keys = [(s.name, i) for s in pipe.stages(cfg) for i in (s.items or (None,))]
-    finished = run.finished(keys)
-    tasks = {(t["stage"], t["item"]): t["job_id"] for t in run.tasks()}
-    if kind != "slurm" or not tasks:
-        return finished, {}, []
-    records, never = answer or status.query_run(run)
-    # sacct lists a job once slurmdbd has it: one just submitted is queued, as hpc.status says
-    unlisted = set(run.slurm_jobs()) if records.source == "sacct" else set()
-    queued = {k: jid for k, jid in tasks.items() if k not in finished and jid not in never and (
-              records[jid].state in scheduler.ACTIVE if jid in records else jid in unlisted)}
-    return finished, queued, sorted(never)
-
-
-def submit_plan(plan: hplan.Plan, run: RunDir, setup: Sequence[str] = (), code: Optional[snapshot.JobCode] = None,
-                run_id: str = "") -> Dict[str, List[str]]:
-    """Submit every job of the plan through submitit; returns stage -> job ids. Variables of an
-    enclosing allocation or launcher are hidden meanwhile (hpc.slurm.submitenv). Every task
-    runs `code` (a snapshot; None: the live tree) and exports `run_id` (hpc.rundir.tracking)."""
-    from hpc.pipeline.executor import StageTask, drop_unexpanded_folder, make_executor  # only when jobs are submitted: a dry run never loads it
-    from hpc.slurm.submitenv import submission_env
-
-    ids: Dict[str, List[str]] = {}
-    by_label: Dict[str, List[str]] = {}  # JobSpec.label -> its job ids, for aftercorr
-    previous: List[Any] = []
-    with submission_env():
-        for job in plan.jobs:
-            if plan.kind != "slurm" and not _wait_ok(previous):
-                print(f"stage {job.stage}: not started, an earlier stage failed (see python -m hpc.status {run.path})")
-                break
-            executor = make_executor(plan.kind, job.folder, job.resources["max_timeouts"])
-            upstream = _upstream(job, ids, run) if plan.kind == "slurm" else []
-            per_item, each = job.item_dependency(by_label) if plan.kind == "slurm" else (None, [])
-            if plan.kind != "debug":
-                dependency = ",".join(d for d in (afterok(upstream), per_item) if d) or None
-                executor.update_parameters(**job.executor_parameters(dependency, setup))
-            tasks = [StageTask(str(run.path), job.stage, job.target, item, index, code=code, run_id=run_id)
-                     for item, index in zip(job.items, job.indices)]
-            with executor.batch():  # one sbatch --array for an array stage
-                submitted = [executor.submit(t) for t in tasks]
-            by_label[job.label] = [str(sj.job_id) for sj in submitted]
-            run.record_all(job.stage, list(zip(job.items, by_label[job.label])), plan.kind, upstream, each,
-                           code.hash if code else None)
-            ids.setdefault(job.stage, []).extend(by_label[job.label])
-            previous = submitted
-        if plan.kind != "slurm":
-            _wait_ok(previous)
-            for job in plan.jobs:  # every local job has ended: its controller made what it would make
-                drop_unexpanded_folder(job.folder)
-    return ids
-
-
-def _upstream(job: hplan.JobSpec, ids: Dict[str, List[str]], run: RunDir) -> List[str]:
-    """Job ids of the stages `job` waits for: submitted now, and those of the same stages still
-    queued or running from an earlier submission (after a partial resubmission of an array stage,
-    both). The manifest already holds this submission's ids as the tasks' latest jobs."""
-    waiting: Dict[str, set] = {s: set(ids.get(s, [])) for s in job.after}
-    for t in run.tasks():
-        # a finished task needs no afterok (its job may be purged from SLURM already); every other
-        # task not resubmitted now was found queued or running by current_state
-        if t["stage"] in waiting and not run.is_done(t["stage"], t["item"]):
-            waiting[t["stage"]].add(t["job_id"])
-    return sorted(i for s in job.after for i in waiting[s])
-
-
-def afterok(job_ids: Sequence[str]) -> Optional[str]:
-    """sbatch --dependency value naming each array task ('12_3'), not the array ('12'): after a
-    partial resubmission the old array also holds the failed task, and afterok on the whole array
-    would never be satisfied."""
-    ids = sorted(set(job_ids), key=lambda i: [int(p) if p.isdigit() else p for p in i.split("_")])
-    return f"afterok:{':'.join(ids)}" if ids else None
-
-
-def _wait_ok(jobs: List[Any]) -> bool:
-    ok = True
-    for job in jobs:
-        try:
-            job.results()  # every rank's result: a failure on any rank fails the task
-        except Exception:  # submitit re-raises the task's exception; status shows its last line
-            print(f"job {job.job_id} failed")
-            ok = False
-    return ok
+    return Request(args.pipeline, tuple(args.overrides + overrides), args.profile, args.cluster, args.run_dir,
+                   tuple(args.levels) if args.levels else None, args.nodes, args.gpus_per_node, tuple(command),
+                   args.dry_run, args.wait, args.no_snapshot, args.same_snapshot,
+                   tuple(sweep) if sweep is not None else None, args.sweep_file)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+    req = parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        return submit(args)
-    except (hconfig.ConfigError, RuntimeError) as err:
+        if req.sweep is not None or req.sweep_file or sweepdir.is_sweep(req.run_dir):
+            from hpc.sweep import submission  # a grid of runs; here, not above: yaml stays off a run's path
+        else:
+            from hpc.pipeline import submission
+        return submission.submit(req)
+    except (ConfigError, RuntimeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except OSError as err:  # the run dir's file system: full, read-only, gone
         print(f"error: {err}; expected a writable run directory. HINT: free space or pass another --run-dir.",
               file=sys.stderr)
         return 2
-
-
-def submit(args: argparse.Namespace) -> int:
-    """Plan and submit. The run dir's lock is held from reading its state to the last manifest write;
-    a dry run reads the state and changes nothing: no scancel, no sbatch, no file written."""
-    if args.sweep is not None or args.sweep_file or sweepdir.is_sweep(args.run_dir):
-        from hpc.sweep import submission as sweep  # a grid of runs: hpc.sweep.submission does the same for every point
-
-        return sweep.submit(args)
-    pipe, cfg, run, kind, notes = build(args)
-    module_file = _user_module_file(args.pipeline)
-    code = code_version(module_file)
-    if args.dry_run:
-        finished, queued, _ = current_state(pipe, cfg, run, kind)
-        notes = [*notes, _snapshot_note(cfg, run, kind, code)]
-        print(_plan(pipe, cfg, run, kind, finished, queued, notes).render(setup=list(cfg.cluster.setup)))
-        return 0
-    with run.submission_lock(say=lambda line: print(line, file=sys.stderr)):
-        finished, queued, never = current_state(pipe, cfg, run, kind)
-        scheduler.cancel(never)
-        # asked only here: a dry run stays one call cheaper (its plan shows each stage as one array)
-        max_size = scheduler.max_array_size() if kind == "slurm" else None
-        plan = _plan(pipe, cfg, run, kind, finished, queued, notes, max_size)
-        print(plan.summary())
-        if not plan.jobs:
-            print(f"nothing to submit: every task of {run.path} is done or queued")
-            return 0
-        snap = take_snapshot(cfg, run.path, kind, code, run.manifest().get("snapshot") if args.same_snapshot else None)
-        # pipeline_arg: how to name the pipeline again, for a resubmission from a job (hpc.afterstep)
-        run_id = run.start(pipe.name, hconfig.to_yaml(cfg), kind,
-                           {**code, "pipeline_arg": args.pipeline, "snapshot": snap and snap.record()})
-        ids = submit_plan(plan, run, list(cfg.cluster.setup), job_code(snap, args.pipeline, module_file), run_id)
-    print(f"run dir: {run.path}")
-    for stage, jids in ids.items():
-        print(f"  {stage}: {' '.join(jids)}")
-    if args.wait or kind != "slurm":
-        return status.follow(run)
-    return 0
-
-
-def _plan(pipe: hplan.PipelineDef, cfg: Any, run: RunDir, kind: str, finished: Any, queued: Any,
-          notes: Sequence[str], max_array_size: Optional[int] = None) -> hplan.Plan:
-    plan = hplan.make_plan(pipe, cfg, str(run.path), kind, finished, queued, max_array_size)
-    return dataclasses.replace(plan, notes=plan.notes + tuple(notes))
-
-
-def _module(pipeline: str) -> str:
-    return hplan.PIPELINES.get(pipeline, pipeline).partition(":")[0]
-
-
-def _user_module_file(pipeline: str) -> Optional[str]:
-    """The file of a user's pipeline module (get_pipeline imported it); None for hpc's own."""
-    module = _module(pipeline)
-    if module.split(".")[0] == "hpc":
-        return None
-    return getattr(sys.modules.get(module), "__file__", None)
-
-
-def take_snapshot(cfg: Any, where: Path, kind: str, code: Dict[str, Any],
-                  same: Optional[Dict[str, Any]] = None) -> Optional[snapshot.Snapshot]:
-    """Copy the user's code into `where` (a run or sweep dir; hpc.rundir.snapshot), or reuse a copy there
-    whose files did not change; `same`: a manifest's snapshot record to run again as it is
-    (--same-snapshot). None when run.snapshot=false, or for the debug executor, which runs the jobs
-    in this very process: its imports are the live tree's, whatever the snapshot holds."""
-    if not cfg.run.snapshot or kind == "debug":
-        return None
-    found = snapshot.recorded(same) if same else None
-    if found is None:
-        source = snapshot.source_of(code.get("code_dir"), Path.cwd(), [where, Path(cfg.run.root)])
-        found = snapshot.take(source, where, cfg.run.snapshot_max_mb)
-    print(found.summary())
-    return found
-
-
-def job_code(snap: Optional[snapshot.Snapshot], pipeline: str, module_file: Optional[str]
-             ) -> Optional[snapshot.JobCode]:
-    """Where the tasks run and import from: the snapshot's copies of this directory and of the
-    pipeline module's import root."""
-    return snap and snap.job_code(Path.cwd(), snapshot.import_root(module_file, _module(pipeline)))
-
-
-def _snapshot_note(cfg: Any, run: RunDir, kind: str, code: Dict[str, Any]) -> str:
-    """What a submission would snapshot, for the dry run (which copies nothing)."""
-    if not cfg.run.snapshot:
-        return "code: no snapshot (run.snapshot=false): the jobs import the live tree when they start"
-    if kind == "debug":
-        return "code: no snapshot: the debug executor runs the jobs in this process, on the live tree"
-    where = f"the git checkout {code['code_dir']}" if code.get("code_dir") else f"the directory {Path.cwd()}"
-    return f"code: {where} is copied into {run.path / snapshot.CODE}/ at submission, and every job imports that copy"
 
 
 if __name__ == "__main__":

@@ -14,54 +14,33 @@ Usage::
         # left normally: synchronous final checkpoint written, previous signal handlers back
 
 A requeued job (SLURM_RESTART_COUNT > 0) or a resubmission into the same `out_dir` continues from
-the newest valid checkpoint in ``out_dir/checkpoints``. Checkpoints hold every registered object's
-state_dict, ``loop.extra`` (shared) and, per rank, the RNG states and the position of registered
-data loaders (``s.loader(...)``, hpc.runtime.sampler), so a run that was stopped and resumed ends bitwise
-identical to one that was not, provided its data comes from such a loader or is a function of the
-step (e.g. hpc.runtime.sharding.round_robin with epoch = step // steps_per_epoch).
+the newest valid checkpoint in ``out_dir/checkpoints``: every registered object's state_dict,
+``loop.extra``, and per rank the RNG states and the loaders' positions, so a stopped and resumed run
+ends bitwise identical to one that was not. The model and its optimizer go through DCP
+(hpc.checkpoint.dcp_engine): every checkpoint loads under either strategy and on any world size
+(hpc.runtime.resumepoint); the per-rank RNG states are then reseeded from (seed, step, rank).
 
-The model and its optimizer (one model, at most one optimizer registered) are saved through
-DCP (hpc.checkpoint.dcp_engine) into the same ``step-N/`` directory under either strategy and at
-any world size: each rank writes its shards (under DDP, its share of the replicated tensors),
-asynchronously, and the marker comes after DCP's metadata. So every checkpoint loads under either
-strategy and on any world size. A resume on another world size than the checkpoint's restores
-everything that is global (model, optimizer, schedulers, the loaders' positions, ``extra``); the
-per-rank RNG states cannot carry over (which rank would get which?), so every generator is
-reseeded from (seed, step, rank) with a warning that says so. The global batch stays the same
-when the batch is planned with ``s.plan_batch``: its gradient accumulation is re-planned.
-
-On the pre-timeout signal or preemption every rank stops at the same step, the checkpoint is
-written, rank 0 asks SLURM what happened and requeues (hpc.recovery.preemption), and every process exits.
-Ranks agree on that step through an asynchronous vote read one check later (hpc.recovery.stopsignal), so
-no step waits for the device. By default a check is made about every VOTE_PERIOD_S (0.1 s) of
-training, whatever the step time: the vote carries each rank's time per step, and every rank
-derives the next check's step from the slowest, the same on all. A stop thus comes within about
-two periods and a step after the signal, while a fast step pays for one small all-reduce per
-period instead of one per step. `check_every=N` checks every N steps instead.
-
-Leaving the ``with`` block because of an exception writes no final checkpoint: the exception may
-have come in the middle of a step (half an optimizer update, a NaN, a failed collective), and a
-checkpoint of that state would carry the last completed step's number; a resume would silently
-continue from a state that no run ever had. The newest periodic checkpoint is a consistent one,
-and the background write in flight (a snapshot of a completed step) is allowed to commit. The
-exit does no collective either: after an error on one rank, its peers may never join one.
-Without ``with``, call ``finish()`` at the end; the signal handlers then stay installed.
+On the pre-timeout signal or preemption every rank stops at the same step (an asynchronous vote
+about every VOTE_PERIOD_S of training, hpc.recovery.stopsignal), the checkpoint is written, rank 0
+asks SLURM what happened and requeues (hpc.recovery.preemption), and every process exits.
+Leaving the ``with`` block by an exception writes no final checkpoint (the state may be half a
+step) and makes no collective; the newest periodic checkpoint stays the one to resume from.
+Without ``with``, call ``finish()`` at the end. docs/distributed.md and docs/recovery.md say more.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 import os
 from pathlib import Path
 from typing import Any, Iterator
 
-import torch
 import torch.distributed as dist
 
 from hpc.recovery import preemption, watchdog
 from hpc.runtime import resumepoint, rng
-from hpc.runtime.scalars import PendingScalars
+from hpc.runtime.scalars import StepLog
+from hpc.recovery import stopsignal
 from hpc.recovery.stopsignal import StopFlag, StopVote
 from hpc.checkpoint import SHARDED_KEY, CheckpointStore, optim_state
 from hpc.checkpoint.layout import marker_files
@@ -69,42 +48,10 @@ from hpc.checkpoint.layout import marker_files
 log = logging.getLogger(__name__)
 
 
-def _unwrap(obj: Any) -> Any:
-    # DDP prefixes keys with "module."; saving the inner module lets a run resume with or without DDP.
-    return obj.module if isinstance(obj, torch.nn.parallel.DistributedDataParallel) else obj
-
-
-def _per_rank(obj: Any) -> bool:
-    return bool(getattr(obj, "per_rank_state", False))  # hpc.runtime.sampler.ResumableLoader
-
-
 def _new_engine(session: Any) -> Any:
-    from hpc.checkpoint.dcp_engine import DcpEngine
+    from hpc.checkpoint.dcp_engine import DcpEngine  # torch.distributed.checkpoint: only for a loop that uses it
 
     return DcpEngine(session)
-
-
-def bitwise_ddp_kwargs() -> dict[str, Any]:
-    """DDP options under which a resumed run sums gradients exactly as an uninterrupted one.
-
-    DDP rebuilds its gradient buckets after the first iteration (in gradient-ready order), so the
-    first step after a resume runs with the initial layout while the uninterrupted run is on the
-    rebuilt one; gloo and NCCL add each element in an order set by its offset in the bucket, and
-    the weights drift apart by ~1e-8. One parameter per bucket fixes every offset. It costs one
-    all-reduce per parameter: meant for tests and small models (``s.wrap(m, **bitwise_ddp_kwargs())``).
-    """
-    return {"bucket_cap_mb_list": [1e-6]}  # 1 byte: every bucket closes after one tensor
-
-
-VOTE_PERIOD_S = 0.1  # stop checks about this far apart: latency to stop, against a collective per step
-MAX_CHECK_EVERY = 10_000
-
-
-def check_interval(pace_us: int, period_s: float = VOTE_PERIOD_S) -> int:
-    """Steps between stop checks for a time per step of `pace_us` (0: unknown, check at once)."""
-    if pace_us <= 0:
-        return 1
-    return max(1, min(MAX_CHECK_EVERY, int(period_s * 1e6 / pace_us)))
 
 
 class TrainLoop:
@@ -121,7 +68,7 @@ class TrainLoop:
         if save_every < 1 or (check_every is not None and check_every < 1):
             raise ValueError(f"save_every={save_every}, check_every={check_every}; expected >= 1. "
                              "HINT: save_every=100 saves every 100 steps; check_every=None (default) "
-                             f"checks for a stop about every {VOTE_PERIOD_S} s.")
+                             f"checks for a stop about every {stopsignal.VOTE_PERIOD_S} s.")
         self.s, self.out_dir = session, Path(out_dir)
         self.save_every, self.check_every, self.max_timeouts = save_every, check_every, max_timeouts
         self.store = CheckpointStore(self.out_dir / "checkpoints", keep=keep, rank=session.rank,
@@ -135,14 +82,11 @@ class TrainLoop:
         self.current = 0  # step being run inside the loop body
         self.resumed_step = 0
         self._saved_step: int | None = None
-        self._tb = tensorboard
-        self._writer: Any = None
-        self._scalars = PendingScalars()  # logged device values on their way to the host
+        self.scalars = StepLog(session, self.out_dir / "tensorboard", tensorboard)
         self.seed = seed  # reseeds the RNGs when a resume changes the world size
         self._engine: Any = None  # hpc.checkpoint.dcp_engine.DcpEngine, for a model sharded by FSDP
         self._dcp_names: tuple[str, ...] = ()  # model (and optimizer) saved through it
-        self._next_check: int | None = None  # step of the next stop check (check_every=None)
-        self._last_check: tuple[float, int] | None = None  # (time, step) of this rank's last check
+        self.checks = stopsignal.CheckSchedule(self.vote, check_every)  # the steps that poll the vote
         # ends a hung job and requeues it (hpc.recovery.watchdog); None when watchdog_s (HPC_WATCHDOG_S) is 0
         self.watchdog = watchdog.for_loop(self, watchdog_s)
 
@@ -169,18 +113,18 @@ class TrainLoop:
         for name, obj in self.objects.items():
             if name in self._dcp_names and sharded is not None:
                 continue
-            if _per_rank(obj) and saved_world != self.s.world_size:
+            if resumepoint.per_rank(obj) and saved_world != self.s.world_size:
                 log.warning("checkpoint step %d was written by %d ranks: the per-rank state of %r "
                             "cannot carry over to %d; it starts fresh", step, saved_world, name,
                             self.s.world_size)
                 continue
-            saved = (mine.get("objects", {}) if _per_rank(obj) else state["objects"]).get(name)
-            if saved is None and not _per_rank(obj):  # a loader position, written per rank before
+            saved = (mine.get("objects", {}) if resumepoint.per_rank(obj) else state["objects"]).get(name)
+            if saved is None and not resumepoint.per_rank(obj):  # a loader position, written per rank before
                 saved = mine.get("objects", {}).get(name)  # positions were global
             if saved is None:  # e.g. a data loader registered after this checkpoint was written
                 log.warning("checkpoint step %d has no state for %r: it starts fresh", step, name)
                 continue
-            _unwrap(obj).load_state_dict(saved)
+            resumepoint.unwrap(obj).load_state_dict(saved)
         self.extra = dict(state.get("extra", {}))
         if saved_world == self.s.world_size and mine:
             rng.restore(mine["rng"])
@@ -192,6 +136,7 @@ class TrainLoop:
                         "draws (dropout, augmentation) differ from an uninterrupted run's",
                         step, saved_world, self.s.world_size, self.seed, step)
         self.step = self.current = self.resumed_step = self._saved_step = step
+        self.scalars.resumed_step = step
         log.info("resumed from step %d (SLURM_RESTART_COUNT=%s)", step,
                  os.environ.get("SLURM_RESTART_COUNT", "0"))
         return step
@@ -232,31 +177,11 @@ class TrainLoop:
                     break
                 if step % self.save_every == 0:
                     self.save()
-                if self._check_due(step):
-                    request = self.vote.poll(pace=self._pace(step))
-                    self._next_check = step + self._interval()
-                    if request:
-                        self._stop(request)
+                request = self.checks.poll(step) if self.checks.due(step) else None
+                if request:
+                    self._stop(request)
         finally:
             self.watchdog.rest() if self.watchdog else None
-
-    def _check_due(self, step: int) -> bool:
-        if self.check_every is not None:
-            return step % self.check_every == 0
-        return self._next_check is None or step >= self._next_check
-
-    def _pace(self, step: int) -> int:
-        """This rank's microseconds per step since its last check (0 at the first)."""
-        now, (then, before) = time.perf_counter(), self._last_check or (0.0, step)
-        self._last_check = (now, step)
-        return int((now - then) * 1e6 / (step - before)) if step > before else 0
-
-    def _interval(self) -> int:
-        """Steps to the next check: the same on every rank, from the vote's agreed (slowest) pace.
-        One process checks every step: its vote is a local read, no collective."""
-        if self.check_every is not None:
-            return self.check_every
-        return check_interval(self.vote.agreed_pace) if self.vote.distributed() else 1
 
     def state(self) -> dict[str, Any]:
         """Shared objects (model, optimizer: equal on every rank) go in rank 0's file; objects
@@ -264,7 +189,7 @@ class TrainLoop:
         split = {True: {}, False: {}}
         for k, o in self.objects.items():
             if k not in self._dcp_names:  # those are saved by DCP
-                split[_per_rank(o)][k] = _unwrap(o).state_dict()
+                split[resumepoint.per_rank(o)][k] = resumepoint.unwrap(o).state_dict()
         return {"step": self.step, "extra": dict(self.extra), "objects": split[False],
                 "world_size": self.s.world_size,
                 "per_rank": {"rng": rng.capture(), "objects": split[True]}}
@@ -352,25 +277,11 @@ class TrainLoop:
     @property
     def writer(self) -> Any:
         """TensorBoard writer continuing the same run: points after the checkpoint are purged."""
-        if self._writer is None:
-            if self._tb:
-                # purge_step drops events at or after it, logged by the attempt that was stopped
-                # after its last checkpoint; they are logged again, once, by this attempt.
-                purge = self.resumed_step + 1 if self.resumed_step else None
-                self._writer = self.s.writer(self.out_dir / "tensorboard", purge_step=purge)
-            else:
-                from hpc.ddp import NullWriter
-
-                self._writer = NullWriter()
-        return self._writer
+        return self.scalars.writer
 
     def log(self, tag: str, value: Any, step: int | None = None) -> None:
         """Scalar on rank 0 at `step` (default: the current step); steps <= resumed are skipped."""
-        step = self.current if step is None else step
-        if step > self.resumed_step and self._tb and self.s.is_main:  # elsewhere: no device wait
-            self._scalars.add(self.writer.add_scalar, tag, value, step)  # hpc.runtime.scalars: never waits
+        self.scalars.log(tag, value, self.current if step is None else step)
 
     def close_writer(self) -> None:
-        if self._writer is not None:
-            self._scalars.flush(block=True)
-            self._writer.close()
+        self.scalars.close()

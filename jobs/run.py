@@ -65,7 +65,7 @@ def run_argv(ctx: Any, argv: List[str], max_timeouts: int, launch: bool = True,
     """Run argv (no shell) in this task, under `python -m hpc.launch --` for torchrun-style
     variables (launch=False: `--no-env`, the signal set-up only), in `cwd` (default: this
     process's) with `env` added to the script's environment; this process's own stay as they are."""
-    from hpc.recovery.stopsignal import StopFlag
+    from hpc.recovery.stopsignal import StopFlag  # signal handling: only in the task that runs the script
 
     checkpoints = ctx.stage_dir / "checkpoints"
     checkpoints.mkdir(parents=True, exist_ok=True)

@@ -35,7 +35,8 @@ import pytest
 
 from hpc.cluster import LocalCluster
 from hpc.cluster.layout import PORT_BLOCK, PORT_RANGE
-from hpc.cluster.local import free_port_block, missing_binaries
+from hpc.cluster.daemonset import missing_binaries
+from hpc.cluster.portclaims import free_port_block
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 

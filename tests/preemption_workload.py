@@ -28,7 +28,8 @@ def train(out_dir: str, total: int = 40, step_s: float = 0.15, save_every: int =
     from hpc import ddp
     from hpc.runtime import rng
     from hpc.checkpoint import store as store_module
-    from hpc.trainloop import TrainLoop, bitwise_ddp_kwargs
+    from hpc.runtime.session import bitwise_ddp_kwargs
+    from hpc.trainloop import TrainLoop
 
     out = Path(out_dir)
     with ddp.session(timeout_s=120) as s:

@@ -67,16 +67,17 @@ def _submit(run_dir: str, executor: str, barrier, counts, path: List[str]) -> No
     sys.stdout = sys.stderr = devnull
     from hpc.pipeline import plan
     from hpc import submit
+    from hpc.pipeline import submission
 
     plan.PIPELINES["tiny"] = "tests.tiny_pipeline"
-    real, made = submit.submit_plan, []
+    real, made = submission.submit_plan, []
 
     def counting(p, run, *args, **kwargs):  # the real submission, and how many jobs it submitted
         ids = real(p, run, *args, **kwargs)
         made.append(sum(len(v) for v in ids.values()))
         return ids
 
-    submit.submit_plan = counting
+    submission.submit_plan = counting
     barrier.wait()
     code = submit.main([PIPELINE[0], "--cluster", executor, "--run-dir", run_dir, *PIPELINE[1:]])
     counts.put(sum(made) if code == 0 else -1)

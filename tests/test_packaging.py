@@ -69,11 +69,11 @@ def test_installed_wheel_reads_its_templates_outside_the_checkout(wheel, tmp_pat
     purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                              check=True, capture_output=True, text=True).stdout.strip()
     Path(purelib, "test-dependencies.pth").write_text("\n".join(_dependency_dirs()) + "\n")
-    probe = ("import hpc.config.schema as c, hpc.pipeline.plan as p;"
+    probe = ("import hpc.config.schema as c, hpc.config.layers as layers, hpc.pipeline.plan as p;"
              "pipe = p.get_pipeline('langsplat');"
              "cfg = c.load(pipe.schema, 'langsplat', extra=pipe.templates);"
              "sandbox = c.load(pipe.schema, 'langsplat', 'sandbox', extra=pipe.templates);"
-             "print(c.templates_root(), cfg.stages.features.local_tasks, cfg.stages.rgb.time_min,"
+             "print(layers.templates_root(), cfg.stages.features.local_tasks, cfg.stages.rgb.time_min,"
              " sandbox.cluster.partitions)")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     out = subprocess.run([str(python), "-c", probe], cwd=tmp_path, capture_output=True, text=True, env=env)

@@ -17,7 +17,7 @@ from hypothesis import given, settings, strategies as st
 from hpc.cluster import LocalCluster
 from hpc.cluster.daemons import ClusterError
 from hpc.cluster.layout import PORT_BLOCK, default_port_base
-from hpc.cluster.local import free_port_block
+from hpc.cluster.portclaims import free_port_block
 from hpc.cluster.portclaims import ENV_DIR, PortClaims
 
 REPO = Path(__file__).resolve().parents[1]
@@ -86,7 +86,7 @@ def test_any_table_on_disk_is_read_without_error(tmp_path_factory, table):
 
 RACER = textwrap.dedent("""
     import sys
-    from hpc.cluster.local import free_port_block
+    from hpc.cluster.portclaims import free_port_block
     from hpc.cluster.portclaims import PortClaims
     start, directory = int(sys.argv[1]), sys.argv[2]
     sys.stdin.readline()  # every racer started: go at once
@@ -127,10 +127,10 @@ def test_a_cluster_moves_off_a_block_another_up_claimed_and_a_named_one_is_refus
         said = []
         cluster = LocalCluster(directory, nodes=1, gpus_per_node=0, port_base=default)
         with pytest.raises(ClusterError, match=r"claimed by another `hpc.cluster up` starting now.*HINT: .*--port-base"):
-            cluster._check_ports(cluster._daemons(), said.append)
+            cluster._choose_ports(cluster._daemons(), said.append)
         cluster = LocalCluster(directory, nodes=1, gpus_per_node=0)
         cluster.layout = dataclasses.replace(cluster.layout, port_base=default)  # whatever its own default
-        cluster._check_ports(cluster._daemons(), said.append)
+        cluster._choose_ports(cluster._daemons(), said.append)
         assert cluster.layout.port_base != default
         assert said == [f"ports {default}..{default + PORT_BLOCK - 1} are claimed by another `hpc.cluster up` "
                         f"starting now: this cluster takes ports {cluster.layout.port_base}.."

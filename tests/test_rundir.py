@@ -58,7 +58,7 @@ def test_status_table_lists_outputs(tmp_path):
 def test_logs_select_by_stage_task_rank_and_names_choices(tmp_path):
     import pytest
 
-    from hpc import logs
+    from hpc.monitor import logs
 
     run = RunDir(tmp_path)
     run.start("langsplat", "", "slurm")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc.rundir import snapshot
+from hpc.rundir import codefiles, snapshot
 
 
 def git(root, *args):
@@ -31,7 +31,7 @@ def checkout(tmp_path):
     (root / "pkg" / "mod.py").write_text("VERSION = 'uncommitted'\n")  # a change not committed
     (root / "gone.py").unlink()  # an uncommitted deletion
     (root / "new.py").write_text("y = 2\n")  # untracked, not ignored: code not added yet
-    (root / "data.bin").write_bytes(b"\0" * (snapshot.UNTRACKED_MAX_BYTES + 1))  # untracked data
+    (root / "data.bin").write_bytes(b"\0" * (codefiles.UNTRACKED_MAX_BYTES + 1))  # untracked data
     (root / "ignored").mkdir()
     (root / "ignored" / "cache.txt").write_text("no")
     os.symlink("pkg/mod.py", root / "link.py")
@@ -52,7 +52,7 @@ def test_a_snapshot_holds_tracked_files_with_their_changes_and_small_untracked_o
     run = checkout / "runs" / "r1"  # the run dir inside the checkout is never copied into itself
     (run / "old").mkdir(parents=True)
     (run / "old" / "x.py").write_text("")
-    snap = snapshot.take(snapshot.source_of(str(checkout), checkout, [run]), run, max_mb=10)
+    snap = snapshot.take(codefiles.source_of(str(checkout), checkout, [run]), run, max_mb=10)
     assert files_in(snap.dir) == [".gitignore", "link.py", "new.py", "pkg/__init__.py", "pkg/mod.py", "run.sh"]
     assert (snap.dir / "pkg" / "mod.py").read_text() == "VERSION = 'uncommitted'\n"
     assert os.readlink(snap.dir / "link.py") == "pkg/mod.py"
@@ -64,7 +64,7 @@ def test_a_snapshot_holds_tracked_files_with_their_changes_and_small_untracked_o
 
 
 def test_unchanged_code_reuses_the_snapshot_and_a_change_makes_a_new_one(checkout, tmp_path):
-    source = snapshot.source_of(str(checkout), checkout)
+    source = codefiles.source_of(str(checkout), checkout)
     first = snapshot.take(source, tmp_path / "run", max_mb=10)
     again = snapshot.take(source, tmp_path / "run", max_mb=10, previous=first.hash)
     assert again.reused and again.hash == first.hash
@@ -79,7 +79,7 @@ def test_unchanged_code_reuses_the_snapshot_and_a_change_makes_a_new_one(checkou
 def test_a_new_run_dir_links_an_earlier_snapshot_of_the_same_files_and_copies_after_a_change(
         checkout, tmp_path, monkeypatch):
     monkeypatch.setenv("HPC_CACHE_DIR", str(tmp_path / "cache"))
-    source = snapshot.source_of(str(checkout), checkout)
+    source = codefiles.source_of(str(checkout), checkout)
     first = snapshot.take(source, tmp_path / "a", max_mb=10)
     second = snapshot.take(source, tmp_path / "b", max_mb=10)
     assert not first.linked and second.linked and not second.reused and "linked" in second.summary()
@@ -105,7 +105,7 @@ def test_an_earlier_copy_that_no_longer_matches_its_listing_is_not_linked(checko
     """Snapshot files are read-only copies, but one changed anyway (by hand, by a tool) must not
     reach a new run: its size differs from the listing, so the new run dir copies the live tree."""
     monkeypatch.setenv("HPC_CACHE_DIR", str(tmp_path / "cache"))
-    source = snapshot.source_of(str(checkout), checkout)
+    source = codefiles.source_of(str(checkout), checkout)
     first = snapshot.take(source, tmp_path / "a", max_mb=10)
     tampered = first.dir / "pkg" / "mod.py"
     tampered.chmod(0o644)
@@ -124,7 +124,7 @@ def test_a_torn_or_foreign_cache_entry_costs_one_copy(checkout, tmp_path, monkey
     from hpc.rundir import snapcache
 
     monkeypatch.setenv("HPC_CACHE_DIR", str(tmp_path / "cache"))
-    source = snapshot.source_of(str(checkout), checkout)
+    source = codefiles.source_of(str(checkout), checkout)
     first = snapshot.take(source, tmp_path / "a", max_mb=10)
     snapcache._entry(source.root).write_bytes(entry)
     second = snapshot.take(source, tmp_path / "b", max_mb=10)
@@ -134,7 +134,7 @@ def test_a_torn_or_foreign_cache_entry_costs_one_copy(checkout, tmp_path, monkey
 
 
 def test_status_tells_whether_the_live_code_differs_from_the_snapshot(checkout, tmp_path):
-    snap = snapshot.take(snapshot.source_of(str(checkout), checkout), tmp_path / "run", max_mb=10)
+    snap = snapshot.take(codefiles.source_of(str(checkout), checkout), tmp_path / "run", max_mb=10)
     line = lambda: snapshot.status_line(snap.record())  # noqa: E731
     assert line().endswith("the live code matches it")
     os.utime(checkout / "new.py", ns=(1, 1))  # touched, same content: read, hashed, still the same
@@ -150,8 +150,8 @@ def test_a_snapshot_over_the_limit_is_refused_with_the_largest_directories(check
     (checkout / "assets").mkdir()
     (checkout / "assets" / "weights.pt").write_bytes(b"\1" * 300_000)
     git(checkout, "add", "assets")  # tracked: copied whatever its size, so it counts
-    with pytest.raises(snapshot.SnapshotError) as err:
-        snapshot.take(snapshot.source_of(str(checkout), checkout), tmp_path / "run", max_mb=0.2)
+    with pytest.raises(codefiles.SnapshotError) as err:
+        snapshot.take(codefiles.source_of(str(checkout), checkout), tmp_path / "run", max_mb=0.2)
     assert "over run.snapshot_max_mb=0.2" in str(err.value) and "assets/ 0 MB" in str(err.value)
     assert "--no-snapshot" in str(err.value)
     assert not (tmp_path / "run" / "code").exists() or not any((tmp_path / "run" / "code").iterdir())
@@ -163,7 +163,7 @@ def test_without_git_the_working_directory_is_copied_without_hidden_and_virtuale
         (work / rel).parent.mkdir(parents=True, exist_ok=True)
         (work / rel).write_text("")
     (work / "venv" / "pyvenv.cfg").write_text("home = /usr\n")
-    snap = snapshot.take(snapshot.source_of(None, work), tmp_path / "run", max_mb=10)
+    snap = snapshot.take(codefiles.source_of(None, work), tmp_path / "run", max_mb=10)
     assert files_in(snap.dir) == ["lib/util.py", "train.py"] and not snap.source.git
 
 
@@ -171,10 +171,10 @@ def test_jobs_run_in_the_snapshot_copy_of_the_submission_directory_and_import_fr
     (checkout / "src" / "lib").mkdir(parents=True)
     (checkout / "src" / "lib" / "__init__.py").write_text("")
     (checkout / "src" / "lib" / "pipe.py").write_text("")
-    snap = snapshot.take(snapshot.source_of(str(checkout), checkout), tmp_path / "run", max_mb=10)
-    root = snapshot.import_root(str(checkout / "src" / "lib" / "pipe.py"), "lib.pipe")
+    snap = snapshot.take(codefiles.source_of(str(checkout), checkout), tmp_path / "run", max_mb=10)
+    root = codefiles.import_root(str(checkout / "src" / "lib" / "pipe.py"), "lib.pipe")
     assert root == checkout / "src"
-    assert snapshot.import_root(str(checkout / "src" / "lib" / "__init__.py"), "lib") == checkout / "src"
+    assert codefiles.import_root(str(checkout / "src" / "lib" / "__init__.py"), "lib") == checkout / "src"
     code = snap.job_code(checkout / "pkg", root)
     assert code.cwd == str(snap.dir / "pkg") and code.submit_dir == str(checkout / "pkg")
     assert code.path == (str(snap.dir / "src"), str(snap.dir / "pkg"))
@@ -186,7 +186,7 @@ def test_jobs_run_in_the_snapshot_copy_of_the_submission_directory_and_import_fr
 
 
 def test_entering_the_snapshot_imports_its_copy(checkout, tmp_path):
-    snap = snapshot.take(snapshot.source_of(str(checkout), checkout), tmp_path / "run", max_mb=10)
+    snap = snapshot.take(codefiles.source_of(str(checkout), checkout), tmp_path / "run", max_mb=10)
     (checkout / "pkg" / "mod.py").write_text("VERSION = 'live'\n")
     script = ("import sys, pickle; code = pickle.loads(bytes.fromhex(sys.argv[1])); code.enter(); "
               "import os, pkg.mod; print(pkg.mod.VERSION, os.getcwd())")

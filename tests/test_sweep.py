@@ -12,6 +12,7 @@ from hpc.config import schema as hconfig
 from hpc.sweep import grid, submission as sweep, points as sweepconfig
 from hpc.pipeline import plan
 from hpc import submit
+from hpc.pipeline import submission
 from hpc.rundir import sweepdir
 from hpc.rundir.run import RunDir
 from tests.test_cli_errors import one_line_error
@@ -27,8 +28,8 @@ def tiny(monkeypatch):
 def test_tokens_after_sweep_are_axes_and_the_others_overrides():
     args = submit.parse_args(["tiny", "tiny.sleep_s=1", "--sweep", "tiny.score=1,2", "tiny.parts=[0,1],[2]",
                               "--dry-run", "tiny.third=true", "--sweep-file", "g.yaml"])
-    assert args.sweep == ["tiny.score=1,2", "tiny.parts=[0,1],[2]"]
-    assert args.overrides == ["tiny.sleep_s=1", "tiny.third=true"]
+    assert args.sweep == ("tiny.score=1,2", "tiny.parts=[0,1],[2]")
+    assert args.overrides == ("tiny.sleep_s=1", "tiny.third=true")
     assert args.dry_run and args.sweep_file == "g.yaml"
     assert submit.parse_args(["tiny"]).sweep is None
 
@@ -103,7 +104,7 @@ def test_the_recorded_grid_is_used_when_none_is_given(tmp_path, capsys):
 
 def test_point_configs_and_stage_items(tmp_path):
     pipe = plan.get_pipeline("tiny")
-    base = submit.build(submit.parse_args(["tiny", "--cluster", "local", "--run-dir", str(tmp_path)]), view=False)[1]
+    base = submission.build(submit.parse_args(["tiny", "--cluster", "local", "--run-dir", str(tmp_path)]), view=False)[1]
     pts = grid.points({"tiny.parts": [[0], [1, 2]], "tiny.score": [0.5]})
     defs = sweepconfig.resolve(base, pts, pipe)
     texts = [hconfig.to_yaml(cfg) for _, cfg in sweepconfig.configs(base, pts)]
@@ -127,7 +128,7 @@ def test_point_configs_and_stage_items(tmp_path):
     ("langsplat", ["--profile", "sandbox", "--cluster", "local"], {"langsplat.trainer.cameras_per_step": [1, 2]}),
 ])
 def test_each_points_config_yaml_is_what_to_yaml_writes(tmp_path, pipeline, extra, axes):
-    base = submit.build(submit.parse_args([pipeline, *extra, "--run-dir", str(tmp_path)]), view=False)[1]
+    base = submission.build(submit.parse_args([pipeline, *extra, "--run-dir", str(tmp_path)]), view=False)[1]
     pts = grid.points(axes)
     expected = [hconfig.to_yaml(cfg) for _, cfg in sweepconfig.configs(base, pts)]
     assert list(sweepconfig.texts(base, pts).values()) == expected

@@ -195,7 +195,7 @@ def _assert_paced(polls, plan):
     """Paced checks, whatever the step times were: every rank polls at the same steps and agrees
     on the same pace, the slowest rank's from the poll before; the next poll is as many steps on
     as check_interval gives for that pace."""
-    from hpc.trainloop import check_interval
+    from hpc.recovery.stopsignal import check_interval
 
     at = [[(step, agreed) for step, _, agreed in mine] for mine in polls]
     assert all(a == at[0] for a in at), (plan, at)
@@ -232,7 +232,7 @@ def test_no_intact_checkpoint_after_a_partial_load_refuses_to_train_on(tmp_path)
 
 @given(st.integers(min_value=-10, max_value=10**10), st.floats(min_value=1e-3, max_value=10.0))
 def test_check_interval_spaces_checks_by_the_period(pace_us, period_s):
-    from hpc.trainloop import MAX_CHECK_EVERY, check_interval
+    from hpc.recovery.stopsignal import MAX_CHECK_EVERY, check_interval
 
     n = check_interval(pace_us, period_s)
     assert 1 <= n <= MAX_CHECK_EVERY

@@ -57,6 +57,7 @@ from hpc.checkpoint.dcp_reader import ShardCorrupt
 from hpc.checkpoint.dcp_index import METADATA, rank_metadata
 from hpc.checkpoint.replicas import SharePlanner, ShareStager, share
 from hpc.checkpoint.staging import source_devices, synchronize, tensors_in
+from hpc.checkpoint.files import ranges_info
 
 __all__ = ["DcpEngine", "ShardCorrupt", "state_dicts", "own_shards", "METADATA"]
 
@@ -242,8 +243,6 @@ def own_shards(directory: Path, rank: int) -> dict[str, dict]:
     group), one crc32 per tensor stored (from DCP's index: this rank's own after a save without
     collectives, else .metadata), read right after they were written, while the page cache
     still holds them."""
-    from hpc.checkpoint.files import ranges_info
-
     own = Path(directory) / rank_metadata(rank)
     with open(own if own.exists() else Path(directory) / METADATA, "rb") as fh:
         index = pickle.load(fh)  # DCP's Metadata, pickled, as its own reader loads it

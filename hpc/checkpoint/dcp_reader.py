@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc.checkpoint import optim_state
+from hpc.checkpoint.files import verify
 
 __all__ = ["ShardCorrupt", "reader", "holds_optimizer_state"]
 
@@ -40,8 +41,6 @@ def reader(directory: str | os.PathLike, files: dict | None) -> Any:
     import zlib
 
     from torch.distributed.checkpoint import FileSystemReader
-
-    from hpc.checkpoint.files import verify
 
     known = {(name, off, length): crc for name, info in (files or {}).items() if isinstance(info, dict)
              for off, length, crc in info.get("items") or ()}

@@ -18,6 +18,7 @@ from pathlib import Path
 from hpc.cluster.daemons import ClusterError
 from hpc.cluster.install import install_packages
 from hpc.cluster.local import LocalCluster
+from hpc.cluster.preempt import preempt
 
 DEFAULT_DIR = os.environ.get("HPC_CLUSTER_DIR", str(Path.home() / ".hpc" / "cluster"))
 
@@ -50,7 +51,6 @@ def _status(args: argparse.Namespace) -> None:
 
 
 def _preempt(args: argparse.Namespace) -> None:
-    from hpc.cluster.preempt import preempt
     print(preempt(LocalCluster(args.dir), args.job_id, release=not args.no_release))
 
 

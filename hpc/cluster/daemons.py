@@ -201,3 +201,21 @@ def _reap(pid: int) -> None:
         os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
         pass
+
+
+def ensure_hosts(names: list[str]) -> None:
+    """Node names must resolve for a rendezvous at MASTER_ADDR=n1; map them to loopback."""
+    unresolved = []
+    for n in names:
+        try:
+            socket.gethostbyname(n)
+        except OSError:
+            unresolved.append(n)
+    if not unresolved:
+        return
+    try:
+        with open("/etc/hosts", "a") as f:
+            f.write(f"127.0.0.1 {' '.join(unresolved)}  # hpc local cluster nodes\n")
+    except PermissionError as e:
+        raise ClusterError(f"node names {unresolved} do not resolve and /etc/hosts is not writable. "
+                           f"HINT: add `127.0.0.1 {' '.join(unresolved)}` to /etc/hosts.") from e

@@ -9,7 +9,7 @@ import os
 import subprocess
 
 from hpc.cluster.daemons import ClusterError
-from hpc.cluster.local import missing_binaries
+from hpc.cluster.daemonset import missing_binaries
 
 PACKAGES = ["slurm-wlm", "slurmdbd", "mariadb-server", "mariadb-client", "munge"]
 

@@ -16,18 +16,16 @@ on a real site, else one this cluster starts) and
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import subprocess
 import time
 from pathlib import Path
-from typing import Callable
 
 from hpc.cluster import accountingdb as db
 from hpc.cluster import layout as L
-from hpc.cluster.daemons import MARK, ClusterError, Daemon, job_processes, port_free, terminate, unix_socket_live
-from hpc.cluster.daemonset import SBIN, cluster_daemons, missing_binaries, own_munged  # missing_binaries re-exported
-from hpc.cluster.portclaims import PortClaims
+from hpc.cluster.daemons import MARK, ClusterError, Daemon, ensure_hosts, job_processes, terminate, unix_socket_live
+from hpc.cluster.daemonset import SBIN, cluster_daemons, missing_binaries, own_munged
+from hpc.cluster.portclaims import PortClaims, choose_block
 
 # Variables through which a client finds its cluster: a client of this cluster must see only ours.
 CLIENT_VARS = ("SLURM_CONF", "SLURM_CONF_SERVER")
@@ -86,7 +84,7 @@ class LocalCluster:
             log(f"cluster {self.layout.name} already up in {self.dir}")
             return
         self._choose_munged(log)
-        self._check_ports(self._daemons(), log)
+        self._choose_ports(self._daemons(), log)
         try:
             self._start_daemons(log)
         finally:  # started, its daemons hold the ports; failed, the block is free again
@@ -215,33 +213,9 @@ class LocalCluster:
     def _slurmctld(daemons: list[Daemon]) -> Daemon:
         return next(d for d in daemons if d.name == "slurmctld")
 
-    def _check_ports(self, daemons: list[Daemon], log) -> None:
-        """A block in use, or claimed by another `up` still starting (hpc.cluster.portclaims), moves
-        to the next free one, unless the caller named it (`--port-base`); the block taken is saved
-        with the cluster, so a later `up` keeps it, and claimed until `up` releases it."""
-        if any(d.pid() for d in daemons):
-            return  # partly running: its ports are ours
-        with PortClaims().locked() as claims:
-            def taken(base: int) -> bool:
-                return claims.taken_by_other(base, self.dir)
-            own = self.layout.port_base
-            busy = [p for p in self.layout.all_ports() if not port_free(p)]
-            why = (f"ports {busy} are in use" if busy else
-                   f"ports {own}..{own + L.PORT_BLOCK - 1} are claimed by another `hpc.cluster up` starting now"
-                   if taken(own) else None)
-            if why and self._ports_given:
-                raise ClusterError(
-                    f"{why} (this cluster's block starts at {own}). HINT: stop what uses them, or pick "
-                    f"another block with `--port-base N` (ports N..N+{L.PORT_BLOCK - 1}).")
-            if why:
-                base = free_port_block(own, taken)
-                if base is None:
-                    raise ClusterError(f"{why}, and every block of {L.PORT_RANGE[0]}..{L.PORT_RANGE[1] - 1} has a "
-                                       f"port in use or is claimed by another `up` starting now. HINT: stop another local cluster (python -m hpc.cluster "
-                                       f"down --dir D), or name a block outside that range with `--port-base N`.")
-                log(f"{why}: this cluster takes ports {base}..{base + L.PORT_BLOCK - 1} instead")
-                self.layout = dataclasses.replace(self.layout, port_base=base)
-            claims.claim(self.layout.port_base, self.dir)
+    def _choose_ports(self, daemons: list[Daemon], log) -> None:
+        if not any(d.pid() for d in daemons):  # partly running: its ports are ours
+            self.layout = choose_block(self.layout, self.dir, self._ports_given, log)
 
     def _write_files(self) -> None:
         c = self.layout
@@ -265,7 +239,7 @@ class LocalCluster:
             if not dev.exists():
                 os.mknod(dev, 0o666 | 0o020000, os.makedev(1, 3))  # char device like /dev/null
         c.save()
-        _ensure_hosts(c.node_names)
+        ensure_hosts(c.node_names)
 
     def _daemon_env(self) -> dict[str, str]:
         """slurmctld (and slurmdbd, sacctmgr) read the controller's own files."""
@@ -316,33 +290,3 @@ class LocalCluster:
         if check and out.returncode:
             raise ClusterError(f"`{' '.join(argv)}` failed ({out.returncode}): {out.stderr.strip()}")
         return out
-
-
-def _ensure_hosts(names: list[str]) -> None:
-    """Node names must resolve for a rendezvous at MASTER_ADDR=n1; map them to loopback."""
-    import socket
-    unresolved = []
-    for n in names:
-        try:
-            socket.gethostbyname(n)
-        except OSError:
-            unresolved.append(n)
-    if not unresolved:
-        return
-    try:
-        with open("/etc/hosts", "a") as f:
-            f.write(f"127.0.0.1 {' '.join(unresolved)}  # hpc local cluster nodes\n")
-    except PermissionError as e:
-        raise ClusterError(f"node names {unresolved} do not resolve and /etc/hosts is not writable. "
-                           f"HINT: add `127.0.0.1 {' '.join(unresolved)}` to /etc/hosts.") from e
-
-
-def free_port_block(start: int, taken: Callable[[int], bool] = lambda base: False) -> int | None:
-    """The first block of ports, from the one holding port `start` on (wrapping round the range),
-    whose ports are all free and that is not `taken(base)`; None if every block has a port in use."""
-    first = (start - L.PORT_RANGE[0]) // L.PORT_BLOCK
-    for i in range(L.PORT_BLOCKS):
-        base = L.PORT_RANGE[0] + ((first + i) % L.PORT_BLOCKS) * L.PORT_BLOCK
-        if not taken(base) and all(port_free(p) for p in range(base, base + L.PORT_BLOCK)):
-            return base
-    return None

@@ -19,14 +19,16 @@ so a crash leaves nothing to clean up.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Dict, Iterator
+from typing import Any, Callable, Dict, Iterator
 
-from hpc.cluster.daemons import process_alive
+from hpc.cluster import layout as L
+from hpc.cluster.daemons import ClusterError, port_free, process_alive
 
 ENV_DIR = "HPC_PORT_CLAIMS_DIR"  # where the table lives (default: the host's temporary directory)
 NAME = "hpc-cluster-port-claims"
@@ -107,3 +109,42 @@ def _open_shared(path: Path, flags: int = 0) -> int:
     with contextlib.suppress(OSError):
         os.fchmod(fd, 0o666)  # past the umask
     return fd
+
+
+def choose_block(layout: L.ClusterLayout, cluster_dir: Path, given: bool, log: Callable[[str], Any]) -> L.ClusterLayout:
+    """The layout with its port block: a block in use, or claimed by another `up` still starting,
+    moves to the next free one, unless the caller named it (`--port-base`, `given`); the block taken
+    is saved with the cluster, so a later `up` keeps it, and claimed until `up` releases it."""
+    with PortClaims().locked() as claims:
+        def taken(base: int) -> bool:
+            return claims.taken_by_other(base, cluster_dir)
+        own = layout.port_base
+        busy = [p for p in layout.all_ports() if not port_free(p)]
+        why = (f"ports {busy} are in use" if busy else
+               f"ports {own}..{own + L.PORT_BLOCK - 1} are claimed by another `hpc.cluster up` starting now"
+               if taken(own) else None)
+        if why and given:
+            raise ClusterError(
+                f"{why} (this cluster's block starts at {own}). HINT: stop what uses them, or pick "
+                f"another block with `--port-base N` (ports N..N+{L.PORT_BLOCK - 1}).")
+        if why:
+            base = free_port_block(own, taken)
+            if base is None:
+                raise ClusterError(f"{why}, and every block of {L.PORT_RANGE[0]}..{L.PORT_RANGE[1] - 1} has a "
+                                   f"port in use or is claimed by another `up` starting now. HINT: stop another local cluster (python -m hpc.cluster "
+                                   f"down --dir D), or name a block outside that range with `--port-base N`.")
+            log(f"{why}: this cluster takes ports {base}..{base + L.PORT_BLOCK - 1} instead")
+            layout = dataclasses.replace(layout, port_base=base)
+        claims.claim(layout.port_base, cluster_dir)
+    return layout
+
+
+def free_port_block(start: int, taken: Callable[[int], bool] = lambda base: False) -> int | None:
+    """The first block of ports, from the one holding port `start` on (wrapping round the range),
+    whose ports are all free and that is not `taken(base)`; None if every block has a port in use."""
+    first = (start - L.PORT_RANGE[0]) // L.PORT_BLOCK
+    for i in range(L.PORT_BLOCKS):
+        base = L.PORT_RANGE[0] + ((first + i) % L.PORT_BLOCKS) * L.PORT_BLOCK
+        if not taken(base) and all(port_free(p) for p in range(base, base + L.PORT_BLOCK)):
+            return base
+    return None

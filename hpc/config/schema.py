@@ -11,30 +11,19 @@ The resolved result is saved as <run_dir>/config.yaml. No torch here: dry-run an
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
-from importlib import resources
 from importlib.abc import Traversable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from hpc.config import cache as configcache, view as configview
+from hpc.config import cache as configcache, layers, view as configview
 from hpc.config.checks import CLUSTER_KINDS, LIMITS, ConfigError, check_resources, check_text, has_control  # noqa: F401
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
-    from omegaconf.errors import ConfigKeyError
 
 # OmegaConf and yaml are imported where a config is built, not here: a submission whose config was
 # built before reads it back as plain data (hpc.config.cache, hpc.config.view) and never needs them.
-
-
-def templates_root() -> Traversable:
-    """The shipped templates (package hpc.templates; the repository's templates/ directory)."""
-    return resources.files("hpc.templates")
-
-
-_PROFILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # a plain file name under templates/profiles/
 
 
 @dataclass
@@ -100,7 +89,7 @@ def load(schema: type, pipeline: str, profile: Optional[str] = None,
     the same inputs before is read back from the user's cache (hpc.config.cache).
     Returns a read-only hpc.config.view.ConfigView, built or read back alike (so a cache hit behaves
     as a miss does); `view=False`: the DictConfig, for callers that vary it (hpc.sweep.points)."""
-    templates = templates or templates_root()
+    templates = templates or layers.templates_root()
     digest = _cache_key(schema, profile, overrides, saved, templates, extra, notes is not None, settle)
     hit = configcache.get(digest, view)
     if hit is not None:
@@ -129,7 +118,7 @@ def _cache_key(schema: type, profile: Optional[str], overrides: Sequence[str], s
         if saved is not None and saved.exists():
             texts.append((str(saved), saved.read_text()))
         if profile is not None:
-            if not _PROFILE_NAME.fullmatch(profile):
+            if not layers.PROFILE_NAME.fullmatch(profile):
                 return None
             texts.append((f"profile {profile}", (templates / "profiles" / f"{profile}.yaml").read_text()))
     except (OSError, UnicodeDecodeError):
@@ -155,18 +144,18 @@ def _build(schema: type, pipeline: str, profile: Optional[str], overrides: Seque
         if not base.is_file():
             raise ConfigError(f"template {name} of pipeline {pipeline!r} not found in {templates}. "
                               "HINT: reinstall hpc (pip install .), or restore templates/" + name + ".")
-        cfg = _merge(cfg, read_yaml(base, f"templates/{name}"), f"templates/{name}")
+        cfg = layers.merge(cfg, layers.read_yaml(base, f"templates/{name}"), f"templates/{name}")
     if saved is not None and saved.exists():
-        cfg = _merge(cfg, read_yaml(saved, str(saved)), str(saved))
+        cfg = layers.merge(cfg, layers.read_yaml(saved, str(saved)), str(saved))
     if profile is not None:
         origin = f"templates/profiles/{profile}.yaml"
         tell = saved is not None and saved.exists() and notes is not None
         before = OmegaConf.create(to_dict(cfg)) if tell else None  # _merge changes cfg in place
-        cfg = _merge(cfg, _for_stages(read_yaml(_profile_path(profile, templates), origin), cfg), origin)
+        cfg = layers.merge(cfg, layers.for_stages(layers.read_yaml(layers.profile_path(profile, templates), origin), cfg), origin)
         if tell:
             notes.append(f"profile {profile} applied over the saved {saved}: "
-                         f"{', '.join(changes(before, cfg)) or 'nothing changed'}")
-    cfg = _merge(cfg, _parse_overrides(overrides), "command line")
+                         f"{', '.join(layers.changes(before, cfg)) or 'nothing changed'}")
+    cfg = layers.merge(cfg, layers.parse_overrides(overrides), "command line")
     pure = True
     if settle is not None:
         try:
@@ -180,116 +169,6 @@ def _build(schema: type, pipeline: str, profile: Optional[str], overrides: Seque
     plain = to_dict(cfg)
     check_text(plain)
     return cfg, plain, pure
-
-
-def read_yaml(source: Any, origin: str) -> DictConfig:
-    """A YAML mapping from a file (Path or importlib Traversable); a syntax error names file and line."""
-    import yaml
-    from omegaconf import DictConfig, ListConfig, OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    try:
-        text = source.read_text()
-    except (OSError, UnicodeDecodeError) as err:
-        raise ConfigError(f"{origin}: cannot be read ({err}); expected a UTF-8 YAML file. "
-                          f"HINT: fix or remove {origin}.") from None
-    try:
-        data = OmegaConf.create(text) if text.strip() else OmegaConf.create({})
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f"{origin}:{mark.line + 1}" if mark is not None else origin
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise ConfigError(f"{where}: YAML syntax error: {problem}; expected valid YAML. "
-                          f"HINT: fix line {mark.line + 1 if mark is not None else '?'} of {origin}.") from None
-    except (AssertionError, OmegaConfBaseException):  # a bare scalar
-        data = None
-    if not isinstance(data, DictConfig):
-        what = "a list" if isinstance(data, ListConfig) else "no mapping"
-        raise ConfigError(f"{origin} holds {what}; expected a mapping of config keys (e.g. stages: ...). "
-                          f"HINT: see templates/ for the layout.")
-    return data
-
-
-def changes(before: DictConfig, after: DictConfig) -> List[str]:
-    """'key old -> new' for every leaf that differs (the plan says what a profile changed)."""
-    old, new = dict(_leaves(to_dict(before))), dict(_leaves(to_dict(after)))
-    return [f"{k} {old.get(k)} -> {v}" for k, v in new.items() if old.get(k) != v]
-
-
-def _leaves(node: Any, prefix: str = "") -> Iterator[Tuple[str, Any]]:
-    if isinstance(node, dict) and node:
-        for key, value in node.items():
-            yield from _leaves(value, f"{prefix}.{key}" if prefix else str(key))
-    else:
-        yield prefix, node
-
-
-def profile_names(templates: Optional[Traversable] = None) -> List[str]:
-    folder = (templates or templates_root()) / "profiles"
-    return sorted(p.name[:-len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml"))
-
-
-def _profile_path(profile: str, templates: Traversable) -> Traversable:
-    names = profile_names(templates)
-    if not _PROFILE_NAME.fullmatch(profile):  # '', '../langsplat': a path would load other templates
-        raise ConfigError(f"--profile {profile!r} is not a profile name; expected one of {names}. "
-                          "HINT: name a file of templates/profiles/ without its .yaml, e.g. --profile sandbox.")
-    path = templates / "profiles" / f"{profile}.yaml"
-    if not path.is_file():
-        raise ConfigError(f"unknown profile {profile!r}; expected one of {names}. "
-                          f"HINT: add templates/profiles/{profile}.yaml or pick an existing one.")
-    return path
-
-
-def _for_stages(profile: DictConfig, cfg: DictConfig) -> DictConfig:
-    """A profile describes resources for stages of several pipelines: keep the ones this one has."""
-    if "stages" in profile:
-        profile.stages = {k: v for k, v in profile.stages.items() if k in cfg.stages}
-    return profile
-
-
-def _parse_overrides(overrides: Sequence[str]) -> DictConfig:
-    bad = [o for o in overrides if "=" not in o or o.startswith("=")]
-    if bad:
-        raise ConfigError(f"cannot read override(s) {bad}; expected dotted key=value "
-                          "(e.g. stages.features.nodes=2). HINT: options go before '--'.")
-    from omegaconf import OmegaConf
-
-    try:
-        return OmegaConf.from_dotlist(list(overrides))
-    except Exception as err:  # yaml's parser errors: the value is not valid YAML
-        raise ConfigError(f"cannot parse overrides {list(overrides)}: {str(err).splitlines()[0]}. "
-                          "HINT: quote lists as key=[a,b] and values with spaces as key='a b'.") from None
-
-
-def _merge(cfg: DictConfig, layer: Any, origin: str) -> DictConfig:
-    """`layer` merged into `cfg` in place (unsafe_merge: no copy of cfg, half of a load's time);
-    cfg is fresh from OmegaConf.structured in load() and nothing else holds it."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
-
-    try:
-        return OmegaConf.unsafe_merge(cfg, layer)
-    except ConfigKeyError as err:
-        raise ConfigError(_unknown_key_message(cfg, err, origin)) from None
-    except OmegaConfBaseException as err:
-        key = getattr(err, "full_key", "?")
-        detail = str(getattr(err, "msg", err)).splitlines()[0]
-        raise ConfigError(f"{origin}: bad value for {key}: {detail}. "
-                          f"HINT: give {key} a value of the documented type "
-                          "(see hpc/config/schema.py and the pipeline's config dataclass).") from None
-
-
-def _unknown_key_message(cfg: DictConfig, err: ConfigKeyError, origin: str) -> str:
-    from omegaconf import DictConfig, OmegaConf
-
-    full_key = getattr(err, "full_key", "") or ""
-    parent_path = full_key.rsplit(".", 1)[0] if "." in full_key else ""
-    parent = OmegaConf.select(cfg, parent_path) if parent_path else cfg
-    valid = sorted(parent.keys()) if isinstance(parent, DictConfig) else []
-    where = parent_path or "the top level"
-    return (f"{origin}: unknown config key {full_key!r}; valid keys under {where}: {valid}. "
-            "HINT: check the spelling, or see templates/ for the documented keys.")
 
 
 def to_yaml(cfg: Any) -> str:

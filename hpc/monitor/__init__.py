@@ -1,1 +1,11 @@
-"""monitor"""
+"""Where a run stands: per task, per sweep point, and over time. Imports no torch.
+
+    python -m hpc.status RUN_DIR [--json] [--timeline run.svg]
+
+Parts::
+
+    status.py         TaskStatus rows of a run from one scheduler call; progress, outputs, hangs; follow
+    sweeps.py         one row per point of a sweep, from one scheduler call for every point
+    timeline.py       each task's attempts over time, from sacct --duplicates or the run directory
+    timeline_plot.py  the timeline drawn with matplotlib (an optional extra: pip install 'hpc[plot]')
+"""

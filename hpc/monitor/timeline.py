@@ -205,14 +205,3 @@ def collect(path: str) -> List[Row]:
         else:
             rows += [Row(lane.name, [lane]) for lane in found]
     return rows
-
-
-def main(path: str, out: str) -> int:
-    """hpc.status --timeline: draw the picture into `out` (.svg or .png)."""
-    from hpc.monitor import timeline_plot
-
-    timeline_plot.check(out)  # before any scheduler call: a wrong name or a missing matplotlib
-    rows = collect(path)
-    timeline_plot.draw(rows, out, Path(path).resolve().name)
-    print(f"wrote {out}: {sum(len(l.segments) for r in rows for l in r.lanes)} segment(s) in {len(rows)} row(s)")
-    return 0

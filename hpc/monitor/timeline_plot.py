@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, List, Sequence, Tuple
 
 from hpc.config.schema import ConfigError
-from hpc.monitor.timeline import KINDS, Row
+from hpc.monitor.timeline import KINDS, Row, collect
 
 FORMATS = (".svg", ".png")
 ROW_IN = 0.35  # inches of height per lane
@@ -83,3 +83,12 @@ def _lane(ax: Any, segments: Sequence[Any], y: float, height: float, t0: float, 
         ax.text(x / div, y + height / 2, s.label if inside else f" {s.label}", ha="center" if inside else "left",
                 va="center", fontsize=7,
                 color="white" if inside and s.kind in ("COMPLETED", "FAILED", "RUNNING") else "black")
+
+
+def write(path: str, out: str) -> int:
+    """hpc.status --timeline: the picture of the run or sweep at `path`, drawn into `out` (.svg or .png)."""
+    check(out)  # before any scheduler call: a wrong name or a missing matplotlib
+    rows = collect(path)
+    draw(rows, out, Path(path).resolve().name)
+    print(f"wrote {out}: {sum(len(lane.segments) for r in rows for lane in r.lanes)} segment(s) in {len(rows)} row(s)")
+    return 0

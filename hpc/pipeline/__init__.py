@@ -1,1 +1,37 @@
-"""pipeline"""
+"""Pipelines: stages defined in Python, planned as pure data, submitted through submitit.
+
+Usage::
+
+    from hpc.pipeline import PipelineDef, StageDef
+    PIPELINE = PipelineDef("mine", MyConfig, stages)   # stages(cfg) -> [StageDef("train", "mypkg.jobs:train"), ...]
+
+    python -m hpc.submit mypkg.pipeline --dry-run      # the plan and every sbatch script, nothing submitted
+
+Flow: config -> plan (plan.py, pure: JobSpecs that render their own sbatch text) -> submission
+(submission.py: snapshot, sbatch through submitit, manifest) -> in each task, StageTask (executor.py)
+enters the snapshot, imports the stage's function and writes the done marker.
+
+Parts::
+
+    plan.py        PipelineDef, StageDef, the registry of pipelines, make_plan -> Plan of JobSpecs
+    arrays.py      a stage's items as sbatch arrays within MaxArraySize; per-item dependencies
+    sbatch.py      Resources -> submitit parameters and the sbatch text they produce
+    executor.py    StageTask, what submitit pickles; the executor of each kind
+    submission.py  Request and submit(): the engine python -m hpc.submit and sweeps call
+
+Everything but executor.py's task imports without torch: --dry-run stays fast.
+"""
+from typing import Any
+
+# What a pipeline module imports; loaded on first use, so that the stage task (what every job
+# unpickles) does not load the planner.
+PUBLIC = {"PipelineDef": "plan", "StageDef": "plan", "StageContext": "executor", "Request": "submission",
+          "submit": "submission"}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in PUBLIC:
+        raise AttributeError(f"module 'hpc.pipeline' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f"hpc.pipeline.{PUBLIC[name]}"), name)

@@ -12,10 +12,9 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple, Union
 
-from hpc.pipeline import arrays, sbatch
-from hpc.slurm import noderange
+from hpc.pipeline import arrays, sbatch, worlds
+from hpc.config.checks import ConfigError
 from hpc.config.schema import to_dict
-from hpc.runtime.batching import plan_batch
 from hpc.rundir.run import task_key
 
 # name -> module path; the module defines PIPELINE. Tests and users may add entries.
@@ -154,9 +153,9 @@ class Plan:
             how = "afterok" if self.kind == "slurm" else "submitted when it has ended"
             waits = [f"{', '.join(job.after)} ({how})"] * bool(job.after) + _item_wait(job, how)
             after = f" after {', '.join(waits)}" if waits else ""
-            lines.append(f"  stage {job.stage}{part}:{items} {_rank_text(job)} per job{after}")
+            lines.append(f"  stage {job.stage}{part}:{items} {worlds.rank_text(job)} per job{after}")
             lines.append(f"    each task runs {job.describe}")
-            lines += [f"    {line}" for line in batch_lines(job.batch, job.worlds or (job.ranks,))]
+            lines += [f"    {line}" for line in worlds.batch_lines(job.batch, job.worlds or (job.ranks,))]
         lines += [f"  skip {s}" for s in self.skipped]
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
@@ -195,8 +194,8 @@ def make_plan(pipe: PipelineDef, cfg: Any, run_dir: str, kind: str,
             continue
         res = dict(to_dict(cfg.stages[stage.resources or stage.name]))
         if kind == "slurm" and stage.batch:  # every node count SLURM may grant, not only the ends
-            _check_batch(f"stages.{stage.resources or stage.name}.nodes", res, stage.batch[0])
-        ranks, note = _ranks(stage.name, res, kind)
+            worlds.check_batch(f"stages.{stage.resources or stage.name}.nodes", res, stage.batch[0])
+        ranks, note = worlds.worlds(stage.name, res, kind)
         if note:
             notes.append(note)
         # wait for what is submitted now or still queued from an earlier submission
@@ -233,8 +232,6 @@ def _check_per_item(stage: StageDef, defined: Mapping[str, StageDef]) -> None:
     if not stage.per_item_after or (up and stage.items and up.items and set(stage.items) <= set(up.items)
                                     and up.name not in stage.after):
         return
-    from hpc.config.schema import ConfigError
-
     raise ConfigError(f"stage {stage.name}: per_item_after={stage.per_item_after!r} with items {list(stage.items)}; "
                       "expected an earlier array stage, not also in `after`, with every one of these items "
                       f"(earlier stages: {sorted(defined)}). HINT: fix the pipeline's StageDef list.")
@@ -265,53 +262,3 @@ def _fallback_notes(pipe: PipelineDef, cfg: Any, why_not_slurm: str) -> List[str
                          f"{res['gpus_per_node']} GPUs per node and runs as {res['local_tasks']} CPU "
                          "process(es) here")
     return notes or [f"no SLURM answered ({why_not_slurm}); running on this machine"]
-
-
-def _ranks(stage: str, res: Dict[str, Any], kind: str) -> Tuple[Tuple[int, ...], str]:
-    """The world sizes a job may run with (both ends of a node range; one otherwise), and a note
-    when the executor runs another number of processes than SLURM would."""
-    lo, hi = noderange.bounds(res["nodes"])
-    requested = tuple(sorted({lo * res["tasks_per_node"], hi * res["tasks_per_node"]}))
-    if kind == "slurm":
-        return requested, ""
-    actual = res["local_tasks"]
-    if requested == (actual,):
-        return requested, ""
-    return (actual,), (f"stage {stage}: requested {noderange.show((lo, hi))} node(s) x {res['tasks_per_node']} "
-                       f"task(s) = {'-'.join(map(str, requested))} rank(s); the {kind} executor runs {actual} "
-                       "process(es) on this machine's CPU")
-
-
-def _check_batch(where: str, res: Dict[str, Any], global_batch: int) -> None:
-    from hpc.config.schema import ConfigError
-
-    try:
-        noderange.check_batch(where, noderange.bounds(res["nodes"]), res["tasks_per_node"], global_batch)
-    except noderange.NodeRangeError as err:
-        raise ConfigError(str(err)) from None
-
-
-def _rank_text(job: JobSpec) -> str:
-    """'4 rank(s)'; under a node range '1-2 node(s) x 2 task(s) = 2-4 rank(s)'."""
-    worlds = job.worlds or (job.ranks,)
-    if len(worlds) == 1:
-        return f"{worlds[0]} rank(s)"
-    return (f"{noderange.show(noderange.bounds(job.resources['nodes']))} node(s) x {job.resources['tasks_per_node']} task(s) = "
-            f"{worlds[0]}-{worlds[-1]} rank(s)")
-
-
-def batch_lines(batch: Sequence[int], worlds: Sequence[int]) -> List[str]:
-    """The batch plan (hpc.runtime.batching.plan_batch) at each world size; one that cannot split says so."""
-    if not batch:
-        return []
-    global_batch, per_device_max = batch
-    lines = []
-    for world in worlds:
-        try:
-            b = plan_batch(global_batch, per_device_max, world)
-        except ValueError as err:
-            lines.append(f"batch at {world} rank(s): cannot plan: {err}")
-            continue
-        lines.append(f"batch at {world} rank(s): global {b.global_batch} = {b.micro_batch} per micro-batch x "
-                     f"{b.accum_steps} accumulation step(s) x {world} rank(s)")
-    return lines

@@ -1,1 +1,21 @@
-"""recovery"""
+"""What happens when a job is stopped: preemption, time limits, node failures, hung ranks.
+
+Usage (TrainLoop does all of it; a loop of one's own can too)::
+
+    flag = stopsignal.install()                  # SIGTERM and the time-limit signal: a flag, never an exception
+    vote = stopsignal.StopVote(flag)
+    request = vote.poll()                        # every rank: the same answer at the same step
+    if request: save(); preemption.exit_for(preemption.handle_stop(request, history))   # rank 0 decides
+
+Parts::
+
+    stopsignal.py   stop signals as a flag; the step every rank agrees to stop at, without a per-step sync
+    preemption.py   the requeue decision after a stop, from SLURM's own view of the job
+    requeue.py      a requeued job gets its node range back and its failed nodes excluded
+    nodefail.py     was it a node or the code, and is another attempt worth it (the task's history)
+    watchdog.py     no step for watchdog_s: every rank's stacks, the stuck ranks named, a requeue
+    hangs.py        what a hang leaves in the run directory
+
+The decisions are pure functions of SLURM's answers (documented from its observed states); the
+effects (scontrol calls, files) sit in one place each.
+"""

@@ -176,3 +176,49 @@ class StopVote:
     def abandon(self) -> None:
         """Forget the vote in flight without waiting: after an error, peers may never join it."""
         self._pending = None
+
+
+VOTE_PERIOD_S = 0.1  # stop checks about this far apart: latency to stop, against a collective per step
+MAX_CHECK_EVERY = 10_000
+
+
+def check_interval(pace_us: int, period_s: float = VOTE_PERIOD_S) -> int:
+    """Steps between stop checks for a time per step of `pace_us` (0: unknown, check at once)."""
+    if pace_us <= 0:
+        return 1
+    return max(1, min(MAX_CHECK_EVERY, int(period_s * 1e6 / pace_us)))
+
+
+class CheckSchedule:
+    """The steps at which a loop polls its StopVote: every `every` steps, or (every=None) about every
+    VOTE_PERIOD_S of training, whatever the step time. The vote carries each rank's time per step
+    and every rank derives the next check's step from the slowest, so all poll at the same steps."""
+
+    def __init__(self, vote: StopVote, every: int | None = None) -> None:
+        self.vote, self.every = vote, every
+        self._next: int | None = None  # step of the next check (every=None)
+        self._last: tuple[float, int] | None = None  # (time, step) of this rank's last check
+
+    def due(self, step: int) -> bool:
+        if self.every is not None:
+            return step % self.every == 0
+        return self._next is None or step >= self._next
+
+    def poll(self, step: int) -> StopRequest | None:
+        """The vote at `step` (a collective when distributed), and the next check scheduled."""
+        request = self.vote.poll(pace=self._pace(step))
+        self._next = step + self._interval()
+        return request
+
+    def _pace(self, step: int) -> int:
+        """This rank's microseconds per step since its last check (0 at the first)."""
+        now, (then, before) = time.perf_counter(), self._last or (0.0, step)
+        self._last = (now, step)
+        return int((now - then) * 1e6 / (step - before)) if step > before else 0
+
+    def _interval(self) -> int:
+        """Steps to the next check: the same on every rank, from the vote's agreed (slowest) pace.
+        One process checks every step: its vote is a local read, no collective."""
+        if self.every is not None:
+            return self.every
+        return check_interval(self.vote.agreed_pace) if self.vote.distributed() else 1

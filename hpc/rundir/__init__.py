@@ -1,1 +1,20 @@
-"""rundir"""
+"""A run directory and what it records on disk: the one place a run's state lives.
+
+Layout::
+
+    <run>/config.yaml                the resolved config
+    <run>/manifest.json              job ids of every attempt per stage and task, code version, run id
+    <run>/code/<hash>/, <hash>.json  the code snapshot every job imports, and its file listing
+    <run>/<stage>/[task-<item>/]     a task's outputs, checkpoints/, logs, its `done` marker
+    <sweep>/sweep.json, <sweep>/<signature>/   a sweep: its grid, one run directory per point
+
+Parts::
+
+    run.py        RunDir: manifest, config, task folders, done markers, the submission lock
+    sweepdir.py   SweepDir: the grid a sweep records, its points, a point's name in words
+    snapshot.py   the code snapshot: taken at submission, entered by each job (JobCode), drift
+    snapcache.py  hard links to an earlier run's snapshot of the same files
+    tracking.py   run ids for experiment trackers, the same in every attempt
+
+Imports no torch: submission and status read it.
+"""

@@ -32,40 +32,22 @@ import importlib
 import json
 import os
 import shutil
-import stat
-import subprocess
 import sys
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
-from hpc.rundir import snapcache
+from hpc.rundir import codefiles, snapcache
 from hpc.fs import atomic
+from hpc.rundir.codefiles import (HINT, UNTRACKED_MAX_BYTES, SnapshotError, Source, digest, is_link, listing,
+                                   load_table, unchanged)
 
 CODE = "code"  # <run>/code/<hash>/ and <run>/code/<hash>.json
-UNTRACKED_MAX_BYTES = 2 << 20  # an untracked (or, without git, any) file larger than this is data
-MAX_FILES = 50_000  # more than this is not a code tree (a home directory, a dataset)
-PRUNE = frozenset({"__pycache__", "node_modules"})  # never code, walked without git
 COPY_THREADS = 8
-HINT = ("HINT: add what is not code to .gitignore, raise run.snapshot_max_mb, or pass --no-snapshot "
-        "(the jobs then import the live tree)")
-
 Stat = Tuple[int, int, str, int]  # (size, mtime_ns, digest, mode) of one file
-
-
-class SnapshotError(RuntimeError):
-    """The code cannot be snapshotted as it is: what was seen, the limit, and a HINT."""
-
-
-@dataclass(frozen=True)
-class Source:
-    """The live tree a snapshot copies: a git checkout's top level, or a directory without git."""
-
-    root: Path
-    git: bool
-    exclude: Tuple[str, ...] = ()  # absolute paths never copied (the run directory, the runs root)
 
 
 @dataclass(frozen=True)
@@ -145,94 +127,6 @@ class Snapshot:
         return JobCode(str(self.dir), self.hash, str(Path(submit_dir).resolve()), cwd, path)
 
 
-def source_of(code_dir: Optional[str], cwd: Path, exclude: Sequence[Path] = ()) -> Source:
-    """The tree to copy: the checkout code_version() found (hpc.rundir.run), else the working directory."""
-    root, git = (Path(code_dir), True) if code_dir else (Path(cwd), False)
-    return Source(root.resolve(), git, tuple(str(Path(p).resolve()) for p in exclude))
-
-
-def import_root(module_file: Optional[str], module: str) -> Optional[Path]:
-    """The sys.path entry a module was found under: /repo/src for /repo/src/pkg/mod.py as pkg.mod."""
-    if not module_file:
-        return None
-    path = Path(module_file).resolve()
-    depth = len(module.split(".")) - (0 if path.name == "__init__.py" else 1)
-    return path.parents[depth] if depth < len(path.parents) else None
-
-
-# ------------------------------------------------------------------------------------ listing
-def listing(source: Source) -> Tuple[Dict[str, os.stat_result], List[str]]:
-    """(relative path -> lstat of each file to copy, untracked files left out as too big)."""
-    entries = _git_files(source.root) if source.git else _walk(source.root)
-    # strictly inside: a run root that is the checkout itself (run.root=.) leaves the run dirs in it
-    excluded = [os.path.relpath(p, source.root) + "/" for p in source.exclude if source.root in Path(p).parents]
-    files: Dict[str, os.stat_result] = {}
-    skipped: List[str] = []
-    root = str(source.root)  # joined as a string: a Path per file costs more than its lstat
-    for rel, tracked in entries:
-        if any((rel + "/").startswith(e) for e in excluded):
-            continue
-        try:
-            st = os.lstat(os.path.join(root, rel))
-        except OSError:  # tracked but deleted in the working tree: an uncommitted deletion
-            continue
-        if not (stat.S_ISREG(st.st_mode) or _link(st)):  # a submodule's directory, a socket
-            continue
-        if not tracked and st.st_size > UNTRACKED_MAX_BYTES:
-            skipped.append(rel)
-            continue
-        files[rel] = st
-        if len(files) > MAX_FILES:
-            raise SnapshotError(f"{source.root} holds more than {MAX_FILES} files to snapshot; expected a code "
-                                f"tree. {HINT}.")
-    return files, sorted(skipped)
-
-
-GIT_FILES = ["git", "ls-files", "-z", "-t", "-co", "--exclude-standard"]  # tracked and untracked, not ignored
-
-
-def _git_files(root: Path) -> List[Tuple[str, bool]]:
-    """(path, tracked) for what `git ls-files -co --exclude-standard` names; -t tags untracked '?'."""
-    try:
-        out = subprocess.run(GIT_FILES, cwd=root,
-                             capture_output=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as err:
-        raise SnapshotError(f"git ls-files in {root} failed ({err}); expected a git checkout. {HINT}.") from None
-    if out.returncode:
-        raise SnapshotError(f"git ls-files in {root} exited {out.returncode}: "
-                            f"{out.stderr.decode(errors='replace').strip()}. {HINT}.")
-    entries = {}
-    for item in out.stdout.decode(errors="surrogateescape").split("\0"):
-        if item:
-            tag, rel = item[:1], item[2:]
-            entries[rel] = entries.get(rel, False) or tag != "?"  # a merge conflict lists a path twice
-    return list(entries.items())
-
-
-def _walk(root: Path) -> List[Tuple[str, bool]]:
-    """Every file under a directory without git, hidden and virtualenv directories left out."""
-    found: List[Tuple[str, bool]] = []
-    for here, dirs, names in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in PRUNE
-                         and not os.path.exists(os.path.join(here, d, "pyvenv.cfg")))
-        base = os.path.relpath(here, root)
-        found += [(n if base == "." else f"{base}/{n}", False) for n in sorted(names) if not n.startswith(".")]
-        if len(found) > MAX_FILES:
-            raise SnapshotError(f"{root} is not a git checkout and holds more than {MAX_FILES} files; expected "
-                                f"a code tree. HINT: submit from your project's directory, make it a git "
-                                "repository, or pass --no-snapshot.")
-    return found
-
-
-def _link(st: os.stat_result) -> bool:
-    return stat.S_ISLNK(st.st_mode)
-
-
-def _digest(data: bytes, link: bool = False) -> str:
-    """A file's content digest; a symlink's is that of its target, marked as a link."""
-    return hashlib.sha256(b"link\0" + data if link else data).hexdigest()
-
-
 # ------------------------------------------------------------------------------------ taking one
 def take(source: Source, run_path: Path, max_mb: float, previous: Optional[str] = None) -> Snapshot:
     """Copy the code into <run>/code/<hash>/, or reuse `previous` (a hash; default: the newest
@@ -283,19 +177,17 @@ def _copy(root: Path, dest: Path, files: Mapping[str, os.stat_result]) -> Dict[s
 
     def one(rel: str) -> Tuple[str, Stat]:
         src, dst, st = root / rel, dest / rel, files[rel]
-        if _link(st):
+        if is_link(st):
             target = os.readlink(src)
             os.symlink(target, dst)
-            digest = _digest(os.fsencode(target), link=True)
+            content = digest(os.fsencode(target), link=True)
         else:
             data = src.read_bytes()
-            digest = _digest(data)
+            content = digest(data)
             fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o555 if st.st_mode & 0o111 else 0o444)
             with os.fdopen(fd, "wb") as fh:
                 fh.write(data)
-        return rel, (st.st_size, st.st_mtime_ns, digest, 0o755 if st.st_mode & 0o111 else 0o644)
-
-    from concurrent.futures import ThreadPoolExecutor
+        return rel, (st.st_size, st.st_mtime_ns, content, 0o755 if st.st_mode & 0o111 else 0o644)
 
     with ThreadPoolExecutor(COPY_THREADS) as pool:
         return dict(pool.map(one, sorted(files)))
@@ -326,60 +218,6 @@ def recorded(record: Mapping[str, Any]) -> Optional[Snapshot]:
                     record["files"], record["bytes"], 0.0, True, tuple(record.get("skipped", ())))
 
 
-# ------------------------------------------------------------------------------------ comparing
-def load_table(path: Path) -> Optional[Dict[str, Any]]:
-    try:
-        table = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return None
-    return table if isinstance(table, dict) and isinstance(table.get("files"), dict) else None
-
-
-def unchanged(table: Mapping[str, Any], files: Mapping[str, os.stat_result]) -> bool:
-    """The same paths, each with the listed size and mtime (git's own shortcut for a clean file)."""
-    listed = table["files"]
-    return listed.keys() == files.keys() and all(
-        listed[rel][0] == st.st_size and listed[rel][1] == st.st_mtime_ns for rel, st in files.items())
-
-
-@dataclass(frozen=True)
-class Drift:
-    """How the live tree differs from a snapshot (all empty: it does not)."""
-
-    changed: Tuple[str, ...]
-    added: Tuple[str, ...]
-    removed: Tuple[str, ...]
-
-    def __bool__(self) -> bool:
-        return bool(self.changed or self.added or self.removed)
-
-    def summary(self, n: int = 3) -> str:
-        parts = []
-        for what, paths in (("changed", self.changed), ("added", self.added), ("removed", self.removed)):
-            if paths:
-                parts.append(f"{len(paths)} {what} ({', '.join(paths[:n])}{' ...' if len(paths) > n else ''})")
-        return "; ".join(parts)
-
-
-def drift(table: Mapping[str, Any]) -> Drift:
-    """Compare the live tree with a snapshot's listing: only files whose size or mtime changed are
-    read and hashed."""
-    source = Source(Path(table["root"]), bool(table["git"]), tuple(table.get("exclude", ())))
-    files, _ = listing(source)
-    listed = table["files"]
-    changed = []
-    for rel in sorted(files.keys() & listed.keys()):
-        st, (size, mtime, digest) = files[rel], listed[rel][:3]  # then the mode, not compared here
-        if (st.st_size, st.st_mtime_ns) == (size, mtime):
-            continue
-        path = source.root / rel
-        content = os.fsencode(os.readlink(path)) if _link(st) else path.read_bytes()
-        if _digest(content, _link(st)) != digest:
-            changed.append(rel)
-    return Drift(tuple(changed), tuple(sorted(files.keys() - listed.keys())),
-                 tuple(sorted(listed.keys() - files.keys())))
-
-
 def status_line(record: Optional[Mapping[str, Any]]) -> str:
     """hpc.status's line about the code: which snapshot the jobs run, and whether the live code
     still matches it."""
@@ -393,7 +231,7 @@ def status_line(record: Optional[Mapping[str, Any]]) -> str:
     if not Path(table["root"]).is_dir():
         return f"{where}: the live tree is gone"
     try:
-        found = drift(table)
+        found = codefiles.drift(table)
     except (SnapshotError, OSError) as err:
         return f"{where}: the live code could not be compared ({err})"
     if not found:

@@ -1,4 +1,4 @@
-"""The sweep directory: the grid it records, one run directory per point, and its status per point.
+"""The sweep directory: the grid it records, one run directory per point, and how a point is named in words.
 
     python -m hpc.status runs/tiny-20260101-120000      # a sweep dir: one row per point
 
@@ -97,3 +97,13 @@ def describe(overrides: Mapping[str, Any]) -> str:
     """'tiny.score=1 tiny.sleep_s=0.5': a point's overrides as a user would type them."""
     return " ".join(f"{k}={v if isinstance(v, str) else json.dumps(v, default=str, separators=(',', ':'))}"
                     for k, v in overrides.items())
+
+
+def slurm_jobs(path: str, stage: Optional[str]) -> List[str]:
+    """The SLURM job ids a run directory records, or all of a sweep's points (deduplicated: a
+    sweep's stage is one array job across its points)."""
+    if not is_sweep(path):
+        return RunDir(path).slurm_jobs(stage)
+    sweep = SweepDir(path)
+    runs = [sweep.point(sig) for sig in sweep.record()["points"]]
+    return sorted({jid for run in runs if run.manifest_path.exists() for jid in run.slurm_jobs(stage)})

@@ -25,7 +25,7 @@ from hpc.runtime.distenv import (LAUNCHER_HINT, PORT_BASE, PORT_SPAN, SINGLE_POR
                          read_int, read_port)
 
 __all__ = ["DistEnv", "EnvError", "from_environ", "master_port_for", "bind_device",
-           "device_index", "main"]
+           "device_index"]
 
 
 def _check(d: DistEnv, names: dict[str, str]) -> DistEnv:

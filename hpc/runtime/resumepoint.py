@@ -101,3 +101,12 @@ def agree(session: Any, directory: Path, step: int, ok: bool) -> bool:
             f"ranks found different checkpoints (steps {int(t[1])}..{-int(t[2])}) in "
             f"{directory}. HINT: every rank must see the same shared filesystem path.")
     return bool(t[0])
+
+
+def unwrap(obj: Any) -> Any:
+    # DDP prefixes keys with "module."; saving the inner module lets a run resume with or without DDP.
+    return obj.module if isinstance(obj, torch.nn.parallel.DistributedDataParallel) else obj
+
+
+def per_rank(obj: Any) -> bool:
+    return bool(getattr(obj, "per_rank_state", False))  # hpc.runtime.sampler.ResumableLoader

@@ -15,9 +15,12 @@ a number is written at once. The written value is the one the tensor had when ad
 from __future__ import annotations
 
 from collections import deque
+from pathlib import Path
 from typing import Any, Callable, Deque, Tuple
 
 import torch
+
+from hpc.runtime.session import NullWriter
 
 Write = Callable[[str, float, int], Any]
 
@@ -50,3 +53,34 @@ class PendingScalars:
 
     def __len__(self) -> int:
         return len(self._queue)
+
+
+class StepLog:
+    """A training loop's scalars: on rank 0 only, into TensorBoard, never waiting for the device.
+    Steps up to `resumed_step` were logged by the attempt that saved the checkpoint: skipped, and
+    the events an earlier attempt logged after it are purged when the writer opens."""
+
+    def __init__(self, session: Any, directory: Path, tensorboard: bool = True) -> None:
+        self.s, self.directory, self.tensorboard = session, Path(directory), tensorboard
+        self.resumed_step = 0
+        self._writer: Any = None
+        self._pending = PendingScalars()  # logged device values on their way to the host
+
+    @property
+    def writer(self) -> Any:
+        if self._writer is None:
+            # purge_step drops events at or after it, logged by the attempt that was stopped
+            # after its last checkpoint; they are logged again, once, by this attempt.
+            purge = self.resumed_step + 1 if self.resumed_step else None
+            self._writer = (self.s.writer(self.directory, purge_step=purge) if self.tensorboard
+                            else NullWriter())
+        return self._writer
+
+    def log(self, tag: str, value: Any, step: int) -> None:
+        if step > self.resumed_step and self.tensorboard and self.s.is_main:  # elsewhere: no device wait
+            self._pending.add(self.writer.add_scalar, tag, value, step)
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._pending.flush(block=True)
+            self._writer.close()

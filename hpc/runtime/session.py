@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-from typing import Iterable
+from typing import Any, Iterable
 
 import torch
 import torch.distributed as dist
@@ -68,7 +68,7 @@ class Session:
         initialised by its modules' reset_parameters() or by `init_fn(model)` (hpc.runtime.fsdp).
         kwargs go to DistributedDataParallel, or to hpc.runtime.fsdp.shard (units=, mp_policy=).
         """
-        from hpc.runtime.fsdp import materialize, on_meta
+        from hpc.runtime.fsdp import materialize, on_meta  # FSDP's modules load only for a sharded model
 
         if strategy not in _STRATEGIES:
             raise ValueError(f"unknown strategy {strategy!r}; expected one of {sorted(_STRATEGIES)}. "
@@ -100,7 +100,7 @@ class Session:
                drop_last: bool = True, **loader_kwargs) -> torch.utils.data.DataLoader:
         """DataLoader over this rank's share; set_epoch() reshuffles all of them. Its position
         is resumable state (hpc.runtime.sampler): register it with TrainLoop.resume."""
-        from hpc.runtime.sampler import ResumableLoader, ResumableSampler
+        from hpc.runtime.sampler import ResumableLoader, ResumableSampler  # torch.utils.data: only with a loader
 
         # drop_last keeps per-rank step counts equal: an extra step on one rank would
         # wait forever for the gradient all-reduce of the others.
@@ -214,3 +214,15 @@ def _fsdp(s: Session, model: torch.nn.Module, **kwargs) -> torch.nn.Module:
 
 # strategy name -> how to wrap a model that is already on this task's device
 _STRATEGIES = {"ddp": _ddp, "fsdp": _fsdp}
+
+
+def bitwise_ddp_kwargs() -> dict[str, Any]:
+    """DDP options under which a resumed run sums gradients exactly as an uninterrupted one.
+
+    DDP rebuilds its gradient buckets after the first iteration (in gradient-ready order), so the
+    first step after a resume runs with the initial layout while the uninterrupted run is on the
+    rebuilt one; gloo and NCCL add each element in an order set by its offset in the bucket, and
+    the weights drift apart by ~1e-8. One parameter per bucket fixes every offset. It costs one
+    all-reduce per parameter: meant for tests and small models (``s.wrap(m, **bitwise_ddp_kwargs())``).
+    """
+    return {"bucket_cap_mb_list": [1e-6]}  # 1 byte: every bucket closes after one tensor

@@ -1,1 +1,20 @@
-"""slurm"""
+"""SLURM's client programs and their answers: the only place hpc runs sbatch's siblings.
+
+Usage::
+
+    from hpc.slurm import scheduler
+    answer = scheduler.query(["12_3", "13"])     # one sacct call (squeue where accounting is disabled)
+    scheduler.detect("auto")                     # "slurm" when a controller answers, else "local"
+
+Parts::
+
+    cli.py         running scontrol, sacct, squeue, scancel with a timeout; does a controller answer
+    jobcontrol.py  one job: show, requeue, release, update, cancel (one client call each)
+    scheduler.py   the one parser of sacct's and squeue's answers, the state table, partitions, limits
+    hostlist.py    hostlist expressions as `scontrol show hostnames` expands them
+    noderange.py   node counts and MIN-MAX node ranges of a stage
+    submitenv.py   what a new job must not inherit from the allocation it is submitted from
+
+Costs: one scheduler call per status poll whatever the number of jobs (hpc.monitor.status).
+Imports no torch.
+"""

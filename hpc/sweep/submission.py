@@ -18,14 +18,15 @@ stages.*, cluster.* and run.* are not swept; key=value before --sweep applies to
 """
 from __future__ import annotations
 
-import argparse
+import dataclasses
 from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
 from hpc.config import schema as hconfig
 from hpc.sweep import grid as hgrid
 from hpc.pipeline import plan as hplan
 from hpc.slurm import scheduler
-from hpc import submit as hsubmit
+from hpc.pipeline import submission as hsubmit
+from hpc.pipeline.submission import Request
 from hpc.monitor import status, sweeps
 from hpc.sweep import points as sweepconfig
 from hpc.fs.atomic import batched
@@ -34,15 +35,15 @@ from hpc.sweep.points import Defs
 from hpc.rundir.sweepdir import SweepDir
 
 
-def submit(args: argparse.Namespace) -> int:
+def submit(req: Request) -> int:
     """Plan and submit every point of the grid; a dry run prints the plan and changes nothing."""
-    recorded = _recorded(args)
-    pipe, base, run, kind, notes = hsubmit.build(args, view=False)
+    req, recorded = _recorded(req)
+    pipe, base, run, kind, notes = hsubmit.build(req, view=False)
     sweep = SweepDir(run.path)
-    grid = _grid(args, recorded, base, pipe.name)
+    grid = _grid(req, recorded, base, pipe.name)
     points = hgrid.points(grid)
     defs = sweepconfig.resolve(base, points, pipe)
-    if args.dry_run:
+    if req.dry_run:
         plan, states, _ = _plan(pipe, base, defs, sweep, kind, None)
         print(summary(plan, points, states, sweep.removed(points) + [f"note: {n}" for n in notes]))
         for job in plan.jobs:
@@ -55,13 +56,13 @@ def submit(args: argparse.Namespace) -> int:
         plan, states, never = _plan(pipe, base, defs, sweep, kind, max_size)
         scheduler.cancel(never)
         print(summary(plan, points, states, sweep.removed(points) + [f"note: {n}" for n in notes]))
-        sweep.save(pipe.name, grid, latest(args.overrides + hsubmit.pipe_flags(args)), args.profile, points)
+        sweep.save(pipe.name, grid, latest([*req.overrides, *req.flags()]), req.profile, points)
         if not plan.jobs:
             print(f"nothing to submit: every task of every point of {sweep.path} is done or queued")
             return 0
         # pipeline_arg: how a job names the pipeline to resubmit its point (hpc.afterstep, as hpc.submit)
-        module_file = hsubmit._user_module_file(args.pipeline)
-        code = {**code_version(module_file), "pipeline_arg": args.pipeline}
+        module_file = hsubmit.user_module_file(req.pipeline)
+        code = {**code_version(module_file), "pipeline_arg": req.pipeline}
         # one code snapshot for every point, in the sweep dir (hpc.rundir.snapshot); each point its own run id
         snap = hsubmit.take_snapshot(base, sweep.path, kind, code)
         code["snapshot"] = snap and snap.record()
@@ -69,31 +70,31 @@ def submit(args: argparse.Namespace) -> int:
         texts = sweepconfig.texts(base, [p for p in points if p.signature in now], pipe.settle)
         run_ids = {sig: sweep.point(sig).start(pipe.name, text, kind, code) for sig, text in texts.items()}
         ids = submit_arrays(plan, sweep, defs, list(base.cluster.setup),
-                            hsubmit.job_code(snap, args.pipeline, module_file), run_ids)
+                            hsubmit.job_code(snap, req.pipeline, module_file), run_ids)
     print(f"sweep dir: {sweep.path}")
     for label, jids in ids.items():
         print(f"  {label}: {jids[0].split('_')[0]} ({len(jids)} task(s))")
-    return sweeps.follow(sweep) if args.wait or kind != "slurm" else 0
+    return sweeps.follow(sweep) if req.wait or kind != "slurm" else 0
 
 
-def _recorded(args: argparse.Namespace) -> Dict[str, Any]:
-    """A resubmission into a sweep dir: its recorded overrides and profile, under those given now."""
-    if not args.run_dir:
-        return {}
-    sweep, run = SweepDir(args.run_dir), RunDir(args.run_dir)
+def _recorded(req: Request) -> Tuple[Request, Dict[str, Any]]:
+    """A resubmission into a sweep dir: the request with its recorded overrides and profile under
+    those given now, and the record."""
+    if not req.run_dir:
+        return req, {}
+    sweep, run = SweepDir(req.run_dir), RunDir(req.run_dir)
     if not sweep.record_path.exists():
         if run.manifest_path.exists():
             raise RunDirError(f"--run-dir {run.path} is a run, not a sweep (no sweep.json); expected a new "
                               "directory or a sweep's. HINT: pass --run-dir a new path for the sweep.")
-        return {}
+        return req, {}
     recorded = sweep.record()
-    if recorded.get("pipeline") not in (None, hplan.get_pipeline(args.pipeline).name):
-        raise RunDirError(f"sweep {sweep.path} is of pipeline {recorded['pipeline']!r}, not {args.pipeline!r}; "
+    if recorded.get("pipeline") not in (None, hplan.get_pipeline(req.pipeline).name):
+        raise RunDirError(f"sweep {sweep.path} is of pipeline {recorded['pipeline']!r}, not {req.pipeline!r}; "
                           f"expected the same pipeline. HINT: python -m hpc.submit {recorded['pipeline']} "
                           f"--run-dir {sweep.path}")
-    args.overrides = list(recorded.get("overrides", [])) + list(args.overrides)
-    args.profile = args.profile or recorded.get("profile")
-    return recorded
+    return dataclasses.replace(req, overrides=(*recorded.get("overrides", []), *req.overrides),
+                               profile=req.profile or recorded.get("profile")), recorded
 
 
 def latest(overrides: Sequence[str]) -> List[str]:
@@ -102,10 +103,10 @@ def latest(overrides: Sequence[str]) -> List[str]:
     return [o for i, o in enumerate(overrides) if last[o.partition("=")[0]] == i]
 
 
-def _grid(args: argparse.Namespace, recorded: Mapping[str, Any], base: Any, pipeline: str) -> Dict[str, List[Any]]:
+def _grid(req: Request, recorded: Mapping[str, Any], base: Any, pipeline: str) -> Dict[str, List[Any]]:
     """The grid from --sweep and --sweep-file, else the one the sweep dir recorded; keys checked."""
-    grids = ([hgrid.parse_tokens(args.sweep)] if args.sweep is not None else []) + \
-        ([hgrid.read_file(args.sweep_file)] if args.sweep_file else [])
+    grids = ([hgrid.parse_tokens(list(req.sweep))] if req.sweep is not None else []) + \
+        ([hgrid.read_file(req.sweep_file)] if req.sweep_file else [])
     grid = hgrid.merge(*grids) if grids else dict(recorded["grid"])
     hgrid.check_keys(grid, hgrid.leaf_keys(hconfig.to_dict(base)), pipeline)
     for key, values in grid.items():
@@ -206,7 +207,7 @@ def submit_arrays(plan: hplan.Plan, sweep: SweepDir, defs: Defs, setup: Sequence
                                defs[sig][job.stage].items.index(item) if defs[sig][job.stage].items else None,
                                _needs(defs[sig], job.stage), code=code, run_id=(run_ids or {}).get(sig, ""))
                      for sig, item in job.items]
-            upstream = {sig: hsubmit._upstream(job, {}, run) for sig, run in runs.items()} if slurm else {}
+            upstream = {sig: hsubmit.upstream(job, {}, run) for sig, run in runs.items()} if slurm else {}
             per_item, each = job.item_dependency(by_label) if slurm else (None, [])
             executor = make_executor(plan.kind, job.folder, job.resources["max_timeouts"])
             if plan.kind != "debug":
@@ -222,7 +223,7 @@ def submit_arrays(plan: hplan.Plan, sweep: SweepDir, defs: Defs, setup: Sequence
                                code.hash if code else None)
                 sweep.link_logs(sig, job.stage)
             if not slurm:  # no scheduler to order the stages: each array ends before the next starts
-                hsubmit._wait_ok(submitted)
+                hsubmit.wait_ok(submitted)
                 drop_unexpanded_folder(job.folder)
     return by_label
 

@@ -84,7 +84,7 @@ class Stage:
     def run_script(self, argv: List[str], stage: str, launch: bool = False, cwd: Optional[Path] = None,
                    env: Optional[dict] = None) -> dict:
         """Scripts that resolve paths against the working directory (autoencoder, eval) get `cwd`."""
-        from hpc.jobs.run import run_argv
+        from hpc.jobs.run import run_argv  # the script runner: only in the task, never when planning
 
         if cwd is not None:
             cwd.mkdir(parents=True, exist_ok=True)

@@ -102,7 +102,7 @@ def densify_and_prune(params: dict, opt, stats: DensifyStats, cfg: dict, *,
         means = params["means"].detach()[index].clone()
         log_scales = params["log_scales"].detach()[index].clone()
         if len(split_idx):
-            from .render import quat_to_rotmat
+            from .render import quat_to_rotmat  # only when gaussians split: the renderer imports this module's users
             rot = quat_to_rotmat(params["quats"].detach()[index[n_keep:]])
             std = torch.exp(log_scales[n_keep:])
             offset = torch.randn(std.shape, generator=generator) * std

@@ -108,7 +108,7 @@ def validate(cfg: Any) -> None:
 def stages(cfg: Any) -> List[StageDef]:
     if cfg.langsplat.mode == "external":
         return external.stages(cfg)
-    from hpc.jobs.langsplat.defaults import trainer_config
+    from hpc.jobs.langsplat.defaults import trainer_config  # torch-free planning: the trainer loads in the task
 
     levels = tuple(external.resolved_levels(cfg.langsplat.levels, "synthetic"))
     trainer = trainer_config(to_dict(cfg.langsplat))
@@ -118,7 +118,7 @@ def stages(cfg: Any) -> List[StageDef]:
 
 
 def rgb(ctx: Any) -> dict:
-    from hpc.jobs.langsplat.stages import train_rgb
+    from hpc.jobs.langsplat.stages import train_rgb  # torch: in the task only, never when planning
 
     return train_rgb(ctx.cfg["langsplat"], ctx.stage_dir)
 

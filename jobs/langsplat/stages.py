@@ -36,8 +36,8 @@ def _setup(cfg: dict, ranks_on_node: int = 1) -> None:
 def train_rgb(section: dict, out_dir: Path) -> dict:
     """Stage 1: fit geometry and colour with densification; write gaussians.pt and PSNR.
     Resumes from out_dir/checkpoints when a previous attempt was stopped."""
+    # torch and the trainer: in the task only, never when planning
     import hpc.ddp
-
     from .rgb import evaluate_rgb, fit_geometry
     from .scene import make_scene
 
@@ -65,7 +65,7 @@ def train_rgb(section: dict, out_dir: Path) -> dict:
 
 @torch.no_grad()
 def _write_rgb_renders(params: dict, scene, out_dir: Path, tb) -> None:
-    from .render import render_rgb
+    from .render import render_rgb  # torch: in the task only
 
     for v in scene.test_views[:4]:
         pred = render_rgb(params, scene.cameras[v], scene.background)
@@ -86,6 +86,7 @@ def train_features(section: dict, out_dir: Path, level: int, rgb_dir: Path) -> d
     """Stage 2 for one level; every DDP rank calls it. Returns the held-out metrics."""
     import hpc.ddp
 
+    # torch: in the task only, never when planning
     from .evaluate import evaluate_features, write_feature_outputs
     from .features import FeatureField, fit_features
     from .scene import LEVEL_NAMES, make_scene

@@ -12,7 +12,7 @@ import pytest
 
 from hpc.cluster import ClusterError, LocalCluster
 from hpc.cluster.layout import default_port_base
-from hpc.cluster.local import free_port_block
+from hpc.cluster.portclaims import free_port_block
 from hpc.cluster.preempt import job_field, preempt
 
 pytestmark = pytest.mark.slurm

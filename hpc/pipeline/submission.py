@@ -1,0 +1,289 @@
+"""The submission engine: a Request -> config, plan, code snapshot, jobs through submitit.
+
+    from hpc.pipeline.submission import Request, submit
+    submit(Request("langsplat", levels=(0, 1, 2), cluster="local", wait=True))   # python -m hpc.submit ...
+
+Request holds what `python -m hpc.submit` reads from its arguments, typed; the command (hpc.submit)
+and sweeps (hpc.sweep.submission, which does the same for every point) both call this module.
+Returns as soon as SLURM has the jobs (afterok chains the stages; nothing here stays alive),
+except with the local executor, which has no dependencies and so runs the stages in order.
+One submission at a time per run dir (a lock held from reading its state to the last manifest write);
+a dry run reads the state and changes nothing. Variables of an enclosing allocation never reach the jobs.
+Errors are hpc.config.checks.ConfigError or RuntimeError (RunDirError, SLURM's refusals), with a HINT.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from hpc.config import schema as hconfig
+from hpc.pipeline import plan as hplan
+from hpc.slurm import scheduler
+from hpc.rundir import codefiles, snapshot
+from hpc.monitor import status
+from hpc.rundir.run import RunDir, code_version
+
+
+@dataclass(frozen=True)
+class Request:
+    """One submission, as `python -m hpc.submit` takes it (hpc.submit documents each option)."""
+
+    pipeline: str  # a name in hpc.pipeline.plan.PIPELINES, or a module path ("mypkg.pipeline")
+    overrides: Tuple[str, ...] = ()  # dotted key=value config overrides
+    profile: Optional[str] = None
+    cluster: Optional[str] = None  # auto | slurm | local | debug; None: the config's
+    run_dir: Optional[str] = None  # an existing one resumes
+    levels: Optional[Tuple[int, ...]] = None  # langsplat.levels
+    nodes: Optional[str] = None  # `run`: stages.main.nodes, a count or MIN-MAX
+    gpus_per_node: Optional[int] = None  # `run`: stages.main.gpus_per_node (and tasks per node)
+    command: Tuple[str, ...] = ()  # `run`: the user's command line
+    dry_run: bool = False
+    wait: bool = False
+    no_snapshot: bool = False
+    same_snapshot: bool = False
+    sweep: Optional[Tuple[str, ...]] = None  # KEY=V1,V2 axes (hpc.sweep.grid)
+    sweep_file: Optional[str] = None
+
+    def flags(self) -> List[str]:
+        """The convenience options as dotted overrides (quoted as YAML flow values by OmegaConf)."""
+        out = []
+        if self.cluster:
+            out.append(f"cluster.kind={self.cluster}")
+        if self.levels:
+            out.append(f"langsplat.levels=[{','.join(map(str, self.levels))}]")
+        if self.nodes is not None:
+            out.append(f"stages.main.nodes={self.nodes}")
+        if self.gpus_per_node is not None:
+            out += [f"stages.main.gpus_per_node={self.gpus_per_node}",
+                    f"stages.main.tasks_per_node={max(1, self.gpus_per_node)}"]
+        if self.command:
+            out.append(f"script.command={json.dumps(list(self.command))}")  # JSON list: YAML reads it verbatim
+        if self.no_snapshot:
+            out.append("run.snapshot=false")
+        return out
+
+
+def build(req: Request, view: bool = True) -> Tuple[hplan.PipelineDef, Any, RunDir, str, List[str]]:
+    """Config, run directory, executor kind and plan notes of a request; validates everything.
+    The config is read-only (hpc.config.view); `view=False`: a DictConfig (hpc.config.schema.load)."""
+    pipe = hplan.get_pipeline(req.pipeline)
+    run_dir = None
+    if req.run_dir is not None:
+        _check_run_dir(req.run_dir)
+        run_dir = Path(req.run_dir)
+    overrides = list(req.overrides) + req.flags()
+    saved = run_dir / "config.yaml" if run_dir else None
+    notes: List[str] = []
+    cfg = hconfig.load(pipe.schema, req.pipeline, req.profile, overrides, saved, extra=pipe.templates,
+                       notes=notes, view=view, settle=pipe.settle)
+    pipe.validate(cfg)
+    kind = scheduler.detect(cfg.cluster.kind)
+    if kind == "slurm":
+        check_partitions(cfg, dry_run=req.dry_run)
+    if run_dir is None:
+        name = cfg.run.name or f"{req.pipeline}-{time.strftime('%Y%m%d-%H%M%S')}"
+        run_dir = Path(cfg.run.run_dir or Path(cfg.run.root) / name)
+        _check_run_dir(str(run_dir))
+    return pipe, cfg, RunDir(run_dir), kind, notes
+
+
+def _check_run_dir(path: str) -> None:
+    # the path reaches sbatch scripts (--output, the srun command): a newline would start a script line
+    if not path or hconfig.has_control(path):
+        why = "is empty" if not path else "contains a control character (newline, tab, ...)"
+        raise hconfig.ConfigError(f"run dir {path!r} {why}; expected a plain path. "
+                                  "HINT: pass --run-dir a directory path without escapes.")
+    RunDir(path).check_usable()
+
+
+def check_partitions(cfg: Any, dry_run: bool = False) -> None:
+    try:
+        known = list(cfg.cluster.partitions or []) or scheduler.partitions()
+    except RuntimeError as err:
+        if not dry_run:
+            raise
+        print(f"warning: partitions not checked ({err})", file=sys.stderr)
+        return
+    for name, res in cfg.stages.items():
+        if res.partition is not None and res.partition not in known:
+            raise hconfig.ConfigError(
+                f"stages.{name}.partition={res.partition!r} is not a partition of this cluster; "
+                f"expected one of {sorted(known)}. HINT: pass stages.{name}.partition=<one of those> or --profile.")
+
+
+def current_state(pipe: hplan.PipelineDef, cfg: Any, run: RunDir, kind: str, answer: Any = None):
+    """(finished task keys, queued task key -> job id, never), read only: `never` are the jobs that
+    can never start (an upstream job failed); a submission cancels them so that its plan submits
+    their tasks again, a dry run leaves them be. `answer`: status.query_run()'s for several runs."""
+    keys = [(s.name, i) for s in pipe.stages(cfg) for i in (s.items or (None,))]
+    finished = run.finished(keys)
+    tasks = {(t["stage"], t["item"]): t["job_id"] for t in run.tasks()}
+    if kind != "slurm" or not tasks:
+        return finished, {}, []
+    records, never = answer or status.query_run(run)
+    # sacct lists a job once slurmdbd has it: one just submitted is queued, as hpc.status says
+    unlisted = set(run.slurm_jobs()) if records.source == "sacct" else set()
+    queued = {k: jid for k, jid in tasks.items() if k not in finished and jid not in never and (
+              records[jid].state in scheduler.ACTIVE if jid in records else jid in unlisted)}
+    return finished, queued, sorted(never)
+
+
+def submit_plan(plan: hplan.Plan, run: RunDir, setup: Sequence[str] = (), code: Optional[snapshot.JobCode] = None,
+                run_id: str = "") -> Dict[str, List[str]]:
+    """Submit every job of the plan through submitit; returns stage -> job ids. Variables of an
+    enclosing allocation or launcher are hidden meanwhile (hpc.slurm.submitenv). Every task
+    runs `code` (a snapshot; None: the live tree) and exports `run_id` (hpc.rundir.tracking)."""
+    from hpc.pipeline.executor import StageTask, drop_unexpanded_folder, make_executor  # only when jobs are submitted: a dry run never loads it
+    from hpc.slurm.submitenv import submission_env
+
+    ids: Dict[str, List[str]] = {}
+    by_label: Dict[str, List[str]] = {}  # JobSpec.label -> its job ids, for aftercorr
+    previous: List[Any] = []
+    with submission_env():
+        for job in plan.jobs:
+            if plan.kind != "slurm" and not wait_ok(previous):
+                print(f"stage {job.stage}: not started, an earlier stage failed (see python -m hpc.status {run.path})")
+                break
+            executor = make_executor(plan.kind, job.folder, job.resources["max_timeouts"])
+            waits = upstream(job, ids, run) if plan.kind == "slurm" else []
+            per_item, each = job.item_dependency(by_label) if plan.kind == "slurm" else (None, [])
+            if plan.kind != "debug":
+                dependency = ",".join(d for d in (afterok(waits), per_item) if d) or None
+                executor.update_parameters(**job.executor_parameters(dependency, setup))
+            tasks = [StageTask(str(run.path), job.stage, job.target, item, index, code=code, run_id=run_id)
+                     for item, index in zip(job.items, job.indices)]
+            with executor.batch():  # one sbatch --array for an array stage
+                submitted = [executor.submit(t) for t in tasks]
+            by_label[job.label] = [str(sj.job_id) for sj in submitted]
+            run.record_all(job.stage, list(zip(job.items, by_label[job.label])), plan.kind, waits, each,
+                           code.hash if code else None)
+            ids.setdefault(job.stage, []).extend(by_label[job.label])
+            previous = submitted
+        if plan.kind != "slurm":
+            wait_ok(previous)
+            for job in plan.jobs:  # every local job has ended: its controller made what it would make
+                drop_unexpanded_folder(job.folder)
+    return ids
+
+
+def upstream(job: hplan.JobSpec, ids: Dict[str, List[str]], run: RunDir) -> List[str]:
+    """Job ids of the stages `job` waits for: submitted now, and those of the same stages still
+    queued or running from an earlier submission (after a partial resubmission of an array stage,
+    both). The manifest already holds this submission's ids as the tasks' latest jobs."""
+    waiting: Dict[str, set] = {s: set(ids.get(s, [])) for s in job.after}
+    for t in run.tasks():
+        # a finished task needs no afterok (its job may be purged from SLURM already); every other
+        # task not resubmitted now was found queued or running by current_state
+        if t["stage"] in waiting and not run.is_done(t["stage"], t["item"]):
+            waiting[t["stage"]].add(t["job_id"])
+    return sorted(i for s in job.after for i in waiting[s])
+
+
+def afterok(job_ids: Sequence[str]) -> Optional[str]:
+    """sbatch --dependency value naming each array task ('12_3'), not the array ('12'): after a
+    partial resubmission the old array also holds the failed task, and afterok on the whole array
+    would never be satisfied."""
+    ids = sorted(set(job_ids), key=lambda i: [int(p) if p.isdigit() else p for p in i.split("_")])
+    return f"afterok:{':'.join(ids)}" if ids else None
+
+
+def wait_ok(jobs: List[Any]) -> bool:
+    ok = True
+    for job in jobs:
+        try:
+            job.results()  # every rank's result: a failure on any rank fails the task
+        except Exception:  # submitit re-raises the task's exception; status shows its last line
+            print(f"job {job.job_id} failed")
+            ok = False
+    return ok
+
+
+def submit(req: Request) -> int:
+    """Plan and submit one run; returns 0, or with `wait` (and on the local executor) 0 when every
+    task completed. The run dir's lock is held from reading its state to the last manifest write;
+    a dry run reads the state and changes nothing: no scancel, no sbatch, no file written."""
+    pipe, cfg, run, kind, notes = build(req)
+    module_file = user_module_file(req.pipeline)
+    code = code_version(module_file)
+    if req.dry_run:
+        finished, queued, _ = current_state(pipe, cfg, run, kind)
+        notes = [*notes, snapshot_note(cfg, run, kind, code)]
+        print(plan_for(pipe, cfg, run, kind, finished, queued, notes).render(setup=list(cfg.cluster.setup)))
+        return 0
+    with run.submission_lock(say=lambda line: print(line, file=sys.stderr)):
+        finished, queued, never = current_state(pipe, cfg, run, kind)
+        scheduler.cancel(never)
+        # asked only here: a dry run stays one call cheaper (its plan shows each stage as one array)
+        max_size = scheduler.max_array_size() if kind == "slurm" else None
+        plan = plan_for(pipe, cfg, run, kind, finished, queued, notes, max_size)
+        print(plan.summary())
+        if not plan.jobs:
+            print(f"nothing to submit: every task of {run.path} is done or queued")
+            return 0
+        snap = take_snapshot(cfg, run.path, kind, code, run.manifest().get("snapshot") if req.same_snapshot else None)
+        # pipeline_arg: how to name the pipeline again, for a resubmission from a job (hpc.afterstep)
+        run_id = run.start(pipe.name, hconfig.to_yaml(cfg), kind,
+                           {**code, "pipeline_arg": req.pipeline, "snapshot": snap and snap.record()})
+        ids = submit_plan(plan, run, list(cfg.cluster.setup), job_code(snap, req.pipeline, module_file), run_id)
+    print(f"run dir: {run.path}")
+    for stage, jids in ids.items():
+        print(f"  {stage}: {' '.join(jids)}")
+    if req.wait or kind != "slurm":
+        return status.follow(run)
+    return 0
+
+
+def plan_for(pipe: hplan.PipelineDef, cfg: Any, run: RunDir, kind: str, finished: Any, queued: Any,
+          notes: Sequence[str], max_array_size: Optional[int] = None) -> hplan.Plan:
+    plan = hplan.make_plan(pipe, cfg, str(run.path), kind, finished, queued, max_array_size)
+    return dataclasses.replace(plan, notes=plan.notes + tuple(notes))
+
+
+def pipeline_module(pipeline: str) -> str:
+    return hplan.PIPELINES.get(pipeline, pipeline).partition(":")[0]
+
+
+def user_module_file(pipeline: str) -> Optional[str]:
+    """The file of a user's pipeline module (get_pipeline imported it); None for hpc's own."""
+    module = pipeline_module(pipeline)
+    if module.split(".")[0] == "hpc":
+        return None
+    return getattr(sys.modules.get(module), "__file__", None)
+
+
+def take_snapshot(cfg: Any, where: Path, kind: str, code: Dict[str, Any],
+                  same: Optional[Dict[str, Any]] = None) -> Optional[snapshot.Snapshot]:
+    """Copy the user's code into `where` (a run or sweep dir; hpc.rundir.snapshot), or reuse a copy there
+    whose files did not change; `same`: a manifest's snapshot record to run again as it is
+    (--same-snapshot). None when run.snapshot=false, or for the debug executor, which runs the jobs
+    in this very process: its imports are the live tree's, whatever the snapshot holds."""
+    if not cfg.run.snapshot or kind == "debug":
+        return None
+    found = snapshot.recorded(same) if same else None
+    if found is None:
+        source = codefiles.source_of(code.get("code_dir"), Path.cwd(), [where, Path(cfg.run.root)])
+        found = snapshot.take(source, where, cfg.run.snapshot_max_mb)
+    print(found.summary())
+    return found
+
+
+def job_code(snap: Optional[snapshot.Snapshot], pipeline: str, module_file: Optional[str]
+             ) -> Optional[snapshot.JobCode]:
+    """Where the tasks run and import from: the snapshot's copies of this directory and of the
+    pipeline module's import root."""
+    return snap and snap.job_code(Path.cwd(), codefiles.import_root(module_file, pipeline_module(pipeline)))
+
+
+def snapshot_note(cfg: Any, run: RunDir, kind: str, code: Dict[str, Any]) -> str:
+    """What a submission would snapshot, for the dry run (which copies nothing)."""
+    if not cfg.run.snapshot:
+        return "code: no snapshot (run.snapshot=false): the jobs import the live tree when they start"
+    if kind == "debug":
+        return "code: no snapshot: the debug executor runs the jobs in this process, on the live tree"
+    where = f"the git checkout {code['code_dir']}" if code.get("code_dir") else f"the directory {Path.cwd()}"
+    return f"code: {where} is copied into {run.path / snapshot.CODE}/ at submission, and every job imports that copy"
