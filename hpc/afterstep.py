@@ -22,10 +22,10 @@ import subprocess
 import sys
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
-from hpc.slurm import hostlist, scheduler
 from hpc.recovery import nodefail, preemption, requeue
 from hpc.rundir import sweepdir
 from hpc.rundir.run import RunDir
+from hpc.slurm import hostlist, scheduler
 from hpc.slurm.submitenv import submission_env
 
 
@@ -159,7 +159,8 @@ def resubmit(run_dir: str, stage: str, nodes: Sequence[str]) -> None:
     job resubmit_after submits runs it."""
     # here, not at the top: the wrapper around srun, in every job, never needs the config machinery
     from hpc.config import schema as hconfig
-    from hpc.pipeline import plan as hplan, submission
+    from hpc.pipeline import plan as hplan
+    from hpc.pipeline import submission
 
     run = RunDir(run_dir)
     manifest: Dict[str, Any] = run.manifest()

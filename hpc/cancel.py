@@ -12,9 +12,9 @@ import argparse
 import sys
 from typing import Optional, Sequence
 
-from hpc.slurm import scheduler
 from hpc.rundir import sweepdir
 from hpc.rundir.run import RunDirError
+from hpc.slurm import scheduler
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -7,7 +7,7 @@
             for x, y in s.progress(s.loader(data, batch_size=16, seed=0)): ...
 
 Backend: nccl when this task has a CUDA device, gloo otherwise. Device binding follows
-hpc.runtime.envparse.bind_device with the count torch sees (one GPU per task -> cuda:0, GPUs shared by the
+hpc.runtime.devicebind.bind_device with the count torch sees (one GPU per task -> cuda:0, GPUs shared by the
 node's tasks -> cuda:local_rank, also under torchrun or without CUDA_VISIBLE_DEVICES).
 Rank 0 is named once (is_main); other ranks get a writer that does nothing and no progress
 bar. The process group has a timeout so a rank that dies fails the others instead of
@@ -27,9 +27,11 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 
-from hpc.runtime.session import NullWriter, Session, _fsdp  # noqa: F401 (re-exported)
-from hpc.runtime.envparse import DistEnv, bind_device, from_environ
 from hpc.recovery.hangs import attempt_dir, flight_recorder_env
+from hpc.runtime.devicebind import bind_device
+from hpc.runtime.distenv import DistEnv
+from hpc.runtime.envparse import from_environ
+from hpc.runtime.session import NullWriter, Session
 from hpc.runtime.teardown import EXIT_TIMEOUT_S, rendezvous_exit
 
 __all__ = ["Session", "session", "NullWriter"]

@@ -24,8 +24,10 @@ import shlex
 import signal
 import sys
 
-from hpc.runtime.envparse import DistEnv, EnvError, device_index, from_environ
 from hpc.recovery.stopsignal import DEFAULT_TIMEOUT_SIGNAL, signal_number
+from hpc.runtime.devicebind import device_index
+from hpc.runtime.distenv import DistEnv, EnvError
+from hpc.runtime.envparse import from_environ
 
 __all__ = ["prepare", "main", "ignore_timeout_signal"]
 

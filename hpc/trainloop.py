@@ -37,13 +37,12 @@ from typing import Any, Iterator
 
 import torch.distributed as dist
 
-from hpc.recovery import preemption, watchdog
-from hpc.runtime import resumepoint, rng
-from hpc.runtime.scalars import StepLog
-from hpc.recovery import stopsignal
-from hpc.recovery.stopsignal import StopFlag, StopVote
 from hpc.checkpoint import SHARDED_KEY, CheckpointStore, optim_state
 from hpc.checkpoint.layout import marker_files
+from hpc.recovery import preemption, stopsignal, watchdog
+from hpc.recovery.stopsignal import StopFlag, StopVote
+from hpc.runtime import resumepoint, rng
+from hpc.runtime.scalars import StepLog
 
 log = logging.getLogger(__name__)
 

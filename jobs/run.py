@@ -18,10 +18,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, List, Mapping, Optional
 
-from hpc.recovery import preemption
 from hpc.config.schema import ConfigError, PipelineConfig, Resources
-from hpc.pipeline.plan import PipelineDef, StageDef
 from hpc.fs import atomic
+from hpc.pipeline.plan import PipelineDef, StageDef
+from hpc.recovery import preemption
 
 # Rank 0's stop decision for the attempt that wrote it, in the task's checkpoint directory.
 DECISION_FILE = "stop-decision.json"

@@ -16,7 +16,8 @@ import torch
 
 import hpc.ddp
 from hpc.runtime import ports
-from hpc.runtime.envparse import EnvError, from_environ
+from hpc.runtime.distenv import EnvError
+from hpc.runtime.envparse import from_environ
 
 WORKLOAD = Path(__file__).with_name("ddp_workload.py")
 
@@ -182,7 +183,7 @@ def test_more_tasks_than_gpus_refused_before_init():
 
 
 def test_env_probe_falls_back_to_cpu_without_cuda():
-    from hpc.runtime.envparse import describe
+    from hpc.runtime.devicebind import describe
 
     env = from_environ({"CUDA_VISIBLE_DEVICES": "3"})
     assert describe(env)["device"] == "cuda:0"  # what SLURM's allocation implies

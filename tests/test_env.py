@@ -6,8 +6,9 @@ import sys
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from hpc.runtime.envparse import (EnvError, bind_device, device_index, from_environ, master_port_for,
-                     parse_tasks_per_node, PORT_BASE, PORT_SPAN)
+from hpc.runtime.devicebind import bind_device, device_index
+from hpc.runtime.distenv import EnvError, master_port_for, parse_tasks_per_node, PORT_BASE, PORT_SPAN
+from hpc.runtime.envparse import from_environ
 
 
 def srun_task(rank, ntasks=4, nodes=2, **extra):

@@ -3,7 +3,7 @@ import sys
 
 import pytest
 
-from hpc.runtime.envparse import EnvError
+from hpc.runtime.distenv import EnvError
 from hpc.launch import prepare
 from test_env import srun_task
 

@@ -53,11 +53,11 @@ import torch
 import torch.distributed as dist
 
 from hpc.checkpoint import dcp_reader, layout, optim_state, shardcrc
-from hpc.checkpoint.dcp_reader import ShardCorrupt
 from hpc.checkpoint.dcp_index import METADATA, rank_metadata
+from hpc.checkpoint.dcp_reader import ShardCorrupt
+from hpc.checkpoint.files import ranges_info
 from hpc.checkpoint.replicas import SharePlanner, ShareStager, share
 from hpc.checkpoint.staging import source_devices, synchronize, tensors_in
-from hpc.checkpoint.files import ranges_info
 
 __all__ = ["DcpEngine", "ShardCorrupt", "state_dicts", "own_shards", "METADATA"]
 

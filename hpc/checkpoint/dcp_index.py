@@ -19,8 +19,8 @@ import pickle
 from pathlib import Path
 from typing import Any
 
-from hpc.fs.atomic import write_bytes
 from hpc.checkpoint.layout import DCP_METADATA as METADATA  # DCP's coordinator writes it, or the merge
+from hpc.fs.atomic import write_bytes
 
 __all__ = ["METADATA", "rank_metadata", "merge_metadata"]
 

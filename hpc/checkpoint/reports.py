@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hpc.fs.atomic import write_bytes
 from hpc.checkpoint.layout import rank_report, rank_state
+from hpc.fs.atomic import write_bytes
 from hpc.fs.sharedfs import listed
 
 __all__ = ["send", "send_error", "collect", "files_of"]

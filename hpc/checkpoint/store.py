@@ -15,14 +15,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hpc.fs.atomic import fsync_dir, write_bytes
 from hpc.checkpoint import background_writer as background
 from hpc.checkpoint import dcp_engine, dcp_index, layout, read_lease, reports
 from hpc.checkpoint.files import file_info, nbytes, space_error, write_atomic
 from hpc.checkpoint.layout import DCP_METADATA, MARKER, SHARED
 from hpc.checkpoint.reader import PER_RANK_KEY, StoreReader, warn_user
 from hpc.checkpoint.staging import Staging, source_devices, synchronize, tensors_in
-from hpc.checkpoint.writer_lock import StoreLocked, WriterLock, wait_for_owner, generation as job_attempt
+from hpc.checkpoint.writer_lock import StoreLocked, WriterLock, wait_for_owner
+from hpc.checkpoint.writer_lock import generation as job_attempt
+from hpc.fs.atomic import fsync_dir, write_bytes
 
 __all__ = ["CheckpointStore", "StoreLocked", "AUTO_FORK_BYTES", "RANK_WAIT_S"]
 

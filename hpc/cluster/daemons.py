@@ -20,7 +20,6 @@ from typing import Callable
 
 from hpc.cluster.layout import ClusterLayout
 
-
 # Set in every daemon's environment; job steps inherit it, so `down` finds this cluster's jobs.
 MARK = "HPC_LOCAL_CLUSTER"
 

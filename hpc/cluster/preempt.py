@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import time
 
-from hpc.slurm import hostlist, scheduler
 from hpc.cluster.daemons import ClusterError
 from hpc.cluster.local import LocalCluster
+from hpc.slurm import hostlist, scheduler
 
 # Seconds between a requeue and releasing the job's hold (see release_hold).
 REQUEUE_SETTLE_S = 2.0

@@ -9,9 +9,9 @@ here, inside the functions: only a config that is not in the cache (hpc.config.c
 """
 from __future__ import annotations
 
-from importlib.abc import Traversable
 import re
 from importlib import resources
+from importlib.abc import Traversable
 from typing import TYPE_CHECKING, Any, Iterator, List, Optional, Sequence, Tuple
 
 from hpc.config.checks import ConfigError

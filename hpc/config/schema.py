@@ -16,7 +16,9 @@ from importlib.abc import Traversable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from hpc.config import cache as configcache, layers, view as configview
+from hpc.config import cache as configcache
+from hpc.config import layers
+from hpc.config import view as configview
 from hpc.config.checks import CLUSTER_KINDS, LIMITS, ConfigError, check_resources, check_text, has_control  # noqa: F401
 
 if TYPE_CHECKING:

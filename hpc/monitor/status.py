@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from hpc.recovery import hangs, nodefail
-from hpc.slurm import scheduler
 from hpc.rundir.run import DONE, RunDir, task_key
+from hpc.slurm import scheduler
 
 # What a job left behind -> hpc state: for local/debug jobs (no scheduler), and for SLURM jobs that
 # have left the queue of a cluster without accounting (then "none" reads ENDED: nothing to go by).

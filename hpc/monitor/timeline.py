@@ -23,10 +23,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from hpc.slurm import scheduler
 from hpc.monitor import status
 from hpc.rundir import sweepdir
 from hpc.rundir.run import RunDir, task_key
+from hpc.slurm import scheduler
 
 # kind -> (legend text, colour): waits first, then how an attempt ended (hpc states)
 KINDS: Dict[str, tuple] = {

@@ -22,8 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence, Tuple
 
+from hpc.rundir import tracking
 from hpc.rundir.run import RunDir, task_key
 from hpc.rundir.snapshot import JobCode
+from hpc.runtime import envparse as hpc_env
+from hpc.runtime.distenv import master_port_for
+
 
 def drop_unexpanded_folder(folder: str) -> None:
     """submitit's local controller creates its folder ('.../logs/%j') before expanding %j, leaving an
@@ -60,9 +64,6 @@ class StageTask:
         self.run_id = run_id  # the manifest's run id (hpc.rundir.tracking)
 
     def __call__(self) -> Any:
-        from hpc.runtime import envparse as hpc_env  # at run time, in the task: keep the pickle small
-        from hpc.rundir import tracking
-
         started = time.time()
         run = RunDir(self.run_dir)
         missing = [task_key(*k) for k in getattr(self, "needs", ()) if not run.is_done(*k)]  # older pickles: none
@@ -125,7 +126,7 @@ def _local_env(hpc_env: Any) -> Any:
     job_id = env.get("SUBMITIT_LOCAL_JOB_ID", "0")
     mapping = {"RANK": env["SUBMITIT_LOCAL_GLOBALID"], "LOCAL_RANK": env["SUBMITIT_LOCAL_LOCALID"],
                "WORLD_SIZE": world, "LOCAL_WORLD_SIZE": world, "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": str(hpc_env.master_port_for(job_id if job_id.isdigit() else "0"))}
+               "MASTER_PORT": str(master_port_for(job_id if job_id.isdigit() else "0"))}
     return hpc_env.from_environ(mapping)
 
 

@@ -12,9 +12,9 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple, Union
 
-from hpc.pipeline import arrays, sbatch, worlds
 from hpc.config.checks import ConfigError
 from hpc.config.schema import to_dict
+from hpc.pipeline import arrays, sbatch, worlds
 from hpc.rundir.run import task_key
 
 # name -> module path; the module defines PIPELINE. Tests and users may add entries.

@@ -12,8 +12,8 @@ import shlex
 import sys
 from typing import Any, Dict, Mapping, Optional, Sequence
 
-from hpc.slurm import noderange
 from hpc.config.schema import Resources
+from hpc.slurm import noderange
 
 
 def slurm_parameters(res: Mapping[str, Any], job_name: str, dependency: Optional[str] = None,

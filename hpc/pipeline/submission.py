@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from hpc.config import schema as hconfig
-from hpc.pipeline import plan as hplan
-from hpc.slurm import scheduler
-from hpc.rundir import codefiles, snapshot
 from hpc.monitor import status
+from hpc.pipeline import plan as hplan
+from hpc.rundir import codefiles, snapshot
 from hpc.rundir.run import RunDir, code_version
+from hpc.slurm import scheduler
 
 
 @dataclass(frozen=True)
@@ -138,7 +138,11 @@ def submit_plan(plan: hplan.Plan, run: RunDir, setup: Sequence[str] = (), code: 
     """Submit every job of the plan through submitit; returns stage -> job ids. Variables of an
     enclosing allocation or launcher are hidden meanwhile (hpc.slurm.submitenv). Every task
     runs `code` (a snapshot; None: the live tree) and exports `run_id` (hpc.rundir.tracking)."""
-    from hpc.pipeline.executor import StageTask, drop_unexpanded_folder, make_executor  # only when jobs are submitted: a dry run never loads it
+    from hpc.pipeline.executor import (  # only when jobs are submitted: a dry run never loads it
+        StageTask,
+        drop_unexpanded_folder,
+        make_executor,
+    )
     from hpc.slurm.submitenv import submission_env
 
     ids: Dict[str, List[str]] = {}

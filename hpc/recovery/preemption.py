@@ -34,11 +34,18 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from hpc.recovery import requeue
-from hpc.slurm import scheduler
 from hpc.fs import atomic
-from hpc.recovery.stopsignal import (DEFAULT_TIMEOUT_SIGNAL, PREEMPT_SIGNAL, REASON_CODES,  # noqa: F401
-                            StopFlag, StopRequest, StopVote, install)
+from hpc.recovery import requeue
+from hpc.recovery.stopsignal import (  # noqa: F401
+    DEFAULT_TIMEOUT_SIGNAL,
+    PREEMPT_SIGNAL,
+    REASON_CODES,
+    StopFlag,
+    StopRequest,
+    StopVote,
+    install,
+)
+from hpc.slurm import scheduler
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_TIMEOUTS = 3

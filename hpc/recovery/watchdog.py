@@ -37,9 +37,9 @@ import time
 from dataclasses import asdict
 from typing import Any, Callable
 
+from hpc.fs.atomic import write_bytes
 from hpc.recovery import preemption
 from hpc.recovery.hangs import REPORT, HangDir, attempt_dir, describe, verdict
-from hpc.fs.atomic import write_bytes
 
 log = logging.getLogger(__name__)
 DEFAULT_WATCHDOG_S = 300.0

@@ -40,10 +40,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from hpc.rundir import codefiles, snapcache
 from hpc.fs import atomic
-from hpc.rundir.codefiles import (HINT, UNTRACKED_MAX_BYTES, SnapshotError, Source, digest, is_link, listing,
-                                   load_table, unchanged)
+from hpc.rundir import codefiles, snapcache
+from hpc.rundir.codefiles import (
+    HINT,
+    UNTRACKED_MAX_BYTES,
+    SnapshotError,
+    Source,
+    digest,
+    is_link,
+    listing,
+    load_table,
+    unchanged,
+)
 
 CODE = "code"  # <run>/code/<hash>/ and <run>/code/<hash>.json
 COPY_THREADS = 8

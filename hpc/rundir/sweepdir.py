@@ -17,9 +17,8 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from hpc.rundir.run import RunDir, RunDirError
-
 from hpc.fs import atomic
+from hpc.rundir.run import RunDir, RunDirError
 
 RECORD = "sweep.json"
 

@@ -18,14 +18,25 @@ import os
 import re
 from typing import Mapping
 
-from hpc.runtime.devicebind import bind_device, describe, device_index  # noqa: F401 (bind_device, device_index re-exported)
-from hpc.runtime.distenv import (LAUNCHER_HINT, PORT_BASE, PORT_SPAN, SINGLE_PORT, SLURM_ALTERNATIVES,  # noqa: F401
-                         SLURM_REQUIRED, TORCHRUN_REQUIRED, TORCHRUN_TRIGGERS, DistEnv, EnvError, first_name,
-                         first_value, job_fields, master_port_for, missing_names, parse_tasks_per_node, read_hosts,
-                         read_int, read_port)
-
-__all__ = ["DistEnv", "EnvError", "from_environ", "master_port_for", "bind_device",
-           "device_index"]
+from hpc.runtime.distenv import (
+    LAUNCHER_HINT,
+    SINGLE_PORT,
+    SLURM_ALTERNATIVES,
+    SLURM_REQUIRED,
+    TORCHRUN_REQUIRED,
+    TORCHRUN_TRIGGERS,
+    DistEnv,
+    EnvError,
+    first_name,
+    first_value,
+    job_fields,
+    master_port_for,
+    missing_names,
+    parse_tasks_per_node,
+    read_hosts,
+    read_int,
+    read_port,
+)
 
 
 def _check(d: DistEnv, names: dict[str, str]) -> DistEnv:

@@ -13,8 +13,8 @@ import copy
 from typing import Any, Dict, Iterator, Sequence, Tuple
 
 from hpc.config import schema as hconfig
-from hpc.sweep import grid as hgrid
 from hpc.pipeline import plan as hplan
+from hpc.sweep import grid as hgrid
 
 Defs = Dict[str, Dict[str, hplan.StageDef]]  # signature -> stage name -> that point's StageDef
 

@@ -22,17 +22,17 @@ import dataclasses
 from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
 from hpc.config import schema as hconfig
-from hpc.sweep import grid as hgrid
+from hpc.fs.atomic import batched
+from hpc.monitor import status, sweeps
 from hpc.pipeline import plan as hplan
-from hpc.slurm import scheduler
 from hpc.pipeline import submission as hsubmit
 from hpc.pipeline.submission import Request
-from hpc.monitor import status, sweeps
-from hpc.sweep import points as sweepconfig
-from hpc.fs.atomic import batched
 from hpc.rundir.run import RunDir, RunDirError, code_version
-from hpc.sweep.points import Defs
 from hpc.rundir.sweepdir import SweepDir
+from hpc.slurm import scheduler
+from hpc.sweep import grid as hgrid
+from hpc.sweep import points as sweepconfig
+from hpc.sweep.points import Defs
 
 
 def submit(req: Request) -> int:
@@ -195,7 +195,11 @@ def submit_arrays(plan: hplan.Plan, sweep: SweepDir, defs: Defs, setup: Sequence
                   run_ids: Optional[Dict[str, str]] = None) -> Dict[str, List[str]]:
     """One submission (an array) per job of the plan; each point's manifest records its tasks. Every
     task runs `code` (hpc.rundir.snapshot.JobCode; None: the live tree) and its point's run id."""
-    from hpc.pipeline.executor import StageTask, drop_unexpanded_folder, make_executor  # only when jobs are submitted: a dry run never loads it
+    from hpc.pipeline.executor import (  # only when jobs are submitted: a dry run never loads it
+        StageTask,
+        drop_unexpanded_folder,
+        make_executor,
+    )
     from hpc.slurm.submitenv import submission_env
 
     by_label: Dict[str, List[str]] = {}

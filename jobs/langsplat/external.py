@@ -16,9 +16,9 @@ import os
 from pathlib import Path
 from typing import Any, List, Optional
 
-from hpc.slurm import noderange
 from hpc.config.schema import ConfigError
 from hpc.pipeline.plan import StageDef
+from hpc.slurm import noderange
 
 from . import checkout as co
 from . import eval_inputs

@@ -38,6 +38,7 @@ def train_rgb(section: dict, out_dir: Path) -> dict:
     Resumes from out_dir/checkpoints when a previous attempt was stopped."""
     # torch and the trainer: in the task only, never when planning
     import hpc.ddp
+
     from .rgb import evaluate_rgb, fit_geometry
     from .scene import make_scene
 

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from hpc.runtime.envparse import master_port_for
+from hpc.runtime.distenv import master_port_for
 from tests.slurm.test_ddp import TWO_BY_TWO, job_log, submit, wait_end
 
 pytestmark = pytest.mark.slurm
