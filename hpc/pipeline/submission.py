@@ -27,6 +27,7 @@ from hpc.pipeline import plan as hplan
 from hpc.rundir import codefiles, snapshot
 from hpc.rundir.run import RunDir, code_version
 from hpc.slurm import scheduler
+from hpc.slurm.submitenv import submission_env
 
 
 @dataclass(frozen=True)
@@ -138,12 +139,8 @@ def submit_plan(plan: hplan.Plan, run: RunDir, setup: Sequence[str] = (), code: 
     """Submit every job of the plan through submitit; returns stage -> job ids. Variables of an
     enclosing allocation or launcher are hidden meanwhile (hpc.slurm.submitenv). Every task
     runs `code` (a snapshot; None: the live tree) and exports `run_id` (hpc.rundir.tracking)."""
-    from hpc.pipeline.executor import (  # only when jobs are submitted: a dry run never loads it
-        StageTask,
-        drop_unexpanded_folder,
-        make_executor,
-    )
-    from hpc.slurm.submitenv import submission_env
+    # only when jobs are submitted: a dry run never loads the task and the executors
+    from hpc.pipeline.executor import StageTask, drop_unexpanded_folder, make_executor
 
     ids: Dict[str, List[str]] = {}
     by_label: Dict[str, List[str]] = {}  # JobSpec.label -> its job ids, for aftercorr

@@ -30,6 +30,7 @@ from hpc.pipeline.submission import Request
 from hpc.rundir.run import RunDir, RunDirError, code_version
 from hpc.rundir.sweepdir import SweepDir
 from hpc.slurm import scheduler
+from hpc.slurm.submitenv import submission_env
 from hpc.sweep import grid as hgrid
 from hpc.sweep import points as sweepconfig
 from hpc.sweep.points import Defs
@@ -195,12 +196,8 @@ def submit_arrays(plan: hplan.Plan, sweep: SweepDir, defs: Defs, setup: Sequence
                   run_ids: Optional[Dict[str, str]] = None) -> Dict[str, List[str]]:
     """One submission (an array) per job of the plan; each point's manifest records its tasks. Every
     task runs `code` (hpc.rundir.snapshot.JobCode; None: the live tree) and its point's run id."""
-    from hpc.pipeline.executor import (  # only when jobs are submitted: a dry run never loads it
-        StageTask,
-        drop_unexpanded_folder,
-        make_executor,
-    )
-    from hpc.slurm.submitenv import submission_env
+    # only when jobs are submitted: a dry run never loads the task and the executors
+    from hpc.pipeline.executor import StageTask, drop_unexpanded_folder, make_executor
 
     by_label: Dict[str, List[str]] = {}
     slurm = plan.kind == "slurm"

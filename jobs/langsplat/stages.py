@@ -39,6 +39,7 @@ def train_rgb(section: dict, out_dir: Path) -> dict:
     # torch and the trainer: in the task only, never when planning
     import hpc.ddp
 
+    # the trainer's modules import torch: here, in the task
     from .rgb import evaluate_rgb, fit_geometry
     from .scene import make_scene
 
