@@ -10,8 +10,8 @@ It runs srun and exits with srun's status. It acts on the job's SIGTERM and on s
   acts on the SIGTERM itself, with SIGTERM ignored meanwhile, which its scontrol calls inherit.
 - srun ending with an error on its own (a rank that died, an error in the user's code) is looked
   at once srun has returned; it is retried only when a node of the job has failed.
-What it decides, and why, goes to the task's history (hpc.recovery.nodefail, shown by hpc.status) and to
-the job's log. The batch script runs on the job's first node, beside rank 0: if that node is the
+What it decides (hpc.recovery.nodeaction), and why, goes to the task's history (hpc.recovery.nodefail,
+shown by hpc.status) and to the job's log. The batch script runs on the job's first node, beside rank 0: if that node is the
 one that fails, nothing of the job is left to act, and SLURM requeues it (--requeue) as it was.
 """
 from __future__ import annotations
@@ -22,10 +22,9 @@ import subprocess
 import sys
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
-from hpc.recovery import nodefail, preemption, requeue
-from hpc.rundir import sweepdir
+from hpc.recovery import nodeaction, requeue
 from hpc.rundir.run import RunDir
-from hpc.slurm import hostlist, scheduler
+from hpc.slurm import hostlist
 from hpc.slurm.submitenv import submission_env
 
 
@@ -75,65 +74,12 @@ def supervise(argv: Sequence[str], on_end: Callable[[str], bool]) -> int:
 def act(run: RunDir, why: str) -> bool:
     """after_step, with what it did in the job's log; True when it did something."""
     try:
-        action, line = after_step(run, os.environ, srun_ended=why != "SIGTERM")
+        action, line = nodeaction.after_step(run, os.environ, resubmit_after, srun_ended=why != "SIGTERM")
     except Exception as err:  # srun's exit status stays the job's: never replace it with ours
         action, line = None, f"nothing done: {type(err).__name__}: {err}"
     if action is None or action.do != "none":
         print(f"[hpc] {why}: {line}", file=sys.stderr, flush=True)
     return action is not None and action.do != "none"
-
-
-def after_step(run: RunDir, env: Mapping[str, str], srun_ended: bool = True) -> tuple:
-    """Read SLURM, decide (hpc.recovery.nodefail.decide), carry it out, record it: (action, in words)."""
-    job_id = env["SLURM_JOB_ID"]
-    array_task = env.get("SLURM_ARRAY_TASK_ID")
-    key = f"{env['SLURM_ARRAY_JOB_ID']}_{array_task}" if array_task else job_id  # as the manifest has it
-    run = sweepdir.run_for(run.path, key)  # a sweep's array task: the run directory of its point
-    restart = int(env.get("SLURM_RESTART_COUNT") or 0)
-    info = preemption.job_info(job_id)
-    failed = nodefail.failed_nodes(scheduler.node_states(env["SLURM_JOB_NODELIST"]))
-    task = next((t for t in run.tasks() if any(j["job_id"] == key for j in t["jobs"])), None)
-    stage = task["stage"] if task else env.get("SLURM_JOB_NAME", "?")
-    task_dir = run.task_dir(stage, task["item"]) if task else None
-    history = nodefail.load(task_dir) if task_dir else {}
-    mark = nodefail.progress_mark(task_dir) if task_dir else None
-    already = nodefail.requeued(info, restart)
-    action = nodefail.decide(history, failed, already, mark, nodefail.env_limit(env), stage,
-                             preempted=srun_ended and nodefail.preempted(info))
-    done = carry_out(action, job_id, info, already, restart, str(run.path), stage, env)
-    if task_dir and action.do != "none":
-        nodefail.record(task_dir, history, action, key, restart, failed, mark, done)
-    return action, f"{action.why}: {done}"
-
-
-def carry_out(action: nodefail.Action, job_id: str, info: Dict[str, str], already: bool, restart: int,
-              run_dir: str, stage: str, env: Mapping[str, str]) -> str:
-    if action.do == "none":
-        return "left as it is"
-    if action.do == "reopen":
-        return _said(requeue.after_requeue(job_id, (), env), "requeued")
-    if action.do == "stop":
-        if already:  # SLURM requeued it for the node failure on its own: take that back
-            scheduler.cancel([job_id])
-            return f"stopped; SLURM's requeue of job {job_id} cancelled"
-        return "stopped"
-    exclude = sorted(set(requeue.excluded(info)) | set(action.exclude))
-    if not already:
-        try:
-            scheduler.requeue(job_id)
-        except RuntimeError as err:
-            info = preemption.job_info(job_id)
-            if not nodefail.requeued(info, restart):  # nor has SLURM requeued it meanwhile
-                new = resubmit_after(job_id, run_dir, stage, exclude, info)
-                seen = str(err).partition(" HINT:")[0]
-                without = f", excluding {','.join(exclude)}" if exclude else ""
-                return (f"requeue refused ({seen}); job {new} submits the task again into the run "
-                        f"directory once job {job_id} has ended{without}")
-    return _said(requeue.after_requeue(job_id, exclude, env), f"requeued as job {job_id}")
-
-
-def _said(values: Dict[str, str], what: str) -> str:
-    return f"{what} with {' '.join(f'{k}={v}' for k, v in values.items())}" if values else what
 
 
 def resubmit_after(job_id: str, run_dir: str, stage: str, exclude: Sequence[str],

@@ -92,13 +92,14 @@ def test_fsdp_follows_the_sessions_precision_on_a_faked_cuda_device(monkeypatch,
     """No GPU needed: a Session bound to cuda:0 (nothing touches the device) hands its bf16 switch
     to hpc.runtime.fsdp.shard, and the default policy on CUDA is bf16 only when asked for."""
     import hpc.runtime.fsdp
+    import hpc.runtime.session
     from hpc.runtime.fsdp import default_policy
 
     seen = {}
     monkeypatch.setattr(hpc.runtime.fsdp, "shard", lambda model, mesh, **kw: seen.update(kw) or model)
     s = hpc.ddp.Session(from_environ({}), torch.device("cuda", 0), bf16=bf16)
     s._mesh = "mesh"
-    hpc.ddp._fsdp(s, torch.nn.Linear(2, 2))
+    hpc.runtime.session._fsdp(s, torch.nn.Linear(2, 2))
     assert seen["bf16"] is bf16
     policy = default_policy(torch.device("cuda", 0), seen["bf16"])
     assert policy.param_dtype == (torch.bfloat16 if bf16 else None)

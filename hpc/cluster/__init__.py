@@ -3,6 +3,24 @@
     python -m hpc.cluster up --dir /tmp/hpc-cluster
     eval "$(python -m hpc.cluster env --dir /tmp/hpc-cluster)"
     python -m hpc.cluster down --dir /tmp/hpc-cluster
+
+Real daemons, each a foreground process this package owns: munge, MariaDB with slurmdbd (so sacct
+works), slurmctld, and one slurmd per node with fake GPUs (character devices declared as gres/gpu).
+Partition `low` (the default) is preempted with requeue by `high`. Every file lives under the
+cluster's directory; each cluster takes a block of ports of its own, so clusters side by side (one
+per test worker) never meet. Site variants: configless, and without accounting.
+
+Parts::
+
+    local.py         LocalCluster: up (idempotent, returns once every node is idle), settle, down
+    layout.py        paths, ports and config files, computed without side effects
+    daemonset.py     which daemons run, and each one's command line
+    daemons.py       starting and stopping one daemon; node names that resolve
+    accountingdb.py  MariaDB's data directory and the database slurmdbd uses
+    portclaims.py    a free block of ports, claimed host-wide while an `up` starts
+    preempt.py       a real preemption of a job, to rehearse its resume
+    install.py       the Debian packages it needs
+    __main__.py      python -m hpc.cluster up|env|status|preempt|down|install
 """
 
 from hpc.cluster.daemons import ClusterError

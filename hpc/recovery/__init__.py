@@ -13,6 +13,7 @@ Parts::
     preemption.py   the requeue decision after a stop, from SLURM's own view of the job
     requeue.py      a requeued job gets its node range back and its failed nodes excluded
     nodefail.py     was it a node or the code, and is another attempt worth it (the task's history)
+    nodeaction.py   what the srun wrapper (python -m hpc.afterstep) reads, decides and carries out
     watchdog.py     no step for watchdog_s: every rank's stacks, the stuck ranks named, a requeue
     hangs.py        what a hang leaves in the run directory
 

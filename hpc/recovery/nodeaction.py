@@ -1,0 +1,76 @@
+"""What the srun wrapper (python -m hpc.afterstep) does once srun has failed or SIGTERM has come.
+
+    python -m hpc.afterstep RUN_DIR -- srun ARGS...     # in hpc's batch scripts; it calls after_step
+
+Read SLURM (the job, the states of its nodes), decide (hpc.recovery.nodefail.decide: was it a node
+or the code, is another attempt worth it), carry it out (requeue with the failed nodes excluded,
+give a node range back, or stop), and record it in the task's history, which hpc.status shows.
+Where SLURM refuses the requeue, a job of the caller's (`resubmit_after`) submits the stage again
+into the run directory once this one has ended: the submission itself belongs to the layers above.
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, Mapping, Sequence
+
+from hpc.recovery import nodefail, preemption, requeue
+from hpc.rundir import sweepdir
+from hpc.rundir.run import RunDir
+from hpc.slurm import scheduler
+
+# (job id, run dir, stage, nodes to exclude, scontrol's fields of the job) -> the new job's id
+Resubmit = Callable[[str, str, str, Sequence[str], Mapping[str, str]], str]
+
+
+def after_step(run: RunDir, env: Mapping[str, str], resubmit_after: Resubmit, srun_ended: bool = True) -> tuple:
+    """Read SLURM, decide (hpc.recovery.nodefail.decide), carry it out, record it: (action, in words).
+    `resubmit_after(job_id, run_dir, stage, exclude, info)` submits the job that submits the stage
+    again once this one has ended, where SLURM refuses the requeue; it returns that job's id."""
+    job_id = env["SLURM_JOB_ID"]
+    array_task = env.get("SLURM_ARRAY_TASK_ID")
+    key = f"{env['SLURM_ARRAY_JOB_ID']}_{array_task}" if array_task else job_id  # as the manifest has it
+    run = sweepdir.run_for(run.path, key)  # a sweep's array task: the run directory of its point
+    restart = int(env.get("SLURM_RESTART_COUNT") or 0)
+    info = preemption.job_info(job_id)
+    failed = nodefail.failed_nodes(scheduler.node_states(env["SLURM_JOB_NODELIST"]))
+    task = next((t for t in run.tasks() if any(j["job_id"] == key for j in t["jobs"])), None)
+    stage = task["stage"] if task else env.get("SLURM_JOB_NAME", "?")
+    task_dir = run.task_dir(stage, task["item"]) if task else None
+    history = nodefail.load(task_dir) if task_dir else {}
+    mark = nodefail.progress_mark(task_dir) if task_dir else None
+    already = nodefail.requeued(info, restart)
+    action = nodefail.decide(history, failed, already, mark, nodefail.env_limit(env), stage,
+                             preempted=srun_ended and nodefail.preempted(info))
+    done = carry_out(action, job_id, info, already, restart, str(run.path), stage, env, resubmit_after)
+    if task_dir and action.do != "none":
+        nodefail.record(task_dir, history, action, key, restart, failed, mark, done)
+    return action, f"{action.why}: {done}"
+
+
+def carry_out(action: nodefail.Action, job_id: str, info: Dict[str, str], already: bool, restart: int,
+              run_dir: str, stage: str, env: Mapping[str, str], resubmit_after: Resubmit) -> str:
+    if action.do == "none":
+        return "left as it is"
+    if action.do == "reopen":
+        return _said(requeue.after_requeue(job_id, (), env), "requeued")
+    if action.do == "stop":
+        if already:  # SLURM requeued it for the node failure on its own: take that back
+            scheduler.cancel([job_id])
+            return f"stopped; SLURM's requeue of job {job_id} cancelled"
+        return "stopped"
+    exclude = sorted(set(requeue.excluded(info)) | set(action.exclude))
+    if not already:
+        try:
+            scheduler.requeue(job_id)
+        except RuntimeError as err:
+            info = preemption.job_info(job_id)
+            if not nodefail.requeued(info, restart):  # nor has SLURM requeued it meanwhile
+                new = resubmit_after(job_id, run_dir, stage, exclude, info)
+                seen = str(err).partition(" HINT:")[0]
+                without = f", excluding {','.join(exclude)}" if exclude else ""
+                return (f"requeue refused ({seen}); job {new} submits the task again into the run "
+                        f"directory once job {job_id} has ended{without}")
+    return _said(requeue.after_requeue(job_id, exclude, env), f"requeued as job {job_id}")
+
+
+def _said(values: Dict[str, str], what: str) -> str:
+    return f"{what} with {' '.join(f'{k}={v}' for k, v in values.items())}" if values else what
