@@ -13,11 +13,11 @@ keeps it so):
     sweep/             grids, per-point configs, a sweep's array jobs
     pipeline/          PipelineDef and StageDef, the pure plan, sbatch rendering, the stage task, submission
     monitor/ runtime/  where a run stands | what runs inside a task: environment, DDP/FSDP session, data
-    checkpoint/ recovery/ config/ cluster/
-                       checkpoint store | stop signals, requeue, node failures, hangs | config layers |
-                       the local SLURM cluster
+    checkpoint/ recovery/ cluster/
+                       checkpoint store | stop signals, requeue, node failures, hangs | the local SLURM cluster
+    config/            schema, layers, checks, cache, defaults
     rundir/ slurm/     the run directory's records, code snapshot | SLURM's clients and their answers
-    fs/                atomic writes, shared filesystems
+    fs/                atomic writes, shared filesystems (python -m hpc.fs PATH)
 """
 import sys
 from importlib.machinery import ModuleSpec

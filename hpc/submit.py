@@ -63,10 +63,12 @@ def parse_args(argv: Sequence[str]) -> Request:
         else:
             (overrides if "=" in a and not a.startswith("-") else rest).append(a)
     args = p.parse_args(rest)
-    return Request(args.pipeline, tuple(args.overrides + overrides), args.profile, args.cluster, args.run_dir,
-                   tuple(args.levels) if args.levels else None, args.nodes, args.gpus_per_node, tuple(command),
-                   args.dry_run, args.wait, args.no_snapshot, args.same_snapshot,
-                   tuple(sweep) if sweep is not None else None, args.sweep_file)
+    return Request(args.pipeline, overrides=tuple(args.overrides + overrides), profile=args.profile,
+                   cluster=args.cluster, run_dir=args.run_dir, levels=tuple(args.levels) if args.levels else None,
+                   nodes=args.nodes, gpus_per_node=args.gpus_per_node, command=tuple(command),
+                   dry_run=args.dry_run, wait=args.wait, no_snapshot=args.no_snapshot,
+                   same_snapshot=args.same_snapshot, sweep=tuple(sweep) if sweep is not None else None,
+                   sweep_file=args.sweep_file)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

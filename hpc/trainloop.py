@@ -69,7 +69,7 @@ class TrainLoop:
                              "HINT: save_every=100 saves every 100 steps; check_every=None (default) "
                              f"checks for a stop about every {stopsignal.VOTE_PERIOD_S} s.")
         self.s, self.out_dir = session, Path(out_dir)
-        self.save_every, self.check_every, self.max_timeouts = save_every, check_every, max_timeouts
+        self.save_every, self.max_timeouts = save_every, max_timeouts
         self.store = CheckpointStore(self.out_dir / "checkpoints", keep=keep, rank=session.rank,
                                      world_size=session.world_size)
         self.flag = StopFlag(timeout_signal).install()
@@ -81,7 +81,7 @@ class TrainLoop:
         self.current = 0  # step being run inside the loop body
         self.resumed_step = 0
         self._saved_step: int | None = None
-        self.scalars = StepLog(session, self.out_dir / "tensorboard", tensorboard)
+        self.scalars = StepLog(session, self.out_dir / "tensorboard", lambda: self.resumed_step, tensorboard)
         self.seed = seed  # reseeds the RNGs when a resume changes the world size
         self._engine: Any = None  # hpc.checkpoint.dcp_engine.DcpEngine, for a model sharded by FSDP
         self._dcp_names: tuple[str, ...] = ()  # model (and optimizer) saved through it
@@ -135,7 +135,6 @@ class TrainLoop:
                         "draws (dropout, augmentation) differ from an uninterrupted run's",
                         step, saved_world, self.s.world_size, self.seed, step)
         self.step = self.current = self.resumed_step = self._saved_step = step
-        self.scalars.resumed_step = step
         log.info("resumed from step %d (SLURM_RESTART_COUNT=%s)", step,
                  os.environ.get("SLURM_RESTART_COUNT", "0"))
         return step

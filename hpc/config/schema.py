@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from hpc.config import cache as configcache
-from hpc.config import layers
+from hpc.config import defaults, layers
 from hpc.config import view as configview
 from hpc.config.checks import CLUSTER_KINDS, LIMITS, ConfigError, check_resources, check_text, has_control  # noqa: F401
 
@@ -43,8 +43,8 @@ class Resources:
     qos: Optional[str] = None  # --qos
     constraint: Optional[str] = None  # --constraint (node features)
     signal_delay_s: int = 120  # SIGUSR2 this many seconds before the time limit (checkpoint window)
-    max_timeouts: int = 3  # how often a job that hit its time limit is requeued
-    max_node_failures: int = 3  # how often a job is requeued after a node failure, failed nodes excluded (hpc.recovery.nodefail)
+    max_timeouts: int = defaults.MAX_TIMEOUTS  # how often a job that hit its time limit is requeued
+    max_node_failures: int = defaults.MAX_NODE_FAILURES  # how often a job is requeued after a node failure, failed nodes excluded (hpc.recovery.nodefail)
     local_tasks: int = 1  # processes when run by the local executor (CPU, one machine)
     array_parallelism: Optional[int] = None  # array tasks running at once (sbatch --array=0-N%P); None: submitit's 256
     extra: Dict[str, str] = field(default_factory=dict)  # further sbatch options, name -> value

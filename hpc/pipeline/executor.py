@@ -22,11 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence, Tuple
 
+from hpc.config import defaults
 from hpc.rundir import tracking
 from hpc.rundir.run import RunDir, task_key
 from hpc.rundir.snapshot import JobCode
-from hpc.runtime import envparse as hpc_env
 from hpc.runtime.distenv import master_port_for
+from hpc.runtime.envparse import from_environ
 
 
 def drop_unexpanded_folder(folder: str) -> None:
@@ -71,7 +72,7 @@ class StageTask:
             raise RuntimeError(f"{task_key(self.stage, self.item)} did not run: {', '.join(missing)} has no done "
                                f"marker (it failed or was cancelled); expected it finished first. HINT: python -m "
                                f"hpc.status {run.path.parent}, then resubmit the sweep")
-        dist = _local_env(hpc_env) or hpc_env.from_environ()
+        dist = _local_env() or from_environ()
         if dist.source != "single":
             dist.export()  # RANK/WORLD_SIZE/MASTER_* for torch.distributed and user code
         stage_dir = run.task_dir(self.stage, self.item)
@@ -115,7 +116,7 @@ class StageTask:
             getattr(self, "code", None), getattr(self, "run_id", "")))
 
 
-def _local_env(hpc_env: Any) -> Any:
+def _local_env() -> Any:
     """Under submitit's LocalExecutor, turn its SUBMITIT_LOCAL_* variables into torchrun-style ones."""
     env = os.environ
     if env.get("SUBMITIT_EXECUTOR") != "local" or "SUBMITIT_LOCAL_GLOBALID" not in env:
@@ -127,10 +128,10 @@ def _local_env(hpc_env: Any) -> Any:
     mapping = {"RANK": env["SUBMITIT_LOCAL_GLOBALID"], "LOCAL_RANK": env["SUBMITIT_LOCAL_LOCALID"],
                "WORLD_SIZE": world, "LOCAL_WORLD_SIZE": world, "MASTER_ADDR": "127.0.0.1",
                "MASTER_PORT": str(master_port_for(job_id if job_id.isdigit() else "0"))}
-    return hpc_env.from_environ(mapping)
+    return from_environ(mapping)
 
 
-def make_executor(kind: str, folder: str, max_timeouts: int = 3) -> Any:
+def make_executor(kind: str, folder: str, max_timeouts: int = defaults.MAX_TIMEOUTS) -> Any:
     """A submitit executor for `kind` (slurm | local | debug)."""
     import submitit
 

@@ -12,7 +12,7 @@ import shlex
 import sys
 from typing import Any, Dict, Mapping, Optional, Sequence
 
-from hpc.config.schema import Resources
+from hpc.config import defaults
 from hpc.slurm import noderange
 
 
@@ -58,7 +58,7 @@ def afterstep_setup(res: Mapping[str, Any], run_dir: str, python: Optional[str] 
     """Lines before srun: srun runs under hpc.afterstep (node failures, a node range after a requeue),
     which is told what the job asked for; the script outlives SIGTERM until srun has ended."""
     python = python or shlex.quote(sys.executable)
-    limit = int(res.get("max_node_failures", Resources.max_node_failures))
+    limit = int(res.get("max_node_failures", defaults.MAX_NODE_FAILURES))
     return ["trap true TERM  # hpc: a preemption, requeue or node failure: wait for srun under hpc.afterstep",
             f'srun() {{ {python} -u -m hpc.afterstep {shlex.quote(run_dir)} -- "$@"; }}',
             f"export HPC_NODES={shlex.quote(str(res['nodes']))} HPC_MAX_NODE_FAILURES={limit}"]

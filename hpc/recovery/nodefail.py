@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from hpc.config.schema import Resources
+from hpc.config import defaults
 from hpc.fs import atomic
 
 HISTORY = "recovery.json"  # in the task directory, beside its checkpoints
@@ -152,4 +152,4 @@ def summary(task_dir: Path) -> str:
 
 def env_limit(environ: Mapping[str, str] = os.environ) -> int:
     value = environ.get("HPC_MAX_NODE_FAILURES", "")
-    return int(value) if value.isdigit() else Resources.max_node_failures
+    return int(value) if value.isdigit() else defaults.MAX_NODE_FAILURES

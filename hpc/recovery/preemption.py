@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from hpc.config.schema import Resources
+from hpc.config import defaults
 from hpc.fs import atomic
 from hpc.recovery import requeue
 from hpc.recovery.stopsignal import (  # noqa: F401
@@ -49,7 +49,7 @@ from hpc.recovery.stopsignal import (  # noqa: F401
 from hpc.slurm import scheduler
 
 log = logging.getLogger(__name__)
-DEFAULT_MAX_TIMEOUTS = Resources.max_timeouts  # the config's default, for a loop run outside a pipeline
+DEFAULT_MAX_TIMEOUTS = defaults.MAX_TIMEOUTS  # for a loop run outside a pipeline, as in its config
 DEFAULT_MAX_HANGS = 3  # requeues after a hang (hpc.recovery.watchdog); a hang that comes back every time is a bug
 
 

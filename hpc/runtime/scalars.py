@@ -57,12 +57,13 @@ class PendingScalars:
 
 class StepLog:
     """A training loop's scalars: on rank 0 only, into TensorBoard, never waiting for the device.
-    Steps up to `resumed_step` were logged by the attempt that saved the checkpoint: skipped, and
-    the events an earlier attempt logged after it are purged when the writer opens."""
+    Steps up to `resumed()` (the step the loop resumed after) were logged by the attempt that saved
+    the checkpoint: skipped, and the events an earlier attempt logged after it are purged when the
+    writer opens."""
 
-    def __init__(self, session: Any, directory: Path, tensorboard: bool = True) -> None:
+    def __init__(self, session: Any, directory: Path, resumed: Callable[[], int], tensorboard: bool = True) -> None:
         self.s, self.directory, self.tensorboard = session, Path(directory), tensorboard
-        self.resumed_step = 0
+        self.resumed = resumed
         self._writer: Any = None
         self._pending = PendingScalars()  # logged device values on their way to the host
 
@@ -71,13 +72,13 @@ class StepLog:
         if self._writer is None:
             # purge_step drops events at or after it, logged by the attempt that was stopped
             # after its last checkpoint; they are logged again, once, by this attempt.
-            purge = self.resumed_step + 1 if self.resumed_step else None
+            purge = self.resumed() + 1 if self.resumed() else None
             self._writer = (self.s.writer(self.directory, purge_step=purge) if self.tensorboard
                             else NullWriter())
         return self._writer
 
     def log(self, tag: str, value: Any, step: int) -> None:
-        if step > self.resumed_step and self.tensorboard and self.s.is_main:  # elsewhere: no device wait
+        if step > self.resumed() and self.tensorboard and self.s.is_main:  # elsewhere: no device wait
             self._pending.add(self.writer.add_scalar, tag, value, step)
 
     def close(self) -> None:
