@@ -13,7 +13,9 @@ action ends the process: an unmodified script would die N seconds before its tim
 command therefore starts with that signal ignored, a disposition that survives exec, while a
 script that installs its own handler still receives it. A parent may hold the signal blocked
 while it starts this module (hpc.jobs.run does, so that none is lost or fatal in between): it is
-unblocked here, once ignored. ``--no-env`` runs a command with this signal set-up only.
+unblocked here, once ignored. ``--no-env`` runs a command with this signal set-up only, and
+without the torchrun variables an enclosing process may have exported (a one-process script such as
+nanoGPT's takes its DDP path whenever RANK is set).
 """
 
 from __future__ import annotations
@@ -29,7 +31,10 @@ from hpc.runtime.devicebind import device_index
 from hpc.runtime.distenv import DistEnv, EnvError
 from hpc.runtime.envparse import from_environ
 
-__all__ = ["prepare", "main", "ignore_timeout_signal"]
+__all__ = ["prepare", "main", "ignore_timeout_signal", "without_rank_env"]
+
+# What prepare() exports; `--no-env` takes them out of what the command inherits.
+RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK")
 
 
 def ignore_timeout_signal(name: str = DEFAULT_TIMEOUT_SIGNAL) -> None:
@@ -71,6 +76,10 @@ def prepare(environ: dict[str, str]) -> dict[str, str]:
     return child
 
 
+def without_rank_env(environ: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in environ.items() if k not in RANK_VARS}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m hpc.launch", description="run a torchrun-style command under srun",
@@ -78,8 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--print", action="store_true",
                         help="print the exported variables and the command instead of running it")
     parser.add_argument("--no-env", action="store_true",
-                        help="export no torchrun variables: only start the command with the "
-                             "pre-timeout signal ignored")
+                        help="no torchrun variables (inherited ones removed): only start the command "
+                             "with the pre-timeout signal ignored")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -87,13 +96,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("no command given. HINT: python -m hpc.launch -- python train.py ...")
     try:
         ignore_timeout_signal()
-        child = dict(os.environ) if args.no_env else prepare(dict(os.environ))
+        child = without_rank_env(dict(os.environ)) if args.no_env else prepare(dict(os.environ))
     except (EnvError, ValueError) as err:
         print(f"hpc.launch: {err}", file=sys.stderr)
         return 2
     if args.print:
-        for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                     "MASTER_PORT", "GROUP_RANK"):
+        for name in RANK_VARS:
             if name in child:
                 print(f"{name}={child[name]}")
         print(shlex.join(command))

@@ -3,6 +3,8 @@
     python -m hpc.submit langsplat --levels 0 1 2 [--cluster auto|slurm|local|debug] [--profile sandbox]
         [--run-dir DIR] [--dry-run] [--wait] [--no-snapshot] [key=value ...]
     python -m hpc.submit run --nodes 2 --gpus-per-node 8 -- python train.py --lr 1e-3
+    python -m hpc.submit run --tasks-per-node 2 -- python train.py     # two CPU ranks
+    python -m hpc.submit run --no-rank-env -- python train.py          # one process, no RANK/WORLD_SIZE
     python -m hpc.submit tiny [key=value ...] --sweep tiny.score=1,2 tiny.sleep_s=0,1
 
 Arguments -> a Request -> the submission engine: hpc.pipeline.submission for a run,
@@ -19,7 +21,8 @@ from hpc.pipeline.plan import PIPELINES
 from hpc.pipeline.submission import Request
 from hpc.rundir import sweepdir
 
-VALUE_OPTIONS = ("--run-dir", "--profile", "--cluster", "--nodes", "--gpus-per-node", "--sweep-file")  # take one value
+VALUE_OPTIONS = ("--run-dir", "--profile", "--cluster", "--nodes", "--gpus-per-node", "--tasks-per-node",
+                 "--sweep-file")  # take one value
 
 
 def parse_args(argv: Sequence[str]) -> Request:
@@ -35,6 +38,11 @@ def parse_args(argv: Sequence[str]) -> Request:
                    help="LangSplat feature levels 0-3 (default: 1 2 3 in external mode, 0 1 2 synthetic)")
     p.add_argument("--nodes", help="run: nodes per job, or a range MIN-MAX (e.g. 1-2)")
     p.add_argument("--gpus-per-node", type=int, help="run: GPUs (and ranks) per node")
+    p.add_argument("--tasks-per-node", type=int,
+                   help="run: processes (ranks) per node; without --gpus-per-node they are CPU ranks (no GPUs)")
+    p.add_argument("--no-rank-env", action="store_true",
+                   help="run: export no RANK/WORLD_SIZE/MASTER_* variables (a one-process script that would "
+                        "otherwise take its DDP path)")
     p.add_argument("--cluster", choices=CLUSTER_KINDS, help="where to run (default: config, auto)")
     p.add_argument("--profile", help="cluster profile from templates/profiles/")
     p.add_argument("--run-dir", help="run directory; an existing one resumes (done tasks are skipped)")
@@ -65,7 +73,8 @@ def parse_args(argv: Sequence[str]) -> Request:
     args = p.parse_args(rest)
     return Request(args.pipeline, overrides=tuple(args.overrides + overrides), profile=args.profile,
                    cluster=args.cluster, run_dir=args.run_dir, levels=tuple(args.levels) if args.levels else None,
-                   nodes=args.nodes, gpus_per_node=args.gpus_per_node, command=tuple(command),
+                   nodes=args.nodes, gpus_per_node=args.gpus_per_node,
+                   tasks_per_node=args.tasks_per_node, rank_env=not args.no_rank_env, command=tuple(command),
                    dry_run=args.dry_run, wait=args.wait, no_snapshot=args.no_snapshot,
                    same_snapshot=args.same_snapshot, sweep=tuple(sweep) if sweep is not None else None,
                    sweep_file=args.sweep_file)

@@ -30,6 +30,9 @@ DECISION_FILE = "stop-decision.json"
 @dataclass
 class ScriptSection:
     command: List[str] = field(default_factory=list)  # the program and its arguments (after `--`)
+    # RANK, WORLD_SIZE, MASTER_* exported (torchrun's variables); false for a one-process script that
+    # takes a DDP path whenever RANK is set (nanoGPT: NCCL, so CUDA, on a CPU node)
+    rank_env: bool = True
 
 
 @dataclass
@@ -52,12 +55,15 @@ def validate(cfg: Any) -> None:
 def stages(cfg: Any) -> List[StageDef]:
     import shlex
 
-    command = shlex.join(["python", "-m", "hpc.launch", "--", *cfg.script.command])
+    launch = ["python", "-m", "hpc.launch", *([] if cfg.script.rank_env else ["--no-env"]), "--"]
+    command = shlex.join([*launch, *cfg.script.command])
     return [StageDef("main", "hpc.jobs.run:run_command", describe=f"{command}  (argv, no shell)")]
 
 
 def run_command(ctx: Any) -> dict:
-    return run_argv(ctx, list(ctx.cfg["script"]["command"]), ctx.cfg["stages"]["main"]["max_timeouts"])
+    script = ctx.cfg["script"]
+    return run_argv(ctx, list(script["command"]), ctx.cfg["stages"]["main"]["max_timeouts"],
+                    launch=script.get("rank_env", True))
 
 
 def run_argv(ctx: Any, argv: List[str], max_timeouts: int, launch: bool = True,

@@ -15,8 +15,8 @@ can never be skipped silently there.
 
 In parallel (pytest-xdist, `-n 3 --dist loadfile` in pyproject.toml) each test file runs on one
 worker, longest files first (FILE_SECONDS below), and every worker that runs a SLURM test brings up
-its own cluster (its own directory, port block and job ids, so DDP jobs of two clusters never share
-a MASTER_PORT); each test starts on that cluster's empty queue with every node idle. Most of a SLURM test's time is waiting on the
+its own cluster (its own directory and port block, and with it its own job ids, so DDP jobs of two
+clusters never share a MASTER_PORT: hpc.cluster.layout.JOB_ID_STRIDE); each test starts on that cluster's empty queue with every node idle. Most of a SLURM test's time is waiting on the
 scheduler, not the CPU, so clusters side by side divide it. The site variants share one file, so
 one worker: a configless cluster's munged serves the host's default socket, which a second
 configless cluster elsewhere would lose when the first is taken down. `-n 0` runs everything in
@@ -40,8 +40,6 @@ from hpc.cluster.portclaims import free_port_block
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
-# Job ids each cluster of a worker starts at, apart by this (more jobs than one session submits).
-JOB_ID_STRIDE = 1000
 VARIANTS = ("main", "configless", "no_accounting")
 
 
@@ -59,9 +57,9 @@ def _cluster_dir(env_var: str, prefix: str) -> str:
 
 
 def _cluster_args(variant: str) -> dict:
-    """The first job id of this worker's cluster of `variant`, and a free block of ports."""
+    """A free block of ports for this worker's cluster of `variant` (its job ids come with it)."""
     slot = _worker_index() * len(VARIANTS) + VARIANTS.index(variant)
-    args = {"first_job_id": 1 + JOB_ID_STRIDE * slot}
+    args = {}
     base = free_port_block(PORT_RANGE[0] + slot * 37 * PORT_BLOCK)  # from a block of its own
     if base is not None:
         args["port_base"] = base

@@ -97,14 +97,28 @@ def test_max_array_size_is_rendered_and_checked():
         L.ClusterLayout.create("/tmp/cluster-a", max_array_size=0)
 
 
-def test_first_job_id_is_rendered_only_when_moved_and_checked(tmp_path):
-    assert "FirstJobId" not in L.render_slurm_conf(fixed_layout())  # SLURM's default, 1
+def test_first_job_id_comes_from_the_port_block_unless_given(tmp_path):
+    assert "FirstJobId" not in L.render_slurm_conf(fixed_layout(port_base=L.PORT_RANGE[0]))  # block 0: SLURM's 1
+    assert fixed_layout(port_base=L.PORT_RANGE[0] + 3 * L.PORT_BLOCK).job_id_start == 1 + 3 * L.JOB_ID_STRIDE
     assert "\nFirstJobId=3001\n" in L.render_slurm_conf(fixed_layout(first_job_id=3001))
     c = L.ClusterLayout.create(tmp_path, first_job_id=3001)
     c.save()
     assert L.ClusterLayout.load(tmp_path).first_job_id == 3001
     with pytest.raises(ValueError, match="first job id 0: expected 1 to .*HINT"):
         L.ClusterLayout.create(tmp_path, first_job_id=0)
+
+
+@given(st.integers(0, L.PORT_BLOCKS - 1), st.integers(0, L.PORT_BLOCKS - 1), st.integers(0, 37), st.integers(0, 37))
+def test_the_first_jobs_of_two_clusters_never_share_a_master_port(a, b, n, m):
+    """Two sandbox clusters on one host (two test workers, a user's two): a DDP job's MASTER_PORT
+    comes from its job id, so each block's first 38 jobs must land on ports of their own."""
+    from hpc.runtime.distenv import master_port_for
+
+    if a == b:
+        return
+    first = [fixed_layout(port_base=L.PORT_RANGE[0] + k * L.PORT_BLOCK).job_id_start for k in (a, b)]
+    assert all(1 <= f <= L.MAX_JOB_ID for f in first)
+    assert master_port_for(str(first[0] + n)) != master_port_for(str(first[1] + m))
 
 
 @given(st.integers(min_value=-10**6, max_value=10**6))

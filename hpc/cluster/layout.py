@@ -22,6 +22,12 @@ PORT_RANGE = (10000, 20000)
 PORT_BLOCKS = (PORT_RANGE[1] - PORT_RANGE[0]) // PORT_BLOCK  # blocks in the range
 MAX_NODES = PORT_BLOCK - 3
 MAX_JOB_ID = 0x03FF0000  # SLURM's largest job id (MaxJobId's default and limit)
+# Each block of ports comes with its own range of job ids. A DDP job's MASTER_PORT is 20000 + job id
+# mod 12000 (hpc.runtime.distenv), so two clusters that both numbered their jobs from 1 gave their
+# first jobs the same port. A block's first id is 1 + block * JOB_ID_STRIDE: the stride is 38 more
+# than a multiple of 12000, which puts the first 38 jobs of every block (312 blocks x 38 < 12000)
+# on ports no other block's first 38 jobs use, and ids of different blocks 192038 apart.
+JOB_ID_STRIDE = 16 * 12000 + 38
 
 STATE_FILE = "cluster.json"
 # A configless site's clients find munged where libmunge looks by default: there is no slurm.conf to
@@ -53,16 +59,17 @@ class ClusterLayout:
     accounting: bool = True
     min_job_age_s: int = 600  # how long slurmctld (squeue, scontrol) remembers an ended job
     max_array_size: int = 1001  # MaxArraySize: an array's task ids run from 0 to this - 1 (SLURM's default)
-    # FirstJobId: clusters that run side by side on one host (parallel test workers) start their
-    # job ids apart, since a DDP job's MASTER_PORT is derived from its job id (hpc.runtime.envparse).
-    first_job_id: int = 1
+    # FirstJobId: clusters that run side by side on one host (parallel test workers, a user's two
+    # clusters) start their job ids apart, since a DDP job's MASTER_PORT is derived from its job id
+    # (hpc.runtime.distenv). None: from the port block (job_id_start).
+    first_job_id: int | None = None
     db_password: str = field(default="hpc-local-slurm", repr=False)
 
     @classmethod
     def create(cls, directory: str | Path, *, nodes: int = 2, gpus_per_node: int = 4,
                cpus_per_node: int = 8, port_base: int | None = None, configless: bool = False,
                accounting: bool = True, min_job_age_s: int = 600, max_array_size: int = 1001,
-               first_job_id: int = 1) -> "ClusterLayout":
+               first_job_id: int | None = None) -> "ClusterLayout":
         path = str(Path(directory).expanduser().resolve())
         if not 1 <= nodes <= MAX_NODES:
             raise ValueError(f"--nodes {nodes}: expected 1..{MAX_NODES}. HINT: pass a smaller --nodes.")
@@ -76,7 +83,7 @@ class ClusterLayout:
         if not 1 <= max_array_size <= 4_000_001:
             raise ValueError(f"--max-array-size {max_array_size}: expected 1 to 4000001 (SLURM's range). "
                              "HINT: e.g. --max-array-size 1001, SLURM's default.")
-        if not 1 <= first_job_id <= MAX_JOB_ID:
+        if first_job_id is not None and not 1 <= first_job_id <= MAX_JOB_ID:
             raise ValueError(f"first job id {first_job_id}: expected 1 to {MAX_JOB_ID} (SLURM's range). "
                              "HINT: e.g. 1, SLURM's default.")
         if port_base is not None and not 1024 <= port_base <= 65536 - PORT_BLOCK:
@@ -90,6 +97,13 @@ class ClusterLayout:
                    port_base=port_base, nodes=nodes, gpus_per_node=gpus_per_node,
                    cpus_per_node=cpus_per_node, configless=configless, accounting=accounting,
                    min_job_age_s=min_job_age_s, max_array_size=max_array_size, first_job_id=first_job_id)
+
+    @property
+    def job_id_start(self) -> int:
+        """The first job id: as given, else from the port block (see JOB_ID_STRIDE)."""
+        if self.first_job_id is not None:
+            return self.first_job_id
+        return 1 + (self.port_base // PORT_BLOCK) % PORT_BLOCKS * JOB_ID_STRIDE
 
     # Ports ---------------------------------------------------------------------------------
     @property
@@ -221,7 +235,7 @@ PartitionName=high Nodes={c.nodelist} MaxTime=INFINITE State=UP PriorityTier=2 P
 
 
 def _first_job_id(c: ClusterLayout) -> str:
-    return f"FirstJobId={c.first_job_id}\n" if c.first_job_id != 1 else ""
+    return f"FirstJobId={c.job_id_start}\n" if c.job_id_start != 1 else ""
 
 
 def _accounting(c: ClusterLayout) -> str:

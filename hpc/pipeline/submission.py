@@ -42,6 +42,8 @@ class Request:
     levels: Optional[Tuple[int, ...]] = None  # langsplat.levels
     nodes: Optional[str] = None  # `run`: stages.main.nodes, a count or MIN-MAX
     gpus_per_node: Optional[int] = None  # `run`: stages.main.gpus_per_node (and tasks per node)
+    tasks_per_node: Optional[int] = None  # `run`: stages.main.tasks_per_node; alone: CPU ranks, no GPUs
+    rank_env: bool = True  # `run`: export RANK/WORLD_SIZE/MASTER_* (script.rank_env)
     command: Tuple[str, ...] = ()  # `run`: the user's command line
     dry_run: bool = False
     wait: bool = False
@@ -62,6 +64,12 @@ class Request:
         if self.gpus_per_node is not None:
             out += [f"stages.main.gpus_per_node={self.gpus_per_node}",
                     f"stages.main.tasks_per_node={max(1, self.gpus_per_node)}"]
+        if self.tasks_per_node is not None:
+            out.append(f"stages.main.tasks_per_node={self.tasks_per_node}")
+            if self.gpus_per_node is None:
+                out.append("stages.main.gpus_per_node=0")
+        if not self.rank_env:
+            out.append("script.rank_env=false")
         if self.command:
             out.append(f"script.command={json.dumps(list(self.command))}")  # JSON list: YAML reads it verbatim
         if self.no_snapshot:
