@@ -83,19 +83,25 @@ def without_rank_env(environ: dict[str, str]) -> dict[str, str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m hpc.launch", description="run a torchrun-style command under srun",
-        usage="python -m hpc.launch [--print] [--no-env] -- COMMAND [ARGS...]")
+        usage="python -m hpc.launch [--print] [--no-env] [--keep-timeout-signal] -- COMMAND [ARGS...]")
     parser.add_argument("--print", action="store_true",
                         help="print the exported variables and the command instead of running it")
     parser.add_argument("--no-env", action="store_true",
                         help="no torchrun variables (inherited ones removed): only start the command "
                              "with the pre-timeout signal ignored")
+    parser.add_argument("--keep-timeout-signal", action="store_true",
+                        help="leave the pre-timeout signal as it is: the script expects it (Lightning "
+                             "with requeue_signal=SIGUSR2) and installs its own handler")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("no command given. HINT: python -m hpc.launch -- python train.py ...")
     try:
-        ignore_timeout_signal()
+        if args.keep_timeout_signal:  # the script's own: not ignored, which a framework reads as taken
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal_number(DEFAULT_TIMEOUT_SIGNAL)})
+        else:
+            ignore_timeout_signal()
         child = without_rank_env(dict(os.environ)) if args.no_env else prepare(dict(os.environ))
     except (EnvError, ValueError) as err:
         print(f"hpc.launch: {err}", file=sys.stderr)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -21,7 +20,7 @@ from typing import Any, List, Mapping, Optional
 from hpc.config.schema import ConfigError, PipelineConfig, Resources
 from hpc.fs import atomic
 from hpc.pipeline.plan import PipelineDef, StageDef
-from hpc.recovery import preemption
+from hpc.recovery import deadline, preemption, scriptproc
 
 # Rank 0's stop decision for the attempt that wrote it, in the task's checkpoint directory.
 DECISION_FILE = "stop-decision.json"
@@ -33,6 +32,10 @@ class ScriptSection:
     # RANK, WORLD_SIZE, MASTER_* exported (torchrun's variables); false for a one-process script that
     # takes a DDP path whenever RANK is set (nanoGPT: NCCL, so CUDA, on a CPU node)
     rank_env: bool = True
+    # How the script hears of the time limit (SLURM's --signal=USR2@N reaches this wrapper): TERM
+    # (what plain scripts save on), USR1 (Lightning's requeue signal), USR2 (left to the script), or
+    # none. A preemption's SIGTERM reaches the script from SLURM in any case.
+    warn_signal: str = "TERM"
 
 
 @dataclass
@@ -50,6 +53,9 @@ def validate(cfg: Any) -> None:
     if not cfg.script.command:
         raise ConfigError("no command given; expected one after '--'. "
                           "HINT: python -m hpc.submit run --nodes 1 --gpus-per-node 2 -- python train.py")
+    if cfg.script.warn_signal not in scriptproc.WARN_SIGNALS:
+        raise ConfigError(f"script.warn_signal={cfg.script.warn_signal!r}; expected one of "
+                          f"{', '.join(scriptproc.WARN_SIGNALS)}. HINT: --warn-signal TERM (the default)")
 
 
 def stages(cfg: Any) -> List[StageDef]:
@@ -63,27 +69,42 @@ def stages(cfg: Any) -> List[StageDef]:
 def run_command(ctx: Any) -> dict:
     script = ctx.cfg["script"]
     return run_argv(ctx, list(script["command"]), ctx.cfg["stages"]["main"]["max_timeouts"],
-                    launch=script.get("rank_env", True))
+                    launch=script.get("rank_env", True), warn=script.get("warn_signal", "TERM"))
 
 
 def run_argv(ctx: Any, argv: List[str], max_timeouts: int, launch: bool = True,
-             cwd: Optional[Path] = None, env: Optional[Mapping[str, str]] = None) -> dict:
+             cwd: Optional[Path] = None, env: Optional[Mapping[str, str]] = None, warn: str = "none") -> dict:
     """Run argv (no shell) in this task, under `python -m hpc.launch --` for torchrun-style
     variables (launch=False: `--no-env`, the signal set-up only), in `cwd` (default: this
-    process's) with `env` added to the script's environment; this process's own stay as they are."""
+    process's) with `env` added to the script's environment; this process's own stay as they are.
+    `warn`: how the script hears of the time limit (hpc.recovery.scriptproc)."""
     from hpc.recovery.stopsignal import StopFlag  # signal handling: only in the task that runs the script
 
     checkpoints = ctx.stage_dir / "checkpoints"
     checkpoints.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, **(env or {}), "HPC_CHECKPOINT_DIR": str(checkpoints), "HPC_RUN_DIR": str(ctx.run_dir)}
-    cmd = [sys.executable, "-m", "hpc.launch", *([] if launch else ["--no-env"]), "--", *argv]
-    # SLURM signals every process of the step: the script gets SIGTERM/SIGUSR2 itself (and may
-    # checkpoint); this wrapper only notes it, and requeues once the script has exited.
+    cmd = [sys.executable, "-m", "hpc.launch", *([] if launch else ["--no-env"]),
+           *(["--keep-timeout-signal"] if warn == "USR2" else []), "--", *argv]
+    # SLURM signals every process of the step: the script gets SIGTERM itself (and may checkpoint);
+    # this wrapper passes the time-limit warning on, then decides once the script has exited, or
+    # at the deadline (hpc.recovery.deadline) whatever the script is doing.
     with StopFlag() as flag:
-        code = _call_with_timeout_signal_held(cmd, env, flag, cwd)
-        if _killed_by_stop_signal(code, flag):
-            _await_own_signal(flag)
-        decision = agree_on_stop(ctx, flag, checkpoints, max_timeouts)
+        timeout_signal = next(num for num, kind in flag.kinds.items() if kind == "timeout")
+        proc = scriptproc.start(cmd, env, cwd and str(cwd), held=timeout_signal)
+        attempt = {"job": str(ctx.env.job_id), "restart": str(ctx.env.restart_count)}
+        stop_now = (_deadline_passed(flag) if ctx.env.rank == 0 else
+                    lambda: _decided(checkpoints / DECISION_FILE, attempt))
+        outcome = scriptproc.supervise(proc, flag, warn, stop_now)
+        if outcome == "exited":
+            code = proc.returncode
+            if _killed_by_stop_signal(code, flag):
+                _await_own_signal(flag)
+            decision = agree_on_stop(ctx, flag, checkpoints, max_timeouts)
+        else:  # the script outlived the deadline: decide first, the time is SLURM's
+            print(f"[hpc] rank {ctx.env.rank}: the script is still running at the stop deadline; "
+                  "deciding now and ending it", file=sys.stderr, flush=True)
+            decision = agree_on_stop(ctx, flag, checkpoints, max_timeouts)
+            code = scriptproc.end_tree(proc)
     if decision is not None:
         preemption.exit_for(decision)
     if code != 0:
@@ -91,17 +112,25 @@ def run_argv(ctx: Any, argv: List[str], max_timeouts: int, launch: bool = True,
     return {"exit_code": code}
 
 
-def _call_with_timeout_signal_held(cmd: List[str], env: dict, flag: Any, cwd: Optional[Path] = None) -> int:
-    """Start cmd with the pre-timeout signal blocked, a mask the child inherits: hpc.launch
-    ignores the signal and only then unblocks it, so the child never dies of it while Python
-    starts. Here a signal arriving meanwhile waits for the unblock and reaches the flag."""
-    timeout_signal = next(num for num, kind in flag.kinds.items() if kind == "timeout")
-    signal.pthread_sigmask(signal.SIG_BLOCK, {timeout_signal})
+def _deadline_passed(flag: Any) -> Any:
+    """Rank 0's deadline test: asks SLURM once, at the first stop, when the job will be ended."""
+    due: List[float] = []
+
+    def passed() -> bool:
+        if not due:
+            fields = preemption.job_info(os.environ.get("SLURM_JOB_ID", ""), preemption.shielded(subprocess.run),
+                                         tries=1) if os.environ.get("SLURM_JOB_ID") else {}
+            due.append(deadline.decide_by(fields, flag.received_at or time.time()))
+        return time.time() >= due[0]
+    return passed
+
+
+def _decided(path: Path, attempt: dict) -> bool:
     try:
-        proc = subprocess.Popen(cmd, env=env, cwd=cwd)
-    finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {timeout_signal})
-    return proc.wait()
+        saved = json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):
+        return False
+    return saved.get("job") == attempt["job"] and saved.get("restart") == attempt["restart"]
 
 
 def _killed_by_stop_signal(code: int, flag: Any) -> bool:
