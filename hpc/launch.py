@@ -12,7 +12,7 @@ The pre-timeout signal (``--signal=USR2@N``) goes to every process of the step, 
 action ends the process: an unmodified script would die N seconds before its time limit. The
 command therefore starts with that signal ignored, a disposition that survives exec, while a
 script that installs its own handler still receives it. A parent may hold the signal blocked
-while it starts this module (hpc.jobs.run does, so that none is lost or fatal in between): it is
+while it starts this module (hpc.scripts.runner does, so that none is lost or fatal in between): it is
 unblocked here, once ignored. ``--no-env`` runs a command with this signal set-up only, and
 without the torchrun variables an enclosing process may have exported (a one-process script such as
 nanoGPT's takes its DDP path whenever RANK is set).

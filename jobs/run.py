@@ -8,22 +8,12 @@ LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT from SLURM's variables. HPC_CHECKP
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import time
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any, List, Mapping, Optional
+from dataclasses import dataclass, field
+from typing import Any, List
 
 from hpc.config.schema import ConfigError, PipelineConfig, Resources
-from hpc.fs import atomic
 from hpc.pipeline.plan import PipelineDef, StageDef
-from hpc.recovery import deadline, preemption, scriptproc
-
-# Rank 0's stop decision for the attempt that wrote it, in the task's checkpoint directory.
-DECISION_FILE = "stop-decision.json"
+from hpc.recovery import scriptproc
 
 
 @dataclass
@@ -67,131 +57,11 @@ def stages(cfg: Any) -> List[StageDef]:
 
 
 def run_command(ctx: Any) -> dict:
+    from hpc.scripts.runner import run_argv  # signal handling: only in the task, never when planning
+
     script = ctx.cfg["script"]
     return run_argv(ctx, list(script["command"]), ctx.cfg["stages"]["main"]["max_timeouts"],
                     launch=script.get("rank_env", True), warn=script.get("warn_signal", "TERM"))
-
-
-def run_argv(ctx: Any, argv: List[str], max_timeouts: int, launch: bool = True,
-             cwd: Optional[Path] = None, env: Optional[Mapping[str, str]] = None, warn: str = "none") -> dict:
-    """Run argv (no shell) in this task, under `python -m hpc.launch --` for torchrun-style
-    variables (launch=False: `--no-env`, the signal set-up only), in `cwd` (default: this
-    process's) with `env` added to the script's environment; this process's own stay as they are.
-    `warn`: how the script hears of the time limit (hpc.recovery.scriptproc)."""
-    from hpc.recovery.stopsignal import StopFlag  # signal handling: only in the task that runs the script
-
-    checkpoints = ctx.stage_dir / "checkpoints"
-    checkpoints.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, **(env or {}), "HPC_CHECKPOINT_DIR": str(checkpoints), "HPC_RUN_DIR": str(ctx.run_dir)}
-    cmd = [sys.executable, "-m", "hpc.launch", *([] if launch else ["--no-env"]),
-           *(["--keep-timeout-signal"] if warn == "USR2" else []), "--", *argv]
-    # SLURM signals every process of the step: the script gets SIGTERM itself (and may checkpoint);
-    # this wrapper passes the time-limit warning on, then decides once the script has exited, or
-    # at the deadline (hpc.recovery.deadline) whatever the script is doing.
-    with StopFlag() as flag:
-        timeout_signal = next(num for num, kind in flag.kinds.items() if kind == "timeout")
-        proc = scriptproc.start(cmd, env, cwd and str(cwd), held=timeout_signal)
-        attempt = {"job": str(ctx.env.job_id), "restart": str(ctx.env.restart_count)}
-        stop_now = (_deadline_passed(flag) if ctx.env.rank == 0 else
-                    lambda: _decided(checkpoints / DECISION_FILE, attempt))
-        outcome = scriptproc.supervise(proc, flag, warn, stop_now)
-        if outcome == "exited":
-            code = proc.returncode
-            if _killed_by_stop_signal(code, flag):
-                _await_own_signal(flag)
-            decision = agree_on_stop(ctx, flag, checkpoints, max_timeouts)
-        else:  # the script outlived the deadline: decide first, the time is SLURM's
-            print(f"[hpc] rank {ctx.env.rank}: the script is still running at the stop deadline; "
-                  "deciding now and ending it", file=sys.stderr, flush=True)
-            decision = agree_on_stop(ctx, flag, checkpoints, max_timeouts)
-            code = scriptproc.end_tree(proc)
-    if decision is not None:
-        preemption.exit_for(decision)
-    if code != 0:
-        raise RuntimeError(f"command {cmd} exited with status {code} on rank {ctx.env.rank}")
-    return {"exit_code": code}
-
-
-def _deadline_passed(flag: Any) -> Any:
-    """Rank 0's deadline test: asks SLURM once, at the first stop, when the job will be ended."""
-    due: List[float] = []
-
-    def passed() -> bool:
-        if not due:
-            fields = preemption.job_info(os.environ.get("SLURM_JOB_ID", ""), preemption.shielded(subprocess.run),
-                                         tries=1) if os.environ.get("SLURM_JOB_ID") else {}
-            due.append(deadline.decide_by(fields, flag.received_at or time.time()))
-        return time.time() >= due[0]
-    return passed
-
-
-def _decided(path: Path, attempt: dict) -> bool:
-    try:
-        saved = json.loads(path.read_text())
-    except (FileNotFoundError, ValueError):
-        return False
-    return saved.get("job") == attempt["job"] and saved.get("restart") == attempt["restart"]
-
-
-def _killed_by_stop_signal(code: int, flag: Any) -> bool:
-    """Did the script die of a signal that also means a stop for this wrapper?"""
-    signum = -code if code < 0 else code - 128 if code > 128 else 0
-    return signum in flag.kinds
-
-
-def _await_own_signal(flag: Any, timeout_s: float = 5.0) -> None:
-    """SLURM signals the step's processes one by one: the script may die of its SIGTERM before this
-    wrapper's own copy has arrived and run its handler. Give it a moment rather than mistake a
-    preemption for a failure (the sleep is cut short by the signal, and the handler runs)."""
-    deadline = time.monotonic() + timeout_s
-    while flag.reason is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-
-
-def agree_on_stop(ctx: Any, flag: Any, checkpoints: Path, max_timeouts: int) -> Any:
-    """The stop decision every rank acts on, or None when rank 0 saw no stop.
-
-    Rank 0 asks SLURM and requeues (a job that ends within GraceTime is not requeued by SLURM
-    22.05), then writes its decision for this attempt to DECISION_FILE, always, even after a
-    plain end. Other ranks that saw a stop wait for that file: leaving first, with an error,
-    would let `--kill-on-bad-exit` end rank 0 before its scontrol calls return. They wait with no
-    deadline of their own: rank 0's requeue ends the step, and so does rank 0 dying.
-    """
-    attempt = {"job": str(ctx.env.job_id), "restart": str(ctx.env.restart_count)}
-    path = checkpoints / DECISION_FILE
-    if ctx.env.rank != 0:
-        return wait_for_decision(path, attempt) if flag.reason else None
-    decision, error = None, None
-    try:
-        if flag.reason:
-            decision = preemption.handle_stop(flag.local(), history=checkpoints / "requeue.json",
-                                              max_timeouts=max_timeouts)
-    except Exception as err:
-        error = err
-        decision = preemption.Decision(False, None, f"rank 0 could not decide: {err}", "failed")
-    atomic.write_text(path, json.dumps({**attempt, "decision": decision and asdict(decision)}))
-    if error is not None:
-        raise error
-    return decision
-
-
-def wait_for_decision(path: Path, attempt: dict, poll_s: float = 0.2,
-                      say_every_s: float = 60.0) -> Any:
-    """Rank 0's decision for this attempt (an older attempt's file is not it), once it exists."""
-    started = last_said = time.monotonic()
-    while True:
-        try:
-            saved = json.loads(path.read_text())
-        except (FileNotFoundError, ValueError):
-            saved = {}
-        if saved.get("job") == attempt["job"] and saved.get("restart") == attempt["restart"]:
-            found = saved.get("decision")
-            return preemption.Decision(**found) if found else None
-        if time.monotonic() - last_said >= say_every_s:
-            last_said = time.monotonic()
-            print(f"[hpc] waiting {last_said - started:.0f}s for rank 0's stop decision in {path}",
-                  file=sys.stderr, flush=True)
-        time.sleep(poll_s)
 
 
 PIPELINE = PipelineDef("run", RunConfig, stages, validate, templates=("run.yaml",))

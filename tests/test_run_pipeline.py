@@ -13,9 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from hpc.jobs.run import (DECISION_FILE, _await_own_signal, _killed_by_stop_signal, run_argv,
-                          wait_for_decision)
 from hpc.recovery.preemption import Decision, StopFlag
+from hpc.scripts.runner import DECISION_FILE, _await_own_signal, _killed_by_stop_signal, run_argv, wait_for_decision
 
 
 @pytest.fixture

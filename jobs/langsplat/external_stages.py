@@ -3,7 +3,7 @@
     python -m hpc.submit langsplat langsplat.mode=external langsplat.data_path=/data/scene \
         external.langsplat_dir=/opt/LangSplat ...   # see hpc.jobs.langsplat.external
 
-Every script runs through hpc.jobs.run.run_argv, which notes SLURM's stop signals and requeues the
+Every script runs through hpc.scripts.runner.run_argv, which notes SLURM's stop signals and requeues the
 job once the script has died of them (the real scripts ignore SIGTERM). A requeued training stage
 restarts the same script with --start_checkpoint pointing at the newest chkpnt<N>.pth it wrote:
 3DGS and a 13-entry LangSplat checkpoint restore the iteration. The scripts read and write one
@@ -84,7 +84,7 @@ class Stage:
     def run_script(self, argv: List[str], stage: str, launch: bool = False, cwd: Optional[Path] = None,
                    env: Optional[dict] = None) -> dict:
         """Scripts that resolve paths against the working directory (autoencoder, eval) get `cwd`."""
-        from hpc.jobs.run import run_argv  # the script runner: only in the task, never when planning
+        from hpc.scripts.runner import run_argv  # the script runner: only in the task, never when planning
 
         if cwd is not None:
             cwd.mkdir(parents=True, exist_ok=True)

@@ -46,7 +46,7 @@ def submit_run(run_dir, script):
     return RunDir(run_dir)
 
 
-# The script ends on SIGTERM, and rank 0's wrapper (hpc.jobs.run) requeues the job with scontrol.
+# The script ends on SIGTERM, and rank 0's wrapper (hpc.scripts.runner) requeues the job with scontrol.
 BY_HPC = "touch {ready}/$SLURM_PROCID; test -e {release} || exec sleep 600"
 # The script outlives SIGTERM: SLURM requeues the job once GraceTime has run out, and hpc's code
 # in the tasks never gets to act; only the batch script's wrapper of srun (hpc.afterstep) does.

@@ -1,0 +1,6 @@
+"""Users' own training scripts, run unmodified under `python -m hpc.submit run`, and resumed.
+
+Parts::
+
+    runner.py   run_argv: the script as one task, the time-limit warning passed on, one stop decision
+"""
