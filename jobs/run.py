@@ -3,8 +3,10 @@
     python -m hpc.submit run --nodes 2 --gpus-per-node 8 -- python train.py --lr 1e-3
 
 Every task runs `python -m hpc.launch -- CMD`, which exports RANK, LOCAL_RANK, WORLD_SIZE,
-LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT from SLURM's variables. HPC_CHECKPOINT_DIR names
-<run>/main/checkpoints: after a preemption SLURM requeues the job and the script resumes from there.
+LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT from SLURM's variables, in the task's working
+directory <run>/main/work (hpc.scripts.workspace: the code as submitted, git-ignored data from the
+submit directory, outputs kept across attempts). HPC_CHECKPOINT_DIR names <run>/main/checkpoints:
+after a preemption the job is requeued and the script resumes from there, or from its own outputs.
 """
 from __future__ import annotations
 
@@ -57,11 +59,16 @@ def stages(cfg: Any) -> List[StageDef]:
 
 
 def run_command(ctx: Any) -> dict:
-    from hpc.scripts.runner import run_argv  # signal handling: only in the task, never when planning
+    """The task: the script in its working directory (hpc.scripts.workspace), under the runner."""
+    from hpc.scripts import workspace  # the script's task only, never when planning
+    from hpc.scripts.runner import run_argv
 
     script = ctx.cfg["script"]
-    return run_argv(ctx, list(script["command"]), ctx.cfg["stages"]["main"]["max_timeouts"],
-                    launch=script.get("rank_env", True), warn=script.get("warn_signal", "TERM"))
+    work = workspace.prepare(ctx)
+    code, live = workspace.code_dirs()
+    argv = workspace.map_paths(list(script["command"]), work, live, code)
+    return run_argv(ctx, argv, ctx.cfg["stages"]["main"]["max_timeouts"], launch=script.get("rank_env", True),
+                    warn=script.get("warn_signal", "TERM"), cwd=work, env={"HPC_WORK_DIR": str(work)})
 
 
 PIPELINE = PipelineDef("run", RunConfig, stages, validate, templates=("run.yaml",))

@@ -195,3 +195,23 @@ def test_entering_the_snapshot_imports_its_copy(checkout, tmp_path):
     out = subprocess.run([sys.executable, "-c", script, pickle.dumps(snap.job_code(checkout)).hex()],
                          cwd=checkout, capture_output=True, text=True, check=True).stdout.split()
     assert out == ["uncommitted", str(snap.dir)]
+
+
+def test_a_job_imports_nothing_from_the_live_tree_and_maps_its_pythonpath(tmp_path, monkeypatch):
+    """The job's interpreter starts in the live submit directory (`python -m` puts it on sys.path):
+    entering the snapshot takes it off, and a PYTHONPATH entry into the live tree points at the copy."""
+    from hpc.rundir.snapshot import JobCode
+
+    live, snap = tmp_path / "live", tmp_path / "code" / "abc"
+    (live / "src").mkdir(parents=True)
+    (snap / "src").mkdir(parents=True)
+    (live / "only_live.py").write_text("X = 1\n")
+    code = JobCode(str(snap), "abc", str(live), str(snap), (str(snap),))
+    monkeypatch.chdir(live)
+    monkeypatch.setattr(sys, "path", [str(live), "", *sys.path])
+    code.enter()
+    assert str(live) not in sys.path and "" not in sys.path and sys.path[0] == str(snap)
+    with pytest.raises(ImportError):
+        __import__("only_live")
+    env = code.environ({"PYTHONPATH": os.pathsep.join([str(live / "src"), str(live / "gone"), "rel", "/opt/x"])})
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(snap), str(snap / "src"), "rel", "/opt/x"]

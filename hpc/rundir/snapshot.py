@@ -72,9 +72,22 @@ class JobCode:
     def environ(self, environ: Mapping[str, str]) -> Dict[str, str]:
         """The variables a task exports: child processes (the `run` pipeline's script, external
         scripts) import from the snapshot too."""
-        pythonpath = [*self.path, *[p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]]
+        given = [self._in_snapshot(p) for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        pythonpath = [*self.path, *[p for p in given if p]]
         return {"HPC_CODE_DIR": self.dir, "HPC_SUBMIT_DIR": self.submit_dir,
                 "PYTHONPATH": os.pathsep.join(dict.fromkeys(pythonpath))}
+
+    def _in_snapshot(self, entry: str) -> Optional[str]:
+        """A PYTHONPATH entry of the submitting shell, with the live submit directory's part mapped
+        to the snapshot's copy (None: in the live tree, but not in the snapshot)."""
+        live = os.path.realpath(self.submit_dir)
+        real = os.path.realpath(entry)
+        if not os.path.isabs(entry) or (real != live and not real.startswith(live + os.sep)):
+            return entry  # relative (to the working directory), or outside the live tree
+        if not self.cwd:
+            return None
+        mapped = os.path.join(self.cwd, os.path.relpath(real, live))
+        return mapped if os.path.isdir(mapped) else None
 
     def enter(self) -> None:
         """Run from the snapshot in this process. Modules imported before (hpc itself, which
@@ -85,6 +98,11 @@ class JobCode:
                                 "--no-snapshot.")
         if self.cwd:
             os.chdir(self.cwd)
+        # The job's interpreter started in the live submit directory (`python -m` puts it first on
+        # sys.path): a module the snapshot left out, or one added or edited after submission, would
+        # be imported from there. Only the snapshot is importable.
+        live = {self.submit_dir, os.path.realpath(self.submit_dir), ""}
+        sys.path[:] = [p for p in sys.path if p not in live and os.path.realpath(p or ".") not in live]
         sys.path[:0] = [p for p in self.path if p not in sys.path[:len(self.path)]]
         importlib.invalidate_caches()
 
