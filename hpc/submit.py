@@ -5,6 +5,7 @@
     python -m hpc.submit run --nodes 2 --gpus-per-node 8 -- python train.py --lr 1e-3
     python -m hpc.submit run --tasks-per-node 2 -- python train.py     # two CPU ranks
     python -m hpc.submit run --no-rank-env -- python train.py          # one process, no RANK/WORLD_SIZE
+    python -m hpc.submit run --resume-if 'out/ckpt.pt' --resume-args '--init_from=resume' -- python train.py
     python -m hpc.submit tiny [key=value ...] --sweep tiny.score=1,2 tiny.sleep_s=0,1
 
 Arguments -> a Request -> the submission engine: hpc.pipeline.submission for a run,
@@ -13,6 +14,7 @@ hpc.sweep.submission for a grid of runs (--sweep, --sweep-file, or a sweep's dir
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from typing import List, Optional, Sequence
 
@@ -22,7 +24,7 @@ from hpc.pipeline.submission import Request
 from hpc.rundir import sweepdir
 
 VALUE_OPTIONS = ("--run-dir", "--profile", "--cluster", "--nodes", "--gpus-per-node", "--tasks-per-node",
-                 "--sweep-file")  # take one value
+                 "--sweep-file", "--resume-if", "--resume-args", "--warn-signal", "--framework")  # take one value
 
 
 def parse_args(argv: Sequence[str]) -> Request:
@@ -43,6 +45,14 @@ def parse_args(argv: Sequence[str]) -> Request:
     p.add_argument("--no-rank-env", action="store_true",
                    help="run: export no RANK/WORLD_SIZE/MASTER_* variables (a one-process script that would "
                         "otherwise take its DDP path)")
+    p.add_argument("--resume-if", metavar="GLOB",
+                   help="run: the script's checkpoints, relative to its working directory; before each launch "
+                        "incomplete ones are set aside and --resume-args added if a complete one is left")
+    p.add_argument("--resume-args", metavar="ARGS",
+                   help="run: arguments added when --resume-if matches a complete checkpoint, in one quoted "
+                        "string ('--resume_from_checkpoint $HPC_LAST_CHECKPOINT')")
+    p.add_argument("--warn-signal", choices=("TERM", "USR1", "USR2", "none"),
+                   help="run: the signal the script gets when its time limit is near (default TERM)")
     p.add_argument("--cluster", choices=CLUSTER_KINDS, help="where to run (default: config, auto)")
     p.add_argument("--profile", help="cluster profile from templates/profiles/")
     p.add_argument("--run-dir", help="run directory; an existing one resumes (done tasks are skipped)")
@@ -67,14 +77,17 @@ def parse_args(argv: Sequence[str]) -> Request:
         elif in_sweep:  # every token after --sweep up to the next option is an axis
             sweep.append(a)
         elif a in VALUE_OPTIONS:
-            rest += [a, *[v for v in [next(tokens, None)] if v is not None]]
+            value = next(tokens, None)  # `--opt=value`: argparse then takes a value that starts with '-'
+            rest.append(a if value is None else f"{a}={value}")
         else:
             (overrides if "=" in a and not a.startswith("-") else rest).append(a)
     args = p.parse_args(rest)
     return Request(args.pipeline, overrides=tuple(args.overrides + overrides), profile=args.profile,
                    cluster=args.cluster, run_dir=args.run_dir, levels=tuple(args.levels) if args.levels else None,
                    nodes=args.nodes, gpus_per_node=args.gpus_per_node,
-                   tasks_per_node=args.tasks_per_node, rank_env=not args.no_rank_env, command=tuple(command),
+                   tasks_per_node=args.tasks_per_node, rank_env=not args.no_rank_env, resume_if=args.resume_if,
+                   resume_args=tuple(shlex.split(args.resume_args)) if args.resume_args else None,
+                   warn_signal=args.warn_signal, command=tuple(command),
                    dry_run=args.dry_run, wait=args.wait, no_snapshot=args.no_snapshot,
                    same_snapshot=args.same_snapshot, sweep=tuple(sweep) if sweep is not None else None,
                    sweep_file=args.sweep_file)

@@ -10,6 +10,9 @@ after a preemption the job is requeued and the script resumes from there, or fro
 """
 from __future__ import annotations
 
+import os
+import shlex
+import sys
 from dataclasses import dataclass, field
 from typing import Any, List
 
@@ -28,6 +31,11 @@ class ScriptSection:
     # (what plain scripts save on), USR1 (Lightning's requeue signal), USR2 (left to the script), or
     # none. A preemption's SIGTERM reaches the script from SLURM in any case.
     warn_signal: str = "TERM"
+    # The resume contract (hpc.scripts.resume): a pattern of the script's checkpoints, relative to its
+    # working directory, and the arguments added when a complete one matches ($HPC_LAST_CHECKPOINT ...)
+    resume_if: str = ""
+    resume_args: List[str] = field(default_factory=list)
+    keep_every_s: float = 30.0  # how often a checkpoint overwritten in place is looked at, to keep a copy
 
 
 @dataclass
@@ -45,30 +53,71 @@ def validate(cfg: Any) -> None:
     if not cfg.script.command:
         raise ConfigError("no command given; expected one after '--'. "
                           "HINT: python -m hpc.submit run --nodes 1 --gpus-per-node 2 -- python train.py")
+    check_resume(cfg.script)
     if cfg.script.warn_signal not in scriptproc.WARN_SIGNALS:
         raise ConfigError(f"script.warn_signal={cfg.script.warn_signal!r}; expected one of "
                           f"{', '.join(scriptproc.WARN_SIGNALS)}. HINT: --warn-signal TERM (the default)")
 
 
-def stages(cfg: Any) -> List[StageDef]:
-    import shlex
+def check_resume(script: Any) -> None:
+    """The resume contract's mistakes, before anything is submitted."""
+    from hpc.scripts import resume
 
+    unknown = resume.unknown_placeholders([*script.command, *script.resume_args, script.resume_if])
+    if unknown:
+        raise ConfigError(f"unknown placeholder(s) {', '.join('$' + u for u in unknown)}; expected "
+                          f"{', '.join('$' + p for p in resume.PLACEHOLDERS)}. HINT: quote the argument in "
+                          "single quotes so that your shell leaves $HPC_... for hpc to expand")
+    if script.resume_args and not script.resume_if.strip():
+        raise ConfigError("--resume-args without --resume-if: hpc cannot tell when to add them. HINT: "
+                          "--resume-if 'out/ckpt.pt' (a pattern of the checkpoints your script writes)")
+    pattern = script.resume_if.strip()
+    if pattern.endswith(".py") or pattern.startswith(("code/", "./code/")):
+        raise ConfigError(f"--resume-if {pattern!r} names code, which is linked read-only from the snapshot and "
+                          "is never a checkpoint. HINT: the pattern of the files your script saves, e.g. "
+                          "'out/checkpoint-*'")
+    if "HPC_LAST_CHECKPOINT" in " ".join(script.command):
+        raise ConfigError("$HPC_LAST_CHECKPOINT in the command: it is empty on the first attempt. HINT: put the "
+                          "argument that names it in --resume-args, which is added only when one exists")
+
+
+def stages(cfg: Any) -> List[StageDef]:
     launch = ["python", "-m", "hpc.launch", *([] if cfg.script.rank_env else ["--no-env"]), "--"]
     command = shlex.join([*launch, *cfg.script.command])
     return [StageDef("main", "hpc.jobs.run:run_command", describe=f"{command}  (argv, no shell)")]
 
 
 def run_command(ctx: Any) -> dict:
-    """The task: the script in its working directory (hpc.scripts.workspace), under the runner."""
-    from hpc.scripts import workspace  # the script's task only, never when planning
+    """The task: the script in its working directory (hpc.scripts.workspace), resumed by the contract
+    of hpc.scripts.resume, under the runner."""
+    import contextlib
+    from pathlib import Path
+
+    from hpc.scripts import resume, workspace  # the script's task only, never when planning
     from hpc.scripts.runner import run_argv
 
     script = ctx.cfg["script"]
-    work = workspace.prepare(ctx)
+    resume_if = script.get("resume_if") or ""
+    work, plan = workspace.prepare(ctx, resume_if)
     code, live = workspace.code_dirs()
-    argv = workspace.map_paths(list(script["command"]), work, live, code)
-    return run_argv(ctx, argv, ctx.cfg["stages"]["main"]["max_timeouts"], launch=script.get("rank_env", True),
-                    warn=script.get("warn_signal", "TERM"), cwd=work, env={"HPC_WORK_DIR": str(work)})
+    values = workspace.placeholders(ctx, work, plan.get("last") or "")
+    argv = resume.expand(workspace.map_paths(list(script["command"]), work, live, code), values)
+    for before, after, why in plan.get("set_aside", []):
+        print(f"[hpc] set aside {before} -> {after}: {why}", file=sys.stderr, flush=True)
+    if plan.get("last"):
+        argv += resume.expand(list(script.get("resume_args") or []), values)
+        print(f"[hpc] resuming from {plan['last']}: {shlex.join(argv)}", file=sys.stderr, flush=True)
+    elif resume_if:
+        print(f"[hpc] no complete checkpoint matches {resume_if}: starting fresh", file=sys.stderr, flush=True)
+    keeper: Any = contextlib.nullcontext()
+    if resume_if and ctx.env.rank == 0 and not resume.is_pattern(resume_if):
+        target = resume.expand([resume_if], values)[0]
+        keeper = resume.Keeper(Path(target if os.path.isabs(target) else work / target), Path(ctx.stage_dir),
+                               float(script.get("keep_every_s", 30.0)))
+    with keeper:
+        return run_argv(ctx, argv, ctx.cfg["stages"]["main"]["max_timeouts"], launch=script.get("rank_env", True),
+                        warn=script.get("warn_signal", "TERM"), cwd=work,
+                        env={k: v for k, v in values.items() if k != "HPC_CHECKPOINT_DIR"})
 
 
 PIPELINE = PipelineDef("run", RunConfig, stages, validate, templates=("run.yaml",))

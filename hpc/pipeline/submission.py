@@ -44,6 +44,9 @@ class Request:
     gpus_per_node: Optional[int] = None  # `run`: stages.main.gpus_per_node (and tasks per node)
     tasks_per_node: Optional[int] = None  # `run`: stages.main.tasks_per_node; alone: CPU ranks, no GPUs
     rank_env: bool = True  # `run`: export RANK/WORLD_SIZE/MASTER_* (script.rank_env)
+    resume_if: Optional[str] = None  # `run`: script.resume_if (hpc.scripts.resume)
+    resume_args: Optional[Tuple[str, ...]] = None  # `run`: script.resume_args
+    warn_signal: Optional[str] = None  # `run`: script.warn_signal
     command: Tuple[str, ...] = ()  # `run`: the user's command line
     dry_run: bool = False
     wait: bool = False
@@ -70,6 +73,12 @@ class Request:
                 out.append("stages.main.gpus_per_node=0")
         if not self.rank_env:
             out.append("script.rank_env=false")
+        if self.resume_if is not None:
+            out.append(f"script.resume_if={json.dumps(self.resume_if)}")
+        if self.resume_args is not None:
+            out.append(f"script.resume_args={json.dumps(list(self.resume_args))}")
+        if self.warn_signal is not None:
+            out.append(f"script.warn_signal={self.warn_signal}")
         if self.command:
             out.append(f"script.command={json.dumps(list(self.command))}")  # JSON list: YAML reads it verbatim
         if self.no_snapshot:

@@ -15,10 +15,11 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from hpc.fs import atomic
 from hpc.rundir import workdir
+from hpc.scripts import resume
 
 WORK = "work"
 READY_FILE = "workdir.json"  # in the task directory: the attempt whose layout is in place
@@ -38,8 +39,9 @@ def attempt_of(ctx: Any) -> Dict[str, str]:
     return {"job": str(ctx.env.job_id), "restart": str(ctx.env.restart_count)}
 
 
-def prepare(ctx: Any, poll_s: float = 0.2) -> Path:
-    """The task's working directory, laid out for this attempt (rank 0) or once rank 0 has (others)."""
+def prepare(ctx: Any, resume_if: str = "", poll_s: float = 0.2) -> Tuple[Path, Dict[str, Any]]:
+    """(the task's working directory, rank 0's resume plan: hpc.scripts.resume.plan, {} without
+    --resume-if), laid out for this attempt by rank 0; the other ranks wait until it has."""
     work = Path(ctx.stage_dir) / WORK
     ready = Path(ctx.stage_dir) / READY_FILE
     attempt = attempt_of(ctx)
@@ -47,10 +49,13 @@ def prepare(ctx: Any, poll_s: float = 0.2) -> Path:
         code, live = code_dirs()
         started = time.perf_counter()
         done = workdir.lay_out(work, code, live, never=[ctx.run_dir])
+        plan = resume.plan(resume.expand([resume_if], placeholders(ctx, work))[0], work, Path(ctx.stage_dir),
+                           attempt) if resume_if else {}
         atomic.write_text(ready, json.dumps({**attempt, "code": str(code) if code else None, "live": str(live),
                                              "code_links": done.code_links, "data_links": done.data_links,
-                                             "kept": done.kept, "seconds": round(time.perf_counter() - started, 3)}))
-        return work
+                                             "kept": done.kept, "seconds": round(time.perf_counter() - started, 3),
+                                             "resume": plan}))
+        return work, plan
     deadline = time.monotonic() + WAIT_S
     while time.monotonic() < deadline:
         try:
@@ -58,11 +63,17 @@ def prepare(ctx: Any, poll_s: float = 0.2) -> Path:
         except (FileNotFoundError, ValueError):
             saved = {}
         if saved.get("job") == attempt["job"] and saved.get("restart") == attempt["restart"]:
-            return work
+            return work, saved.get("resume") or {}
         time.sleep(poll_s)
     raise RuntimeError(f"rank {ctx.env.rank}: rank 0 did not lay out {work} for job {attempt['job']} restart "
                        f"{attempt['restart']} within {WAIT_S:.0f}s ({ready} names another attempt or is missing). "
                        "HINT: read rank 0's log (python -m hpc.logs RUN --rank 0)")
+
+
+def placeholders(ctx: Any, work: Path, last: str = "") -> Dict[str, str]:
+    """The values of hpc.scripts.resume.PLACEHOLDERS for this task."""
+    return {"HPC_RUN_DIR": str(ctx.run_dir), "HPC_WORK_DIR": str(work),
+            "HPC_CHECKPOINT_DIR": str(Path(ctx.stage_dir) / "checkpoints"), "HPC_LAST_CHECKPOINT": last}
 
 
 def map_paths(argv: List[str], work: Path, live: Path, code: Optional[Path]) -> List[str]:
