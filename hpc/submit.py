@@ -20,7 +20,7 @@ from typing import List, Optional, Sequence
 
 from hpc.config.checks import CLUSTER_KINDS, ConfigError
 from hpc.pipeline.plan import PIPELINES
-from hpc.pipeline.submission import Request
+from hpc.pipeline.request import Request
 from hpc.rundir import sweepdir
 
 VALUE_OPTIONS = ("--run-dir", "--profile", "--cluster", "--nodes", "--gpus-per-node", "--tasks-per-node",
@@ -99,7 +99,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if req.sweep is not None or req.sweep_file or sweepdir.is_sweep(req.run_dir):
             from hpc.sweep import submission  # a grid of runs; here, not above: yaml stays off a run's path
         else:
-            from hpc.pipeline import submission
+            from hpc.pipeline import submission  # the engine: loaded only once the arguments parsed
         return submission.submit(req)
     except (ConfigError, RuntimeError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -19,6 +19,7 @@ from typing import Any, List
 from hpc.config.schema import ConfigError, PipelineConfig, Resources
 from hpc.pipeline.plan import PipelineDef, StageDef
 from hpc.recovery import scriptproc
+from hpc.scripts import resume
 
 
 @dataclass
@@ -61,8 +62,6 @@ def validate(cfg: Any) -> None:
 
 def check_resume(script: Any) -> None:
     """The resume contract's mistakes, before anything is submitted."""
-    from hpc.scripts import resume
-
     unknown = resume.unknown_placeholders([*script.command, *script.resume_args, script.resume_if])
     if unknown:
         raise ConfigError(f"unknown placeholder(s) {', '.join('$' + u for u in unknown)}; expected "
@@ -93,7 +92,7 @@ def run_command(ctx: Any) -> dict:
     import contextlib
     from pathlib import Path
 
-    from hpc.scripts import resume, workspace  # the script's task only, never when planning
+    from hpc.scripts import workspace  # the script's task only, never when planning
     from hpc.scripts.runner import run_argv
 
     script = ctx.cfg["script"]

@@ -25,6 +25,7 @@ import zipfile
 from pathlib import Path
 from typing import Tuple
 
+SET_ASIDE = "incomplete"  # <task>/incomplete/<name>.<job>-<restart>: set aside before a launch, never deleted
 IN_PROGRESS = re.compile(r"(^tmp|\.tmp$|\.partial$|\.incomplete$|^checkpoint-is-incomplete\.txt$)")
 ZIP_MAGIC = b"PK\x03\x04"
 
@@ -106,3 +107,16 @@ def step_of(path: Path) -> int:
     """The number a checkpoint's name ends in (checkpoint-500, step-20, hpc_ckpt_3.ckpt), else -1."""
     found = re.findall(r"\d+", Path(path).name)
     return int(found[-1]) if found else -1
+
+
+def set_aside_summary(task_dir: Path, show: int = 3) -> str:
+    """What python -m hpc.status says about a task's set-aside checkpoints; '' when there are none."""
+    try:
+        names = sorted(os.listdir(Path(task_dir) / SET_ASIDE))
+    except OSError:
+        return ""
+    if not names:
+        return ""
+    more = f" and {len(names) - show} more" if len(names) > show else ""
+    return (f"{len(names)} incomplete checkpoint(s) set aside in {Path(task_dir) / SET_ASIDE}: "
+            f"{', '.join(names[-show:])}{more}")

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+from hpc.checkpoint import complete
 from hpc.recovery import hangs, nodefail
 from hpc.rundir.run import DONE, RunDir, task_key
 from hpc.slurm import scheduler
@@ -58,6 +59,7 @@ class TaskStatus:
     nodes: Optional[int] = None  # nodes it got
     hang: str = ""  # the newest hang the watchdog recorded: stuck ranks and hosts (hpc.recovery.hangs)
     recovery: str = ""  # node failures, excluded nodes and the latest decision (hpc.recovery.nodefail)
+    set_aside: str = ""  # incomplete checkpoints of a user's script, set aside (hpc.scripts.resume)
 
 
 def collect(run: RunDir, answer: Optional[Tuple[scheduler.Answer, Dict[str, Any]]] = None) -> List[TaskStatus]:
@@ -83,7 +85,8 @@ def collect(run: RunDir, answer: Optional[Tuple[scheduler.Answer, Dict[str, Any]
                                tqdm_progress(err) or last_progress(run.log_path(stage, jid)),
                                outputs(run.task_dir(stage, item)), "", last_progress(err),
                                *world(run, stage, item, jid), hangs.summary(run.task_dir(stage, item)),
-                               recovery=nodefail.summary(run.task_dir(stage, item))))
+                               recovery=nodefail.summary(run.task_dir(stage, item)),
+                               set_aside=complete.set_aside_summary(run.task_dir(stage, item))))
     _explain(rows, records, never, run.job_tasks())
     return rows
 
@@ -232,6 +235,7 @@ def format_table(rows: List[TaskStatus]) -> str:
     lines += [f"  {r.task} outputs: {', '.join(r.outputs)}" for r in rows if r.outputs]
     lines += [f"  {r.task} hang: {r.hang}" for r in rows if r.hang]
     lines += [f"  {r.task} node failures: {r.recovery}" for r in rows if r.recovery]
+    lines += [f"  {r.task} checkpoints: {r.set_aside}" for r in rows if r.set_aside]
     return "\n".join(lines)
 
 

@@ -17,7 +17,8 @@ Parts::
     arrays.py      a stage's items as sbatch arrays within MaxArraySize; per-item dependencies
     sbatch.py      Resources -> submitit parameters and the sbatch text they produce
     executor.py    StageTask, what submitit pickles; the executor of each kind
-    submission.py  Request and submit(): the engine python -m hpc.submit and sweeps call
+    request.py     Request: one submission, typed, as python -m hpc.submit takes it
+    submission.py  submit(): the engine python -m hpc.submit and sweeps call
 
 Everything but executor.py's task imports without torch: --dry-run stays fast.
 """
@@ -25,7 +26,7 @@ from typing import Any
 
 # What a pipeline module imports; loaded on first use, so that the stage task (what every job
 # unpickles) does not load the planner.
-PUBLIC = {"PipelineDef": "plan", "StageDef": "plan", "StageContext": "executor", "Request": "submission",
+PUBLIC = {"PipelineDef": "plan", "StageDef": "plan", "StageContext": "executor", "Request": "request",
           "submit": "submission"}
 
 

@@ -3,7 +3,7 @@
     from hpc.pipeline.submission import Request, submit
     submit(Request("langsplat", levels=(0, 1, 2), cluster="local", wait=True))   # python -m hpc.submit ...
 
-Request holds what `python -m hpc.submit` reads from its arguments, typed; the command (hpc.submit)
+Request (hpc.pipeline.request) holds what `python -m hpc.submit` reads, typed; the command (hpc.submit)
 and sweeps (hpc.sweep.submission, which does the same for every point) both call this module.
 Returns as soon as SLURM has the jobs (afterok chains the stages; nothing here stays alive),
 except with the local executor, which has no dependencies and so runs the stages in order.
@@ -14,76 +14,19 @@ Errors are hpc.config.checks.ConfigError or RuntimeError (RunDirError, SLURM's r
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from hpc.config import schema as hconfig
 from hpc.monitor import status
 from hpc.pipeline import plan as hplan
+from hpc.pipeline.request import Request
 from hpc.rundir import codefiles, snapshot
 from hpc.rundir.run import RunDir, code_version
 from hpc.slurm import scheduler
 from hpc.slurm.submitenv import submission_env
-
-
-@dataclass(frozen=True)
-class Request:
-    """One submission, as `python -m hpc.submit` takes it (hpc.submit documents each option)."""
-
-    pipeline: str  # a name in hpc.pipeline.plan.PIPELINES, or a module path ("mypkg.pipeline")
-    overrides: Tuple[str, ...] = ()  # dotted key=value config overrides
-    profile: Optional[str] = None
-    cluster: Optional[str] = None  # auto | slurm | local | debug; None: the config's
-    run_dir: Optional[str] = None  # an existing one resumes
-    levels: Optional[Tuple[int, ...]] = None  # langsplat.levels
-    nodes: Optional[str] = None  # `run`: stages.main.nodes, a count or MIN-MAX
-    gpus_per_node: Optional[int] = None  # `run`: stages.main.gpus_per_node (and tasks per node)
-    tasks_per_node: Optional[int] = None  # `run`: stages.main.tasks_per_node; alone: CPU ranks, no GPUs
-    rank_env: bool = True  # `run`: export RANK/WORLD_SIZE/MASTER_* (script.rank_env)
-    resume_if: Optional[str] = None  # `run`: script.resume_if (hpc.scripts.resume)
-    resume_args: Optional[Tuple[str, ...]] = None  # `run`: script.resume_args
-    warn_signal: Optional[str] = None  # `run`: script.warn_signal
-    command: Tuple[str, ...] = ()  # `run`: the user's command line
-    dry_run: bool = False
-    wait: bool = False
-    no_snapshot: bool = False
-    same_snapshot: bool = False
-    sweep: Optional[Tuple[str, ...]] = None  # KEY=V1,V2 axes (hpc.sweep.grid)
-    sweep_file: Optional[str] = None
-
-    def flags(self) -> List[str]:
-        """The convenience options as dotted overrides (quoted as YAML flow values by OmegaConf)."""
-        out = []
-        if self.cluster:
-            out.append(f"cluster.kind={self.cluster}")
-        if self.levels:
-            out.append(f"langsplat.levels=[{','.join(map(str, self.levels))}]")
-        if self.nodes is not None:
-            out.append(f"stages.main.nodes={self.nodes}")
-        if self.gpus_per_node is not None:
-            out += [f"stages.main.gpus_per_node={self.gpus_per_node}",
-                    f"stages.main.tasks_per_node={max(1, self.gpus_per_node)}"]
-        if self.tasks_per_node is not None:
-            out.append(f"stages.main.tasks_per_node={self.tasks_per_node}")
-            if self.gpus_per_node is None:
-                out.append("stages.main.gpus_per_node=0")
-        if not self.rank_env:
-            out.append("script.rank_env=false")
-        if self.resume_if is not None:
-            out.append(f"script.resume_if={json.dumps(self.resume_if)}")
-        if self.resume_args is not None:
-            out.append(f"script.resume_args={json.dumps(list(self.resume_args))}")
-        if self.warn_signal is not None:
-            out.append(f"script.warn_signal={self.warn_signal}")
-        if self.command:
-            out.append(f"script.command={json.dumps(list(self.command))}")  # JSON list: YAML reads it verbatim
-        if self.no_snapshot:
-            out.append("run.snapshot=false")
-        return out
 
 
 def build(req: Request, view: bool = True) -> Tuple[hplan.PipelineDef, Any, RunDir, str, List[str]]:

@@ -29,11 +29,10 @@ import uuid
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence
 
-from hpc.checkpoint.complete import is_complete, step_of
+from hpc.checkpoint.complete import SET_ASIDE, is_complete, step_of
 
 PLACEHOLDERS = ("HPC_RUN_DIR", "HPC_WORK_DIR", "HPC_CHECKPOINT_DIR", "HPC_LAST_CHECKPOINT")
 _PLACEHOLDER = re.compile(r"\$(?:\{(HPC_[A-Z_]+)\}|(HPC_[A-Z_]+))")
-SET_ASIDE = "incomplete"  # <task>/incomplete/<name>.<job>-<restart>
 KEPT = "kept"  # <task>/kept/<name>
 
 

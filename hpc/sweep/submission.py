@@ -26,7 +26,7 @@ from hpc.fs.atomic import batched
 from hpc.monitor import status, sweeps
 from hpc.pipeline import plan as hplan
 from hpc.pipeline import submission as hsubmit
-from hpc.pipeline.submission import Request
+from hpc.pipeline.request import Request
 from hpc.rundir.run import RunDir, RunDirError, code_version
 from hpc.rundir.sweepdir import SweepDir
 from hpc.slurm import scheduler
