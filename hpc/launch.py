@@ -83,7 +83,8 @@ def without_rank_env(environ: dict[str, str]) -> dict[str, str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m hpc.launch", description="run a torchrun-style command under srun",
-        usage="python -m hpc.launch [--print] [--no-env] [--keep-timeout-signal] -- COMMAND [ARGS...]")
+        usage="python -m hpc.launch [--print] [--no-env] [--keep-timeout-signal] [--block-term] "
+              "-- COMMAND [ARGS...]")
     parser.add_argument("--print", action="store_true",
                         help="print the exported variables and the command instead of running it")
     parser.add_argument("--no-env", action="store_true",
@@ -92,6 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep-timeout-signal", action="store_true",
                         help="leave the pre-timeout signal as it is: the script expects it (Lightning "
                              "with requeue_signal=SIGUSR2) and installs its own handler")
+    parser.add_argument("--block-term", action="store_true",
+                        help="start the script with SIGTERM blocked: the wrapper passes a preemption on as the "
+                             "signal its framework saves on (Lightning's USR1), and ends it at the deadline")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -102,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal_number(DEFAULT_TIMEOUT_SIGNAL)})
         else:
             ignore_timeout_signal()
+        if args.block_term:  # a blocked signal stays blocked across exec; the script's handlers never run
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
         child = without_rank_env(dict(os.environ)) if args.no_env else prepare(dict(os.environ))
     except (EnvError, ValueError) as err:
         print(f"hpc.launch: {err}", file=sys.stderr)

@@ -14,12 +14,13 @@ import os
 import shlex
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, List
 
 from hpc.config.schema import ConfigError, PipelineConfig, Resources
 from hpc.pipeline.plan import PipelineDef, StageDef
 from hpc.recovery import scriptproc
-from hpc.scripts import resume
+from hpc.scripts import checks, presets, resume
 
 
 @dataclass
@@ -31,7 +32,10 @@ class ScriptSection:
     # How the script hears of the time limit (SLURM's --signal=USR2@N reaches this wrapper): TERM
     # (what plain scripts save on), USR1 (Lightning's requeue signal), USR2 (left to the script), or
     # none. A preemption's SIGTERM reaches the script from SLURM in any case.
-    warn_signal: str = "TERM"
+    warn_signal: str = ""  # "": the framework preset's (TERM for a plain script)
+    # The framework preset (hpc.scripts.presets): auto (from the script's imports), lightning, hf,
+    # accelerate, torchtitan or none
+    framework: str = "auto"
     # The resume contract (hpc.scripts.resume): a pattern of the script's checkpoints, relative to its
     # working directory, and the arguments added when a complete one matches ($HPC_LAST_CHECKPOINT ...)
     resume_if: str = ""
@@ -55,9 +59,15 @@ def validate(cfg: Any) -> None:
         raise ConfigError("no command given; expected one after '--'. "
                           "HINT: python -m hpc.submit run --nodes 1 --gpus-per-node 2 -- python train.py")
     check_resume(cfg.script)
-    if cfg.script.warn_signal not in scriptproc.WARN_SIGNALS:
+    if cfg.script.warn_signal not in ("", *scriptproc.WARN_SIGNALS):
         raise ConfigError(f"script.warn_signal={cfg.script.warn_signal!r}; expected one of "
                           f"{', '.join(scriptproc.WARN_SIGNALS)}. HINT: --warn-signal TERM (the default)")
+    if cfg.script.framework not in presets.FRAMEWORKS:
+        raise ConfigError(f"script.framework={cfg.script.framework!r}; expected one of "
+                          f"{', '.join(presets.FRAMEWORKS)}. HINT: --framework auto (the default) reads the "
+                          "script's imports")
+    preset = presets.choose(cfg.script.framework, list(cfg.script.command), Path.cwd())
+    checks.check_importable(preset, list(cfg.script.command))
 
 
 def check_resume(script: Any) -> None:
@@ -90,15 +100,15 @@ def run_command(ctx: Any) -> dict:
     """The task: the script in its working directory (hpc.scripts.workspace), resumed by the contract
     of hpc.scripts.resume, under the runner."""
     import contextlib
-    from pathlib import Path
 
-    from hpc.scripts import workspace  # the script's task only, never when planning
+    from hpc.scripts import hooks, workspace  # the script's task only, never when planning
     from hpc.scripts.runner import run_argv
 
     script = ctx.cfg["script"]
-    resume_if = script.get("resume_if") or ""
-    work, plan = workspace.prepare(ctx, resume_if)
     code, live = workspace.code_dirs()
+    preset = presets.choose(script.get("framework", "none"), list(script["command"]), code or live)
+    resume_if = script.get("resume_if") or preset.resume_if
+    work, plan = workspace.prepare(ctx, resume_if)
     values = workspace.placeholders(ctx, work, plan.get("last") or "")
     argv = resume.expand(workspace.map_paths(list(script["command"]), work, live, code), values)
     for before, after, why in plan.get("set_aside", []):
@@ -113,10 +123,13 @@ def run_command(ctx: Any) -> dict:
         target = resume.expand([resume_if], values)[0]
         keeper = resume.Keeper(Path(target if os.path.isabs(target) else work / target), Path(ctx.stage_dir),
                                float(script.get("keep_every_s", 30.0)))
+    env = {**{k: v for k, v in values.items() if k != "HPC_CHECKPOINT_DIR"},
+           **preset.environ(ctx.env.num_nodes, ctx.env.local_world_size), **hooks.environ(preset, ctx.stage_dir)}
+    print(f"[hpc] framework preset: {preset.name}", file=sys.stderr, flush=True)
     with keeper:
         return run_argv(ctx, argv, ctx.cfg["stages"]["main"]["max_timeouts"], launch=script.get("rank_env", True),
-                        warn=script.get("warn_signal", "TERM"), cwd=work,
-                        env={k: v for k, v in values.items() if k != "HPC_CHECKPOINT_DIR"})
+                        warn=script.get("warn_signal") or preset.warn, cwd=work, env=env,
+                        preempt_as=preset.preempt_as)
 
 
 PIPELINE = PipelineDef("run", RunConfig, stages, validate, templates=("run.yaml",))

@@ -35,12 +35,15 @@ def start(cmd: List[str], env: Dict[str, str], cwd: Optional[str], held: int) ->
 
 
 def supervise(proc: subprocess.Popen, flag: Any, warn: str, stop_now: Callable[[], bool],
-              poll_s: float = 0.1) -> str:
+              poll_s: float = 0.1, preempt_as: Optional[str] = None) -> str:
     """Wait for the script: 'exited' once it has, 'deadline' once a stop was seen and stop_now()
-    says the decision cannot wait. The time-limit warning is passed on once, as `warn`."""
-    if warn not in WARN_SIGNALS:
-        raise ValueError(f"warn signal {warn!r}; expected one of {', '.join(WARN_SIGNALS)}")
-    told = False
+    says the decision cannot wait. The time-limit warning is passed on once, as `warn`; a
+    preemption, with `preempt_as`, as that signal too (for a script started with SIGTERM blocked,
+    whose framework saves on another signal: hpc.scripts.presets)."""
+    for name in (warn, preempt_as or "none"):
+        if name not in WARN_SIGNALS:
+            raise ValueError(f"warn signal {name!r}; expected one of {', '.join(WARN_SIGNALS)}")
+    told: set = set()
     while True:
         try:
             proc.wait(timeout=poll_s)
@@ -49,10 +52,12 @@ def supervise(proc: subprocess.Popen, flag: Any, warn: str, stop_now: Callable[[
             pass
         if flag.reason is None:
             continue
-        if not told:
-            told = True
-            if flag.reason == "timeout" and warn in ("TERM", "USR1"):
-                _signal(proc.pid, getattr(signal, f"SIG{warn}"))
+        passed_on = {"timeout": warn, "preempt": preempt_as or "none"}[flag.reason]
+        if flag.reason == "timeout" and passed_on == "USR2":
+            passed_on = "none"  # SLURM's own USR2 reached the script
+        if passed_on != "none" and passed_on not in told:  # once each: a framework saves on each one
+            told.add(passed_on)
+            _signal(proc.pid, getattr(signal, f"SIG{passed_on}"))
         if stop_now():
             return "deadline"
 

@@ -27,18 +27,21 @@ DECISION_FILE = "stop-decision.json"
 
 
 def run_argv(ctx: Any, argv: List[str], max_timeouts: int, launch: bool = True,
-             cwd: Optional[Path] = None, env: Optional[Mapping[str, str]] = None, warn: str = "none") -> dict:
+             cwd: Optional[Path] = None, env: Optional[Mapping[str, str]] = None, warn: str = "none",
+             preempt_as: Optional[str] = None) -> dict:
     """Run argv (no shell) in this task, under `python -m hpc.launch --` for torchrun-style
     variables (launch=False: `--no-env`, the signal set-up only), in `cwd` (default: this
     process's) with `env` added to the script's environment; this process's own stay as they are.
-    `warn`: how the script hears of the time limit (hpc.recovery.scriptproc)."""
+    `warn`: how the script hears of the time limit (hpc.recovery.scriptproc); `preempt_as`: the
+    signal a preemption is passed on as, to a script started with SIGTERM blocked."""
     from hpc.recovery.stopsignal import StopFlag  # signal handling: only in the task that runs the script
 
     checkpoints = ctx.stage_dir / "checkpoints"
     checkpoints.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, **(env or {}), "HPC_CHECKPOINT_DIR": str(checkpoints), "HPC_RUN_DIR": str(ctx.run_dir)}
     cmd = [sys.executable, "-m", "hpc.launch", *([] if launch else ["--no-env"]),
-           *(["--keep-timeout-signal"] if warn == "USR2" else []), "--", *argv]
+           *(["--keep-timeout-signal"] if warn == "USR2" else []),
+           *(["--block-term"] if preempt_as else []), "--", *argv]
     # SLURM signals every process of the step: the script gets SIGTERM itself (and may checkpoint);
     # this wrapper passes the time-limit warning on, then decides once the script has exited, or
     # at the deadline (hpc.recovery.deadline) whatever the script is doing.
@@ -48,7 +51,7 @@ def run_argv(ctx: Any, argv: List[str], max_timeouts: int, launch: bool = True,
         attempt = {"job": str(ctx.env.job_id), "restart": str(ctx.env.restart_count)}
         stop_now = (_deadline_passed(flag) if ctx.env.rank == 0 else
                     lambda: _decided(checkpoints / DECISION_FILE, attempt))
-        outcome = scriptproc.supervise(proc, flag, warn, stop_now)
+        outcome = scriptproc.supervise(proc, flag, warn, stop_now, preempt_as=preempt_as)
         if outcome == "exited":
             code = proc.returncode
             if _killed_by_stop_signal(code, flag):

@@ -1,0 +1,21 @@
+"""Put on a user's script's PYTHONPATH by hpc (framework presets hf and accelerate): installs
+hpc.scripts.hooks, then runs the sitecustomize this one hides, if the environment has one."""
+import importlib.machinery
+import importlib.util
+import os
+import sys
+
+if os.environ.get("HPC_HOOKS"):
+    try:
+        from hpc.scripts import hooks as _hpc_hooks
+
+        _hpc_hooks.install(os.environ["HPC_HOOKS"])
+    except Exception as _err:  # noqa: BLE001 - a hook must never stop the script
+        print(f"[hpc] framework hooks not installed: {_err}", file=sys.stderr, flush=True)
+
+_here = os.path.dirname(os.path.abspath(__file__))
+_rest = [p for p in sys.path if os.path.abspath(p or ".") != _here]
+_spec = importlib.machinery.PathFinder.find_spec("sitecustomize", _rest)
+if _spec is not None and _spec.origin and os.path.dirname(os.path.abspath(_spec.origin)) != _here:
+    _module = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(_module)
