@@ -24,7 +24,7 @@ from hpc.pipeline.request import Request
 from hpc.rundir import sweepdir
 
 VALUE_OPTIONS = ("--run-dir", "--profile", "--cluster", "--nodes", "--gpus-per-node", "--tasks-per-node",
-                 "--sweep-file", "--resume-if", "--resume-args", "--warn-signal", "--framework")  # take one value
+                 "--sweep-file", "--resume-if", "--resume-args", "--warn-signal", "--framework", "--accelerate-config")  # take one value
 
 
 def parse_args(argv: Sequence[str]) -> Request:
@@ -51,6 +51,11 @@ def parse_args(argv: Sequence[str]) -> Request:
     p.add_argument("--resume-args", metavar="ARGS",
                    help="run: arguments added when --resume-if matches a complete checkpoint, in one quoted "
                         "string ('--resume_from_checkpoint $HPC_LAST_CHECKPOINT')")
+    p.add_argument("--framework", choices=("auto", "lightning", "hf", "accelerate", "torchtitan", "none"),
+                   help="run: the script's framework preset (default auto: from the script's imports)")
+    p.add_argument("--accelerate-config", metavar="FILE",
+                   help="run, framework accelerate: the `accelerate config` file whose settings every rank gets "
+                        "(default: Accelerate's own default file, if there is one)")
     p.add_argument("--warn-signal", choices=("TERM", "USR1", "USR2", "none"),
                    help="run: the signal the script gets when its time limit is near (default TERM)")
     p.add_argument("--cluster", choices=CLUSTER_KINDS, help="where to run (default: config, auto)")
@@ -87,7 +92,8 @@ def parse_args(argv: Sequence[str]) -> Request:
                    nodes=args.nodes, gpus_per_node=args.gpus_per_node,
                    tasks_per_node=args.tasks_per_node, rank_env=not args.no_rank_env, resume_if=args.resume_if,
                    resume_args=tuple(shlex.split(args.resume_args)) if args.resume_args else None,
-                   warn_signal=args.warn_signal, command=tuple(command),
+                   warn_signal=args.warn_signal, framework=args.framework,
+                   accelerate_config=args.accelerate_config, command=tuple(command),
                    dry_run=args.dry_run, wait=args.wait, no_snapshot=args.no_snapshot,
                    same_snapshot=args.same_snapshot, sweep=tuple(sweep) if sweep is not None else None,
                    sweep_file=args.sweep_file)

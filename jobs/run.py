@@ -15,12 +15,12 @@ import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, List
+from typing import Any, Dict, List
 
 from hpc.config.schema import ConfigError, PipelineConfig, Resources
 from hpc.pipeline.plan import PipelineDef, StageDef
 from hpc.recovery import scriptproc
-from hpc.scripts import checks, presets, resume
+from hpc.scripts import accelerate_cfg, checks, presets, resume
 
 
 @dataclass
@@ -36,6 +36,8 @@ class ScriptSection:
     # The framework preset (hpc.scripts.presets): auto (from the script's imports), lightning, hf,
     # accelerate, torchtitan or none
     framework: str = "auto"
+    accelerate_config: str = ""  # framework accelerate, per rank: the `accelerate config` file ("": its default)
+    env: Dict[str, str] = field(default_factory=dict)  # more variables for the script (settle fills Accelerate's)
     # The resume contract (hpc.scripts.resume): a pattern of the script's checkpoints, relative to its
     # working directory, and the arguments added when a complete one matches ($HPC_LAST_CHECKPOINT ...)
     resume_if: str = ""
@@ -68,6 +70,34 @@ def validate(cfg: Any) -> None:
                           "script's imports")
     preset = presets.choose(cfg.script.framework, list(cfg.script.command), Path.cwd())
     checks.check_importable(preset, list(cfg.script.command))
+
+
+def settle(cfg: Any) -> bool:
+    """`auto` becomes the framework the script's imports name; an Accelerate script gets its config
+    file's variables (per rank) or one task per node (per node, `accelerate launch`). Reads the
+    script and the config file, so the result is never cached."""
+    script = cfg.script
+    if script.framework == "auto":
+        script.framework = presets.detect(list(script.command), Path.cwd())
+    if script.framework == "accelerate":
+        if accelerate_cfg.is_launcher(list(script.command)):
+            cfg.stages.main.tasks_per_node = 1  # the launcher starts the node's processes
+            script.rank_env = False  # it sets its own rank variables
+        else:
+            script.env = {**accelerate_cfg.environ(accelerate_cfg.read_config(script.accelerate_config or None)),
+                          **script.env}
+    return False
+
+
+def notes(cfg: Any) -> List[str]:
+    script = cfg.script
+    lines = [f"framework preset: {script.framework} (hpc.scripts.presets); the script runs in <run>/main/work"]
+    if script.env:
+        lines.append(f"script environment: {', '.join(f'{k}={v}' for k, v in sorted(script.env.items()))}")
+    if script.resume_if:
+        lines.append(f"resume: {shlex.join(list(script.resume_args))} when {script.resume_if} holds a complete "
+                     "checkpoint")
+    return lines
 
 
 def check_resume(script: Any) -> None:
@@ -111,6 +141,8 @@ def run_command(ctx: Any) -> dict:
     work, plan = workspace.prepare(ctx, resume_if)
     values = workspace.placeholders(ctx, work, plan.get("last") or "")
     argv = resume.expand(workspace.map_paths(list(script["command"]), work, live, code), values)
+    if preset.name == "accelerate" and accelerate_cfg.is_launcher(argv):
+        argv = accelerate_cfg.launcher_argv(argv, ctx.env, int(ctx.cfg["stages"]["main"]["gpus_per_node"]))
     for before, after, why in plan.get("set_aside", []):
         print(f"[hpc] set aside {before} -> {after}: {why}", file=sys.stderr, flush=True)
     if plan.get("last"):
@@ -123,7 +155,7 @@ def run_command(ctx: Any) -> dict:
         target = resume.expand([resume_if], values)[0]
         keeper = resume.Keeper(Path(target if os.path.isabs(target) else work / target), Path(ctx.stage_dir),
                                float(script.get("keep_every_s", 30.0)))
-    env = {**{k: v for k, v in values.items() if k != "HPC_CHECKPOINT_DIR"},
+    env = {**dict(script.get("env") or {}), **{k: v for k, v in values.items() if k != "HPC_CHECKPOINT_DIR"},
            **preset.environ(ctx.env.num_nodes, ctx.env.local_world_size), **hooks.environ(preset, ctx.stage_dir)}
     print(f"[hpc] framework preset: {preset.name}", file=sys.stderr, flush=True)
     with keeper:
@@ -132,4 +164,4 @@ def run_command(ctx: Any) -> dict:
                         preempt_as=preset.preempt_as)
 
 
-PIPELINE = PipelineDef("run", RunConfig, stages, validate, templates=("run.yaml",))
+PIPELINE = PipelineDef("run", RunConfig, stages, validate, templates=("run.yaml",), notes=notes, settle=settle)

@@ -29,6 +29,8 @@ class Request:
     resume_if: Optional[str] = None  # `run`: script.resume_if (hpc.scripts.resume)
     resume_args: Optional[Tuple[str, ...]] = None  # `run`: script.resume_args
     warn_signal: Optional[str] = None  # `run`: script.warn_signal
+    framework: Optional[str] = None  # `run`: script.framework (hpc.scripts.presets)
+    accelerate_config: Optional[str] = None  # `run`: script.accelerate_config
     command: Tuple[str, ...] = ()  # `run`: the user's command line
     dry_run: bool = False
     wait: bool = False
@@ -61,6 +63,10 @@ class Request:
             out.append(f"script.resume_args={json.dumps(list(self.resume_args))}")
         if self.warn_signal is not None:
             out.append(f"script.warn_signal={self.warn_signal}")
+        if self.framework is not None:
+            out.append(f"script.framework={self.framework}")
+        if self.accelerate_config is not None:
+            out.append(f"script.accelerate_config={json.dumps(self.accelerate_config)}")
         if self.command:
             out.append(f"script.command={json.dumps(list(self.command))}")  # JSON list: YAML reads it verbatim
         if self.no_snapshot:
