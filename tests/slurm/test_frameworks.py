@@ -1,0 +1,134 @@
+"""Users' unmodified scripts under `python -m hpc.submit run`, one per framework, each preempted once
+by a real SLURM preemption on the local cluster: every job ends COMPLETED after one requeue, its second
+attempt resumed from the first one's checkpoint, it reached the requested step, and nothing was
+written into the code snapshot. The scripts (tests/frameworks/) use only their framework's documented
+API; 2 CPU ranks over gloo each. Then an HF run killed with SIGKILL, whose last checkpoint was cut
+short as a kill during its save leaves it: the next attempt resumes from the checkpoint before.
+
+    python -m pytest tests/slurm/test_frameworks.py -m slurm
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hpc import status, submit
+from hpc.cluster.preempt import job_field, preempt, release_hold
+from hpc.rundir.run import RunDir
+from tests.slurm.requeue_helpers import wait_for
+
+pytestmark = pytest.mark.slurm
+pytest.importorskip("lightning")
+pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "frameworks"
+STEPS = 150
+# (the command after --, hpc's options): one command per framework, as docs/scripts.md shows them
+FRAMEWORKS = {
+    "lightning": (["train_lightning.py"], []),
+    "hf": (["train_hf.py"], []),
+    "accelerate": (["train_accelerate.py"], ["--accelerate-config", "accelerate_cpu.yaml",
+                                             "--resume-if", "out/checkpoints/checkpoint_*", "--resume-args", "--resume"]),
+    "torchrun": (["train_torchrun.py"], ["--resume-if", "out/ckpt.pt", "--resume-args", "--init_from=resume"]),
+}
+
+
+def progress(run_dir: Path) -> dict:
+    try:
+        return json.loads((run_dir / "main" / "work" / "progress.json").read_text())
+    except (FileNotFoundError, ValueError):
+        return {}
+
+
+def submit_script(run_dir: Path, script: str, options: list, *overrides: str) -> str:
+    assert submit.main(["run", "--cluster", "slurm", "--run-dir", str(run_dir), "--tasks-per-node", "2",
+                        "stages.main.cpus_per_task=1", "stages.main.partition=low", *overrides, *options,
+                        "--", sys.executable, script]) == 0
+    return RunDir(run_dir).tasks()[-1]["job_id"]
+
+
+def snapshot_untouched(run_dir: Path) -> list:
+    """Files under code/ that the snapshot's listing does not name: outputs written into the code."""
+    extra = []
+    for listing in (run_dir / "code").glob("*.json"):
+        listed = set(json.loads(listing.read_text())["files"])
+        copy = listing.with_suffix("")
+        extra += [str(p) for p in copy.rglob("*") if p.is_file() and str(p.relative_to(copy)) not in listed]
+    return extra
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    proj = tmp_path / "proj"
+    shutil.copytree(SCRIPTS, proj)
+    monkeypatch.chdir(proj)
+    monkeypatch.setenv("MAX_STEPS", str(STEPS))  # sbatch passes the submitting shell's variables on
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    return proj
+
+
+def test_each_frameworks_script_is_preempted_and_resumes_to_the_end(slurm_cluster, project, tmp_path):
+    runs = {name: tmp_path / f"run-{name}" for name in FRAMEWORKS}
+    jobs = {}
+    # All on node n1, which they fill, so that one preemption of n1 takes every one of them while each
+    # is past its first checkpoints and short of its end: the quick starters go last.
+    for group in (("hf", "lightning", "accelerate"), ("torchrun",)):
+        for name in group:
+            cmd, opts = FRAMEWORKS[name]
+            jobs[name] = submit_script(runs[name], cmd[0], opts, "stages.main.extra.nodelist=n1")
+        for name in group:
+            wait_for(lambda: progress(runs[name]).get("step", 0) >= 12, f"{name} to pass its first checkpoints",
+                     timeout=240)
+    preempt(slurm_cluster, jobs["torchrun"], release=False)
+    for job in jobs.values():
+        wait_for(lambda: int(job_field(slurm_cluster, job, "Restarts") or 0) == 1, f"job {job} requeued", timeout=120)
+    for job in jobs.values():
+        release_hold(slurm_cluster, job, time.monotonic() + 60)
+    for name, job in jobs.items():
+        wait_for(lambda: job_field(slurm_cluster, job, "JobState") in {"COMPLETED", "FAILED", "CANCELLED"},
+                 f"{name} to end", timeout=300)
+    for name, job in jobs.items():
+        got = progress(runs[name])
+        log = (runs[name] / "main" / "logs" / job / f"{job}_0_log.err")
+        assert job_field(slurm_cluster, job, "JobState") == "COMPLETED", (name, log.read_text()[-3000:])
+        assert job_field(slurm_cluster, job, "Restarts") == "1", name
+        assert got["restart"] == "1" and got["step"] == STEPS, (name, got)
+        assert got["started"] > 0, (name, got)  # resumed, not from step 0
+        assert snapshot_untouched(runs[name]) == [], name
+
+
+def test_an_hf_run_killed_mid_save_resumes_from_the_checkpoint_before(slurm_cluster, project, tmp_path, capsys):
+    run_dir = tmp_path / "run-hf-kill"
+    job = submit_script(run_dir, "train_hf.py", [])
+    out = run_dir / "main" / "work" / "out"
+    wait_for(lambda: (out / "checkpoint-10" / "trainer_state.json").exists(), "two checkpoints", timeout=240)
+    subprocess.run(["scancel", "--signal=KILL", "--full", job], check=True)  # kill -9, every process of the job
+    wait_for(lambda: job_field(slurm_cluster, job, "JobState") not in {"RUNNING", "COMPLETING"}, "the kill",
+             timeout=120)
+    done = sorted((p for p in out.glob("checkpoint-*") if (p / "trainer_state.json").exists()),
+                  key=lambda p: int(p.name.split("-")[1]))
+    last = done[-1]
+    # what a SIGKILL during the next save leaves: the weights half written, no trainer_state.json yet
+    cut = out / f"checkpoint-{int(last.name.split('-')[1]) + 5}"
+    cut.mkdir()
+    weights = (last / "model.safetensors").read_bytes()
+    (cut / "model.safetensors").write_bytes(weights[: len(weights) // 2])
+    again = submit_script(run_dir, "train_hf.py", [])
+    wait_for(lambda: job_field(slurm_cluster, again, "JobState") in {"COMPLETED", "FAILED"}, "the next attempt",
+             timeout=300)
+    err = (run_dir / "main" / "logs" / again / f"{again}_0_log.err").read_text()
+    assert job_field(slurm_cluster, again, "JobState") == "COMPLETED", err[-3000:]
+    assert f"resuming from out/{last.name}" in err
+    assert progress(run_dir)["started"] == int(last.name.split("-")[1]) and progress(run_dir)["step"] == STEPS
+    assert not cut.exists() and list((run_dir / "main" / "incomplete").glob(f"{cut.name}.*"))
+    capsys.readouterr()
+    status.main([str(run_dir)])
+    assert "incomplete checkpoint(s) set aside" in capsys.readouterr().out
