@@ -24,7 +24,8 @@ from hpc.pipeline.request import Request
 from hpc.rundir import sweepdir
 
 VALUE_OPTIONS = ("--run-dir", "--profile", "--cluster", "--nodes", "--gpus-per-node", "--tasks-per-node",
-                 "--sweep-file", "--resume-if", "--resume-args", "--warn-signal", "--framework", "--accelerate-config")  # take one value
+                 "--sweep-file", "--resume-if", "--resume-args", "--warn-signal", "--framework", "--accelerate-config",
+                 "--hang-after", "--heartbeat")  # take one value
 
 
 def parse_args(argv: Sequence[str]) -> Request:
@@ -56,6 +57,11 @@ def parse_args(argv: Sequence[str]) -> Request:
     p.add_argument("--accelerate-config", metavar="FILE",
                    help="run, framework accelerate: the `accelerate config` file whose settings every rank gets "
                         "(default: Accelerate's own default file, if there is one)")
+    p.add_argument("--hang-after", type=float, metavar="SECONDS",
+                   help="run: no progress in rank 0's output this long is a hang: stacks of every rank, then a "
+                        "requeue (default 1800; 0: off)")
+    p.add_argument("--heartbeat", metavar="REGEX",
+                   help="run: progress is a new line of rank 0's output matching this, not any output")
     p.add_argument("--warn-signal", choices=("TERM", "USR1", "USR2", "none"),
                    help="run: the signal the script gets when its time limit is near (default TERM)")
     p.add_argument("--cluster", choices=CLUSTER_KINDS, help="where to run (default: config, auto)")
@@ -93,7 +99,8 @@ def parse_args(argv: Sequence[str]) -> Request:
                    tasks_per_node=args.tasks_per_node, rank_env=not args.no_rank_env, resume_if=args.resume_if,
                    resume_args=tuple(shlex.split(args.resume_args)) if args.resume_args else None,
                    warn_signal=args.warn_signal, framework=args.framework,
-                   accelerate_config=args.accelerate_config, command=tuple(command),
+                   accelerate_config=args.accelerate_config, hang_after_s=args.hang_after,
+                   heartbeat=args.heartbeat, command=tuple(command),
                    dry_run=args.dry_run, wait=args.wait, no_snapshot=args.no_snapshot,
                    same_snapshot=args.same_snapshot, sweep=tuple(sweep) if sweep is not None else None,
                    sweep_file=args.sweep_file)

@@ -11,6 +11,7 @@ after a preemption the job is requeued and the script resumes from there, or fro
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import sys
 from dataclasses import dataclass, field
@@ -38,6 +39,10 @@ class ScriptSection:
     framework: str = "auto"
     accelerate_config: str = ""  # framework accelerate, per rank: the `accelerate config` file ("": its default)
     env: Dict[str, str] = field(default_factory=dict)  # more variables for the script (settle fills Accelerate's)
+    # The hang watchdog (hpc.scripts.scriptwatch): no progress in rank 0's output (or no new line matching
+    # `heartbeat`, a regular expression) for this long is a hang: stacks of every rank, then a requeue. 0: off
+    hang_after_s: float = 1800.0
+    heartbeat: str = ""
     # The resume contract (hpc.scripts.resume): a pattern of the script's checkpoints, relative to its
     # working directory, and the arguments added when a complete one matches ($HPC_LAST_CHECKPOINT ...)
     resume_if: str = ""
@@ -115,6 +120,15 @@ def check_resume(script: Any) -> None:
         raise ConfigError(f"--resume-if {pattern!r} names code, which is linked read-only from the snapshot and "
                           "is never a checkpoint. HINT: the pattern of the files your script saves, e.g. "
                           "'out/checkpoint-*'")
+    if script.heartbeat:
+        try:
+            re.compile(script.heartbeat)
+        except re.error as err:
+            raise ConfigError(f"--heartbeat {script.heartbeat!r} is not a regular expression ({err}). HINT: e.g. "
+                              "--heartbeat 'step [0-9]+'") from None
+    if script.hang_after_s < 0:
+        raise ConfigError(f"script.hang_after_s={script.hang_after_s}: expected seconds >= 0 (0 turns the hang "
+                          "watchdog off). HINT: --hang-after 1800")
     if "HPC_LAST_CHECKPOINT" in " ".join(script.command):
         raise ConfigError("$HPC_LAST_CHECKPOINT in the command: it is empty on the first attempt. HINT: put the "
                           "argument that names it in --resume-args, which is added only when one exists")
@@ -156,12 +170,12 @@ def run_command(ctx: Any) -> dict:
         keeper = resume.Keeper(Path(target if os.path.isabs(target) else work / target), Path(ctx.stage_dir),
                                float(script.get("keep_every_s", 30.0)))
     env = {**dict(script.get("env") or {}), **{k: v for k, v in values.items() if k != "HPC_CHECKPOINT_DIR"},
-           **preset.environ(ctx.env.num_nodes, ctx.env.local_world_size), **hooks.environ(preset, ctx.stage_dir)}
+           **preset.environ(ctx.env.num_nodes, ctx.env.local_world_size), **hooks.environ(preset, ctx.stage_dir, os.environ.get("PYTHONPATH", ""))}
     print(f"[hpc] framework preset: {preset.name}", file=sys.stderr, flush=True)
     with keeper:
         return run_argv(ctx, argv, ctx.cfg["stages"]["main"]["max_timeouts"], launch=script.get("rank_env", True),
                         warn=script.get("warn_signal") or preset.warn, cwd=work, env=env,
-                        preempt_as=preset.preempt_as)
+                        preempt_as=preset.preempt_as, watch=workspace.watch_factory(ctx, script))
 
 
 PIPELINE = PipelineDef("run", RunConfig, stages, validate, templates=("run.yaml",), notes=notes, settle=settle)

@@ -31,6 +31,8 @@ class Request:
     warn_signal: Optional[str] = None  # `run`: script.warn_signal
     framework: Optional[str] = None  # `run`: script.framework (hpc.scripts.presets)
     accelerate_config: Optional[str] = None  # `run`: script.accelerate_config
+    hang_after_s: Optional[float] = None  # `run`: script.hang_after_s (hpc.scripts.scriptwatch)
+    heartbeat: Optional[str] = None  # `run`: script.heartbeat
     command: Tuple[str, ...] = ()  # `run`: the user's command line
     dry_run: bool = False
     wait: bool = False
@@ -67,6 +69,10 @@ class Request:
             out.append(f"script.framework={self.framework}")
         if self.accelerate_config is not None:
             out.append(f"script.accelerate_config={json.dumps(self.accelerate_config)}")
+        if self.hang_after_s is not None:
+            out.append(f"script.hang_after_s={self.hang_after_s}")
+        if self.heartbeat is not None:
+            out.append(f"script.heartbeat={json.dumps(self.heartbeat)}")
         if self.command:
             out.append(f"script.command={json.dumps(list(self.command))}")  # JSON list: YAML reads it verbatim
         if self.no_snapshot:

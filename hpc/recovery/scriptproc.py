@@ -35,11 +35,13 @@ def start(cmd: List[str], env: Dict[str, str], cwd: Optional[str], held: int) ->
 
 
 def supervise(proc: subprocess.Popen, flag: Any, warn: str, stop_now: Callable[[], bool],
-              poll_s: float = 0.1, preempt_as: Optional[str] = None) -> str:
+              poll_s: float = 0.1, preempt_as: Optional[str] = None,
+              interrupt: Optional[Callable[[], bool]] = None) -> str:
     """Wait for the script: 'exited' once it has, 'deadline' once a stop was seen and stop_now()
     says the decision cannot wait. The time-limit warning is passed on once, as `warn`; a
     preemption, with `preempt_as`, as that signal too (for a script started with SIGTERM blocked,
-    whose framework saves on another signal: hpc.scripts.presets)."""
+    whose framework saves on another signal: hpc.scripts.presets). 'interrupted' once `interrupt()`,
+    asked at every poll, says so (a hang watchdog's verdict)."""
     for name in (warn, preempt_as or "none"):
         if name not in WARN_SIGNALS:
             raise ValueError(f"warn signal {name!r}; expected one of {', '.join(WARN_SIGNALS)}")
@@ -50,9 +52,11 @@ def supervise(proc: subprocess.Popen, flag: Any, warn: str, stop_now: Callable[[
             return "exited"
         except subprocess.TimeoutExpired:
             pass
+        if interrupt is not None and interrupt():
+            return "interrupted"
         if flag.reason is None:
             continue
-        passed_on = {"timeout": warn, "preempt": preempt_as or "none"}[flag.reason]
+        passed_on = {"timeout": warn, "preempt": preempt_as or "none"}.get(flag.reason, "none")
         if flag.reason == "timeout" and passed_on == "USR2":
             passed_on = "none"  # SLURM's own USR2 reached the script
         if passed_on != "none" and passed_on not in told:  # once each: a framework saves on each one

@@ -24,16 +24,20 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from hpc.checkpoint.complete import SET_ASIDE, is_complete, step_of
+from hpc.scripts.scriptwatch import STACKS_SIGNAL
 
 SITE = Path(__file__).with_name("site")  # holds the sitecustomize that calls install()
 
 
-def environ(preset: Any, task_dir: Path) -> Dict[str, str]:
-    """What the wrapper adds to the script's environment for the preset's hooks ({} if it has none)."""
-    if not preset.hooks:
-        return {}
-    path = [str(SITE), *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]]
-    return {"PYTHONPATH": os.pathsep.join(dict.fromkeys(path)), "HPC_SET_ASIDE_DIR": str(Path(task_dir) / SET_ASIDE)}
+def environ(preset: Any, task_dir: Path, pythonpath: str = "") -> Dict[str, str]:
+    """What the wrapper adds to the script's environment: hpc's sitecustomize first on PYTHONPATH
+    (before `pythonpath`, the script's own), which registers the stacks signal of the hang watchdog
+    (hpc.scripts.scriptwatch) and, for a preset with hooks, installs them."""
+    path = [str(SITE), *[p for p in pythonpath.split(os.pathsep) if p]]
+    env = {"PYTHONPATH": os.pathsep.join(dict.fromkeys(path)), "HPC_STACKS_SIGNAL": str(int(STACKS_SIGNAL))}
+    if preset.hooks:
+        env.update(HPC_HOOKS=preset.name, HPC_SET_ASIDE_DIR=str(Path(task_dir) / SET_ASIDE))
+    return env
 
 
 def newest_complete(folder: Path, pattern: str, set_aside: bool) -> Optional[Path]:

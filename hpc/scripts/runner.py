@@ -10,6 +10,7 @@ Rank 0 decides and requeues; the other ranks act on its decision (DECISION_FILE)
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -17,7 +18,7 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, List, Mapping, Optional
+from typing import Any, Callable, List, Mapping, Optional
 
 from hpc.fs import atomic
 from hpc.recovery import deadline, preemption, scriptproc
@@ -28,12 +29,13 @@ DECISION_FILE = "stop-decision.json"
 
 def run_argv(ctx: Any, argv: List[str], max_timeouts: int, launch: bool = True,
              cwd: Optional[Path] = None, env: Optional[Mapping[str, str]] = None, warn: str = "none",
-             preempt_as: Optional[str] = None) -> dict:
+             preempt_as: Optional[str] = None, watch: Optional[Callable[[int], Any]] = None) -> dict:
     """Run argv (no shell) in this task, under `python -m hpc.launch --` for torchrun-style
     variables (launch=False: `--no-env`, the signal set-up only), in `cwd` (default: this
     process's) with `env` added to the script's environment; this process's own stay as they are.
     `warn`: how the script hears of the time limit (hpc.recovery.scriptproc); `preempt_as`: the
-    signal a preemption is passed on as, to a script started with SIGTERM blocked."""
+    signal a preemption is passed on as, to a script started with SIGTERM blocked. `watch(pid)`: a
+    hang watchdog for the script (hpc.scripts.scriptwatch), whose verdict rank 0 acts on."""
     from hpc.recovery.stopsignal import StopFlag  # signal handling: only in the task that runs the script
 
     checkpoints = ctx.stage_dir / "checkpoints"
@@ -51,17 +53,24 @@ def run_argv(ctx: Any, argv: List[str], max_timeouts: int, launch: bool = True,
         attempt = {"job": str(ctx.env.job_id), "restart": str(ctx.env.restart_count)}
         stop_now = (_deadline_passed(flag) if ctx.env.rank == 0 else
                     lambda: _decided(checkpoints / DECISION_FILE, attempt))
-        outcome = scriptproc.supervise(proc, flag, warn, stop_now, preempt_as=preempt_as)
-        if outcome == "exited":
-            code = proc.returncode
-            if _killed_by_stop_signal(code, flag):
-                _await_own_signal(flag)
-            decision = agree_on_stop(ctx, flag, checkpoints, max_timeouts)
-        else:  # the script outlived the deadline: decide first, the time is SLURM's
-            print(f"[hpc] rank {ctx.env.rank}: the script is still running at the stop deadline; "
-                  "deciding now and ending it", file=sys.stderr, flush=True)
-            decision = agree_on_stop(ctx, flag, checkpoints, max_timeouts)
-            code = scriptproc.end_tree(proc)
+        with (watch(proc.pid) if watch else contextlib.nullcontext()) as watcher:
+            hung = watcher.fired.is_set if watcher is not None and ctx.env.rank == 0 else None
+            outcome = scriptproc.supervise(proc, flag, warn, stop_now, preempt_as=preempt_as, interrupt=hung)
+            if outcome == "exited":
+                code = proc.returncode
+                if _killed_by_stop_signal(code, flag):
+                    _await_own_signal(flag)
+                decision = agree_on_stop(ctx, flag, checkpoints, max_timeouts)
+            else:  # the script outlived the deadline, or hung: decide first, the time is SLURM's
+                why = "hung" if outcome == "interrupted" else "still running at the stop deadline"
+                print(f"[hpc] rank {ctx.env.rank}: the script is {why}; deciding now and ending it",
+                      file=sys.stderr, flush=True)
+                if outcome == "interrupted":
+                    flag.reason = "hang"
+                decision = agree_on_stop(ctx, flag, checkpoints, max_timeouts)
+                if outcome == "interrupted":
+                    watcher.write(asdict(decision) if decision else {"requeue": False, "why": "no decision"})
+                code = scriptproc.end_tree(proc)
     if decision is not None:
         preemption.exit_for(decision)
     if code != 0:

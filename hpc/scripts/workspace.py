@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from hpc.fs import atomic
+from hpc.recovery import hangs
 from hpc.rundir import workdir
-from hpc.scripts import resume
+from hpc.scripts import resume, scriptwatch
 
 WORK = "work"
 READY_FILE = "workdir.json"  # in the task directory: the attempt whose layout is in place
@@ -91,3 +93,23 @@ def map_paths(argv: List[str], work: Path, live: Path, code: Optional[Path]) -> 
         out.append(arg)
     return out
 
+
+
+def log_files(ctx: Any, rank: int = 0) -> List[Path]:
+    """A rank's task logs, as submitit names them: <stage>/logs/<job>/<job>_<rank>_log.{out,err}
+    (an array task's job is <array id>_<index>)."""
+    array, index = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    job = f"{array}_{index}" if array and index else str(ctx.env.job_id)
+    folder = Path(ctx.run_dir) / ctx.stage / "logs" / job
+    return [folder / f"{job}_{rank}_log.{stream}" for stream in ("out", "err")]
+
+
+def watch_factory(ctx: Any, script: Mapping[str, Any]) -> Optional[Callable[[int], Any]]:
+    """The hang watchdog of this task's script (hpc.scripts.scriptwatch), or None when it is off."""
+    timeout = float(script.get("hang_after_s", 0) or 0)
+    if timeout <= 0:
+        return None
+    hang_dir = hangs.attempt_dir(ctx.stage_dir, ctx.env.job_id, ctx.env.restart_count)
+    host = socket.gethostname().split(".")[0]
+    return lambda pid: scriptwatch.ScriptWatch(hang_dir, ctx.env.rank, ctx.env.world_size, host, timeout,
+                                               log_files(ctx), pid, script.get("heartbeat") or None)

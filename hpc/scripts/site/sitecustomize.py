@@ -5,6 +5,11 @@ import importlib.util
 import os
 import sys
 
+if os.environ.get("HPC_STACKS_SIGNAL", "").isdigit():  # hpc's hang watchdog asks for the stacks with it
+    import faulthandler
+
+    faulthandler.register(int(os.environ["HPC_STACKS_SIGNAL"]), all_threads=True, chain=False)
+
 if os.environ.get("HPC_HOOKS"):
     try:
         from hpc.scripts import hooks as _hpc_hooks
