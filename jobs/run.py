@@ -22,6 +22,7 @@ from hpc.config.schema import ConfigError, PipelineConfig, Resources
 from hpc.pipeline.plan import PipelineDef, StageDef
 from hpc.recovery import scriptproc
 from hpc.scripts import accelerate_cfg, checks, presets, resume
+from hpc.slurm import noderange
 
 
 @dataclass
@@ -75,6 +76,8 @@ def validate(cfg: Any) -> None:
                           "script's imports")
     preset = presets.choose(cfg.script.framework, list(cfg.script.command), Path.cwd())
     checks.check_importable(preset, list(cfg.script.command))
+    checks.check_world_sizes(preset, list(cfg.script.command), noderange.bounds(cfg.stages.main.nodes),
+                             cfg.stages.main.tasks_per_node)
 
 
 def settle(cfg: Any) -> bool:
