@@ -173,7 +173,8 @@ def run_command(ctx: Any) -> dict:
         keeper = resume.Keeper(Path(target if os.path.isabs(target) else work / target), Path(ctx.stage_dir),
                                float(script.get("keep_every_s", 30.0)))
     env = {**dict(script.get("env") or {}), **{k: v for k, v in values.items() if k != "HPC_CHECKPOINT_DIR"},
-           **preset.environ(ctx.env.num_nodes, ctx.env.local_world_size), **hooks.environ(preset, ctx.stage_dir, os.environ.get("PYTHONPATH", ""))}
+           **preset.environ(ctx.env.num_nodes, ctx.env.local_world_size),
+           **hooks.environ(preset, ctx.stage_dir, os.environ.get("PYTHONPATH", ""))}
     print(f"[hpc] framework preset: {preset.name}", file=sys.stderr, flush=True)
     with keeper:
         return run_argv(ctx, argv, ctx.cfg["stages"]["main"]["max_timeouts"], launch=script.get("rank_env", True),

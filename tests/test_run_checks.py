@@ -102,3 +102,21 @@ def test_the_accelerate_config_reaches_every_rank_as_accelerate_launch_would_exp
     with pytest.raises(ConfigError, match="DeepSpeed.*HINT: run it per node"):
         accelerate_cfg.environ(accelerate_cfg.read_config(str(deepspeed)))
     assert os.environ.get("ACCELERATE_USE_FSDP") is None
+
+
+def test_accelerate_launch_per_node_gets_the_jobs_topology_unless_given():
+    from types import SimpleNamespace
+
+    from hpc.scripts import accelerate_cfg
+
+    dist = SimpleNamespace(num_nodes=2, node_rank=1, master_addr="n1", master_port=23456)
+    argv = ["accelerate", "launch", "--multi_gpu", "train.py", "--lr", "1"]
+    assert accelerate_cfg.is_launcher(argv) and not accelerate_cfg.is_launcher(["python", "train.py"])
+    assert accelerate_cfg.launcher_argv(argv, dist, 4) == [
+        "accelerate", "launch", "--num_machines", "2", "--machine_rank", "1", "--main_process_ip", "n1",
+        "--main_process_port", "23456", "--num_processes", "8", "--multi_gpu", "train.py", "--lr", "1"]
+    given = ["accelerate", "launch", "--num_processes=4", "train.py"]
+    assert accelerate_cfg.launcher_argv(given, dist, 4).count("--num_processes") == 0
+    assert accelerate_cfg.launcher_argv(given, dist, 0)[-2:] == ["--num_processes=4", "train.py"]
+    scripts_own = ["accelerate", "launch", "train.py", "--num_processes", "3"]
+    assert accelerate_cfg.launcher_argv(scripts_own, dist, 4)[2:4] == ["--num_machines", "2"]

@@ -45,12 +45,23 @@ Parts (one concept each)::
     dcp_index.py          DCP's .metadata merged from the ranks' own indexes, for saves without collectives
     dcp_reader.py         DCP's reader of a checkpoint: its index read once, every byte checked as read
     optim_state.py        an optimizer's state for DCP as it is, without DCP's zero-gradient step
+    complete.py           whether a checkpoint a framework wrote (users' scripts) is whole; torch-free
     (hpc.fs.atomic           atomic small-file writes and directory fsync, torch-free)
 """
 
-from hpc.checkpoint.layout import DCP_METADATA, MARKER, SHARED
-from hpc.checkpoint.reader import PER_RANK_KEY, SHARDED_KEY, StoreReader
-from hpc.checkpoint.store import AUTO_FORK_BYTES, CheckpointStore, StoreLocked
+from typing import Any
 
-__all__ = ["CheckpointStore", "StoreReader", "StoreLocked", "MARKER", "SHARED", "DCP_METADATA",
-           "PER_RANK_KEY", "SHARDED_KEY", "AUTO_FORK_BYTES"]
+# The public names, imported on first use: `complete` (users' scripts' checkpoints, which hpc.status
+# reads) must not pay for torch, which the store imports.
+PUBLIC = {"CheckpointStore": "store", "StoreLocked": "store", "AUTO_FORK_BYTES": "store", "StoreReader": "reader",
+          "PER_RANK_KEY": "reader", "SHARDED_KEY": "reader", "MARKER": "layout", "SHARED": "layout",
+          "DCP_METADATA": "layout"}
+__all__ = list(PUBLIC)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in PUBLIC:
+        raise AttributeError(f"module 'hpc.checkpoint' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f"hpc.checkpoint.{PUBLIC[name]}"), name)

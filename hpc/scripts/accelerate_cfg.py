@@ -95,7 +95,8 @@ def is_launcher(argv: List[str]) -> bool:
 
 def launcher_argv(argv: List[str], dist: Any, gpus_per_node: int) -> List[str]:
     """`accelerate launch` with the job's topology, per node (dist: this task's DistEnv, one per node)."""
-    given = {a.split("=")[0] for a in argv[2:]}
+    script_at = next((i for i, a in enumerate(argv) if i >= 2 and (a.endswith(".py") or a == "-m")), len(argv))
+    given = {a.split("=")[0] for a in argv[2:script_at]}  # the launcher's own options, not the script's
     total = dist.num_nodes * max(1, gpus_per_node)
     topology = {"--num_machines": str(dist.num_nodes), "--machine_rank": str(dist.node_rank),
                 "--main_process_ip": dist.master_addr, "--main_process_port": str(dist.master_port),

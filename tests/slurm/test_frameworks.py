@@ -31,6 +31,7 @@ pytest.importorskip("accelerate")
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "frameworks"
 STEPS = 150
+KILL_STEPS = 40  # the kill test's run: long enough for two checkpoints before the kill
 # (the command after --, hpc's options): one command per framework, as docs/scripts.md shows them
 FRAMEWORKS = {
     "lightning": (["train_lightning.py"], []),
@@ -105,7 +106,9 @@ def test_each_frameworks_script_is_preempted_and_resumes_to_the_end(slurm_cluste
         assert snapshot_untouched(runs[name]) == [], name
 
 
-def test_an_hf_run_killed_mid_save_resumes_from_the_checkpoint_before(slurm_cluster, project, tmp_path, capsys):
+def test_an_hf_run_killed_mid_save_resumes_from_the_checkpoint_before(slurm_cluster, project, tmp_path, capsys,
+                                                                     monkeypatch):
+    monkeypatch.setenv("MAX_STEPS", str(KILL_STEPS))
     run_dir = tmp_path / "run-hf-kill"
     job = submit_script(run_dir, "train_hf.py", [])
     out = run_dir / "main" / "work" / "out"
@@ -118,7 +121,7 @@ def test_an_hf_run_killed_mid_save_resumes_from_the_checkpoint_before(slurm_clus
     last = done[-1]
     # what a SIGKILL during the next save leaves: the weights half written, no trainer_state.json yet
     cut = out / f"checkpoint-{int(last.name.split('-')[1]) + 5}"
-    cut.mkdir()
+    cut.mkdir(exist_ok=True)  # the kill itself may have left it half written
     weights = (last / "model.safetensors").read_bytes()
     (cut / "model.safetensors").write_bytes(weights[: len(weights) // 2])
     again = submit_script(run_dir, "train_hf.py", [])
@@ -127,7 +130,7 @@ def test_an_hf_run_killed_mid_save_resumes_from_the_checkpoint_before(slurm_clus
     err = (run_dir / "main" / "logs" / again / f"{again}_0_log.err").read_text()
     assert job_field(slurm_cluster, again, "JobState") == "COMPLETED", err[-3000:]
     assert f"resuming from out/{last.name}" in err
-    assert progress(run_dir)["started"] == int(last.name.split("-")[1]) and progress(run_dir)["step"] == STEPS
+    assert progress(run_dir)["started"] == int(last.name.split("-")[1]) and progress(run_dir)["step"] == KILL_STEPS
     assert not cut.exists() and list((run_dir / "main" / "incomplete").glob(f"{cut.name}.*"))
     capsys.readouterr()
     status.main([str(run_dir)])
