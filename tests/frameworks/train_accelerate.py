@@ -9,6 +9,15 @@ from accelerate import Accelerator
 from accelerate.utils import ProjectConfiguration
 
 
+def hold(step):
+    """The test's gate (tests/slurm/test_frameworks.py): on the first attempt every rank waits at step
+    HOLD_AT until the file `go` appears in the working directory, so that one preemption finds every
+    job mid-training. Not part of what a user's script needs."""
+    if step == int(os.environ.get("HOLD_AT", "-1")) and os.environ.get("SLURM_RESTART_COUNT", "0") == "0":
+        while not os.path.exists("go"):
+            time.sleep(0.1)
+
+
 class Counter:
     def __init__(self):
         self.step = 0
@@ -22,7 +31,7 @@ class Counter:
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--resume", action="store_true")
-parser.add_argument("--steps", type=int, default=int(os.environ.get("MAX_STEPS", "150")))
+parser.add_argument("--steps", type=int, default=int(os.environ.get("MAX_STEPS", "40")))
 args = parser.parse_args()
 
 accelerator = Accelerator(project_config=ProjectConfiguration(project_dir="out", automatic_checkpoint_naming=True,
@@ -40,6 +49,7 @@ if args.resume:
 started = counter.step
 while counter.step < args.steps:
     for x, y in loader:
+        hold(counter.step)
         time.sleep(float(os.environ.get("STEP_SLEEP", "0.2")))
         loss = torch.nn.functional.mse_loss(model(x), y)
         accelerator.backward(loss)

@@ -6,7 +6,16 @@ import time
 import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
-MAX_STEPS = int(os.environ.get("MAX_STEPS", "150"))
+MAX_STEPS = int(os.environ.get("MAX_STEPS", "40"))
+
+
+def hold(step):
+    """The test's gate (tests/slurm/test_frameworks.py): on the first attempt every rank waits at step
+    HOLD_AT until the file `go` appears in the working directory, so that one preemption finds every
+    job mid-training. Not part of what a user's script needs."""
+    if step == int(os.environ.get("HOLD_AT", "-1")) and os.environ.get("SLURM_RESTART_COUNT", "0") == "0":
+        while not os.path.exists("go"):
+            time.sleep(0.1)
 
 
 class Tiny(torch.nn.Module):
@@ -35,6 +44,9 @@ class Data(torch.utils.data.Dataset):
 class Progress(TrainerCallback):
     def on_train_begin(self, args, state, control, **kw):
         self.started = state.global_step
+
+    def on_step_begin(self, args, state, control, **kw):
+        hold(state.global_step)
 
     def on_step_end(self, args, state, control, **kw):
         if state.is_world_process_zero:

@@ -9,7 +9,16 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
 
-MAX_STEPS = int(os.environ.get("MAX_STEPS", "150"))
+MAX_STEPS = int(os.environ.get("MAX_STEPS", "40"))
+
+
+def hold(step):
+    """The test's gate (tests/slurm/test_frameworks.py): on the first attempt every rank waits at step
+    HOLD_AT until the file `go` appears in the working directory, so that one preemption finds every
+    job mid-training. Not part of what a user's script needs."""
+    if step == int(os.environ.get("HOLD_AT", "-1")) and os.environ.get("SLURM_RESTART_COUNT", "0") == "0":
+        while not os.path.exists("go"):
+            time.sleep(0.1)
 
 
 class Tiny(L.LightningModule):
@@ -18,6 +27,7 @@ class Tiny(L.LightningModule):
         self.layer = torch.nn.Linear(8, 1)
 
     def training_step(self, batch, batch_idx):
+        hold(self.global_step)
         time.sleep(float(os.environ.get("STEP_SLEEP", "0.2")))
         x, y = batch
         return torch.nn.functional.mse_loss(self.layer(x), y)

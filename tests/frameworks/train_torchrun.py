@@ -8,8 +8,17 @@ import time
 import torch
 import torch.distributed as dist
 
+def hold(step):
+    """The test's gate (tests/slurm/test_frameworks.py): on the first attempt every rank waits at step
+    HOLD_AT until the file `go` appears in the working directory, so that one preemption finds every
+    job mid-training. Not part of what a user's script needs."""
+    if step == int(os.environ.get("HOLD_AT", "-1")) and os.environ.get("SLURM_RESTART_COUNT", "0") == "0":
+        while not os.path.exists("go"):
+            time.sleep(0.1)
+
+
 init_from = "scratch"
-max_iters = int(os.environ.get("MAX_STEPS", "150"))
+max_iters = int(os.environ.get("MAX_STEPS", "40"))
 for arg in sys.argv[1:]:  # nanoGPT-style --key=value overrides
     key, _, value = arg.lstrip("-").partition("=")
     if key == "init_from":
@@ -31,6 +40,7 @@ if init_from == "resume":
 started = step
 os.makedirs("out", exist_ok=True)
 while step < max_iters:
+    hold(step)
     time.sleep(float(os.environ.get("STEP_SLEEP", "0.2")))
     x, y = torch.randn(16, 8), torch.randn(16, 1)
     loss = torch.nn.functional.mse_loss(model(x), y)

@@ -14,6 +14,7 @@ import json
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -30,8 +31,10 @@ pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "frameworks"
-STEPS = 150
-KILL_STEPS = 40  # the kill test's run: long enough for two checkpoints before the kill
+STEPS = 40
+HOLD_AT = 12  # where the scripts wait for the test (tests/frameworks/README.md)
+SAVE_ON_SIGNAL = {"lightning", "hf"}  # the presets that save when stopped
+KILL_STEPS = 30  # the kill test's run: long enough for two checkpoints before the kill
 # (the command after --, hpc's options): one command per framework, as docs/scripts.md shows them
 FRAMEWORKS = {
     "lightning": (["train_lightning.py"], []),
@@ -72,43 +75,53 @@ def project(tmp_path, monkeypatch):
     shutil.copytree(SCRIPTS, proj)
     monkeypatch.chdir(proj)
     monkeypatch.setenv("MAX_STEPS", str(STEPS))  # sbatch passes the submitting shell's variables on
+    monkeypatch.setenv("HOLD_AT", str(HOLD_AT))
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
     return proj
 
 
-def test_each_frameworks_script_is_preempted_and_resumes_to_the_end(slurm_cluster, project, tmp_path):
-    runs = {name: tmp_path / f"run-{name}" for name in FRAMEWORKS}
-    jobs = {}
-    # All on node n1, which they fill, so that one preemption of n1 takes every one of them while each
-    # is past its first checkpoints and short of its end: the quick starters go last.
-    for group in (("hf", "lightning", "accelerate"), ("torchrun",)):
-        for name in group:
-            cmd, opts = FRAMEWORKS[name]
-            jobs[name] = submit_script(runs[name], cmd[0], opts, "stages.main.extra.nodelist=n1")
-        for name in group:
-            wait_for(lambda: progress(runs[name]).get("step", 0) >= 12, f"{name} to pass its first checkpoints",
-                     timeout=240)
-    preempt(slurm_cluster, jobs["torchrun"], release=False)
-    for job in jobs.values():
-        wait_for(lambda: int(job_field(slurm_cluster, job, "Restarts") or 0) == 1, f"job {job} requeued", timeout=120)
-    for job in jobs.values():
+def preempted_at(cluster, job: str) -> bool:
+    return job_field(cluster, job, "PreemptTime") not in {"", "None", "Unknown"} or \
+        int(job_field(cluster, job, "Restarts") or 0) > 0
+
+
+@pytest.mark.parametrize("pair", [("lightning", "torchrun"), ("hf", "accelerate")])
+def test_each_frameworks_script_is_preempted_and_resumes_to_the_end(slurm_cluster, project, tmp_path, pair):
+    """Two frameworks at a time, both on node n1: both hold at step HOLD_AT (the scripts' test gate),
+    one preemption of n1 takes both, and they go on while SLURM's SIGTERM is on its way."""
+    runs = {name: tmp_path / f"run-{name}" for name in pair}
+    jobs = {name: submit_script(runs[name], FRAMEWORKS[name][0][0], FRAMEWORKS[name][1],
+                                "stages.main.extra.nodelist=n1") for name in pair}
+    for name in pair:
+        wait_for(lambda: progress(runs[name]).get("step", 0) >= HOLD_AT, f"{name} at step {HOLD_AT}", timeout=240)
+    preemption = threading.Thread(target=preempt, args=(slurm_cluster, jobs[pair[0]]), kwargs={"release": False})
+    preemption.start()
+    wait_for(lambda: all(preempted_at(slurm_cluster, j) for j in jobs.values()), "the preemption", timeout=60)
+    for run_dir in runs.values():
+        (run_dir / "main" / "work" / "go").touch()  # those still alive in their grace time go on
+    preemption.join()
+    for name, job in jobs.items():
+        wait_for(lambda: int(job_field(slurm_cluster, job, "Restarts") or 0) == 1, f"{name} requeued", timeout=120)
         release_hold(slurm_cluster, job, time.monotonic() + 60)
     for name, job in jobs.items():
         wait_for(lambda: job_field(slurm_cluster, job, "JobState") in {"COMPLETED", "FAILED", "CANCELLED"},
                  f"{name} to end", timeout=300)
     for name, job in jobs.items():
         got = progress(runs[name])
-        log = (runs[name] / "main" / "logs" / job / f"{job}_0_log.err")
+        log = runs[name] / "main" / "logs" / job / f"{job}_0_log.err"
         assert job_field(slurm_cluster, job, "JobState") == "COMPLETED", (name, log.read_text()[-3000:])
         assert job_field(slurm_cluster, job, "Restarts") == "1", name
         assert got["restart"] == "1" and got["step"] == STEPS, (name, got)
-        assert got["started"] > 0, (name, got)  # resumed, not from step 0
+        # resumed, not from step 0: Lightning and HF from what they saved on the signal, the others from
+        # their last checkpoint of every 5 steps
+        assert got["started"] >= (HOLD_AT if name in SAVE_ON_SIGNAL else 5), (name, got)
         assert snapshot_untouched(runs[name]) == [], name
 
 
 def test_an_hf_run_killed_mid_save_resumes_from_the_checkpoint_before(slurm_cluster, project, tmp_path, capsys,
                                                                      monkeypatch):
     monkeypatch.setenv("MAX_STEPS", str(KILL_STEPS))
+    monkeypatch.delenv("HOLD_AT")  # no gate: it is killed as it runs
     run_dir = tmp_path / "run-hf-kill"
     job = submit_script(run_dir, "train_hf.py", [])
     out = run_dir / "main" / "work" / "out"
