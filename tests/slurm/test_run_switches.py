@@ -1,5 +1,6 @@
 """`python -m hpc.submit run`'s switches on the real local cluster: `--tasks-per-node` alone gives
-CPU ranks, and `--no-rank-env` runs a one-process script without torchrun's variables.
+CPU ranks, `--no-rank-env` runs a one-process script without torchrun's variables, and `accelerate
+launch` as the command runs once per node with the topology hpc gives it.
 
     python -m pytest tests/slurm/test_run_switches.py -m slurm
 """
@@ -53,3 +54,31 @@ def test_tasks_per_node_gives_cpu_ranks_and_no_rank_env_gives_a_plain_process(sl
     one = reports(single)
     assert len(one) == 1 and one[0]["SLURM_NTASKS"] == "1"
     assert one[0]["RANK"] is None and one[0]["WORLD_SIZE"] is None and one[0]["MASTER_PORT"] is None
+
+
+def test_accelerate_launch_runs_once_per_node_with_the_jobs_topology(slurm_cluster, tmp_path, monkeypatch):
+    """Two nodes, no GPUs: hpc passes --num_machines 2, --machine_rank, the main address and port and
+    --num_processes 2; the launcher starts one process per node (torchrun under --multi_gpu, told to
+    use the CPU), which meet as one world of 2."""
+    pytest.importorskip("accelerate")
+    from pathlib import Path
+
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "train_accelerate.py").write_text(
+        (Path(__file__).resolve().parents[1] / "frameworks" / "train_accelerate.py").read_text())
+    monkeypatch.chdir(project)
+    monkeypatch.setenv("MAX_STEPS", "6")
+    monkeypatch.setenv("STEP_SLEEP", "0")
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "true")  # what `accelerate config` writes as use_cpu
+    run_dir = tmp_path / "per-node"
+    assert submit.main(["run", "--cluster", "slurm", "--run-dir", str(run_dir), "--nodes", "2", "--gpus-per-node",
+                        "0", "stages.main.cpus_per_task=1", "stages.main.time_min=5", "--", "accelerate", "launch",
+                        "--multi_gpu", "train_accelerate.py"]) == 0
+    job = RunDir(run_dir).tasks()[0]["job_id"]
+    wait_for(lambda: job_field(slurm_cluster, job, "JobState") in {"COMPLETED", "FAILED"}, f"job {job} to end",
+             timeout=240)
+    err = (run_dir / "main" / "logs" / job / f"{job}_0_log.err").read_text()
+    assert job_field(slurm_cluster, job, "JobState") == "COMPLETED", err[-3000:]
+    got = json.loads((run_dir / "main" / "work" / "progress.json").read_text())
+    assert got["world"] == 2 and got["step"] == 6
