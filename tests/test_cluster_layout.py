@@ -129,3 +129,16 @@ def test_a_port_base_is_taken_only_with_its_whole_block_in_range(base):
     else:
         with pytest.raises(ValueError, match=rf"--port-base {base}: expected 1024 to .*HINT"):
             L.ClusterLayout.create("/tmp/cluster-a", port_base=base)
+
+
+@given(st.integers(1, 180), st.integers(1, 8))
+def test_every_step_socket_path_fits_however_deep_the_cluster_directory(depth, nodes):
+    """slurmd's per-step socket, <spool>/<node>/<node>_<job id>.<step id>, must stay within a Unix
+    socket path's 107 bytes: a deep directory (a test worker's tmp path) moves the spool to /tmp."""
+    c = fixed_layout(dir="/" + "d" * depth, nodes=nodes, port_base=L.PORT_RANGE[1] - L.PORT_BLOCK)
+    node = c.node_names[-1]
+    socket = f"{c.spool}/{node}/{node}_{(L.PORT_BLOCKS - 1) * L.JOB_ID_STRIDE + 99999}.4294967291"
+    assert len(socket) <= L.SOCKET_PATH_MAX
+    assert c.spool == Path(c.dir, "spool") or len(f"{c.dir}/spool/{node}/{node}_1.4294967291") > 90
+    assert fixed_layout(dir="/srv/c").spool == Path("/srv/c/spool")
+    assert f"SlurmdSpoolDir={c.spool}/%n" in L.render_slurm_conf(c)

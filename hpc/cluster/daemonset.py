@@ -56,7 +56,7 @@ def slurmd_argv(c: L.ClusterLayout, node: str) -> list[str]:
     # A configless slurmd links /run/slurm/conf to its cached config, and clients on that host
     # read it. A private mount namespace keeps that link on the node: this host also plays the
     # login node, whose clients must find the controller without any file.
-    private = c.path("spool", node, "run-slurm")
+    private = c.spool / node / "run-slurm"
     script = (f"mkdir -p {L.RUN_CONF} && mount --bind {shlex.quote(str(private))} {L.RUN_CONF} && "
               f"exec {shlex.join(slurmd + ['--conf-server', c.conf_server])}")
     return [find_binary("unshare") or "unshare", "--mount", "--propagation", "private", "sh", "-c", script]

@@ -25,9 +25,14 @@ MAX_JOB_ID = 0x03FF0000  # SLURM's largest job id (MaxJobId's default and limit)
 # Each block of ports comes with its own range of job ids. A DDP job's MASTER_PORT is 20000 + job id
 # mod 12000 (hpc.runtime.distenv), so two clusters that both numbered their jobs from 1 gave their
 # first jobs the same port. A block's first id is 1 + block * JOB_ID_STRIDE: the stride is 38 more
-# than a multiple of 12000, which puts the first 38 jobs of every block (312 blocks x 38 < 12000)
-# on ports no other block's first 38 jobs use, and ids of different blocks 192038 apart.
-JOB_ID_STRIDE = 16 * 12000 + 38
+# than 12000, which puts the first 38 jobs of every block (312 blocks x 38 < 12000) on ports no other
+# block's first 38 jobs use; ids stay below 3.8 million (7 digits: see SOCKET_PATH_MAX).
+JOB_ID_STRIDE = 12000 + 38
+# slurmd makes a Unix socket per step, <spool>/<node>/<node>_<job id>.<step id>, and a socket's path
+# holds at most 107 bytes (the batch step's id is 4294967291). A cluster whose directory is too deep
+# for that keeps its spool in SHORT_SPOOL_ROOT instead (`down` removes it).
+SOCKET_PATH_MAX = 107
+SHORT_SPOOL_ROOT = Path("/tmp")
 
 STATE_FILE = "cluster.json"
 # A configless site's clients find munged where libmunge looks by default: there is no slurm.conf to
@@ -104,6 +109,14 @@ class ClusterLayout:
         if self.first_job_id is not None:
             return self.first_job_id
         return 1 + (self.port_base // PORT_BLOCK) % PORT_BLOCKS * JOB_ID_STRIDE
+
+    @property
+    def spool(self) -> Path:
+        """slurmd's spool root: in the cluster's directory when every step socket's path fits there."""
+        node = max(self.node_names, key=len)
+        socket = f"/{node}/{node}_{'9' * len(str(MAX_JOB_ID))}.4294967291"
+        here = Path(self.dir, "spool")
+        return here if len(str(here)) + len(socket) <= SOCKET_PATH_MAX else SHORT_SPOOL_ROOT / f"{self.name}-spool"
 
     # Ports ---------------------------------------------------------------------------------
     @property
@@ -209,7 +222,7 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 GresTypes=gpu
 StateSaveLocation={d}/state
-SlurmdSpoolDir={d}/spool/%n
+SlurmdSpoolDir={c.spool}/%n
 SlurmctldPidFile={d}/run/slurmctld.pid
 SlurmdPidFile={d}/run/slurmd-%n.pid
 SlurmctldLogFile={d}/log/slurmctld.log

@@ -17,6 +17,7 @@ on a real site, else one this cluster starts) and
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -138,6 +139,9 @@ class LocalCluster:
         if leftovers:
             terminate(sorted(set(leftovers)), timeout_s=5)
             log(f"stopped {len(set(leftovers))} leftover job processes")
+        spool = self.layout.spool
+        if not str(spool).startswith(str(self.dir) + os.sep):  # kept outside a deep directory (layout.spool)
+            shutil.rmtree(spool, ignore_errors=True)
 
     def settle(self, timeout_s: float = 60.0) -> None:
         """Cancel every job and wait until each node is idle and answering: the state a test of
@@ -222,7 +226,7 @@ class LocalCluster:
         for sub in ["etc", "state", "spool", "run", "log", "dev", "munge", "db"]:
             c.path(sub).mkdir(parents=True, exist_ok=True)
         for node in c.node_names:
-            c.path("spool", node, "run-slurm").mkdir(parents=True, exist_ok=True)
+            (c.spool / node / "run-slurm").mkdir(parents=True, exist_ok=True)
         if c.configless:
             c.munge_socket.parent.mkdir(parents=True, exist_ok=True)
         os.chmod(c.path("munge"), 0o700)
