@@ -41,7 +41,7 @@ def attempt_of(ctx: Any) -> Dict[str, str]:
     return {"job": str(ctx.env.job_id), "restart": str(ctx.env.restart_count)}
 
 
-def prepare(ctx: Any, resume_if: str = "", poll_s: float = 0.2) -> Tuple[Path, Dict[str, Any]]:
+def prepare(ctx: Any, resume_if: str = "", poll_s: float = 0.5) -> Tuple[Path, Dict[str, Any]]:
     """(the task's working directory, rank 0's resume plan: hpc.scripts.resume.plan, {} without
     --resume-if), laid out for this attempt by rank 0; the other ranks wait until it has."""
     work = Path(ctx.stage_dir) / WORK
