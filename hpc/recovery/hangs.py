@@ -163,7 +163,8 @@ def describe(report: dict[str, Any]) -> str:
     who = ", ".join(f"rank {r} on {hosts.get(str(r), '?')}" for r in report.get("stuck") or [])
     decision = report.get("decision") or {}
     after = "requeued" if decision.get("requeue") else f"not requeued ({decision.get('why', '?')})"
-    return (f"{who or 'stuck rank:'} {report.get('why', '')}, no step for {report.get('idle_s', '?')} s; "
+    idle = "no step" if report.get("last_step") is not None else "no progress"  # a user's script has no steps
+    return (f"{who or 'stuck rank:'} {report.get('why', '')}, {idle} for {report.get('idle_s', '?')} s; "
             f"stacks in {report.get('dir', '?')}; {after}")
 
 
