@@ -22,17 +22,12 @@ PORT_RANGE = (10000, 20000)
 PORT_BLOCKS = (PORT_RANGE[1] - PORT_RANGE[0]) // PORT_BLOCK  # blocks in the range
 MAX_NODES = PORT_BLOCK - 3
 MAX_JOB_ID = 0x03FF0000  # SLURM's largest job id (MaxJobId's default and limit)
-# Each block of ports comes with its own range of job ids. A DDP job's MASTER_PORT is 20000 + job id
-# mod 12000 (hpc.runtime.distenv), so two clusters that both numbered their jobs from 1 gave their
-# first jobs the same port. A block's first id is 1 + block * JOB_ID_STRIDE: the stride is 38 more
-# than 12000, which puts the first 38 jobs of every block (312 blocks x 38 < 12000) on ports no other
-# block's first 38 jobs use; ids stay below 3.8 million (7 digits: see SOCKET_PATH_MAX).
+# A block's jobs are numbered from 1 + block * JOB_ID_STRIDE: MASTER_PORT is 20000 + job id mod 12000
+# (hpc.runtime.distenv), and 12038 puts the first 38 jobs of each of the 312 blocks on ports of their own.
 JOB_ID_STRIDE = 12000 + 38
-# slurmd makes a Unix socket per step, <spool>/<node>/<node>_<job id>.<step id>, and a socket's path
-# holds at most 107 bytes (the batch step's id is 4294967291). A cluster whose directory is too deep
-# for that keeps its spool in SHORT_SPOOL_ROOT instead (`down` removes it).
-SOCKET_PATH_MAX = 107
-SHORT_SPOOL_ROOT = Path("/tmp")
+# slurmd's step sockets, <spool>/<node>/<node>_<job>.<step>, hold at most 107 bytes: a cluster in a
+# directory too deep for that spools under SHORT_SPOOL_ROOT (`down` removes it).
+SOCKET_PATH_MAX, SHORT_SPOOL_ROOT = 107, Path("/tmp")
 
 STATE_FILE = "cluster.json"
 # A configless site's clients find munged where libmunge looks by default: there is no slurm.conf to
@@ -106,9 +101,8 @@ class ClusterLayout:
     @property
     def job_id_start(self) -> int:
         """The first job id: as given, else from the port block (see JOB_ID_STRIDE)."""
-        if self.first_job_id is not None:
-            return self.first_job_id
-        return 1 + (self.port_base // PORT_BLOCK) % PORT_BLOCKS * JOB_ID_STRIDE
+        given = self.first_job_id
+        return given if given is not None else 1 + (self.port_base // PORT_BLOCK) % PORT_BLOCKS * JOB_ID_STRIDE
 
     @property
     def spool(self) -> Path:
@@ -238,17 +232,13 @@ SlurmdTimeout=300
 SchedulerParameters=sched_interval=5
 JobRequeue=1
 MaxArraySize={c.max_array_size}
-{_first_job_id(c)}{_accounting(c) + _configless(c)}# A job in `low` that a `high` job needs the nodes of gets SIGTERM, GraceTime seconds, then requeue.
+{f"FirstJobId={c.job_id_start}{chr(10)}" if c.job_id_start != 1 else ""}{_accounting(c) + _configless(c)}# A job in `low` that a `high` job needs the nodes of gets SIGTERM, GraceTime seconds, then requeue.
 PreemptType=preempt/partition_prio
 PreemptMode=REQUEUE
 {nodes}
 PartitionName=low Nodes={c.nodelist} Default=YES MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=REQUEUE GraceTime={c.grace_time_s}
 PartitionName=high Nodes={c.nodelist} MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF
 """
-
-
-def _first_job_id(c: ClusterLayout) -> str:
-    return f"FirstJobId={c.job_id_start}\n" if c.job_id_start != 1 else ""
 
 
 def _accounting(c: ClusterLayout) -> str:
