@@ -9,7 +9,8 @@ import time
 from hpc.scripts import hooks
 from hpc.scripts.scriptwatch import ScriptWatch, dump_stacks, suspect
 
-SLEEPER = "import time\ndef stuck_here():\n    time.sleep(60)\nprint('ready', flush=True)\nstuck_here()\n"
+# says it is ready from inside the function its stacks must show: a signal may come right after
+SLEEPER = "import time\ndef stuck_here():\n    print('ready', flush=True)\n    time.sleep(60)\nstuck_here()\n"
 
 
 def test_progress_is_output_growing_or_a_new_line_matching_the_heartbeat(tmp_path):
