@@ -20,11 +20,14 @@ Run = Callable[..., subprocess.CompletedProcess]
 def init_db(c: L.ClusterLayout, env: dict[str, str]) -> None:
     """Create MariaDB's system tables, once per cluster directory."""
     data = c.path("db", "data")
+    # MariaDB's own temporary tables go here, not to the shared /tmp, where two clusters coming up
+    # at once (test workers) have made each other's bootstrap fail
+    c.path("db", "tmp").mkdir(parents=True, exist_ok=True)
     if (data / "mysql").exists():
         return
     out = subprocess.run([find_binary("mariadb-install-db") or "mariadb-install-db", "--no-defaults",
                           "--user=root", f"--datadir={data}", "--auth-root-authentication-method=socket",
-                          "--skip-test-db"], env=env, capture_output=True, text=True)
+                          "--skip-test-db", f"--tmpdir={c.path('db', 'tmp')}"], env=env, capture_output=True, text=True)
     if out.returncode:
         raise ClusterError(f"mariadb-install-db failed: {out.stderr[-2000:]}\nHINT: remove {data} and retry.")
 

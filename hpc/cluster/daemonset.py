@@ -41,7 +41,8 @@ def own_munged(c: L.ClusterLayout) -> Daemon:
 
 def mariadbd(c: L.ClusterLayout) -> Daemon:
     return Daemon("mariadbd", [find_binary("mariadbd") or "mariadbd", "--no-defaults", "--user=root",
-                               f"--datadir={c.path('db', 'data')}", f"--socket={c.mysql_socket}",
+                               f"--datadir={c.path('db', 'data')}", f"--tmpdir={c.path('db', 'tmp')}",
+                               f"--socket={c.mysql_socket}",
                                f"--port={c.mysql_port}", "--bind-address=127.0.0.1",
                                f"--pid-file={c.path('db', 'mysqld.pid')}", "--skip-name-resolve",
                                f"--log-error={c.path('log', 'mariadb.log')}",

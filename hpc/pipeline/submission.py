@@ -86,12 +86,19 @@ def current_state(pipe: hplan.PipelineDef, cfg: Any, run: RunDir, kind: str, ans
     tasks = {(t["stage"], t["item"]): t["job_id"] for t in run.tasks()}
     if kind != "slurm" or not tasks:
         return finished, {}, []
-    records, never = answer or status.query_run(run)
+    records, never = answer or confirmed(status.query_run(run))
     # sacct lists a job once slurmdbd has it: one just submitted is queued, as hpc.status says
     unlisted = set(run.slurm_jobs()) if records.source == "sacct" else set()
     queued = {k: jid for k, jid in tasks.items() if k not in finished and jid not in never and (
               records[jid].state in scheduler.ACTIVE if jid in records else jid in unlisted)}
     return finished, queued, sorted(never)
+
+
+def confirmed(answer: Any) -> Any:
+    """status.query_run()'s answer with its active jobs checked against slurmctld (one squeue call
+    at most, whatever the number of runs): a submission acts on what the controller knows now."""
+    records, never = answer
+    return scheduler.confirm_active(records), never
 
 
 def submit_plan(plan: hplan.Plan, run: RunDir, setup: Sequence[str] = (), code: Optional[snapshot.JobCode] = None,

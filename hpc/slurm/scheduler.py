@@ -144,6 +144,24 @@ def query(job_ids: Iterable[str]) -> Answer:
     return Answer(parse_squeue(out, ids), "squeue")
 
 
+def confirm_active(answer: Answer) -> Answer:
+    """The answer with sacct's still-active records checked against slurmctld (one squeue call, and
+    none when nothing is active). slurmdbd learns of a job's end after the controller, seconds later
+    on a busy site; a submission that trusted it would skip a task as "already queued" that has just
+    failed. A job slurmctld lists as ended takes its record; one it has forgotten keeps sacct's."""
+    active = [jid for jid, rec in answer.items() if rec.state in ACTIVE]
+    if answer.source != "sacct" or not active:
+        return answer
+    fields = ",".join(f"{f}:|" for f in SQUEUE_FIELDS)
+    try:
+        out = _run(["squeue", "-h", "-t", "all", "-O", fields, "-j", ",".join(base_ids(active))])
+    except RuntimeError:  # the controller not answering is no reason to submit a task twice
+        return answer
+    seen = parse_squeue(out, active)
+    ended = {jid: rec for jid, rec in seen.items() if rec.state not in ACTIVE}
+    return Answer({**answer, **ended}, answer.source)
+
+
 def parse_sacct(text: str, wanted: Iterable[str]) -> Dict[str, JobRecord]:
     """Records of the `wanted` job ids in `sacct -X -D -P` output.
 

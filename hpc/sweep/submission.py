@@ -144,7 +144,7 @@ def _plan(pipe: hplan.PipelineDef, base: Any, defs: Defs, sweep: SweepDir, kind:
     that can never start),
     from one scheduler call for all points."""
     runs = {sig: sweep.point(sig) for sig in defs}
-    answer = status.query_run(*runs.values()) if kind == "slurm" else None
+    answer = hsubmit.confirmed(status.query_run(*runs.values())) if kind == "slurm" else None
     finished: set = set()
     queued: Dict[Tuple[str, Any], str] = {}
     states, never = {}, []

@@ -85,6 +85,20 @@ def test_preempting_a_job_that_is_not_running_says_so(slurm_cluster):
         slurm_cluster.run(["scancel", jid])
 
 
+def test_a_submission_trusts_the_controller_over_an_accounting_record_that_lags(slurm_cluster, job_dir):
+    """slurmdbd hears of a job's end after slurmctld: a record still RUNNING in sacct's answer is
+    replaced by the controller's FAILED, and a job the controller has never heard of keeps its record."""
+    from hpc.slurm import scheduler
+
+    jid = sbatch(slurm_cluster, f"--output={job_dir}/out", "--wrap", "exit 3")
+    wait_state(slurm_cluster, jid, {"FAILED"})
+    lagging = scheduler.JobRecord(jid, "RUNNING", "RUNNING", "None", "", "", "", "", "n1", 0)
+    unknown = scheduler.JobRecord("99999", "PENDING", "PENDING", "None", "", "", "", "", "", 0)
+    answer = scheduler.confirm_active(scheduler.Answer({jid: lagging, "99999": unknown}, "sacct"))
+    assert (answer[jid].state, answer["99999"]) == ("FAILED", unknown)
+    assert answer.source == "sacct"
+
+
 def _hold(port: int) -> socket.socket:
     held = socket.socket()
     held.bind(("127.0.0.1", port))
