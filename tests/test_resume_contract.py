@@ -151,3 +151,21 @@ def test_a_link_into_the_submit_directory_is_never_moved(tmp_path):
 @pytest.mark.parametrize("pattern", ["out/*.pt", "out/ckpt.pt"])
 def test_nothing_to_resume_from_starts_fresh(tmp_path, pattern):
     assert resume.plan(pattern, tmp_path, tmp_path, ATTEMPT)["last"] is None
+
+
+def test_the_in_script_hook_picks_the_same_checkpoint_and_sets_aside_the_same_way(tmp_path, monkeypatch):
+    """hpc.scripts.hooks (inside an HF or Accelerate script) follows the wrapper's resume plan."""
+    from hpc.scripts import hooks
+
+    for step in (5, 10):
+        hf_checkpoint(tmp_path / "out", step)
+    hf_checkpoint(tmp_path / "out", 15, finished=False)
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    monkeypatch.delenv("HPC_SET_ASIDE_DIR", raising=False)
+    assert hooks.newest_complete(tmp_path / "out", "checkpoint-*", set_aside=True).name == "checkpoint-10"
+    assert (tmp_path / "out" / "checkpoint-15").exists()  # nowhere to put it: left where it is
+    monkeypatch.setenv("HPC_SET_ASIDE_DIR", str(tmp_path / "task" / "incomplete"))
+    assert hooks.newest_complete(tmp_path / "out", "checkpoint-*", set_aside=True).name == "checkpoint-10"
+    assert (tmp_path / "task" / "incomplete" / "checkpoint-15.7-1" / "model.safetensors").exists()
+    assert not (tmp_path / "out" / "checkpoint-15").exists()

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from hpc.checkpoint.complete import SET_ASIDE, is_complete, step_of
+from hpc.scripts import resume
 from hpc.scripts.scriptwatch import STACKS_SIGNAL
 
 SITE = Path(__file__).with_name("site")  # holds the sitecustomize that calls install()
@@ -41,21 +42,21 @@ def environ(preset: Any, task_dir: Path, pythonpath: str = "") -> Dict[str, str]
 
 
 def newest_complete(folder: Path, pattern: str, set_aside: bool) -> Optional[Path]:
-    """The newest complete checkpoint in folder; with set_aside, incomplete ones are moved out first."""
-    found = sorted(Path(folder).glob(pattern), key=step_of)
-    for path in reversed(found):
+    """The newest complete checkpoint in folder; with set_aside, incomplete ones are moved out first,
+    as the wrapper's own resume plan does (hpc.scripts.resume)."""
+    aside_dir = os.environ.get("HPC_SET_ASIDE_DIR") if set_aside else None
+    attempt = {"job": os.environ.get("SLURM_JOB_ID", "0"), "restart": os.environ.get("SLURM_RESTART_COUNT", "0")}
+    for path in reversed(resume.matches(pattern, Path(folder))):
         ok, why = is_complete(path)
         if ok:
             return path
-        if set_aside and os.environ.get("HPC_SET_ASIDE_DIR"):
-            dest = Path(os.environ["HPC_SET_ASIDE_DIR"]) / f"{path.name}.{os.environ.get('SLURM_JOB_ID', '0')}-" \
-                f"{os.environ.get('SLURM_RESTART_COUNT', '0')}"
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                os.replace(path, dest)
-                print(f"[hpc] set aside {path} -> {dest}: {why}", file=sys.stderr, flush=True)
-            except OSError as err:
-                print(f"[hpc] could not set aside {path} ({err}); resuming from an older one", file=sys.stderr)
+        if not aside_dir or path.is_symlink():
+            continue
+        try:
+            dest = resume.set_aside(path, Path(aside_dir).parent, attempt)
+            print(f"[hpc] set aside {path} -> {dest}: {why}", file=sys.stderr, flush=True)
+        except OSError as err:
+            print(f"[hpc] could not set aside {path} ({err}); resuming from an older one", file=sys.stderr)
     return None
 
 
