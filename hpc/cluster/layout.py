@@ -229,7 +229,7 @@ MinJobAge={c.min_job_age_s}
 InactiveLimit=0
 MessageTimeout=20
 SlurmdTimeout=300
-SchedulerParameters=sched_interval=5
+SchedulerParameters=sched_interval=1
 JobRequeue=1
 MaxArraySize={c.max_array_size}
 {f"FirstJobId={c.job_id_start}{chr(10)}" if c.job_id_start != 1 else ""}{_accounting(c) + _configless(c)}# A job in `low` that a `high` job needs the nodes of gets SIGTERM, GraceTime seconds, then requeue.

@@ -69,7 +69,7 @@ def test_preempted_twice_ends_bitwise_identical(slurm_cluster, reference_weights
     cut_dir.mkdir()
 
     job = executor(tmp_path / "cut-logs").submit(workload.train, str(cut_dir), total=TOTAL, ballast_mb=ballast_mb)
-    # Early enough that the scheduler (sched_interval=5 s) preempts before the run ends.
+    # Early enough that the scheduler (sched_interval=1 s, and the grace time) preempts before the run ends.
     targets = sorted(random.Random().sample(range(3, 30), 2))
     for restart, target in enumerate(targets):
         wait_for(lambda: progress(cut_dir)["restart"] == restart and progress(cut_dir)["step"] >= target,
