@@ -23,11 +23,11 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Callable, List, NamedTuple, Optional, Sequence
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence
 
 from bench.common import REPO, Context
-from faults.common import Outcome
 from bench.report import Section, machine, render_section, stamp
+from faults.common import Outcome
 
 TITLE = "Reliability under injected faults"
 TARGET = "0 checkpoints and 0 manifest entries lost"
@@ -57,10 +57,12 @@ def _submissions(scratch: Path, rounds: int, seed: int) -> Outcome:
                    f"one new run dir; {expected} manifest entries expected")
 
 
-def _normal_exits(scratch: Path, count: int, seed: int) -> Outcome:
-    from faults.exits import normal_exits
+def _normal_exits(workload: str):
+    def campaign(scratch: Path, count: int, seed: int) -> Outcome:
+        from faults.exits import normal_exits
 
-    return normal_exits(scratch, count, seed)
+        return normal_exits(scratch, count, seed, workload)
+    return campaign
 
 
 def campaigns() -> List[Campaign]:
@@ -83,7 +85,11 @@ def campaigns() -> List[Campaign]:
         Campaign("dropout + augmentation run SIGTERMed or SIGKILLed, then resumed",
                  dropout_resume, 10, 2),
         Campaign("concurrent submissions into one run dir", _submissions, 9, 2),
-        Campaign("normal exits of a 2 x 2 DDP job under srun --kill-on-bad-exit", _normal_exits, 200, 4),
+        Campaign("normal exits of a 2 x 2 DDP job under srun --kill-on-bad-exit", _normal_exits("ddp"), 200, 4),
+        Campaign("normal exits of a 2 x 2 TrainLoop job under DDP, srun --kill-on-bad-exit",
+                 _normal_exits("trainloop-ddp"), 200, 4),
+        Campaign("normal exits of a 2 x 2 TrainLoop job under FSDP (DCP's second group), srun --kill-on-bad-exit",
+                 _normal_exits("trainloop-fsdp"), 200, 4),
         Campaign("a rank hung (SIGSTOP, or asleep in its step): watchdog", hung_ranks, 10, 2),
         Campaign("a node failed under a 2-node training job: requeued without it", node_failures, 5, 1),
         Campaign("shared FS: directory fsync answers EINVAL", fs.dir_fsync_einval, 30, 4),
@@ -93,18 +99,51 @@ def campaigns() -> List[Campaign]:
     ]
 
 
-def run(ctx: Context, seed: int = SEED) -> Section:
-    command = "python -m faults.reliability" + (" --quick" if ctx.quick else "")
+def earlier_rows(report: Path) -> Dict[str, List[str]]:
+    """The rows of an earlier RELIABILITY.md by their kind (the total row left out), and its date line."""
+    try:
+        lines = report.read_text().splitlines()
+    except OSError:
+        return {}
+    rows = {}
+    for line in lines:
+        cols = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| ") and len(cols) == 5 and cols[0] not in ("faults", "**total**"):
+            rows[cols[0]] = cols
+    produced = next((ln for ln in lines if ln.startswith("Produced by")), "")
+    return {**rows, "": [produced]} if rows else {}
+
+
+def run(ctx: Context, seed: int = SEED, only: Sequence[str] = (), earlier: Optional[Dict[str, List[str]]] = None,
+        command: str = "") -> Section:
+    """Every campaign, or with `only` those whose kind holds one of its words; the others' rows
+    are then carried over from `earlier` (earlier_rows), and a note says from when."""
+    command = command or "python -m faults.reliability" + (" --quick" if ctx.quick else "")
     sec = Section("reliability", TITLE, TARGET, command,
                   headers=["faults", "injected", "lost", "seconds", "what was checked"])
     injected = lost = 0
-    not_run = []
+    not_run, carried = [], []
     hpc_log = logging.getLogger("hpc")
     level = hpc_log.level
     hpc_log.setLevel(logging.ERROR)  # the store warns about every entry it skips: expected here
     try:
         for i, c in enumerate(campaigns()):
+            if only and not any(word in c.kind for word in only):
+                row = (earlier or {}).get(c.kind.replace("|", "/"))
+                if row is None:
+                    sec.rows.append([c.kind, "not run", "-", "-",
+                                     "not selected by --only, and not in the earlier report"])
+                    not_run.append(c.kind)
+                    continue
+                sec.rows.append(row)
+                carried.append(c.kind)
+                if row[1].isdigit() and row[2].isdigit():
+                    injected, lost = injected + int(row[1]), lost + int(row[2])
+                else:
+                    not_run.append(c.kind)
+                continue
             t0 = time.perf_counter()
+            print(f"campaign: {c.kind} ({c.quick if ctx.quick else c.count})", flush=True)
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
@@ -123,6 +162,10 @@ def run(ctx: Context, seed: int = SEED) -> Section:
     sec.verdicts.append((f"{lost} lost over {injected} injected faults", lost == 0))
     sec.verdicts.append(("every campaign ran" + (f" (not run: {', '.join(not_run)})" if not_run else ""),
                          not not_run))
+    if carried:
+        when = (earlier or {}).get("", [""])[0].replace("Produced by", "produced by")
+        sec.notes.append(f"{len(carried)} rows are carried over from the earlier report ({when.rstrip('. ')}): "
+                         f"`{command}` reran only the others")
     sec.notes += [
         "lost: a committed checkpoint that did not load afterwards; a load that raised, returned "
         "None once a checkpoint existed, or mixed files of two steps; a resumed run whose parameters "
@@ -153,16 +196,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--keep", action="store_true", help="leave the scratch directory (the logs of what was lost)")
     p.add_argument("--out", help=f"report path (default {REPO / 'RELIABILITY.md'}; with --quick "
                    f"{REPO / 'RELIABILITY-quick.md'})")
+    p.add_argument("--only", nargs="+", default=[], metavar="WORDS",
+                   help="run only the campaigns whose name holds one of these words (e.g. 'normal exits'); "
+                        "the other rows are carried over from the report being replaced")
     args = p.parse_args(argv)
     out = Path(args.out or REPO / ("RELIABILITY-quick.md" if args.quick else "RELIABILITY.md"))
     command = "python -m faults.reliability" + (" --quick" if args.quick else "") + \
-        (f" --seed {args.seed}" if args.seed != SEED else "")
+        (f" --seed {args.seed}" if args.seed != SEED else "") + \
+        "".join(f" --only '{w}'" for w in args.only)
     started, info = time.time(), machine()
     t0 = time.perf_counter()
     with Context(quick=args.quick, keep=args.keep) as ctx:
         if args.keep:
             print(f"scratch directory, kept: {ctx.tmp}", flush=True)
-        sec = run(ctx, args.seed)
+        sec = run(ctx, args.seed, args.only, earlier_rows(out) if args.only else None, command)
     sec.command, sec.seconds = command, time.perf_counter() - t0
     out.write_text(render(sec, command, started, info))
     print(f"wrote {out}: {sec.outcome}")
