@@ -105,21 +105,3 @@ def test_a_module_without_reset_parameters_is_named_with_a_hint():
             model = NoReset()
         with pytest.raises(ValueError, match=r"without reset_parameters\(\): the model \(NoReset\).*HINT.*init_fn"):
             s.wrap(model, strategy="fsdp")
-
-
-@pytest.mark.parametrize("bf16", [False, True])
-def test_fsdp_follows_the_sessions_precision_on_a_faked_cuda_device(monkeypatch, bf16):
-    """No GPU needed: a Session bound to cuda:0 (nothing touches the device) hands its bf16 switch
-    to hpc.runtime.fsdp.shard, and the default policy on CUDA is bf16 only when asked for."""
-    import hpc.runtime.fsdp
-    import hpc.runtime.session
-    from hpc.runtime.fsdp import default_policy
-
-    seen = {}
-    monkeypatch.setattr(hpc.runtime.fsdp, "shard", lambda model, mesh, **kw: seen.update(kw) or model)
-    s = hpc.ddp.Session(from_environ({}), torch.device("cuda", 0), bf16=bf16)
-    s._mesh = "mesh"
-    hpc.runtime.session._fsdp(s, torch.nn.Linear(2, 2))
-    assert seen["bf16"] is bf16
-    policy = default_policy(torch.device("cuda", 0), seen["bf16"])
-    assert policy.param_dtype == (torch.bfloat16 if bf16 else None)

@@ -23,7 +23,8 @@ so the device holds at most one unit's full parameters beside the shards.
 Precision follows the session: with ``hpc.ddp.session(bf16=True)`` on CUDA the gathered
 parameters are bf16 and gradients are reduced in fp32
 (``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``), while the shards and the optimizer
-keep fp32. Otherwise (the default, and always on the CPU) everything stays in the model's dtype.
+keep fp32. Otherwise (the default, and in a session on the CPU) everything stays in the model's
+dtype. ``shard(..., bf16=True)`` itself applies the bf16 policy on any device.
 """
 
 from __future__ import annotations
@@ -49,12 +50,12 @@ def default_units(model: torch.nn.Module) -> list[torch.nn.Module]:
     return units
 
 
-def default_policy(device: torch.device, bf16: bool = False):
-    """bf16 compute with fp32 gradient reduction on CUDA when the session asked for bf16
-    (``hpc.ddp.session(bf16=True)``); the model's own dtype otherwise."""
+def default_policy(bf16: bool = False):
+    """bf16 compute with fp32 gradient reduction when asked for (the session asks on CUDA only:
+    ``hpc.ddp.session(bf16=True)``); the model's own dtype otherwise."""
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    if bf16 and device.type == "cuda":
+    if bf16:
         return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     return MixedPrecisionPolicy()
 
@@ -120,6 +121,7 @@ def _reset_whole(module: torch.nn.Module) -> None:
 def shard(model: torch.nn.Module, mesh, units: Iterable[torch.nn.Module] | None = None,
           mp_policy=None, bf16: bool = False) -> torch.nn.Module:
     """fully_shard each unit, then the root; returns the model (FSDP2 shards it in place).
+    bf16: default_policy(bf16=True) on any device (the session passes it on CUDA only).
     A meta model stays on meta: call materialize() afterwards."""
     from torch.distributed.fsdp import fully_shard
 
@@ -127,7 +129,7 @@ def shard(model: torch.nn.Module, mesh, units: Iterable[torch.nn.Module] | None 
     if any(unit is model for unit in chosen):
         raise ValueError("units= contains the model itself; the root is sharded last anyway. "
                          "HINT: pass its blocks, e.g. units=list(model.layers)")
-    policy = mp_policy if mp_policy is not None else default_policy(torch.device(mesh.device_type), bf16)
+    policy = mp_policy if mp_policy is not None else default_policy(bf16)
     for unit in chosen:
         fully_shard(unit, mesh=mesh, mp_policy=policy)
     return fully_shard(model, mesh=mesh, mp_policy=policy)
