@@ -8,6 +8,7 @@ then trains a few SGD steps on one fixed batch. Every rank writes OUT/rank-<r>.j
 resident memory growth from just before ``wrap`` (after a warm-up) to the peak just after it (from /proc/self/statm
 and getrusage's ru_maxrss), the model's full size, this rank's parameter elements, whether every
 weight lies within its ``reset_parameters`` bound (uninitialised memory would not), and the losses.
+Rank 0 saves the initialised model, gathered whole, as OUT/initial.pt (seed 0, set after warm-up).
 """
 
 from __future__ import annotations
@@ -95,16 +96,20 @@ def main() -> None:
     a = p.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     with hpc.ddp.session(timeout_s=120) as s:
+        warm_up(s)  # before seeding: its init draws from the generator
         torch.manual_seed(0)
         with torch.device("meta"):
             model = Deep(a.blocks, a.width)
-        warm_up(s)
         reset_peak()
         before = rss_bytes()
         model = s.wrap(model, strategy=a.strategy)
         grown = peak_bytes() - before
         bound = 1 / math.sqrt(a.width)  # nn.Linear.reset_parameters: U(-1/sqrt(fan_in), ...)
         in_bounds = all(bool((local(q).abs() <= bound).all()) for q in model.parameters())
+        full = {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in model.state_dict().items()}
+        if s.is_main:
+            torch.save(full, a.out / "initial.pt")
+        del full
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         gen = torch.Generator().manual_seed(1)
         x = torch.randn(4, a.width, generator=gen)

@@ -2,8 +2,8 @@
 
     python -m pytest -q tests/test_fsdp_meta.py
 
-Two gloo ranks wrap a 64 MiB model of 16 residual Linear(1024) blocks built under
-torch.device("meta") (tests/meta_workload.py). The resident memory each rank gains while wrapping
+Two gloo ranks wrap a 64 MiB model of 16 residual Linear(1023) blocks built under
+torch.device("meta") (tests/meta_workload.py); gathered, it must equal the plain build of the seed. The resident memory each rank gains while wrapping
 and initialising must stay within its half of the model, plus the largest sharding unit, plus
 OVERHEAD (allocator slack and FSDP's bookkeeping; the code FSDP loads on first use is warmed up
 before): materialising the whole model on a rank first, as wrap did before, would exceed it.
@@ -27,6 +27,19 @@ from test_fsdp import REPO
 
 WORKLOAD = Path(__file__).with_name("meta_workload.py")
 OVERHEAD = 16 * 2**20
+BLOCKS, WIDTH = 16, 1023
+
+
+def test_a_meta_model_sharded_over_two_ranks_is_the_plain_build_of_the_same_seed(two_ranks):
+    """Each rank keeps its part of the full init, so the gathered model is bit for bit the one
+    `torch.manual_seed(0); Deep(...)` builds in one process, distinct shards included."""
+    out, _ = two_ranks
+    initial = torch.load(out / "initial.pt")
+    torch.manual_seed(0)
+    plain = Deep(BLOCKS, WIDTH).state_dict()
+    assert initial.keys() == plain.keys()
+    for key, value in plain.items():
+        assert torch.equal(initial[key], value), f"{key} differs from the plain build"
 
 
 def run_meta(world: int, out: Path, *args: str) -> list[dict]:
@@ -43,8 +56,15 @@ def run_meta(world: int, out: Path, *args: str) -> list[dict]:
     return [json.loads((out / f"rank-{r}.json").read_text()) for r in range(world)]
 
 
-def test_a_meta_model_is_sharded_initialised_and_trained_without_the_full_model_on_a_rank(tmp_path):
-    reports = run_meta(2, tmp_path, "--strategy", "fsdp", "--blocks", "16", "--width", "1024")
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> tuple[Path, list[dict]]:
+    """One 2-rank run for the tests below (odd width: the shards of every tensor differ in size)."""
+    out = tmp_path_factory.mktemp("meta")
+    return out, run_meta(2, out, "--strategy", "fsdp", "--blocks", str(BLOCKS), "--width", str(WIDTH))
+
+
+def test_a_meta_model_is_sharded_initialised_and_trained_without_the_full_model_on_a_rank(two_ranks):
+    _, reports = two_ranks
     for r in reports:
         assert r["in_bounds"], "shards were not initialised by reset_parameters"
         assert r["local_numel"] < r["numel"] * 0.6
@@ -85,21 +105,3 @@ def test_a_module_without_reset_parameters_is_named_with_a_hint():
             model = NoReset()
         with pytest.raises(ValueError, match=r"without reset_parameters\(\): the model \(NoReset\).*HINT.*init_fn"):
             s.wrap(model, strategy="fsdp")
-
-
-@pytest.mark.parametrize("bf16", [False, True])
-def test_fsdp_follows_the_sessions_precision_on_a_faked_cuda_device(monkeypatch, bf16):
-    """No GPU needed: a Session bound to cuda:0 (nothing touches the device) hands its bf16 switch
-    to hpc.runtime.fsdp.shard, and the default policy on CUDA is bf16 only when asked for."""
-    import hpc.runtime.fsdp
-    import hpc.runtime.session
-    from hpc.runtime.fsdp import default_policy
-
-    seen = {}
-    monkeypatch.setattr(hpc.runtime.fsdp, "shard", lambda model, mesh, **kw: seen.update(kw) or model)
-    s = hpc.ddp.Session(from_environ({}), torch.device("cuda", 0), bf16=bf16)
-    s._mesh = "mesh"
-    hpc.runtime.session._fsdp(s, torch.nn.Linear(2, 2))
-    assert seen["bf16"] is bf16
-    policy = default_policy(torch.device("cuda", 0), seen["bf16"])
-    assert policy.param_dtype == (torch.bfloat16 if bf16 else None)

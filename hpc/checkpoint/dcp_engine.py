@@ -109,7 +109,9 @@ class DcpEngine:
         # warns from its own thread.
         warnings.filterwarnings("ignore", SINGLE_PROCESS_WARNING, UserWarning)
         # A collective call: every rank constructs its engine at the same point of the program.
-        self.group = dist.new_group(backend="gloo") if self.distributed else None
+        # The session's group: its collectives time out with the session's (timeout_s, then
+        # train_timeout_s), not after torch's 30 minutes, while a resume's load waits on a lost rank.
+        self.group = session.new_group("gloo") if self.distributed else None
         self.pinned = device.type == "cuda" if pinned is None else pinned
         self._stager: ShareStager | None = None  # buffers of this rank's share, kept between saves
         self._pending: Any = None

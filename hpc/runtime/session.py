@@ -51,8 +51,10 @@ class Session:
         self._wrapped: list[torch.nn.Module] = []
         self._mesh = None
         # collectives wait timeout_s during start-up, train_timeout_s once training_started()
+        self.timeout_s = timeout_s  # what they wait now, on every group of the session
         self.train_timeout_s = train_timeout_s or timeout_s
         self._timeout_pending = train_timeout_s is not None
+        self._groups: list = []  # groups made besides the default one: their timeouts switch with it
 
     @property
     def distributed(self) -> bool:
@@ -94,7 +96,19 @@ class Session:
             from torch.distributed.device_mesh import init_device_mesh
 
             self._mesh = init_device_mesh(self.device.type, (self.world_size,))
+            group = self._mesh.get_group()
+            if group is not dist.group.WORLD:  # torch makes one for a CUDA mesh over a gloo group
+                dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=self.timeout_s), group)
+                self._groups.append(group)
         return self._mesh
+
+    def new_group(self, backend: str = "gloo"):
+        """A process group of all tasks whose collectives wait as long as the session's do (timeout_s,
+        then train_timeout_s): torch's default for a new group is 30 minutes whatever the session's.
+        A collective: every rank calls it at the same point of the program."""
+        group = dist.new_group(backend=backend, timeout=datetime.timedelta(seconds=self.timeout_s))
+        self._groups.append(group)
+        return group
 
     def loader(self, dataset, batch_size: int, shuffle: bool = True, seed: int = 0,
                drop_last: bool = True, **loader_kwargs) -> torch.utils.data.DataLoader:
@@ -171,7 +185,9 @@ class Session:
         it is still in its start-up (compiling, loading a checkpoint)."""
         if self._timeout_pending and self.distributed:
             self.barrier()
-            dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=self.train_timeout_s))
+            for group in (None, *self._groups):  # None: the default group
+                dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=self.train_timeout_s), group)
+            self.timeout_s = self.train_timeout_s
         self._timeout_pending = False
 
     def barrier(self) -> None:
