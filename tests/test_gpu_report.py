@@ -42,3 +42,11 @@ def test_junit_outcomes_are_read_per_test(tmp_path):
                    '<testcase classname="tests.gpu.test_device" name="test_c[cpu]"/></testsuite></testsuites>')
     assert results(xml) == {"test_device::test_a[cuda]": "skipped: no CUDA device here",
                             "test_device::test_b": "failed", "test_device::test_c[cpu]": "passed"}
+
+
+def test_the_readme_lists_every_path_and_whether_it_ran_on_a_gpu():
+    table = [line for line in (GPU_TESTS / "README.md").read_text().splitlines() if line.startswith("| ")][1:]
+    assert len(table) == len(PATHS)
+    for path in PATHS:
+        label = path.split(" (")[0].replace("device_ids", "`device_ids`").replace("cuda:0", "`cuda:0`")
+        assert any(row.startswith(f"| {label}") for row in table), label
