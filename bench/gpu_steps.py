@@ -50,11 +50,11 @@ def _net():
     return Net(), data
 
 
-def _stepper(model, loader, reduce_mean, device):
+def _stepper(model, batches, reduce_mean, device):
+    """One training step per call on the next of `batches` (an endless iterator)."""
     import torch
 
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    batches = _endless(loader)
 
     def step() -> None:
         x, y = next(batches)
@@ -68,21 +68,14 @@ def _stepper(model, loader, reduce_mean, device):
     return step
 
 
-def _endless(loader):
-    epoch = 0
-    while True:
-        if hasattr(loader, "sampler") and hasattr(loader.sampler, "set_epoch"):
-            loader.sampler.set_epoch(epoch)
-        yield from loader
-        epoch += 1
-
-
 def pair(which: str) -> Dict[str, Any]:
     """Hand-written ("torch") and hpc ("hpc") DDP or FSDP, alternating blocks on cuda:0."""
     import torch
     import torch.distributed as dist
     from onerank import OneRankSession, one_rank_group
     from torch.utils.data import DataLoader, DistributedSampler
+
+    from bench.ddp_overhead import batches_by_hand
 
     with one_rank_group("cuda") as (device, _):
         def by_hand() -> Arm:
@@ -104,13 +97,14 @@ def pair(which: str) -> Dict[str, Any]:
             def reduce_mean(t):
                 dist.all_reduce(t)
                 return t / dist.get_world_size()
-            return Arm("torch", _stepper(model, loader, reduce_mean, device))
+            return Arm("torch", _stepper(model, batches_by_hand(loader, sampler), reduce_mean, device))
 
         def with_hpc() -> Arm:
             s = OneRankSession(device)
             model, data = _net()
             model = s.wrap(model, strategy=which)
-            return Arm("hpc", _stepper(model, s.loader(data, batch_size=BATCH, seed=0), s.all_reduce_mean, device))
+            batches = s.loader(data, batch_size=BATCH, seed=0).batches()  # its resumable position, as users draw
+            return Arm("hpc", _stepper(model, batches, s.all_reduce_mean, device))
 
         a, b = by_hand(), with_hpc()
         return run_blocks(a, b, BLOCKS, BLOCK_STEPS)

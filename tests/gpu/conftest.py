@@ -11,6 +11,7 @@ onerank.NO_TWO_GPUS (marks.py).
 from __future__ import annotations
 
 import pytest
+import torch
 from marks import KINDS
 from onerank import one_rank_group
 
@@ -26,3 +27,11 @@ def group(kind):
     """A one-rank default process group for `kind` (NCCL on cuda:0, gloo on the CPU): (device, backend)."""
     with one_rank_group(kind) as (device, backend):
         yield device, backend
+
+
+@pytest.fixture(autouse=True)
+def tf32_as_it_was():
+    """hpc.ddp.session sets TF32 process-wide (on by default): every test starts from the same switches."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
