@@ -28,6 +28,13 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     report = out / "rank-0.json"
     timeouts = {"timeout_s": seconds} if mode == "start" else {"timeout_s": 120, "train_timeout_s": seconds}
+    # Both ranks have imported torch before either starts the session: on a loaded machine one may
+    # import for longer than the SECONDS the rendezvous itself is given in `start` mode.
+    rank = os.environ["RANK"]
+    (out / f"imported-{rank}").touch()
+    deadline = time.monotonic() + 120
+    while len(list(out.glob("imported-*"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
     with hpc.ddp.session(**timeouts) as s:
         engine = DcpEngine(s)
         s.training_started()
