@@ -82,13 +82,14 @@ def load(schema: type, pipeline: str, profile: Optional[str] = None,
          overrides: Sequence[str] = (), saved: Optional[Path] = None,
          templates: Optional[Traversable] = None, extra: Sequence[str] = (),
          notes: Optional[List[str]] = None, view: bool = True,
-         settle: Optional[Callable[[Any], bool]] = None) -> Any:
+         settle: Optional[Callable[[Any], bool]] = None, keep: bool = True) -> Any:
     """Build the resolved config for `pipeline`, checked against `schema` (a dataclass).
     `extra`: the pipeline's template files (PipelineDef.templates), merged in order; each must exist:
     running on dataclass defaults because a template went missing would be silently wrong.
     `notes`: receives a line naming what a profile changed in a saved config. `settle`: the
     pipeline's hook that fills in values depending on others (PipelineDef.settle). A result built from
-    the same inputs before is read back from the user's cache (hpc.config.cache).
+    the same inputs before is read back from the user's cache (hpc.config.cache); `keep=False` (a dry
+    run) reads that cache but never writes it.
     Returns a read-only hpc.config.view.ConfigView, built or read back alike (so a cache hit behaves
     as a miss does); `view=False`: the DictConfig, for callers that vary it (hpc.sweep.points)."""
     templates = templates or layers.templates_root()
@@ -101,10 +102,10 @@ def load(schema: type, pipeline: str, profile: Optional[str] = None,
     said: List[str] = []
     cfg, plain, pure = _build(schema, pipeline, profile, overrides, saved, templates, extra,
                               said if notes is not None else None, settle)
-    keep = digest if pure else None
-    if view or keep:  # a DictConfig that is not kept needs no text
+    kept = digest if pure and keep else None
+    if view or kept:  # a DictConfig that is not kept needs no text
         text = to_yaml(cfg)
-        configcache.put(keep, cfg, plain, text, said)
+        configcache.put(kept, cfg, plain, text, said)
     if notes is not None:
         notes.extend(said)
     return configview.ConfigView(plain, yaml=text) if view else cfg
