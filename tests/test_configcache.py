@@ -103,6 +103,57 @@ def test_a_settle_hook_fills_in_before_the_checks_and_is_kept_only_when_pure(tem
     assert count["n"] == 3 and seen == [0.5, 0.5]  # never read back: built, and settled, each time
 
 
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    """A user's package whose settle hook calls a helper module of the same package, and a hook that
+    calls another top-level package of the same tree."""
+    import sys
+
+    code = tmp_path / "code"
+    for name in ("settlepkg", "otherpkg"):
+        (code / name).mkdir(parents=True)
+        (code / name / "__init__.py").write_text("")
+    (code / "settlepkg" / "hook.py").write_text(
+        "from otherpkg import rate\nfrom settlepkg import helper\n\n\n"
+        "def settle(cfg):\n    cfg.lr = helper.lr()\n    return True\n\n\n"
+        "def settle_elsewhere(cfg):\n    cfg.lr = rate.lr()\n    return True\n")
+    (code / "settlepkg" / "helper.py").write_text("def lr():\n    return 0.25\n")
+    (code / "otherpkg" / "rate.py").write_text("def lr():\n    return 0.75\n")
+    monkeypatch.syspath_prepend(str(code))
+    yield code
+    for name in [n for n in sys.modules if n.split(".")[0] in ("settlepkg", "otherpkg")]:
+        del sys.modules[name]
+
+
+def test_a_changed_helper_module_of_the_settle_hook_builds_the_config_anew(templates, project, monkeypatch):
+    import importlib
+    import os
+
+    from settlepkg import helper, hook
+
+    count = builds(monkeypatch)
+    settle = lambda: config.load(Schema, "p", "small", [], None, templates=templates,  # noqa: E731
+                                 extra=["base.yaml"], settle=hook.settle)
+    assert settle().lr == 0.25 and settle().lr == 0.25 and count["n"] == 1  # kept, and read back
+    path = project / "settlepkg" / "helper.py"
+    before = path.stat()
+    path.write_text("def lr():\n    return 0.50\n")  # the same length, and the same mtime
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    importlib.reload(helper)
+    assert settle().lr == 0.5 and count["n"] == 2
+
+
+def test_a_settle_hook_that_runs_code_of_another_package_is_never_kept(templates, project, monkeypatch):
+    from settlepkg import hook
+
+    count = builds(monkeypatch)
+    for _ in range(2):
+        cfg = config.load(Schema, "p", "small", [], None, templates=templates, extra=["base.yaml"],
+                          settle=hook.settle_elsewhere)
+        assert cfg.lr == 0.75
+    assert count["n"] == 2  # otherpkg is not in the key: built each time
+
+
 def test_a_settle_hook_that_breaks_the_schema_names_the_pipeline(templates):
     def bad(cfg):
         cfg.lr = "fast"
