@@ -1,4 +1,5 @@
 """The code snapshot (hpc.rundir.snapshot): what is copied, reuse, limits, and how the live tree is compared."""
+import json
 import os
 import subprocess
 import sys
@@ -86,8 +87,8 @@ def test_a_new_run_dir_links_an_earlier_snapshot_of_the_same_files_and_copies_af
     assert second.hash == first.hash and files_in(second.dir) == files_in(first.dir)
     assert os.path.samefile(second.dir / "pkg" / "mod.py", first.dir / "pkg" / "mod.py")
     assert os.readlink(second.dir / "link.py") == "pkg/mod.py"
-    assert (tmp_path / "b" / "code" / f"{second.hash}.json").read_text() == \
-        (tmp_path / "a" / "code" / f"{first.hash}.json").read_text()
+    listed = lambda run, snap: json.loads((tmp_path / run / "code" / f"{snap.hash}.json").read_text())  # noqa: E731
+    assert listed("b", second)["files"] == listed("a", first)["files"]
     (checkout / "pkg" / "mod.py").write_text("VERSION = 'edited'\n")
     third = snapshot.take(source, tmp_path / "c", max_mb=10)
     assert not third.linked and third.hash != first.hash
@@ -99,6 +100,51 @@ def test_a_new_run_dir_links_an_earlier_snapshot_of_the_same_files_and_copies_af
     (checkout / "pkg" / "mod.py").write_text("VERSION = 'again'\n")
     fourth = snapshot.take(source, tmp_path / "d", max_mb=10)
     assert not fourth.linked and (fourth.dir / "pkg" / "mod.py").read_text() == "VERSION = 'again'\n"
+
+
+def edit_keeping_size_and_mtime(path: Path, text: str) -> None:
+    """A same-length edit whose mtime is put back: as an edit within one timestamp tick looks."""
+    before = path.stat()
+    assert len(text) == before.st_size
+    path.write_text(text)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+
+
+def test_a_same_length_edit_with_its_mtime_put_back_is_a_change(checkout, tmp_path, monkeypatch):
+    monkeypatch.setenv("HPC_CACHE_DIR", str(tmp_path / "cache"))
+    source = codefiles.source_of(str(checkout), checkout)
+    first = snapshot.take(source, tmp_path / "a", max_mb=10)
+    edit_keeping_size_and_mtime(checkout / "pkg" / "mod.py", "VERSION = 'uncommittee'\n")
+    other = snapshot.take(source, tmp_path / "b", max_mb=10)  # a new run dir: not linked to the old copy
+    assert not other.linked and (other.dir / "pkg" / "mod.py").read_text() == "VERSION = 'uncommittee'\n"
+    again = snapshot.take(source, tmp_path / "a", max_mb=10, previous=first.hash)
+    assert not again.reused and again.hash == other.hash != first.hash and "reused" not in again.summary()
+    assert (again.dir / "pkg" / "mod.py").read_text() == "VERSION = 'uncommittee'\n"
+    assert "the live code differs (1 changed (pkg/mod.py))" in snapshot.status_line(first.record())
+
+
+def test_a_file_edited_within_a_tick_of_its_listing_is_read_again(checkout, tmp_path, monkeypatch):
+    """Where timestamps have a 1 s tick, an edit right after the snapshot keeps the ctime as well as
+    the size and mtime: the listing's entry is then made to hold the live ctime and inode, and
+    only the racy rule (mtime within RACY_NS of the listing) can tell."""
+    monkeypatch.setenv("HPC_CACHE_DIR", str(tmp_path / "cache"))
+    source = codefiles.source_of(str(checkout), checkout)
+    first = snapshot.take(source, tmp_path / "a", max_mb=10)
+    path = checkout / "pkg" / "mod.py"
+    edit_keeping_size_and_mtime(path, "VERSION = 'uncommittee'\n")
+    listing = tmp_path / "a" / "code" / f"{first.hash}.json"
+    table = json.loads(listing.read_text())
+    live = os.lstat(path)
+    entry = table["files"]["pkg/mod.py"]
+    entry[4:6] = [live.st_ctime_ns, live.st_ino]
+    listing.write_text(json.dumps(table))
+    assert "1 changed (pkg/mod.py)" in snapshot.status_line(first.record())
+    again = snapshot.take(source, tmp_path / "a", max_mb=10, previous=first.hash)
+    assert not again.reused and (again.dir / "pkg" / "mod.py").read_text() == "VERSION = 'uncommittee'\n"
+    unedited = snapshot.take(source, tmp_path / "a", max_mb=10, previous=again.hash)
+    assert unedited.reused  # racy files read again and found the same: still reused
+    assert not codefiles.clean(entry, live, table["listed_ns"])  # what told: the entry is racy
+    assert codefiles.clean(entry, live, table["listed_ns"] + 2 * codefiles.RACY_NS)  # an older one is trusted
 
 
 def test_an_earlier_copy_that_no_longer_matches_its_listing_is_not_linked(checkout, tmp_path, monkeypatch):

@@ -6,8 +6,10 @@ Which files: those `git ls-files -co --exclude-standard` names in a checkout (tr
 are on disk, untracked files .gitignore does not exclude); without git, the directory's files,
 hidden and virtualenv directories left out. Untracked files over UNTRACKED_MAX_BYTES are data, not
 code: left out and named. More than MAX_FILES files is not a code tree: refused. A listing keeps
-each file's size and mtime, so a comparison (git's own shortcut for a clean file) reads and hashes
-only the files whose size or mtime changed. Used by the snapshot (hpc.rundir.snapshot) and its cache.
+each file's size, mtime, ctime and inode, and when it was made (listed_ns), so a comparison reads
+and hashes only the files whose stat changed, or that were modified within RACY_NS before the
+listing (git's own shortcut for a clean file, and its guard for racy ones). Used by the snapshot
+(hpc.rundir.snapshot) and its cache.
 """
 from __future__ import annotations
 
@@ -22,6 +24,10 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 UNTRACKED_MAX_BYTES = 2 << 20  # an untracked (or, without git, any) file larger than this is data
 MAX_FILES = 50_000  # more than this is not a code tree (a home directory, a dataset)
+# A file modified this close before its listing was made is racy: a later edit within the same
+# timestamp tick (1 s on Lustre and many NFS servers) keeps its size, mtime and ctime. One tick, and
+# a second more for the file server's clock against the submitting host's.
+RACY_NS = 2_000_000_000
 PRUNE = frozenset({"__pycache__", "node_modules"})  # never code, walked without git
 HINT = ("HINT: add what is not code to .gitignore, raise run.snapshot_max_mb, or pass --no-snapshot "
         "(the jobs then import the live tree)")
@@ -137,11 +143,46 @@ def load_table(path: Path) -> Optional[Dict[str, Any]]:
     return table if isinstance(table, dict) and isinstance(table.get("files"), dict) else None
 
 
+def clean(entry: Sequence[Any], st: os.stat_result, listed_ns: int) -> bool:
+    """Whether a file is as a listing's `entry` says by its stat alone, as git trusts a clean index
+    entry: the same size, mtime, ctime and inode, and an mtime older than the listing by more than
+    RACY_NS. An edit within the timestamp tick of the listing (or an mtime put back by os.utime)
+    keeps size and mtime; the ctime catches the latter, and a racy file is read and hashed."""
+    return (len(entry) >= 6 and (entry[0], entry[1], entry[4], entry[5]) == (
+        st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino) and st.st_mtime_ns < listed_ns - RACY_NS)
+
+
+def same_stat(entry: Sequence[Any], st: os.stat_result) -> bool:
+    """The listed size and mtime, and the ctime and inode where the listing has them."""
+    return (entry[0], entry[1]) == (st.st_size, st.st_mtime_ns) and (
+        len(entry) < 6 or (entry[4], entry[5]) == (st.st_ctime_ns, st.st_ino))
+
+
+def content(root: Path, rel: str, st: os.stat_result) -> str:
+    """The digest of a live file (a symlink: of its target)."""
+    path = os.path.join(root, rel)
+    return digest(os.fsencode(os.readlink(path)), True) if is_link(st) else digest(Path(path).read_bytes())
+
+
 def unchanged(table: Mapping[str, Any], files: Mapping[str, os.stat_result]) -> bool:
-    """The same paths, each with the listed size and mtime (git's own shortcut for a clean file)."""
-    listed = table["files"]
-    return listed.keys() == files.keys() and all(
-        listed[rel][0] == st.st_size and listed[rel][1] == st.st_mtime_ns for rel, st in files.items())
+    """The same paths, each clean by its stat, or with the same stat and, being racy, the same
+    content read again. A listing without its time and ctimes (made before they were kept) is
+    never trusted: one copy."""
+    listed, listed_ns = table["files"], table.get("listed_ns")
+    if listed.keys() != files.keys() or not isinstance(listed_ns, int):
+        return False
+    for rel, st in files.items():
+        entry = listed[rel]
+        if clean(entry, st, listed_ns):
+            continue
+        if len(entry) < 6 or not same_stat(entry, st):
+            return False
+        try:
+            if content(Path(table["root"]), rel, st) != entry[2]:
+                return False
+        except OSError:  # gone since it was listed
+            return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -164,19 +205,18 @@ class Drift:
 
 
 def drift(table: Mapping[str, Any]) -> Drift:
-    """Compare the live tree with a snapshot's listing: only files whose size or mtime changed are
-    read and hashed."""
+    """Compare the live tree with a snapshot's listing: only files that are not clean by their stat
+    are read and hashed."""
     source = Source(Path(table["root"]), bool(table["git"]), tuple(table.get("exclude", ())))
     files, _ = listing(source)
     listed = table["files"]
+    listed_ns = table.get("listed_ns")
     changed = []
     for rel in sorted(files.keys() & listed.keys()):
-        st, (size, mtime, recorded) = files[rel], listed[rel][:3]  # then the mode, not compared here
-        if (st.st_size, st.st_mtime_ns) == (size, mtime):
-            continue
-        path = source.root / rel
-        content = os.fsencode(os.readlink(path)) if is_link(st) else path.read_bytes()
-        if digest(content, is_link(st)) != recorded:
+        st, entry = files[rel], listed[rel]
+        if clean(entry, st, listed_ns) if isinstance(listed_ns, int) else same_stat(entry, st):
+            continue  # a listing made before ctimes were kept: compared by size and mtime as then
+        if content(source.root, rel, st) != entry[2]:
             changed.append(rel)
     return Drift(tuple(changed), tuple(sorted(files.keys() - listed.keys())),
                  tuple(sorted(listed.keys() - files.keys())))
