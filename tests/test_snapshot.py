@@ -213,6 +213,61 @@ def test_without_git_the_working_directory_is_copied_without_hidden_and_virtuale
     assert files_in(snap.dir) == ["lib/util.py", "train.py"] and not snap.source.git
 
 
+def earlier_runs(tree: Path) -> None:
+    """What earlier submissions leave inside a code tree: a run directory with a checkpoint, a sweep
+    directory deeper down with its point, and beside them a manifest.json of the user's own."""
+    from hpc.rundir.run import RunDir
+    from hpc.rundir.sweepdir import SweepDir
+
+    run = RunDir(tree / "runs" / "old")
+    run.start("p", "a: 1\n", "local")
+    (run.path / "main" / "checkpoints" / "step-1").mkdir(parents=True)
+    (run.path / "main" / "checkpoints" / "step-1" / "model.pt").write_bytes(b"\0" * 4096)
+    sweep = SweepDir(tree / "exp" / "deep" / "grid")
+    sweep.save("p", {"p.x": [1]}, [], None, [])
+    point = RunDir(sweep.path / "abc123")
+    point.start("p", "x: 1\n", "local")
+    (point.path / "main").mkdir()
+    (point.path / "main" / "done").write_text("{}")
+    (tree / "web").mkdir()
+    (tree / "web" / "manifest.json").write_text('{"name": "an app", "tasks": []}')  # not hpc's: code
+
+
+def test_without_git_earlier_run_and_sweep_directories_are_not_copied(tmp_path):
+    tree = tmp_path / "proj"
+    (tree / "pkg").mkdir(parents=True)
+    (tree / "pkg" / "mod.py").write_text("x = 1\n")
+    earlier_runs(tree)
+    snap = snapshot.take(codefiles.source_of(None, tree, [tmp_path / "new"]), tmp_path / "new", max_mb=10)
+    assert files_in(snap.dir) == ["pkg/mod.py", "web/manifest.json"]
+
+
+def test_in_a_checkout_untracked_run_and_sweep_directories_are_not_copied(checkout, tmp_path):
+    earlier_runs(checkout)
+    from hpc.rundir.run import RunDir
+
+    hidden = RunDir(checkout / "out" / "hidden")  # its manifest ignored, its checkpoint not
+    hidden.start("p", "a: 1\n", "local")
+    (hidden.path / "ckpt.pt").write_bytes(b"\0" * 4096)
+    (checkout / ".gitignore").write_text("ignored/\nmanifest.json\n")
+    snap = snapshot.take(codefiles.source_of(str(checkout), checkout, [tmp_path / "new"]), tmp_path / "new",
+                         max_mb=10)
+    assert files_in(snap.dir) == [".gitignore", "link.py", "new.py", "pkg/__init__.py", "pkg/mod.py", "run.sh"]
+    (checkout / ".gitignore").write_text("ignored/\n")
+    snap = snapshot.take(codefiles.source_of(str(checkout), checkout, [tmp_path / "new"]), tmp_path / "new",
+                         max_mb=10)
+    assert "web/manifest.json" in files_in(snap.dir) and not any(
+        f.startswith(("runs/", "exp/", "out/")) for f in files_in(snap.dir))
+
+
+def test_a_tree_that_is_a_run_directory_is_refused(tmp_path):
+    from hpc.rundir.run import RunDir
+
+    RunDir(tmp_path / "run").start("p", "a: 1\n", "local")
+    with pytest.raises(codefiles.SnapshotError, match="is a run or sweep directory of hpc.*HINT"):
+        snapshot.take(codefiles.source_of(None, tmp_path / "run"), tmp_path / "new", max_mb=10)
+
+
 def test_jobs_run_in_the_snapshot_copy_of_the_submission_directory_and_import_from_it(checkout, tmp_path):
     (checkout / "src" / "lib").mkdir(parents=True)
     (checkout / "src" / "lib" / "__init__.py").write_text("")

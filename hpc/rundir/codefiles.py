@@ -4,7 +4,9 @@
 
 Which files: those `git ls-files -co --exclude-standard` names in a checkout (tracked files as they
 are on disk, untracked files .gitignore does not exclude); without git, the directory's files,
-hidden and virtualenv directories left out. Untracked files over UNTRACKED_MAX_BYTES are data, not
+hidden and virtualenv directories left out. Either way, hpc's own run and sweep directories inside
+the tree (their manifest.json or sweep.json: hpc.rundir.sweepdir.made_by_hpc) are left out, with
+their checkpoints and logs, and a tree that is one itself is refused. Untracked files over UNTRACKED_MAX_BYTES are data, not
 code: left out and named. More than MAX_FILES files is not a code tree: refused. A listing keeps
 each file's size, mtime, ctime and inode, and when it was made (listed_ns), so a comparison reads
 and hashes only the files whose stat changed, or that were modified within RACY_NS before the
@@ -20,7 +22,10 @@ import stat
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
+
+from hpc.rundir.run import MANIFEST
+from hpc.rundir.sweepdir import RECORD, made_by_hpc
 
 UNTRACKED_MAX_BYTES = 2 << 20  # an untracked (or, without git, any) file larger than this is data
 MAX_FILES = 50_000  # more than this is not a code tree (a home directory, a dataset)
@@ -64,14 +69,19 @@ def import_root(module_file: Optional[str], module: str) -> Optional[Path]:
 
 def listing(source: Source) -> Tuple[Dict[str, os.stat_result], List[str]]:
     """(relative path -> lstat of each file to copy, untracked files left out as too big)."""
+    root = str(source.root)  # joined as a string: a Path per file costs more than its lstat
+    if made_by_hpc(root):
+        raise SnapshotError(f"{root} is a run or sweep directory of hpc (its {MANIFEST} or {RECORD}); expected a "
+                            "code tree. HINT: submit from your project's directory, or pass --no-snapshot.")
     entries = git_files(source.root) if source.git else walk(source.root)
     # strictly inside: a run root that is the checkout itself (run.root=.) leaves the run dirs in it
-    excluded = [os.path.relpath(p, source.root) + "/" for p in source.exclude if source.root in Path(p).parents]
+    excluded = {os.path.relpath(p, root) for p in source.exclude if source.root in Path(p).parents}
+    if source.git:  # walk() leaves them out itself
+        excluded |= hpc_dirs(root, entries)
     files: Dict[str, os.stat_result] = {}
     skipped: List[str] = []
-    root = str(source.root)  # joined as a string: a Path per file costs more than its lstat
     for rel, tracked in entries:
-        if any((rel + "/").startswith(e) for e in excluded):
+        if excluded and under(rel, excluded):
             continue
         try:
             st = os.lstat(os.path.join(root, rel))
@@ -110,10 +120,45 @@ def git_files(root: Path) -> List[Tuple[str, bool]]:
     return list(entries.items())
 
 
+def under(rel: str, dirs: Set[str]) -> bool:
+    """Whether the relative path `rel` lies inside one of `dirs` (relative directories)."""
+    cut = rel.find("/")
+    while cut != -1:
+        if rel[:cut] in dirs:
+            return True
+        cut = rel.find("/", cut + 1)
+    return False
+
+
+def hpc_dirs(root: str, entries: List[Tuple[str, bool]]) -> Set[str]:
+    """The directories of a checkout's entries that are hpc's run or sweep directories
+    (made_by_hpc), outermost only: those that list a marker, and every directory above an untracked
+    file, read on disk (.gitignore may hide a run's manifest.json and not its checkpoints). A
+    directory of tracked files alone is not opened: the cost is one failed open per marker and
+    directory checked, and a checkout has few untracked files."""
+    dirs: Set[str] = set()
+    for rel, tracked in entries:
+        cut = rel.rfind("/")
+        if tracked and rel[cut + 1:] not in (MANIFEST, RECORD):
+            continue
+        while cut > 0 and rel[:cut] not in dirs:
+            dirs.add(rel[:cut])
+            cut = rel.rfind("/", 0, cut)
+    found: Set[str] = set()
+    for rel in sorted(dirs):  # a directory after its parents
+        if not under(rel, found) and made_by_hpc(os.path.join(root, rel)):
+            found.add(rel)
+    return found
+
+
 def walk(root: Path) -> List[Tuple[str, bool]]:
-    """Every file under a directory without git, hidden and virtualenv directories left out."""
+    """Every file under a directory without git, hidden and virtualenv directories and hpc's run and
+    sweep directories left out."""
     found: List[Tuple[str, bool]] = []
     for here, dirs, names in os.walk(root):
+        if (MANIFEST in names or RECORD in names) and made_by_hpc(here):
+            dirs[:] = []  # an earlier run inside the tree: its checkpoints and logs are not code
+            continue
         dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in PRUNE
                          and not os.path.exists(os.path.join(here, d, "pyvenv.cfg")))
         base = os.path.relpath(here, root)
