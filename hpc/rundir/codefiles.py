@@ -7,11 +7,11 @@ are on disk, untracked files .gitignore does not exclude); without git, the dire
 hidden and virtualenv directories left out. Either way, hpc's own run and sweep directories inside
 the tree (their manifest.json or sweep.json: hpc.rundir.sweepdir.made_by_hpc) are left out, with
 their checkpoints and logs, and a tree that is one itself is refused. Untracked files over
-UNTRACKED_MAX_BYTES are data, not code: left out and named. More than MAX_FILES files is not a code tree: refused. A listing keeps
-each file's size, mtime, ctime and inode, and when it was made (listed_ns), so a comparison reads
-and hashes only the files whose stat changed, or that were modified within RACY_NS before the
-listing (git's own shortcut for a clean file, and its guard for racy ones). Used by the snapshot
-(hpc.rundir.snapshot) and its cache.
+UNTRACKED_MAX_BYTES are data, not code: left out and named. More than MAX_FILES files is not a code
+tree: refused. A listing keeps each file's size, mtime, ctime and inode, and when it was made
+(listed_ns), so a comparison reads and hashes only the files whose stat changed, or that were
+modified within RACY_NS before the listing (git's own shortcut for a clean file, and its guard for
+racy ones). Used by the snapshot (hpc.rundir.snapshot) and its cache.
 """
 from __future__ import annotations
 
