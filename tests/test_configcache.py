@@ -103,6 +103,57 @@ def test_a_settle_hook_fills_in_before_the_checks_and_is_kept_only_when_pure(tem
     assert count["n"] == 3 and seen == [0.5, 0.5]  # never read back: built, and settled, each time
 
 
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    """A user's package whose settle hook calls a helper module of the same package, and a hook that
+    calls another top-level package of the same tree."""
+    import sys
+
+    code = tmp_path / "code"
+    for name in ("settlepkg", "otherpkg"):
+        (code / name).mkdir(parents=True)
+        (code / name / "__init__.py").write_text("")
+    (code / "settlepkg" / "hook.py").write_text(
+        "from otherpkg import rate\nfrom settlepkg import helper\n\n\n"
+        "def settle(cfg):\n    cfg.lr = helper.lr()\n    return True\n\n\n"
+        "def settle_elsewhere(cfg):\n    cfg.lr = rate.lr()\n    return True\n")
+    (code / "settlepkg" / "helper.py").write_text("def lr():\n    return 0.25\n")
+    (code / "otherpkg" / "rate.py").write_text("def lr():\n    return 0.75\n")
+    monkeypatch.syspath_prepend(str(code))
+    yield code
+    for name in [n for n in sys.modules if n.split(".")[0] in ("settlepkg", "otherpkg")]:
+        del sys.modules[name]
+
+
+def test_a_changed_helper_module_of_the_settle_hook_builds_the_config_anew(templates, project, monkeypatch):
+    import importlib
+    import os
+
+    from settlepkg import helper, hook
+
+    count = builds(monkeypatch)
+    settle = lambda: config.load(Schema, "p", "small", [], None, templates=templates,  # noqa: E731
+                                 extra=["base.yaml"], settle=hook.settle)
+    assert settle().lr == 0.25 and settle().lr == 0.25 and count["n"] == 1  # kept, and read back
+    path = project / "settlepkg" / "helper.py"
+    before = path.stat()
+    path.write_text("def lr():\n    return 0.50\n")  # the same length, and the same mtime
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    importlib.reload(helper)
+    assert settle().lr == 0.5 and count["n"] == 2
+
+
+def test_a_settle_hook_that_runs_code_of_another_package_is_never_kept(templates, project, monkeypatch):
+    from settlepkg import hook
+
+    count = builds(monkeypatch)
+    for _ in range(2):
+        cfg = config.load(Schema, "p", "small", [], None, templates=templates, extra=["base.yaml"],
+                          settle=hook.settle_elsewhere)
+        assert cfg.lr == 0.75
+    assert count["n"] == 2  # otherpkg is not in the key: built each time
+
+
 def test_a_settle_hook_that_breaks_the_schema_names_the_pipeline(templates):
     def bad(cfg):
         cfg.lr = "fast"
@@ -111,20 +162,58 @@ def test_a_settle_hook_that_breaks_the_schema_names_the_pipeline(templates):
         config.load(Schema, "p", "small", [], None, templates=templates, extra=["base.yaml"], settle=bad)
 
 
-def test_a_submission_that_reads_its_config_back_imports_neither_omegaconf_nor_yaml(tmp_path):
+def files_under(root) -> list:
+    import os
+
+    return sorted(os.path.relpath(os.path.join(here, n), root) for here, dirs, names in os.walk(root)
+                  for n in [*names, *dirs])
+
+
+def test_a_dry_run_writes_no_file_and_reads_back_a_kept_config_without_omegaconf_or_yaml(tmp_path):
+    """A dry run in a fresh home leaves no file anywhere (run dir, cache, working directory); a
+    config kept by a submission is read back by the next dry run as plain data."""
     import os
     import subprocess
     import sys
 
-    env = {**os.environ, "HPC_CACHE_DIR": str(tmp_path / "cache")}
-    argv = ["langsplat", "--levels", "0", "1", "2", "--cluster", "local", "--run-dir", str(tmp_path / "r"),
-            "--dry-run"]
+    home, cwd = tmp_path / "home", tmp_path / "cwd"
+    home.mkdir(), cwd.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "HPC_CACHE_DIR"}
+    env.update(HOME=str(home), XDG_CACHE_HOME=str(tmp_path / "xdg"))
+    argv = ["langsplat", "--levels", "0", "1", "2", "--cluster", "local", "--run-dir", str(tmp_path / "r")]
     probe = ("import sys; from hpc import submit; code = submit.main(sys.argv[1:]); "
              "print('IMPORTED', sorted(m for m in ('omegaconf', 'yaml') if m in sys.modules)); sys.exit(code)")
-    first, again = (subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, env=env,
-                                   cwd=tmp_path) for _ in range(2))
-    assert first.returncode == 0 and again.returncode == 0, first.stderr + again.stderr
-    assert "IMPORTED ['omegaconf', 'yaml']" in first.stdout  # built: through OmegaConf
-    assert "IMPORTED []" in again.stdout  # read back as plain data
-    plan = [line for line in first.stdout.splitlines() if not line.startswith("IMPORTED")]
-    assert plan == [line for line in again.stdout.splitlines() if not line.startswith("IMPORTED")]
+    keep = ("import sys; from hpc import submit; from hpc.pipeline import submission; "
+            "submission.build(submit.parse_args(sys.argv[1:]))")  # what a submission does first: keeps it
+
+    def run(script, *extra):
+        done = subprocess.run([sys.executable, "-c", script, *argv, *extra], capture_output=True, text=True,
+                              env=env, cwd=cwd)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    first = run(probe, "--dry-run")
+    assert "IMPORTED ['omegaconf', 'yaml']" in first  # built: through OmegaConf
+    assert files_under(tmp_path) == ["cwd", "home"]  # nothing written: no cache entry, no run dir
+    run(keep)
+    [entry] = (tmp_path / "xdg" / "hpc" / "config").iterdir()
+    again = run(probe, "--dry-run")
+    assert "IMPORTED []" in again  # read back as plain data
+    plan = [line for line in first.splitlines() if not line.startswith("IMPORTED")]
+    assert plan == [line for line in again.splitlines() if not line.startswith("IMPORTED")]
+    assert files_under(tmp_path) == ["cwd", "home", "xdg", "xdg/hpc", "xdg/hpc/config", f"xdg/hpc/config/{entry.name}"]
+
+
+def test_a_sweep_s_dry_run_writes_no_file(tmp_path, monkeypatch, capsys):
+    from hpc import submit
+
+    for name in ("home", "cwd"):
+        (tmp_path / name).mkdir()
+    monkeypatch.delenv("HPC_CACHE_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.chdir(tmp_path / "cwd")
+    assert submit.main(["langsplat", "--cluster", "local", "--run-dir", str(tmp_path / "sweep"), "--dry-run",
+                        "--sweep", "langsplat.levels=[0],[0,1]"]) == 0
+    assert "2 point(s)" in capsys.readouterr().out
+    assert files_under(tmp_path) == ["cwd", "home"]

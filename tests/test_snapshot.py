@@ -1,4 +1,5 @@
 """The code snapshot (hpc.rundir.snapshot): what is copied, reuse, limits, and how the live tree is compared."""
+import json
 import os
 import subprocess
 import sys
@@ -86,8 +87,8 @@ def test_a_new_run_dir_links_an_earlier_snapshot_of_the_same_files_and_copies_af
     assert second.hash == first.hash and files_in(second.dir) == files_in(first.dir)
     assert os.path.samefile(second.dir / "pkg" / "mod.py", first.dir / "pkg" / "mod.py")
     assert os.readlink(second.dir / "link.py") == "pkg/mod.py"
-    assert (tmp_path / "b" / "code" / f"{second.hash}.json").read_text() == \
-        (tmp_path / "a" / "code" / f"{first.hash}.json").read_text()
+    listed = lambda run, snap: json.loads((tmp_path / run / "code" / f"{snap.hash}.json").read_text())  # noqa: E731
+    assert listed("b", second)["files"] == listed("a", first)["files"]
     (checkout / "pkg" / "mod.py").write_text("VERSION = 'edited'\n")
     third = snapshot.take(source, tmp_path / "c", max_mb=10)
     assert not third.linked and third.hash != first.hash
@@ -99,6 +100,51 @@ def test_a_new_run_dir_links_an_earlier_snapshot_of_the_same_files_and_copies_af
     (checkout / "pkg" / "mod.py").write_text("VERSION = 'again'\n")
     fourth = snapshot.take(source, tmp_path / "d", max_mb=10)
     assert not fourth.linked and (fourth.dir / "pkg" / "mod.py").read_text() == "VERSION = 'again'\n"
+
+
+def edit_keeping_size_and_mtime(path: Path, text: str) -> None:
+    """A same-length edit whose mtime is put back: as an edit within one timestamp tick looks."""
+    before = path.stat()
+    assert len(text) == before.st_size
+    path.write_text(text)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+
+
+def test_a_same_length_edit_with_its_mtime_put_back_is_a_change(checkout, tmp_path, monkeypatch):
+    monkeypatch.setenv("HPC_CACHE_DIR", str(tmp_path / "cache"))
+    source = codefiles.source_of(str(checkout), checkout)
+    first = snapshot.take(source, tmp_path / "a", max_mb=10)
+    edit_keeping_size_and_mtime(checkout / "pkg" / "mod.py", "VERSION = 'uncommittee'\n")
+    other = snapshot.take(source, tmp_path / "b", max_mb=10)  # a new run dir: not linked to the old copy
+    assert not other.linked and (other.dir / "pkg" / "mod.py").read_text() == "VERSION = 'uncommittee'\n"
+    again = snapshot.take(source, tmp_path / "a", max_mb=10, previous=first.hash)
+    assert not again.reused and again.hash == other.hash != first.hash and "reused" not in again.summary()
+    assert (again.dir / "pkg" / "mod.py").read_text() == "VERSION = 'uncommittee'\n"
+    assert "the live code differs (1 changed (pkg/mod.py))" in snapshot.status_line(first.record())
+
+
+def test_a_file_edited_within_a_tick_of_its_listing_is_read_again(checkout, tmp_path, monkeypatch):
+    """Where timestamps have a 1 s tick, an edit right after the snapshot keeps the ctime as well as
+    the size and mtime: the listing's entry is then made to hold the live ctime and inode, and
+    only the racy rule (mtime within RACY_NS of the listing) can tell."""
+    monkeypatch.setenv("HPC_CACHE_DIR", str(tmp_path / "cache"))
+    source = codefiles.source_of(str(checkout), checkout)
+    first = snapshot.take(source, tmp_path / "a", max_mb=10)
+    path = checkout / "pkg" / "mod.py"
+    edit_keeping_size_and_mtime(path, "VERSION = 'uncommittee'\n")
+    listing = tmp_path / "a" / "code" / f"{first.hash}.json"
+    table = json.loads(listing.read_text())
+    live = os.lstat(path)
+    entry = table["files"]["pkg/mod.py"]
+    entry[4:6] = [live.st_ctime_ns, live.st_ino]
+    listing.write_text(json.dumps(table))
+    assert "1 changed (pkg/mod.py)" in snapshot.status_line(first.record())
+    again = snapshot.take(source, tmp_path / "a", max_mb=10, previous=first.hash)
+    assert not again.reused and (again.dir / "pkg" / "mod.py").read_text() == "VERSION = 'uncommittee'\n"
+    unedited = snapshot.take(source, tmp_path / "a", max_mb=10, previous=again.hash)
+    assert unedited.reused  # racy files read again and found the same: still reused
+    assert not codefiles.clean(entry, live, table["listed_ns"])  # what told: the entry is racy
+    assert codefiles.clean(entry, live, table["listed_ns"] + 2 * codefiles.RACY_NS)  # an older one is trusted
 
 
 def test_an_earlier_copy_that_no_longer_matches_its_listing_is_not_linked(checkout, tmp_path, monkeypatch):
@@ -165,6 +211,61 @@ def test_without_git_the_working_directory_is_copied_without_hidden_and_virtuale
     (work / "venv" / "pyvenv.cfg").write_text("home = /usr\n")
     snap = snapshot.take(codefiles.source_of(None, work), tmp_path / "run", max_mb=10)
     assert files_in(snap.dir) == ["lib/util.py", "train.py"] and not snap.source.git
+
+
+def earlier_runs(tree: Path) -> None:
+    """What earlier submissions leave inside a code tree: a run directory with a checkpoint, a sweep
+    directory deeper down with its point, and beside them a manifest.json of the user's own."""
+    from hpc.rundir.run import RunDir
+    from hpc.rundir.sweepdir import SweepDir
+
+    run = RunDir(tree / "runs" / "old")
+    run.start("p", "a: 1\n", "local")
+    (run.path / "main" / "checkpoints" / "step-1").mkdir(parents=True)
+    (run.path / "main" / "checkpoints" / "step-1" / "model.pt").write_bytes(b"\0" * 4096)
+    sweep = SweepDir(tree / "exp" / "deep" / "grid")
+    sweep.save("p", {"p.x": [1]}, [], None, [])
+    point = RunDir(sweep.path / "abc123")
+    point.start("p", "x: 1\n", "local")
+    (point.path / "main").mkdir()
+    (point.path / "main" / "done").write_text("{}")
+    (tree / "web").mkdir()
+    (tree / "web" / "manifest.json").write_text('{"name": "an app", "tasks": []}')  # not hpc's: code
+
+
+def test_without_git_earlier_run_and_sweep_directories_are_not_copied(tmp_path):
+    tree = tmp_path / "proj"
+    (tree / "pkg").mkdir(parents=True)
+    (tree / "pkg" / "mod.py").write_text("x = 1\n")
+    earlier_runs(tree)
+    snap = snapshot.take(codefiles.source_of(None, tree, [tmp_path / "new"]), tmp_path / "new", max_mb=10)
+    assert files_in(snap.dir) == ["pkg/mod.py", "web/manifest.json"]
+
+
+def test_in_a_checkout_untracked_run_and_sweep_directories_are_not_copied(checkout, tmp_path):
+    earlier_runs(checkout)
+    from hpc.rundir.run import RunDir
+
+    hidden = RunDir(checkout / "out" / "hidden")  # its manifest ignored, its checkpoint not
+    hidden.start("p", "a: 1\n", "local")
+    (hidden.path / "ckpt.pt").write_bytes(b"\0" * 4096)
+    (checkout / ".gitignore").write_text("ignored/\nmanifest.json\n")
+    snap = snapshot.take(codefiles.source_of(str(checkout), checkout, [tmp_path / "new"]), tmp_path / "new",
+                         max_mb=10)
+    assert files_in(snap.dir) == [".gitignore", "link.py", "new.py", "pkg/__init__.py", "pkg/mod.py", "run.sh"]
+    (checkout / ".gitignore").write_text("ignored/\n")
+    snap = snapshot.take(codefiles.source_of(str(checkout), checkout, [tmp_path / "new"]), tmp_path / "new",
+                         max_mb=10)
+    assert "web/manifest.json" in files_in(snap.dir) and not any(
+        f.startswith(("runs/", "exp/", "out/")) for f in files_in(snap.dir))
+
+
+def test_a_tree_that_is_a_run_directory_is_refused(tmp_path):
+    from hpc.rundir.run import RunDir
+
+    RunDir(tmp_path / "run").start("p", "a: 1\n", "local")
+    with pytest.raises(codefiles.SnapshotError, match="is a run or sweep directory of hpc.*HINT"):
+        snapshot.take(codefiles.source_of(None, tmp_path / "run"), tmp_path / "new", max_mb=10)
 
 
 def test_jobs_run_in_the_snapshot_copy_of_the_submission_directory_and_import_from_it(checkout, tmp_path):

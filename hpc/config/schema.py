@@ -82,17 +82,19 @@ def load(schema: type, pipeline: str, profile: Optional[str] = None,
          overrides: Sequence[str] = (), saved: Optional[Path] = None,
          templates: Optional[Traversable] = None, extra: Sequence[str] = (),
          notes: Optional[List[str]] = None, view: bool = True,
-         settle: Optional[Callable[[Any], bool]] = None) -> Any:
+         settle: Optional[Callable[[Any], bool]] = None, keep: bool = True) -> Any:
     """Build the resolved config for `pipeline`, checked against `schema` (a dataclass).
     `extra`: the pipeline's template files (PipelineDef.templates), merged in order; each must exist:
     running on dataclass defaults because a template went missing would be silently wrong.
     `notes`: receives a line naming what a profile changed in a saved config. `settle`: the
     pipeline's hook that fills in values depending on others (PipelineDef.settle). A result built from
-    the same inputs before is read back from the user's cache (hpc.config.cache).
+    the same inputs before is read back from the user's cache (hpc.config.cache); `keep=False` (a dry
+    run) reads that cache but never writes it.
     Returns a read-only hpc.config.view.ConfigView, built or read back alike (so a cache hit behaves
     as a miss does); `view=False`: the DictConfig, for callers that vary it (hpc.sweep.points)."""
     templates = templates or layers.templates_root()
-    digest = _cache_key(schema, profile, overrides, saved, templates, extra, notes is not None, settle)
+    sources = configcache.settle_sources(settle) if settle is not None else []
+    digest = _cache_key(schema, profile, overrides, saved, templates, extra, notes is not None, settle, sources)
     hit = configcache.get(digest, view)
     if hit is not None:
         if notes is not None:
@@ -100,11 +102,11 @@ def load(schema: type, pipeline: str, profile: Optional[str] = None,
         return hit[0]
     said: List[str] = []
     cfg, plain, pure = _build(schema, pipeline, profile, overrides, saved, templates, extra,
-                              said if notes is not None else None, settle)
-    keep = digest if pure else None
-    if view or keep:  # a DictConfig that is not kept needs no text
+                              said if notes is not None else None, settle, sources or [])
+    kept = digest if pure and keep else None
+    if view or kept:  # a DictConfig that is not kept needs no text
         text = to_yaml(cfg)
-        configcache.put(keep, cfg, plain, text, said)
+        configcache.put(kept, cfg, plain, text, said)
     if notes is not None:
         notes.extend(said)
     return configview.ConfigView(plain, yaml=text) if view else cfg
@@ -112,9 +114,9 @@ def load(schema: type, pipeline: str, profile: Optional[str] = None,
 
 def _cache_key(schema: type, profile: Optional[str], overrides: Sequence[str], saved: Optional[Path],
                templates: Traversable, extra: Sequence[str], tells: bool,
-               settle: Optional[Callable[[Any], bool]]) -> Optional[str]:
+               settle: Optional[Callable[[Any], bool]], sources: Optional[List[str]]) -> Optional[str]:
     """hpc.config.cache's name for this load's result; None when an input cannot be read (the build
-    then says why)."""
+    then says why), or the settle hook's sources cannot be named."""
     try:
         texts = [(f"templates/{name}", (templates / name).read_text()) for name in extra]
         if saved is not None and saved.exists():
@@ -125,19 +127,21 @@ def _cache_key(schema: type, profile: Optional[str], overrides: Sequence[str], s
             texts.append((f"profile {profile}", (templates / "profiles" / f"{profile}.yaml").read_text()))
     except (OSError, UnicodeDecodeError):
         return None
-    code = getattr(getattr(settle, "__code__", None), "co_filename", None)
-    if settle is not None and code is None:  # a callable object: its code cannot be named
+    if sources is None:  # a callable object, or a tree too large to hash
         return None
     hook = f"{settle.__module__}.{settle.__qualname__}" if settle is not None else ""
-    return configcache.key(schema, [*texts, ("notes", str(tells)), ("settle", hook)], list(overrides),
-                           [code] if code else [])
+    try:
+        return configcache.key(schema, [*texts, ("notes", str(tells)), ("settle", hook)], list(overrides), sources)
+    except OSError:  # a source file went away: build, and keep nothing
+        return None
 
 
 def _build(schema: type, pipeline: str, profile: Optional[str], overrides: Sequence[str], saved: Optional[Path],
            templates: Traversable, extra: Sequence[str], notes: Optional[List[str]],
-           settle: Optional[Callable[[Any], bool]] = None) -> Tuple[DictConfig, Dict[str, Any], bool]:
+           settle: Optional[Callable[[Any], bool]] = None, sources: Sequence[str] = ()
+           ) -> Tuple[DictConfig, Dict[str, Any], bool]:
     """The config, its plain data, and whether it may be kept (its settle hook read nothing but
-    the config)."""
+    the config, and ran no code outside `sources`, the files the cache key hashed)."""
     from omegaconf import OmegaConf
 
     cfg = OmegaConf.structured(schema)
@@ -161,7 +165,9 @@ def _build(schema: type, pipeline: str, profile: Optional[str], overrides: Seque
     pure = True
     if settle is not None:
         try:
-            pure = bool(settle(cfg))
+            with configcache.outside(sources) as unhashed:
+                pure = bool(settle(cfg))
+            pure = pure and not unhashed
         except ConfigError:
             raise
         except Exception as err:  # OmegaConf's type check of a settled value

@@ -53,7 +53,8 @@ class PipelineDef:
     # fills in values that depend on others (a mode's default) on the built config, before it is
     # checked, kept (hpc.config.cache) and saved: `validate` only reads, as it gets a read-only view.
     # Returns whether what it did depends on the config alone; False (it read files or the working
-    # directory): the result is built anew every time, never read back from the cache
+    # directory): the result is built anew every time, never read back from the cache. It may call any
+    # module of its own package: the cache key hashes that package's sources (hpc.config.cache)
     settle: Optional[Callable[[Any], bool]] = None
 
 

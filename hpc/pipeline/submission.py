@@ -31,6 +31,7 @@ from hpc.slurm.submitenv import submission_env
 
 def build(req: Request, view: bool = True) -> Tuple[hplan.PipelineDef, Any, RunDir, str, List[str]]:
     """Config, run directory, executor kind and plan notes of a request; validates everything.
+    A dry run reads the config cache but writes nothing, there or anywhere else.
     The config is read-only (hpc.config.view); `view=False`: a DictConfig (hpc.config.schema.load)."""
     pipe = hplan.get_pipeline(req.pipeline)
     run_dir = None
@@ -41,7 +42,7 @@ def build(req: Request, view: bool = True) -> Tuple[hplan.PipelineDef, Any, RunD
     saved = run_dir / "config.yaml" if run_dir else None
     notes: List[str] = []
     cfg = hconfig.load(pipe.schema, req.pipeline, req.profile, overrides, saved, extra=pipe.templates,
-                       notes=notes, view=view, settle=pipe.settle)
+                       notes=notes, view=view, settle=pipe.settle, keep=not req.dry_run)
     pipe.validate(cfg)
     kind = scheduler.detect(cfg.cluster.kind)
     if kind == "slurm":

@@ -4,10 +4,14 @@
 
 Which files: those `git ls-files -co --exclude-standard` names in a checkout (tracked files as they
 are on disk, untracked files .gitignore does not exclude); without git, the directory's files,
-hidden and virtualenv directories left out. Untracked files over UNTRACKED_MAX_BYTES are data, not
-code: left out and named. More than MAX_FILES files is not a code tree: refused. A listing keeps
-each file's size and mtime, so a comparison (git's own shortcut for a clean file) reads and hashes
-only the files whose size or mtime changed. Used by the snapshot (hpc.rundir.snapshot) and its cache.
+hidden and virtualenv directories left out. Either way, hpc's own run and sweep directories inside
+the tree (their manifest.json or sweep.json: hpc.rundir.sweepdir.made_by_hpc) are left out, with
+their checkpoints and logs, and a tree that is one itself is refused. Untracked files over
+UNTRACKED_MAX_BYTES are data, not code: left out and named. More than MAX_FILES files is not a code
+tree: refused. A listing keeps each file's size, mtime, ctime and inode, and when it was made
+(listed_ns), so a comparison reads and hashes only the files whose stat changed, or that were
+modified within RACY_NS before the listing (git's own shortcut for a clean file, and its guard for
+racy ones). Used by the snapshot (hpc.rundir.snapshot) and its cache.
 """
 from __future__ import annotations
 
@@ -18,10 +22,17 @@ import stat
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
+
+from hpc.rundir.run import MANIFEST
+from hpc.rundir.sweepdir import RECORD, made_by_hpc
 
 UNTRACKED_MAX_BYTES = 2 << 20  # an untracked (or, without git, any) file larger than this is data
 MAX_FILES = 50_000  # more than this is not a code tree (a home directory, a dataset)
+# A file modified this close before its listing was made is racy: a later edit within the same
+# timestamp tick (1 s on Lustre and many NFS servers) keeps its size, mtime and ctime. One tick, and
+# a second more for the file server's clock against the submitting host's.
+RACY_NS = 2_000_000_000
 PRUNE = frozenset({"__pycache__", "node_modules"})  # never code, walked without git
 HINT = ("HINT: add what is not code to .gitignore, raise run.snapshot_max_mb, or pass --no-snapshot "
         "(the jobs then import the live tree)")
@@ -58,14 +69,19 @@ def import_root(module_file: Optional[str], module: str) -> Optional[Path]:
 
 def listing(source: Source) -> Tuple[Dict[str, os.stat_result], List[str]]:
     """(relative path -> lstat of each file to copy, untracked files left out as too big)."""
+    root = str(source.root)  # joined as a string: a Path per file costs more than its lstat
+    if made_by_hpc(root):
+        raise SnapshotError(f"{root} is a run or sweep directory of hpc (its {MANIFEST} or {RECORD}); expected a "
+                            "code tree. HINT: submit from your project's directory, or pass --no-snapshot.")
     entries = git_files(source.root) if source.git else walk(source.root)
     # strictly inside: a run root that is the checkout itself (run.root=.) leaves the run dirs in it
-    excluded = [os.path.relpath(p, source.root) + "/" for p in source.exclude if source.root in Path(p).parents]
+    excluded = {os.path.relpath(p, root) for p in source.exclude if source.root in Path(p).parents}
+    if source.git:  # walk() leaves them out itself
+        excluded |= hpc_dirs(root, entries)
     files: Dict[str, os.stat_result] = {}
     skipped: List[str] = []
-    root = str(source.root)  # joined as a string: a Path per file costs more than its lstat
     for rel, tracked in entries:
-        if any((rel + "/").startswith(e) for e in excluded):
+        if excluded and under(rel, excluded):
             continue
         try:
             st = os.lstat(os.path.join(root, rel))
@@ -104,10 +120,45 @@ def git_files(root: Path) -> List[Tuple[str, bool]]:
     return list(entries.items())
 
 
+def under(rel: str, dirs: Set[str]) -> bool:
+    """Whether the relative path `rel` lies inside one of `dirs` (relative directories)."""
+    cut = rel.find("/")
+    while cut != -1:
+        if rel[:cut] in dirs:
+            return True
+        cut = rel.find("/", cut + 1)
+    return False
+
+
+def hpc_dirs(root: str, entries: List[Tuple[str, bool]]) -> Set[str]:
+    """The directories of a checkout's entries that are hpc's run or sweep directories
+    (made_by_hpc), outermost only: those that list a marker, and every directory above an untracked
+    file, read on disk (.gitignore may hide a run's manifest.json and not its checkpoints). A
+    directory of tracked files alone is not opened: the cost is one failed open per marker and
+    directory checked, and a checkout has few untracked files."""
+    dirs: Set[str] = set()
+    for rel, tracked in entries:
+        cut = rel.rfind("/")
+        if tracked and rel[cut + 1:] not in (MANIFEST, RECORD):
+            continue
+        while cut > 0 and rel[:cut] not in dirs:
+            dirs.add(rel[:cut])
+            cut = rel.rfind("/", 0, cut)
+    found: Set[str] = set()
+    for rel in sorted(dirs):  # a directory after its parents
+        if not under(rel, found) and made_by_hpc(os.path.join(root, rel)):
+            found.add(rel)
+    return found
+
+
 def walk(root: Path) -> List[Tuple[str, bool]]:
-    """Every file under a directory without git, hidden and virtualenv directories left out."""
+    """Every file under a directory without git, hidden and virtualenv directories and hpc's run and
+    sweep directories left out."""
     found: List[Tuple[str, bool]] = []
     for here, dirs, names in os.walk(root):
+        if (MANIFEST in names or RECORD in names) and made_by_hpc(here):
+            dirs[:] = []  # an earlier run inside the tree: its checkpoints and logs are not code
+            continue
         dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in PRUNE
                          and not os.path.exists(os.path.join(here, d, "pyvenv.cfg")))
         base = os.path.relpath(here, root)
@@ -137,11 +188,46 @@ def load_table(path: Path) -> Optional[Dict[str, Any]]:
     return table if isinstance(table, dict) and isinstance(table.get("files"), dict) else None
 
 
+def clean(entry: Sequence[Any], st: os.stat_result, listed_ns: int) -> bool:
+    """Whether a file is as a listing's `entry` says by its stat alone, as git trusts a clean index
+    entry: the same size, mtime, ctime and inode, and an mtime older than the listing by more than
+    RACY_NS. An edit within the timestamp tick of the listing (or an mtime put back by os.utime)
+    keeps size and mtime; the ctime catches the latter, and a racy file is read and hashed."""
+    return (len(entry) >= 6 and (entry[0], entry[1], entry[4], entry[5]) == (
+        st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino) and st.st_mtime_ns < listed_ns - RACY_NS)
+
+
+def same_stat(entry: Sequence[Any], st: os.stat_result) -> bool:
+    """The listed size and mtime, and the ctime and inode where the listing has them."""
+    return (entry[0], entry[1]) == (st.st_size, st.st_mtime_ns) and (
+        len(entry) < 6 or (entry[4], entry[5]) == (st.st_ctime_ns, st.st_ino))
+
+
+def content(root: Path, rel: str, st: os.stat_result) -> str:
+    """The digest of a live file (a symlink: of its target)."""
+    path = os.path.join(root, rel)
+    return digest(os.fsencode(os.readlink(path)), True) if is_link(st) else digest(Path(path).read_bytes())
+
+
 def unchanged(table: Mapping[str, Any], files: Mapping[str, os.stat_result]) -> bool:
-    """The same paths, each with the listed size and mtime (git's own shortcut for a clean file)."""
-    listed = table["files"]
-    return listed.keys() == files.keys() and all(
-        listed[rel][0] == st.st_size and listed[rel][1] == st.st_mtime_ns for rel, st in files.items())
+    """The same paths, each clean by its stat, or with the same stat and, being racy, the same
+    content read again. A listing without its time and ctimes (made before they were kept) is
+    never trusted: one copy."""
+    listed, listed_ns = table["files"], table.get("listed_ns")
+    if listed.keys() != files.keys() or not isinstance(listed_ns, int):
+        return False
+    for rel, st in files.items():
+        entry = listed[rel]
+        if clean(entry, st, listed_ns):
+            continue
+        if len(entry) < 6 or not same_stat(entry, st):
+            return False
+        try:
+            if content(Path(table["root"]), rel, st) != entry[2]:
+                return False
+        except OSError:  # gone since it was listed
+            return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -164,19 +250,18 @@ class Drift:
 
 
 def drift(table: Mapping[str, Any]) -> Drift:
-    """Compare the live tree with a snapshot's listing: only files whose size or mtime changed are
-    read and hashed."""
+    """Compare the live tree with a snapshot's listing: only files that are not clean by their stat
+    are read and hashed."""
     source = Source(Path(table["root"]), bool(table["git"]), tuple(table.get("exclude", ())))
     files, _ = listing(source)
     listed = table["files"]
+    listed_ns = table.get("listed_ns")
     changed = []
     for rel in sorted(files.keys() & listed.keys()):
-        st, (size, mtime, recorded) = files[rel], listed[rel][:3]  # then the mode, not compared here
-        if (st.st_size, st.st_mtime_ns) == (size, mtime):
-            continue
-        path = source.root / rel
-        content = os.fsencode(os.readlink(path)) if is_link(st) else path.read_bytes()
-        if digest(content, is_link(st)) != recorded:
+        st, entry = files[rel], listed[rel]
+        if clean(entry, st, listed_ns) if isinstance(listed_ns, int) else same_stat(entry, st):
+            continue  # a listing made before ctimes were kept: compared by size and mtime as then
+        if content(source.root, rel, st) != entry[2]:
             changed.append(rel)
     return Drift(tuple(changed), tuple(sorted(files.keys() - listed.keys())),
                  tuple(sorted(listed.keys() - files.keys())))

@@ -31,6 +31,7 @@ from hpc.fs.sharedfs import local_locks, lock_error
 from hpc.rundir.tracking import new_run_id
 
 DONE = "done"
+MANIFEST = "manifest.json"
 LOCK = ".submit.lock"
 LOCK_WAIT_S = 60.0  # how long a second submission into the same run dir waits before it is refused
 
@@ -45,7 +46,7 @@ class RunDir:
 
     @property
     def manifest_path(self) -> Path:
-        return self.path / "manifest.json"
+        return self.path / MANIFEST
 
     @property
     def config_path(self) -> Path:

@@ -3,10 +3,11 @@
     python -m hpc.submit langsplat --run-dir runs/a     # copies the code into runs/a/code/<hash>/
     python -m hpc.submit langsplat --run-dir runs/b     # same files: links runs/b/code/<hash>/ to it
 
-hpc.rundir.snapshot copies the live tree into each new run directory. When the live files all still have
-the size and mtime an earlier snapshot of the same tree listed (the shortcut hpc.rundir.snapshot uses
-within one run directory), the new run directory gets hard links to that earlier copy instead:
-nothing is read or hashed again. The links join two snapshots, never a snapshot and the live tree:
+hpc.rundir.snapshot copies the live tree into each new run directory. When the live files all still
+have the stat an earlier snapshot of the same tree listed, and the racy ones their content too (the
+shortcut hpc.rundir.snapshot uses within one run directory: hpc.rundir.codefiles.unchanged), the new
+run directory gets hard links to that earlier copy instead: nothing but the racy files is read or
+hashed again. The links join two snapshots, never a snapshot and the live tree:
 snapshot files are read-only copies nobody edits, and removing either run directory leaves the
 other's files in place. Where linking fails (another file system, a copy that is gone), the files
 are copied as usual.
@@ -26,7 +27,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 from hpc.fs.atomic import write_bytes
 
-Stat = Tuple[int, int, str, int]  # hpc.rundir.snapshot.Stat
+Stat = Tuple[int, int, str, int, int, int]  # hpc.rundir.snapshot.Stat
 
 
 def cache_dir() -> Path:

@@ -12,13 +12,15 @@ copied into itself. A snapshot over `max_mb` in all, or with more than MAX_FILES
 before anything is submitted.
 
 Files are copied, never hard-linked to the live tree: an editor that saves in place would change a
-linked copy (a new run directory may link to an earlier run's snapshot of the same files: hpc.rundir.snapcache). The
-snapshot is content-addressed, <run>/code/<hash>/, and <run>/code/<hash>.json lists each file's size,
-mtime and digest. A resubmission whose files all still have the listed size and mtime reuses the
-snapshot without reading them; hpc.status compares the live tree with the listing the same way and
-hashes only the files whose size or mtime changed. `--same-snapshot` (recorded()) runs a manifest's
-snapshot again whatever the live tree holds: hpc's own resubmissions do. A sweep keeps one snapshot,
-in the sweep directory, for all of its points.
+linked copy (a new run directory may link to an earlier run's snapshot of the same files:
+hpc.rundir.snapcache). The snapshot is content-addressed, <run>/code/<hash>/, and
+<run>/code/<hash>.json lists each file's size, mtime, ctime, inode and digest, and when the listing
+was made. A resubmission whose files all still have the listed stat reuses the snapshot without
+reading them, except the files modified within a timestamp tick of the listing, which are read and
+hashed (hpc.rundir.codefiles.clean: git's guard for racy entries); hpc.status compares the live
+tree with the listing the same way. `--same-snapshot` (recorded()) runs a manifest's snapshot again
+whatever the live tree holds: hpc's own resubmissions do. A sweep keeps one snapshot, in the sweep
+directory, for all of its points.
 
 In the job (JobCode.enter): the snapshot's copy of the submission directory becomes the working
 directory, and the snapshot's copies of the pipeline's import root and of the submission directory
@@ -56,7 +58,7 @@ from hpc.rundir.codefiles import (
 
 CODE = "code"  # <run>/code/<hash>/ and <run>/code/<hash>.json
 COPY_THREADS = 8
-Stat = Tuple[int, int, str, int]  # (size, mtime_ns, digest, mode) of one file
+Stat = Tuple[int, int, str, int, int, int]  # (size, mtime_ns, digest, mode, ctime_ns, inode) of one file
 
 
 @dataclass(frozen=True)
@@ -159,6 +161,7 @@ def take(source: Source, run_path: Path, max_mb: float, previous: Optional[str] 
     """Copy the code into <run>/code/<hash>/, or reuse `previous` (a hash; default: the newest
     snapshot there) when no file changed."""
     started = time.perf_counter()
+    listed_ns = time.time_ns()  # before any stat: a file modified after this is racy (codefiles.clean)
     files, skipped = listing(source)
     total = sum(st.st_size for st in files.values())
     if total > max_mb * 1e6:
@@ -188,7 +191,7 @@ def take(source: Source, run_path: Path, max_mb: float, previous: Optional[str] 
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     table = {"hash": digest, "root": str(source.root), "git": source.git, "exclude": list(source.exclude),
-             "files": stats}
+             "listed_ns": listed_ns, "files": stats}
     atomic.write_text(code / f"{digest}.json", json.dumps(table, separators=(",", ":")))
     snapcache.remember(source.root, final)
     return Snapshot(source, digest, final, len(files), total, time.perf_counter() - started, False,
@@ -214,7 +217,8 @@ def _copy(root: Path, dest: Path, files: Mapping[str, os.stat_result]) -> Dict[s
             fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o555 if st.st_mode & 0o111 else 0o444)
             with os.fdopen(fd, "wb") as fh:
                 fh.write(data)
-        return rel, (st.st_size, st.st_mtime_ns, content, 0o755 if st.st_mode & 0o111 else 0o644)
+        return rel, (st.st_size, st.st_mtime_ns, content, 0o755 if st.st_mode & 0o111 else 0o644,
+                     st.st_ctime_ns, st.st_ino)
 
     with ThreadPoolExecutor(COPY_THREADS) as pool:
         return dict(pool.map(one, sorted(files)))

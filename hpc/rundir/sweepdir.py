@@ -14,17 +14,35 @@ A point removed from the grid keeps its directory: it is reported, never deleted
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from hpc.fs import atomic
-from hpc.rundir.run import RunDir, RunDirError
+from hpc.rundir.run import MANIFEST, RunDir, RunDirError
 
 RECORD = "sweep.json"
+# The record at the top of each directory hpc makes, and keys only hpc's JSON holds: a user's own
+# manifest.json (a web app's, a browser extension's) is not one.
+MARKERS = ((MANIFEST, ("tasks", "submissions")), (RECORD, ("points", "grid")))
 
 
 def is_sweep(path: Optional[str]) -> bool:
     return bool(path) and (Path(path) / RECORD).is_file()
+
+
+def made_by_hpc(directory: str) -> bool:
+    """Whether `directory` is a run or sweep directory hpc made, by the record it keeps at its top
+    (a code snapshot leaves such a directory out: its checkpoints and logs are not code)."""
+    for name, keys in MARKERS:
+        try:
+            with open(os.path.join(directory, name), "rb") as fh:
+                data = json.loads(fh.read())
+        except (OSError, ValueError):  # absent (the usual case: one failed open), or not JSON
+            continue
+        if isinstance(data, dict) and all(k in data for k in keys):
+            return True
+    return False
 
 
 class SweepDir:
