@@ -4,8 +4,9 @@
 
 Each layer is read as YAML (a syntax error names its file and line) and merged into the config
 OmegaConf built from the schema; a key the schema does not have is refused with the valid keys
-around it. A profile sets `stages.*` for every stage at once. OmegaConf and yaml are imported
-here, inside the functions: only a config that is not in the cache (hpc.config.cache) is built.
+around it and the closest of them. A profile sets `stages.*` for every stage at once. OmegaConf and
+yaml are imported here, inside the functions: only a config that is not in the cache
+(hpc.config.cache) is built.
 """
 from __future__ import annotations
 
