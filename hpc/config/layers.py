@@ -147,7 +147,7 @@ def _unknown_key_message(cfg: DictConfig, err: ConfigKeyError, origin: str) -> s
 
 
 def _clash_message(cfg: DictConfig, layer: Any, origin: str, detail: str) -> str:
-    """The key of `layer` that gives a plain value where `cfg` has a section (or the reverse)."""
+    """Which key of `layer` gives a plain value where `cfg` has a section of keys, in one line."""
     from omegaconf import DictConfig, OmegaConf
 
     plain = OmegaConf.to_container(layer, resolve=False) if OmegaConf.is_config(layer) else layer
