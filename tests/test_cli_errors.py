@@ -13,8 +13,11 @@ from pathlib import Path
 import pytest
 
 from hpc.config import schema as config
-from hpc import logs, status, submit
+from hpc import cancel, logs, status, submit
 from hpc.pipeline import plan
+from hpc.rundir.run import RunDir
+from hpc.rundir.sweepdir import SweepDir
+from hpc.sweep import grid
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -149,10 +152,31 @@ def test_logs_on_a_missing_run_dir(tmp_path, capsys):
     assert "task None" not in line
 
 
+def test_cancel_refuses_a_mistyped_directory_or_stage(tmp_path, capsys):
+    """Exit 0 with "nothing to cancel" would tell an operator the jobs are gone."""
+    run = RunDir(tmp_path / "run")
+    run.start("tiny", "{}\n", "slurm")
+    run.record("second", 0, "41_0", "slurm")
+    run.record("first", None, "40", "local")
+    one_line_error(cancel.main([str(tmp_path / "rnu")]), capsys, "not found", "manifest.json")
+    one_line_error(cancel.main([str(tmp_path / "run"), "--stage", "secnod"]), capsys, "'secnod'", "'second'")
+    # a sweep: the stages of its points
+    point = grid.points({"tiny.score": [1]})[0]
+    SweepDir(tmp_path / "sweep").save("tiny", {"tiny.score": [1]}, [], None, [point])
+    SweepDir(tmp_path / "sweep").point(point.signature).start("tiny", "{}\n", "slurm")
+    SweepDir(tmp_path / "sweep").point(point.signature).record("first", None, "40", "local")
+    one_line_error(cancel.main([str(tmp_path / "sweep"), "--stage", "frist"]), capsys, "'frist'", "'first'")
+    # a real stage whose jobs ran locally: nothing for SLURM to cancel, said so, exit 0
+    for path in (run.path, tmp_path / "sweep"):
+        assert cancel.main([str(path), "--stage", "first"]) == 0
+        assert "no SLURM jobs recorded" in capsys.readouterr().out
+
+
 def test_the_command_line_prints_no_traceback(tmp_path):
     """The same through the real entry points, in a fresh interpreter."""
     (tmp_path / "manifest.json").write_bytes(b"[]")
     for module, args in (("hpc.status", [str(tmp_path)]), ("hpc.logs", [str(tmp_path / "nosuch")]),
+                         ("hpc.cancel", [str(tmp_path / "nosuch")]),
                          ("hpc.submit", ["run", "--cluster", "local", "--profile", "../langsplat", "--dry-run"])):
         out = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, cwd=ROOT)
         assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr

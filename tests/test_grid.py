@@ -41,8 +41,12 @@ def test_keys_must_be_config_keys_and_not_shared_settings():
     known = ["tiny.score", "tiny.parts", "stages.first.nodes", "run.root"]
     grid.check_keys({"tiny.score": [1]}, known, "tiny")
     grid.check_keys({"tiny": [{"score": 1}]}, known, "tiny")  # a whole section is a key too
-    with pytest.raises(grid.SweepError, match=r"unknown config key of pipeline tiny.*tiny.parts.*HINT"):
-        grid.check_keys({"tiny.scor": [1]}, known, "tiny")
+    with pytest.raises(grid.SweepError, match=r"unknown config key of pipeline tiny.*\['tiny.score'\].*HINT"):
+        grid.check_keys({"tiny.scor": [1]}, known, "tiny")  # the close keys, not every key
+    with pytest.raises(grid.SweepError, match=r"expected one of \['tiny.parts', 'tiny.score'\]"):
+        grid.check_keys({"tiny.nope": [1]}, known, "tiny")  # none close: the keys at the level it left
+    with pytest.raises(grid.SweepError, match=r"expected one of \['tiny'\]"):
+        grid.check_keys({"tinny.score": [1]}, known, "tiny")
     for key in ("stages.first.nodes", "run.root"):
         with pytest.raises(grid.SweepError, match=r"shared by all points.*HINT: pass"):
             grid.check_keys({key: [1, 2]}, known, "tiny")

@@ -167,3 +167,42 @@ def test_a_job_of_a_sweep_array_finds_its_point(tmp_path):
     assert sweepdir.run_for(s.path, "7_3").path == s.point(two.signature).path
     assert sweepdir.run_for(s.path, "8_0").path == s.path  # no point recorded it
     assert sweepdir.run_for(tmp_path / "run", "7_3").path == (tmp_path / "run").resolve()  # not a sweep
+
+
+def test_every_key_a_plain_override_sets_is_a_sweep_axis(tmp_path, capsys):
+    """Every key of the LangSplat trainer, spelt out in the template or not, as one axis each."""
+    from hpc.jobs.langsplat.defaults import TRAINER
+
+    axes = [f"langsplat.trainer.{key}={json.dumps(_at(TRAINER, key))}" for key in grid.leaf_keys(TRAINER)]
+    assert len(axes) > 30
+    assert submit.main(["langsplat", "--cluster", "local", "--dry-run", "--run-dir", str(tmp_path / "one"),
+                        "--sweep", *axes]) == 0, capsys.readouterr().err
+    assert submit.main(["langsplat", "--cluster", "local", "--dry-run", "--run-dir", str(tmp_path / "four"),
+                        "--sweep", "langsplat.trainer.seed=1,2", "langsplat.trainer.feature_lr=0.01,0.1"]) == 0
+    assert "4 point(s)" in capsys.readouterr().out
+
+
+def test_a_new_key_of_an_open_mapping_is_a_sweep_axis_as_it_is_an_override(tmp_path, capsys, monkeypatch):
+    """A Dict field takes keys the schema does not name, as a key=value override and as an axis."""
+    (tmp_path / "openpipe.py").write_text(
+        "from dataclasses import dataclass, field\nfrom typing import Any, Dict\n"
+        "from hpc.config import PipelineConfig, Resources\nfrom hpc.pipeline import PipelineDef, StageDef\n\n"
+        "@dataclass\nclass Stages:\n    main: Resources = field(default_factory=Resources)\n\n"
+        "@dataclass\nclass Config(PipelineConfig):\n    stages: Stages = field(default_factory=Stages)\n"
+        "    opts: Dict[str, Any] = field(default_factory=dict)\n\n"
+        "def stages(cfg):\n    return [StageDef('main', 'openpipe:main')]\n\n"
+        "PIPELINE = PipelineDef('openpipe', Config, stages)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(__import__("sys").modules, "openpipe", raising=False)
+    base = ["openpipe:PIPELINE", "--cluster", "local", "--dry-run", "--run-dir"]
+    assert submit.main([*base, str(tmp_path / "run"), "opts.lr=0.1", "opts.deep.k=1"]) == 0
+    assert submit.main([*base, str(tmp_path / "sweep"), "--sweep", "opts.lr=0.1,0.2", "opts.deep.k=1,2"]) == 0
+    assert "4 point(s)" in capsys.readouterr().out
+    code = submit.main([*base, str(tmp_path / "bad"), "--sweep", "optz.lr=1,2"])  # still refused: a typo
+    one_line_error(code, capsys, "unknown config key", "['opts']")
+
+
+def _at(tree, dotted):
+    for part in dotted.split("."):
+        tree = tree[part]
+    return tree

@@ -4,11 +4,13 @@
 
 Each layer is read as YAML (a syntax error names its file and line) and merged into the config
 OmegaConf built from the schema; a key the schema does not have is refused with the valid keys
-around it. A profile sets `stages.*` for every stage at once. OmegaConf and yaml are imported
-here, inside the functions: only a config that is not in the cache (hpc.config.cache) is built.
+around it and the closest of them. A profile sets `stages.*` for every stage at once. OmegaConf and
+yaml are imported here, inside the functions: only a config that is not in the cache
+(hpc.config.cache) is built.
 """
 from __future__ import annotations
 
+import difflib
 import re
 from importlib import resources
 from importlib.abc import Traversable
@@ -121,7 +123,9 @@ def merge(cfg: DictConfig, layer: Any, origin: str) -> DictConfig:
     except ConfigKeyError as err:
         raise ConfigError(_unknown_key_message(cfg, err, origin)) from None
     except OmegaConfBaseException as err:
-        key = getattr(err, "full_key", "?")
+        key = getattr(err, "full_key", None)
+        if key is None:  # a value where the schema has a section: OmegaConf names no key
+            raise ConfigError(_clash_message(cfg, layer, origin, str(err).splitlines()[0])) from None
         detail = str(getattr(err, "msg", err)).splitlines()[0]
         raise ConfigError(f"{origin}: bad value for {key}: {detail}. "
                           f"HINT: give {key} a value of the documented type "
@@ -136,5 +140,47 @@ def _unknown_key_message(cfg: DictConfig, err: ConfigKeyError, origin: str) -> s
     parent = OmegaConf.select(cfg, parent_path) if parent_path else cfg
     valid = sorted(parent.keys()) if isinstance(parent, DictConfig) else []
     where = parent_path or "the top level"
+    near = close_keys(full_key.rsplit(".", 1)[-1], valid)
+    closest = f"the closest are {near}; " if near else ""
     return (f"{origin}: unknown config key {full_key!r}; valid keys under {where}: {valid}. "
-            "HINT: check the spelling, or see templates/ for the documented keys.")
+            f"HINT: {closest}check the spelling, or see templates/ for the documented keys.")
+
+
+def _clash_message(cfg: DictConfig, layer: Any, origin: str, detail: str) -> str:
+    """Which key of `layer` gives a plain value where `cfg` has a section of keys, in one line."""
+    from omegaconf import DictConfig, OmegaConf
+
+    plain = OmegaConf.to_container(layer, resolve=False) if OmegaConf.is_config(layer) else layer
+    for key, value in _leaves(plain if isinstance(plain, dict) else {}):
+        node = OmegaConf.select(cfg, key, throw_on_resolution_failure=False)
+        if isinstance(node, DictConfig) and not isinstance(value, dict):
+            some = sorted(node.keys())
+            return (f"{origin}: {key}={value!r}, but {key} is a section of keys {some}; expected a value for "
+                    f"one of them. HINT: set {key}.{some[0] if some else 'KEY'}=VALUE, one key at a time.")
+    return (f"{origin}: a value does not fit the config's layout ({detail}); expected the types of the "
+            "pipeline's config dataclass. HINT: compare the keys you set with templates/.")
+
+
+def close_keys(name: str, valid: Sequence[str]) -> List[str]:
+    """The names in `valid` that a misspelt `name` most likely meant: spelt alike, or one inside the
+    other ('lr' -> feature_lr, rgb_lr)."""
+    alike = difflib.get_close_matches(name, valid, n=5, cutoff=0.6)
+    inside = [v for v in valid if name and (name in v or v in name)] if len(name) > 1 else []
+    return list(dict.fromkeys(alike + inside))[:8]
+
+
+def accepts(cfg: DictConfig, key: str) -> bool:
+    """Whether `key=value` would be taken as an override of `cfg`: a key the config has, or a new key
+    under a mapping the schema leaves open (a Dict field; a dataclass section takes only its own)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    node: Any = cfg
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        if not isinstance(node, DictConfig):
+            return False
+        if part not in node:
+            return OmegaConf.get_type(node) in (dict, None) and not OmegaConf.is_struct(node)
+        node = OmegaConf.select(cfg, ".".join(parts[:i + 1]), throw_on_resolution_failure=False,
+                                throw_on_missing=False)
+    return True

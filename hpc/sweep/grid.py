@@ -14,10 +14,11 @@ import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Mapping, Sequence
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence
 
 import yaml
 
+from hpc.config.layers import close_keys
 from hpc.config.schema import ConfigError
 from hpc.rundir.sweepdir import describe
 
@@ -143,19 +144,34 @@ def merge(*grids: Mapping[str, List[Any]]) -> Dict[str, List[Any]]:
     return out
 
 
-def check_keys(grid: Mapping[str, Any], known: Iterable[str], pipeline: str) -> None:
-    """Every key must be a config key (`known`: the dotted leaf keys of the config) that a point may
-    vary: not a stage's resources, the cluster or the run's place."""
+def check_keys(grid: Mapping[str, Any], known: Iterable[str], pipeline: str,
+               accepts: Optional[Callable[[str], bool]] = None) -> None:
+    """Every key must be a config key that a point may vary: not a stage's resources, the cluster or
+    the run's place. `known`: the dotted leaf keys of the config; `accepts`: whether a key=value
+    override would be taken (hpc.config.layers.accepts), so that a key a plain override may set, a new
+    key of a Dict field included, is an axis too."""
     known = set(known)
     for key in grid:
         if key.startswith(FIXED_PREFIXES):
             raise SweepError(f"--sweep {key}: {key.split('.')[0]}.* is shared by all points of a sweep "
                              "(each stage runs as one array job); expected a key of the pipeline's own "
                              f"settings. HINT: pass {key}=VALUE before --sweep, for every point.")
-        if key not in known and not any(k.startswith(key + ".") for k in known):
-            near = sorted(k for k in known if k.split(".")[0] == key.split(".")[0]) or sorted(known)
+        if key not in known and not any(k.startswith(key + ".") for k in known) and not (accepts and accepts(key)):
             raise SweepError(f"--sweep {key}: unknown config key of pipeline {pipeline}; expected one of "
-                             f"{near[:12]}. HINT: check the spelling against the pipeline's config.")
+                             f"{_near(key, known)}. HINT: check the spelling against the pipeline's config.")
+
+
+def _near(key: str, known: Iterable[str]) -> List[str]:
+    """The known keys a misspelt one most likely meant, at the first level where it leaves them."""
+    parts, known = key.split("."), sorted(known)
+    for depth in range(len(parts)):
+        prefix = ".".join(parts[:depth])
+        under = [k for k in known if not prefix or k.startswith(prefix + ".")]
+        names = sorted({k[len(prefix) + 1 if prefix else 0:].split(".")[0] for k in under})
+        if parts[depth] not in names:
+            near = [f"{prefix}.{n}" if prefix else n for n in close_keys(parts[depth], names)]
+            return near or under[:12] or known[:12]
+    return known[:12]
 
 
 def leaf_keys(tree: Mapping[str, Any], prefix: str = "") -> List[str]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
+from hpc.config import layers
 from hpc.config import schema as hconfig
 from hpc.fs.atomic import batched
 from hpc.monitor import status, sweeps
@@ -109,7 +110,7 @@ def _grid(req: Request, recorded: Mapping[str, Any], base: Any, pipeline: str) -
     grids = ([hgrid.parse_tokens(list(req.sweep))] if req.sweep is not None else []) + \
         ([hgrid.read_file(req.sweep_file)] if req.sweep_file else [])
     grid = hgrid.merge(*grids) if grids else dict(recorded["grid"])
-    hgrid.check_keys(grid, hgrid.leaf_keys(hconfig.to_dict(base)), pipeline)
+    hgrid.check_keys(grid, hgrid.leaf_keys(hconfig.to_dict(base)), pipeline, lambda key: layers.accepts(base, key))
     for key, values in grid.items():
         bad = [v for v in values if hconfig.has_control(str(v))]
         if bad:

@@ -12,12 +12,13 @@ trainers are hpc.jobs.langsplat.stages.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, List, Optional
 
 from hpc.config.schema import ConfigError, PipelineConfig, Resources, to_dict
 from hpc.pipeline.plan import PipelineDef, StageDef
 
 from . import external
+from .defaults import Trainer, check, trainer_config
 
 LEVELS = (0, 1, 2)  # the synthetic scene's levels
 MODES = ("synthetic", "external")
@@ -30,7 +31,7 @@ class LangsplatSection:
     mode: str = "synthetic"  # synthetic: a generated scene; external: a LangSplat checkout on data_path
     data_path: Optional[str] = None  # dataset directory (external mode): images/, sparse/0/
     levels: Optional[List[int]] = None  # one array task each; None: 1 2 3 (external), 0 1 2 (synthetic)
-    trainer: Dict[str, Any] = field(default_factory=dict)  # trainer settings (hpc.jobs.langsplat.defaults)
+    trainer: Trainer = field(default_factory=Trainer)  # the built-in trainer's settings (hpc.jobs.langsplat.defaults)
 
 
 @dataclass
@@ -93,6 +94,7 @@ def settle(cfg: Any) -> bool:
 def validate(cfg: Any) -> None:
     """Checks before submission (the levels are settled by then)."""
     sec = cfg.langsplat
+    check(trainer_config(to_dict(sec)))
     if sec.mode not in MODES:
         raise ConfigError(f"langsplat.mode={sec.mode!r}; expected one of {list(MODES)}. "
                           "HINT: langsplat.mode=synthetic needs no data.")
@@ -108,8 +110,6 @@ def validate(cfg: Any) -> None:
 def stages(cfg: Any) -> List[StageDef]:
     if cfg.langsplat.mode == "external":
         return external.stages(cfg)
-    from hpc.jobs.langsplat.defaults import trainer_config  # torch-free planning: the trainer loads in the task
-
     levels = tuple(external.resolved_levels(cfg.langsplat.levels, "synthetic"))
     trainer = trainer_config(to_dict(cfg.langsplat))
     return [StageDef("rgb", "hpc.jobs.langsplat.pipeline:rgb"),
