@@ -3,7 +3,7 @@
     python -m pytest -q tests/test_rank_reads.py
 
 Two gloo ranks run tests/rankreads_workload.py. At a commit, rank 0 makes the marker from the
-checksums the ranks report and reads none of rank 1's shards; at a resume, a rank reads what its
+checksums the ranks report, and no rank reads a shard back, its own included; at a resume, a rank reads what its
 load needs (its own shards at the same world size) once, checking each tensor's bytes against the
 marker as they load: within 1.1x its share, metadata included, never the other rank's. A corrupt
 shard that only its own rank reads still makes both
@@ -34,10 +34,12 @@ def run(tmp_path_factory):
 
 
 @pytest.mark.parametrize("rank", [0, 1])
-def test_a_commit_reads_no_other_ranks_shards(run, rank):
+def test_a_commit_reads_no_shard_back(run, rank):
+    """Neither another rank's shards nor its own: the crc32s were taken as the shard was written
+    (hpc.checkpoint.shardcrc). What is left are DCP's indexes, the reports and the marker, a few
+    tens of kB here against a shard of 6 MB."""
     shards, results = run
-    own, other = shards[rank], shards[1 - rank]
-    assert results[rank]["commit"] < own + other // 2  # its own shard once (checksum), plus metadata
+    assert results[rank]["commit"] < min(shards.values()) // 20
 
 
 @pytest.mark.parametrize("rank", [0, 1])
