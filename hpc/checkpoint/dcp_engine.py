@@ -202,14 +202,21 @@ class DcpEngine:
 
         self.wait()
         reader = dcp_reader.reader(directory, files)
+        # DCP's index, read here first (once: the reader keeps it): DCP takes any error reading it
+        # for a missing index and falls back to the ranks' own, so a refused one must stop the load here.
         # A checkpoint without optimizer state (one that keeps none, or saved before it had any)
         # loads into the optimizer's state as it is: filling it in first would ask the checkpoint
         # for state it does not hold.
-        as_it_is = optimizer is not None and not optimizer.state and not dcp_reader.holds_optimizer_state(reader)
+        holds_optimizer = dcp_reader.holds_optimizer_state(reader)
+        as_it_is = optimizer is not None and not optimizer.state and not holds_optimizer
         state = state_dicts(model, optimizer, as_it_is)  # this rank's layout: what to read, and where
-        with _plain_errors(self.rank):
-            dcp.load(state, checkpoint_id=str(directory), process_group=self.group, storage_reader=reader,
-                     planner=dcp_reader.planner(directory))
+        try:
+            with _plain_errors(self.rank):
+                dcp.load(state, checkpoint_id=str(directory), process_group=self.group, storage_reader=reader,
+                         planner=dcp_reader.planner(directory))
+        except Exception:
+            reader.raise_refusal()  # a rank's own index refused: DCP reports it as "metadata is None"
+            raise
         if optimizer is None:
             set_model_state_dict(model, state["model"])
         else:

@@ -56,6 +56,7 @@ def reader(directory: str | os.PathLike, files: dict | None) -> Any:
 
     whole: dict[str, str] = {}  # files whose marker entry has no per-tensor items: checked whole, once
     indexes: dict[Any, Any] = {}  # rank (None: the merged index) -> DCP's Metadata
+    refused: list[dcp_pickle.UnsafeCheckpoint] = []  # DCP turns these into a missing index
 
     class CheckedReader(FileSystemReader):
         def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
@@ -65,11 +66,19 @@ def reader(directory: str | os.PathLike, files: dict | None) -> Any:
 
                 path = Path(directory) / (METADATA if rank is None else rank_metadata(rank))
                 with self.fs.create_stream(path, "rb") as fh:
-                    indexes[rank] = dcp_pickle.load(fh, path)
+                    try:
+                        indexes[rank] = dcp_pickle.load(fh, path)
+                    except dcp_pickle.UnsafeCheckpoint as err:
+                        refused.append(err)
+                        raise
                 if getattr(indexes[rank], "storage_meta", None) is None:
                     indexes[rank].storage_meta = StorageMeta()
             indexes[rank].storage_meta.load_id = self.load_id  # this load's, as DCP sets it
             return indexes[rank]
+
+        def raise_refusal(self) -> None:
+            if refused:
+                raise refused[0]
 
         def _slice_file(self, file: Any, sinfo: Any) -> Any:
             if files is None:
