@@ -21,8 +21,9 @@ Files are written into ``.step-N.tmp/`` (temporary name, fsync, rename), then ra
 marker and renames the directory, from the checksums each rank reported for its own files (rank 0
 reads no other rank's data). A directory counts only with a marker whose sizes match, and a load
 verifies the checksums of what it reads, so a process killed mid-write leaves the previous
-checkpoint as the newest valid one. Loading uses
-``torch.load(weights_only=True)``: a checkpoint can never run pickled code.
+checkpoint as the newest valid one. Loading never runs pickled code: the store's files go through
+``torch.load(weights_only=True)``, DCP's index through an unpickler that admits only the types DCP
+writes, and DCP's non-tensor values through ``weights_only`` too (dcp_pickle, dcp_reader).
 
 Costs (files, staging, background_writer): a background save forks a copy-on-write writer
 (``mode="fork"``) after copying accelerator tensors to reused CPU buffers; ``mode="thread"``
@@ -44,6 +45,7 @@ Parts (one concept each)::
     dcp_engine.py         model and optimizer through torch.distributed.checkpoint (FSDP)
     dcp_index.py          DCP's .metadata merged from the ranks' own indexes, for saves without collectives
     dcp_reader.py         DCP's reader of a checkpoint: its index read once, every byte checked as read
+    dcp_pickle.py         DCP's pickled index read without running pickled code: DCP's types only
     optim_state.py        an optimizer's state for DCP as it is, without DCP's zero-gradient step
     complete.py           whether a checkpoint a framework wrote (users' scripts) is whole; torch-free
     (hpc.fs.atomic           atomic small-file writes and directory fsync, torch-free)
@@ -55,7 +57,7 @@ from typing import Any
 # reads) must not pay for torch, which the store imports.
 PUBLIC = {"CheckpointStore": "store", "StoreLocked": "store", "AUTO_FORK_BYTES": "store", "StoreReader": "reader",
           "PER_RANK_KEY": "reader", "SHARDED_KEY": "reader", "MARKER": "layout", "SHARED": "layout",
-          "DCP_METADATA": "layout"}
+          "DCP_METADATA": "layout", "UnsafeCheckpoint": "dcp_pickle"}
 __all__ = list(PUBLIC)
 
 
