@@ -14,8 +14,12 @@ Layout of one checkpoint (every rank calls ``save``; rank 0 commits)::
     step-120/rank-R.pt        state["per_rank"] of rank R (RNG, sampler position, ...)
     step-120/COMPLETE.json    marker: step, files with their crc32 and size; written last
     step-120/__R_0.distcp     with save(..., sharded=): model and optimizer shards (dcp_engine)
-    step-120/__R.metadata     DCP's index of rank R's shards (TrainLoop saves without DCP's collectives)
-    step-120/.metadata        DCP's index of all shards: merged from those by rank 0 at the commit
+    step-120/.metadata        DCP's index of all shards (TrainLoop saves without DCP's collectives:
+                              rank 0 merges it at the commit from each rank's __R.metadata)
+
+While it is written, .step-120.tmp/ also holds each rank's report to rank 0 (rank-R.done) and,
+without collectives, its __R.metadata: the commit deletes them before it writes the marker, so
+a committed checkpoint holds 2 files per rank (its shards and rank-R.pt) and 3 shared ones.
 
 Files are written into ``.step-N.tmp/`` (temporary name, fsync, rename), then rank 0 writes the
 marker and renames the directory, from the checksums each rank reported for its own files (rank 0
