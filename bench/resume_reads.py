@@ -11,8 +11,9 @@ metadata is DCP's .metadata, the marker, shared.pt and the rank's rank-R.pt (if 
 that rank), as in bench.scale.
 
 The cases: FSDP resumed on the world size that saved it (each rank reads its own shards: the bound
-holds); FSDP resumed on another world size (2 -> 4 and 4 -> 2 ranks); DDP (every rank loads the
-whole state: world size x its share).
+holds); FSDP resumed on another world size (DCP reads every saved chunk a rank's new shard overlaps
+whole: from 2 to 4 ranks each rank reads 2 x its share); DDP (every rank loads the whole state:
+world size x its share).
 """
 from __future__ import annotations
 
@@ -124,10 +125,11 @@ def run(ctx: Context) -> Section:
         "through DCP without collectives after one step, resumed by TrainLoop; read = rchar (every read call, "
         "page cache included) during the second of two resumes in the same processes; share = every .distcp "
         "file's bytes / the resuming world size; metadata = .metadata, the marker, shared.pt and rank-R.pt",
-        "under DDP every rank holds, and so reads, the whole state: world size x its share. The resharded "
-        "FSDP resumes measured here (2 -> 4, 4 -> 2 ranks) stayed within the bound; other reshardings are "
-        "not measured, and DCP reads each saved chunk a rank needs whole (a chunk is read and checked as "
-        "one piece), so a resharding whose new shards straddle saved chunks may read more",
+        "why the other cases read more: DCP reads each saved chunk a rank's new shard overlaps whole (a "
+        "chunk is read and checked against its crc32 as one piece) and narrows it in memory, so from 2 "
+        "ranks to 4 each rank reads the saved half its quarter lies in, 2 x its share; from 4 to 2 a "
+        "rank's new shard is exactly 2 saved chunks, within the bound; under DDP every rank holds, and "
+        "so reads, the whole state: world size x its share",
     ] + repeated_note(repeated)
     return sec
 
