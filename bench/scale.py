@@ -170,7 +170,8 @@ def run(ctx: Context) -> Section:
     worlds = QUICK_WORLDS if ctx.quick else WORLDS
     sec = Section("scale", "Costs per rank against the world size (gloo, local processes)",
                   f"wrap+init memory <= P/W + one unit + {OVERHEAD // 2**20} MiB; bytes read at commit "
-                  "and at resume <= 1.1 x the rank's share + metadata; hpc's part of the commit "
+                  "and at resume (FSDP, the world size that saved) <= 1.1 x the rank's share + metadata "
+                  "(other resumes: resume-reads); hpc's part of the commit "
                   "latency does not grow with the world size (the collective save's own cost aside)", "python -m bench --only scale" + (" --quick" if ctx.quick else ""),
                   headers=["what", "world", "rank", "measured", "bound", "detail"])
     repeated: List[str] = []

@@ -127,7 +127,7 @@ def _save_two_ranks(directory, step):
 def test_per_rank_state_two_ranks(tmp_path):
     stores, _ = _save_two_ranks(tmp_path, 7)
     assert sorted(p.name for p in (tmp_path / "step-7").iterdir()) == [
-        "COMPLETE.json", "rank-0.pt", "rank-1.done", "rank-1.pt", "shared.pt"]  # rank 0 reports to itself
+        "COMPLETE.json", "rank-0.pt", "rank-1.pt", "shared.pt"]  # rank 1's report to rank 0 is gone
     assert [s.load()["per_rank"] for s in stores] == [{"rank": 0}, {"rank": 1}]
     assert torch.equal(stores[1].load()["model"], torch.ones(3))
 

@@ -10,12 +10,14 @@ returned. flock leases conflict between separate open files, so one process is e
 
 from __future__ import annotations
 
+import fcntl
 import threading
 
 import pytest
 import torch
 
-from hpc.checkpoint import SHARDED_KEY, CheckpointStore, StoreReader
+from hpc.checkpoint import SHARDED_KEY, CheckpointStore, StoreReader, layout
+from hpc.checkpoint import reader as reader_module
 from hpc.checkpoint.dcp_engine import DcpEngine
 
 
@@ -84,3 +86,59 @@ def test_a_reader_never_meets_half_a_checkpoint_while_a_writer_saves_and_prunes(
         loaded.append(state["step"])
     thread.join()
     assert not errors and loaded
+
+
+def test_a_reader_that_leases_a_step_while_the_writer_deletes_it_moves_to_the_next(tmp_path, writer, monkeypatch):
+    """The writer has decided to prune step 1 and is about to delete it when a reader, whose
+    listing (taken before step 2 was committed) offers only step 1, leases it. The reader must
+    get a checkpoint it loads whole: the writer's check holds the lease, so the reader waits for it,
+    finds step 1 gone and loads step 2 (before, it validated step 1 and DCP failed on its files)."""
+    writer(1)
+    listed, at_delete, go, written = (threading.Event() for _ in range(4))
+    real_remove, real_flock, real_candidates = layout.remove, fcntl.flock, reader_module.StoreReader.candidates
+
+    def paused_remove(path):  # the writer, between its check of the lease and its delete, until the
+        if path.name == "step-1":  # reader waits for its lease or holds step 1, checked and loaded
+            at_delete.set()
+            assert go.wait(30)
+        real_remove(path)
+
+    def noted_flock(fd, op):  # the reader's lock, as it is, saying when it has to wait
+        if op == fcntl.LOCK_SH:
+            try:
+                return real_flock(fd, op | fcntl.LOCK_NB)
+            except BlockingIOError:
+                go.set()
+        return real_flock(fd, op)
+
+    def listing_then_wait(self):  # the reader's listing comes before the writer's commit of step 2
+        found = real_candidates(self)
+        if not listed.is_set():
+            listed.set()
+            assert at_delete.wait(30)
+        return found
+
+    monkeypatch.setattr(layout, "remove", paused_remove)
+    monkeypatch.setattr(fcntl, "flock", noted_flock)
+    monkeypatch.setattr(reader_module.StoreReader, "candidates", listing_then_wait)
+    results, errors = [], []
+
+    def read():
+        try:
+            target = torch.nn.Linear(4, 4)
+            with StoreReader(tmp_path).reading() as state:
+                go.set()
+                assert written.wait(30)  # DCP reads the shards after the writer is done
+                DcpEngine().load(state[SHARDED_KEY], target)
+            results.append((state["step"], float(target.weight.detach()[0, 0])))
+        except BaseException as err:
+            errors.append(err)
+
+    thread = threading.Thread(target=read)
+    thread.start()
+    assert listed.wait(30)
+    writer(2)  # keep=1: commits step 2, then prunes step 1 (paused until the reader leases it)
+    written.set()
+    thread.join(60)
+    assert not errors, errors
+    assert results == [(2, 2.0)]  # step 1 went while the reader waited for its lease: the next one

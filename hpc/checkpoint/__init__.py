@@ -14,15 +14,20 @@ Layout of one checkpoint (every rank calls ``save``; rank 0 commits)::
     step-120/rank-R.pt        state["per_rank"] of rank R (RNG, sampler position, ...)
     step-120/COMPLETE.json    marker: step, files with their crc32 and size; written last
     step-120/__R_0.distcp     with save(..., sharded=): model and optimizer shards (dcp_engine)
-    step-120/__R.metadata     DCP's index of rank R's shards (TrainLoop saves without DCP's collectives)
-    step-120/.metadata        DCP's index of all shards: merged from those by rank 0 at the commit
+    step-120/.metadata        DCP's index of all shards (TrainLoop saves without DCP's collectives:
+                              rank 0 merges it at the commit from each rank's __R.metadata)
+
+While it is written, .step-120.tmp/ also holds each rank's report to rank 0 (rank-R.done) and,
+without collectives, its __R.metadata: the commit deletes them before it writes the marker, so
+a committed checkpoint holds 2 files per rank (its shards and rank-R.pt) and 3 shared ones.
 
 Files are written into ``.step-N.tmp/`` (temporary name, fsync, rename), then rank 0 writes the
 marker and renames the directory, from the checksums each rank reported for its own files (rank 0
 reads no other rank's data). A directory counts only with a marker whose sizes match, and a load
 verifies the checksums of what it reads, so a process killed mid-write leaves the previous
-checkpoint as the newest valid one. Loading uses
-``torch.load(weights_only=True)``: a checkpoint can never run pickled code.
+checkpoint as the newest valid one. Loading never runs pickled code: the store's files go through
+``torch.load(weights_only=True)``, DCP's index through an unpickler that admits only the types DCP
+writes, and DCP's non-tensor values through ``weights_only`` too (dcp_pickle, dcp_reader).
 
 Costs (files, staging, background_writer): a background save forks a copy-on-write writer
 (``mode="fork"``) after copying accelerator tensors to reused CPU buffers; ``mode="thread"``
@@ -44,6 +49,7 @@ Parts (one concept each)::
     dcp_engine.py         model and optimizer through torch.distributed.checkpoint (FSDP)
     dcp_index.py          DCP's .metadata merged from the ranks' own indexes, for saves without collectives
     dcp_reader.py         DCP's reader of a checkpoint: its index read once, every byte checked as read
+    dcp_pickle.py         DCP's pickled index read without running pickled code: DCP's types only
     optim_state.py        an optimizer's state for DCP as it is, without DCP's zero-gradient step
     complete.py           whether a checkpoint a framework wrote (users' scripts) is whole; torch-free
     (hpc.fs.atomic           atomic small-file writes and directory fsync, torch-free)
@@ -55,7 +61,7 @@ from typing import Any
 # reads) must not pay for torch, which the store imports.
 PUBLIC = {"CheckpointStore": "store", "StoreLocked": "store", "AUTO_FORK_BYTES": "store", "StoreReader": "reader",
           "PER_RANK_KEY": "reader", "SHARDED_KEY": "reader", "MARKER": "layout", "SHARED": "layout",
-          "DCP_METADATA": "layout"}
+          "DCP_METADATA": "layout", "UnsafeCheckpoint": "dcp_pickle"}
 __all__ = list(PUBLIC)
 
 

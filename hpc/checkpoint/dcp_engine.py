@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import pickle
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -52,14 +51,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hpc.checkpoint import dcp_reader, layout, optim_state, shardcrc
+from hpc.checkpoint import dcp_pickle, dcp_reader, layout, optim_state, shardcrc
 from hpc.checkpoint.dcp_index import METADATA, rank_metadata
+from hpc.checkpoint.dcp_pickle import UnsafeCheckpoint
 from hpc.checkpoint.dcp_reader import ShardCorrupt
 from hpc.checkpoint.files import ranges_info
 from hpc.checkpoint.replicas import SharePlanner, ShareStager, share
 from hpc.checkpoint.staging import source_devices, synchronize, tensors_in
 
-__all__ = ["DcpEngine", "ShardCorrupt", "state_dicts", "own_shards", "METADATA"]
+__all__ = ["DcpEngine", "ShardCorrupt", "UnsafeCheckpoint", "state_dicts", "own_shards", "METADATA"]
 
 SINGLE_PROCESS_WARNING = r"torch\.distributed is disabled, unavailable or uninitialized"
 
@@ -197,19 +197,28 @@ class DcpEngine:
         """Fill model (and optimizer) from `directory`, whatever world size wrote it. With `files`
         (the completion marker's checksums) every byte read is checked as it is read; a mismatch
         on any rank raises ShardCorrupt on every rank, after which the model may hold part of
-        this checkpoint: load another one before training."""
+        this checkpoint: load another one before training. Nothing pickled is run: an index or a
+        value that is not plain data raises UnsafeCheckpoint (hpc.checkpoint.dcp_pickle)."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 
         self.wait()
         reader = dcp_reader.reader(directory, files)
+        # DCP's index, read here first (once: the reader keeps it): DCP takes any error reading it
+        # for a missing index and falls back to the ranks' own, so a refused one must stop the load here.
         # A checkpoint without optimizer state (one that keeps none, or saved before it had any)
         # loads into the optimizer's state as it is: filling it in first would ask the checkpoint
         # for state it does not hold.
-        as_it_is = optimizer is not None and not optimizer.state and not dcp_reader.holds_optimizer_state(reader)
+        holds_optimizer = dcp_reader.holds_optimizer_state(reader)
+        as_it_is = optimizer is not None and not optimizer.state and not holds_optimizer
         state = state_dicts(model, optimizer, as_it_is)  # this rank's layout: what to read, and where
-        with _plain_errors(self.rank):
-            dcp.load(state, checkpoint_id=str(directory), process_group=self.group, storage_reader=reader)
+        try:
+            with _plain_errors(self.rank):
+                dcp.load(state, checkpoint_id=str(directory), process_group=self.group, storage_reader=reader,
+                         planner=dcp_reader.planner(directory))
+        except Exception:
+            reader.raise_refusal()  # a rank's own index refused: DCP reports it as "metadata is None"
+            raise
         if optimizer is None:
             set_model_state_dict(model, state["model"])
         else:
@@ -246,8 +255,9 @@ def own_shards(directory: Path, rank: int) -> dict[str, dict]:
     collectives, else .metadata), read right after they were written, while the page cache
     still holds them."""
     own = Path(directory) / rank_metadata(rank)
-    with open(own if own.exists() else Path(directory) / METADATA, "rb") as fh:
-        index = pickle.load(fh)  # DCP's Metadata, pickled, as its own reader loads it
+    path = own if own.exists() else Path(directory) / METADATA
+    with open(path, "rb") as fh:
+        index = dcp_pickle.load(fh, path)  # DCP's Metadata, pickled: plain data or refused
     ranges: dict[str, list[tuple[int, int]]] = {}
     for where in index.storage_data.values():
         if where.relative_path.endswith(shardcrc.SUFFIX) and layout.rank_of(where.relative_path) == rank:

@@ -19,6 +19,7 @@ import pickle
 from pathlib import Path
 from typing import Any
 
+from hpc.checkpoint import dcp_pickle
 from hpc.checkpoint.layout import DCP_METADATA as METADATA  # DCP's coordinator writes it, or the merge
 from hpc.fs.atomic import write_bytes
 
@@ -47,7 +48,7 @@ def merge_metadata(directory: str | os.PathLike, world_size: int) -> None:
         path = Path(directory) / rank_metadata(rank)
         try:
             with open(path, "rb") as fh:
-                part = pickle.load(fh)
+                part = dcp_pickle.load(fh, path)  # a rank's file: plain data or refused
         except FileNotFoundError:
             raise ValueError(f"{path} is missing: rank {rank} did not finish its part of the "
                              "checkpoint. HINT: every rank must save the same step.") from None

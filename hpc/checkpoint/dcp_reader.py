@@ -1,20 +1,29 @@
-"""DCP's reader for a checkpoint of the store: DCP's index read once, every byte checked as read.
+"""DCP's reader for a checkpoint of the store: DCP's index read once, every byte checked as read,
+nothing pickled run.
 
     r = reader(step_dir, marker_files(step_dir))    # a torch.distributed.checkpoint StorageReader
     holds_optimizer_state(r)                         # from DCP's index, which r then keeps
-    dcp.load(state, checkpoint_id=str(step_dir), storage_reader=r)   # ShardCorrupt on a mismatch
+    dcp.load(state, checkpoint_id=str(step_dir), storage_reader=r, planner=planner(step_dir))
+    # ShardCorrupt on a mismatch; UnsafeCheckpoint for a pickle that is not plain data
+
+DCP unpickles its index with pickle.load and its non-tensor values (an optimizer's param_groups)
+with torch.load(weights_only=False): either runs code a crafted checkpoint names. The reader here
+loads the index through hpc.checkpoint.dcp_pickle, the planner the values with weights_only=True.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import pickle
 from pathlib import Path
 from typing import Any
 
-from hpc.checkpoint import optim_state
+from hpc.checkpoint import dcp_pickle, optim_state
+from hpc.checkpoint.dcp_index import METADATA, rank_metadata
 from hpc.checkpoint.files import verify
 
-__all__ = ["ShardCorrupt", "reader", "holds_optimizer_state"]
+__all__ = ["ShardCorrupt", "reader", "planner", "holds_optimizer_state"]
 
 
 class ShardCorrupt(ValueError):
@@ -47,15 +56,29 @@ def reader(directory: str | os.PathLike, files: dict | None) -> Any:
 
     whole: dict[str, str] = {}  # files whose marker entry has no per-tensor items: checked whole, once
     indexes: dict[Any, Any] = {}  # rank (None: the merged index) -> DCP's Metadata
+    refused: list[dcp_pickle.UnsafeCheckpoint] = []  # DCP turns these into a missing index
 
     class CheckedReader(FileSystemReader):
         def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
             rank = kwargs.get("rank")
-            if rank not in indexes:
-                indexes[rank] = super().read_metadata(*args, **kwargs)
-            elif getattr(indexes[rank], "storage_meta", None) is not None:
-                indexes[rank].storage_meta.load_id = self.load_id  # this load's, as DCP sets it
+            if rank not in indexes:  # as DCP's own, through the restricted unpickler
+                from torch.distributed.checkpoint.metadata import StorageMeta
+
+                path = Path(directory) / (METADATA if rank is None else rank_metadata(rank))
+                with self.fs.create_stream(path, "rb") as fh:
+                    try:
+                        indexes[rank] = dcp_pickle.load(fh, path)
+                    except dcp_pickle.UnsafeCheckpoint as err:
+                        refused.append(err)
+                        raise
+                if getattr(indexes[rank], "storage_meta", None) is None:
+                    indexes[rank].storage_meta = StorageMeta()
+            indexes[rank].storage_meta.load_id = self.load_id  # this load's, as DCP sets it
             return indexes[rank]
+
+        def raise_refusal(self) -> None:
+            if refused:
+                raise refused[0]
 
         def _slice_file(self, file: Any, sinfo: Any) -> Any:
             if files is None:
@@ -78,3 +101,38 @@ def reader(directory: str | os.PathLike, files: dict | None) -> Any:
             return io.BytesIO(data)
 
     return CheckedReader(str(directory))
+
+
+def planner(directory: str | os.PathLike) -> Any:
+    """DCP's default load planner, but a non-tensor value (DCP stores it as torch.save's bytes)
+    is loaded with weights_only=True: plain data, never an object whose unpickling runs code."""
+    return _planner_class()(Path(directory))
+
+
+@functools.lru_cache(maxsize=None)
+def _planner_class() -> type:
+    import torch
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+    from torch.distributed.checkpoint._traverse import set_element
+
+    class PlainDataPlanner(DefaultLoadPlanner):
+        def __init__(self, directory: Path) -> None:
+            super().__init__()
+            self.directory = directory
+
+        def load_bytes(self, read_item: Any, value: Any) -> None:
+            fqn = read_item.dest_index.fqn
+            try:
+                obj = torch.load(value, weights_only=True)
+            except pickle.UnpicklingError as err:
+                where = self.metadata.storage_data[read_item.storage_index].relative_path
+                first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                raise dcp_pickle.UnsafeCheckpoint(
+                    dcp_pickle.refusal(self.directory / where, f"a value for {fqn} that weights_only "
+                                       f"loading refuses ({first})")) from None
+            if self.flatten_state_dict:
+                set_element(self.original_state_dict, self.mappings[fqn], obj)
+            else:
+                self.state_dict[fqn] = obj
+
+    return PlainDataPlanner

@@ -177,7 +177,7 @@ class CheckpointStore(StoreReader):
                     if (tmp / dcp_index.rank_metadata(0)).exists():  # saved without collectives:
                         dcp_index.merge_metadata(tmp, self.world_size)  # every rank has reported
                     files[DCP_METADATA] = file_info(tmp / DCP_METADATA)
-                layout.drop_ranks_beyond(tmp, self.world_size)
+                layout.drop_unlisted(tmp, files)  # reports, ranks' indexes: read, merged, done
                 self._commit(step, tmp, files)
         except BaseException as err:
             self._abandon(tmp, generation, err)
