@@ -77,8 +77,8 @@ def test_items_waiting_on_other_task_ids_stay_one_array_at_those_ids():
         ((4,), (), "afterok:12_0")]
     text = follow[2].sbatch_text()
     assert "#SBATCH --array=2-3%1" in text and "#SBATCH --dependency=aftercorr:10" in text
-    assert "stage follow (array 3 of 4): items [2, 3] (task ids 2-3) 1 rank(s) per job after second[k] for each item k " \
-           "(aftercorr on job 10)" in p.summary()
+    assert "stage follow (array 3 of 4): items [2, 3] (task ids 2-3) 1 rank(s) per job after second[k] for " \
+           "each item k (aftercorr on job 10)" in p.summary()
     # items at tasks 0..n-1 of one queued array make one array again, numbered as submitit does
     queued = {("second", k): f"10_{k}" for k in range(3)}
     p = make(finished={("first", None)}, queued=queued)
