@@ -66,9 +66,10 @@ def parts(todo: Sequence[Any], where: Mapping[Any, Ref], max_size: Optional[int]
             out += [Part(c, (None,) * len(c)) for c in chunks([i for i, _ in members], max_size)]
             continue
         members.sort(key=lambda m: _task(m[1]))
-        alone = [m for m in members if not 0 <= _task(m[1]) < (max_size or _task(m[1]) + 1)]
+        fits = [0 <= _task(r) < (max_size or _task(r) + 1) for _, r in members]
+        alone = [m for m, ok in zip(members, fits) if not ok]
         layers: List[List[Tuple[Any, Ref]]] = []
-        for member in (m for m in members if m not in alone):
+        for member in (m for m, ok in zip(members, fits) if ok):
             free = next((layer for layer in layers if _task(layer[-1][1]) != _task(member[1])), None)
             layers.append([member]) if free is None else free.append(member)
         alone += [layer[0] for layer in layers if len(layer) == 1]
