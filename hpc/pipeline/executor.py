@@ -10,7 +10,8 @@ builds a StageContext, calls the target, and rank 0 writes the done marker. A re
 the same task, so it runs the same snapshot. On SIGUSR2 (time limit near) submitit calls
 checkpoint(), which resubmits the same task (snapshot included); it resumes from what the stage
 saved under its task directory. Preemption (SIGTERM, PreemptMode=REQUEUE) is requeued by SLURM
-itself with the same job id.
+itself with the same job id. submit_array() submits an array whose task ids are chosen by the plan
+(aftercorr after a partial resubmission, hpc.pipeline.arrays), not submitit's 0..n-1.
 """
 from __future__ import annotations
 

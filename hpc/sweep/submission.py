@@ -16,8 +16,8 @@ sits at the task id of its point's upstream task and waits for that task only (a
 slow, failed or requeued point holds back no other point's next stage (a point with several such
 tasks puts them in as many arrays, hpc.pipeline.arrays). Any other stage's array waits for the whole
 previous arrays to end (afterany). Each task also checks that its own point's previous stages
-finished (their done markers) before it runs. The points share each stage's resources (one array job), so
-stages.*, cluster.* and run.* are not swept; key=value before --sweep applies to every point.
+finished (their done markers) before it runs. The points share each stage's resources (one array
+job), so stages.*, cluster.* and run.* are not swept; key=value before --sweep applies to every point.
 """
 from __future__ import annotations
 
@@ -195,6 +195,8 @@ def summary(plan: hplan.Plan, points: Sequence[hgrid.Point], states: Mapping[str
         after = [f"{', '.join(job.after)} (afterany; each task first checks its own point's)"] * bool(job.after)
         if job.item_after and job.waits:
             after.append(f"its own point's {job.item_after} task, task by task (aftercorr)")
+        elif job.item_after and plan.kind != "slurm":  # no scheduler: the arrays run one after another
+            after.append(f"{job.item_after} (submitted when it has ended)")
         ids = f" at task ids {arrays.spec(job.task_ids).partition('%')[0]}" if job.task_ids else ""
         lines.append(f"  stage {job.label}: one array of {len(job.items)} task(s){ids} over {owners} point(s), "
                      f"{worlds} rank(s) per task" + (f", after {', '.join(after)}" if after else ""))
