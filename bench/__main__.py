@@ -50,7 +50,8 @@ BENCHMARKS = {
                      "FSDP resumed on the world size that saved it: <= 1.1 x the rank's share + metadata; "
                      "the other cases measured against the same bound, which they are not held to"),
     "sweep": ("bench.sweep", "Sweep submission: 100 points, 2 stages",
-              "a 100-point sweep of a 2-stage pipeline submitted within 2 s, in 2 sbatch calls"),
+              "a 100-point sweep of a 2-stage pipeline submitted within 2 s, in 3 sbatch calls (one per stage, "
+              "and per item of a point waiting on its point's task)"),
     "per-step": ("bench.per_step", "Per-step costs hpc adds (gloo, 2 and 8 ranks)",
                  "each per-step collective and host call listed with its cost; none a blocking device-to-host sync"),
     "status": ("bench.status_calls", "Status: scheduler calls per poll",

@@ -22,7 +22,10 @@ from bench.common import REPO, Context, best_effort, count_calls, counting_shims
 from bench.report import Section
 
 TARGET_S = 2.0
-TARGET_SBATCH = 2
+# one per stage per MaxArraySize chunk (100 points: one chunk), and per item of a point for a stage
+# whose items wait on their point's one task (aftercorr pairs one task id with one): first, then
+# second's items 0 and 1 of every point
+TARGET_SBATCH = 3
 AXES = ["tiny.score=" + ",".join(map(str, range(10))), "tiny.sleep_s=" + ",".join(map(str, range(10)))]
 QUICK_AXES = ["tiny.score=0,1,2,3", "tiny.sleep_s=0,1"]
 PARTS = "tiny.parts=[0,1]"  # items of stage `second` per point
@@ -85,7 +88,8 @@ def run(ctx: Context) -> Section:
         "CPU is the user and system time of the command and its children (sbatch included): on a machine "
         "shared with other work, the wall time waits for a core and the CPU time does not",
         f"hpc sweep writes a run directory per point (config.yaml, manifest.json) and the sweep's sweep.json; "
-        f"stage `second` has {PARTS.split('=')[1]} items per point, so its array has twice as many tasks as points"]
+        f"stage `second` has {PARTS.split('=')[1]} items per point, each waiting on its own point's `first` task "
+        "(aftercorr): item k of every point is one array, at the task ids of the points' `first` tasks"]
     return sec
 
 

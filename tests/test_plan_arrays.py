@@ -4,6 +4,8 @@ arrays split at the cluster's MaxArraySize, and array_parallelism.
     python -m pytest tests/test_plan_arrays.py
 """
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hpc.pipeline import arrays, plan
 from hpc.config import schema as config
@@ -61,22 +63,44 @@ def test_resubmitting_one_item_names_its_own_task():
     assert follow.item_dependency({"second": ["20"]}) == ("afterok:20", [["20"]])
 
 
-def test_items_waiting_on_different_arrays_are_submitted_apart():
+def test_items_waiting_on_other_task_ids_stay_one_array_at_those_ids():
     # follow[0] failed on its own (second[0] done), second[1] runs again, second[2] and [3] are
     # still queued in the first array (tasks 2 and 3), second[4] in a resubmission's (task 0)
     done = {("first", None), ("second", 0)}
     queued = {("second", 2): "10_2", ("second", 3): "10_3", ("second", 4): "12_0"}
-    p = make("tiny.parts=[0,1,2,3,4]", finished=done, queued=queued)
+    p = make("tiny.parts=[0,1,2,3,4]", "stages.follow.array_parallelism=1", finished=done, queued=queued)
     follow = [j for j in p.jobs if j.stage == "follow"]
-    assert [(j.items, j.item_dependency()[0]) for j in follow] == [
-        ((0,), None),  # waits on nothing: second[0] is done
-        ((1,), "afterok:<second[1]>"),
-        ((2,), "afterok:10_2"), ((3,), "afterok:10_3"),  # tasks 2, 3 of 10: no aftercorr from task 0
-        ((4,), "afterok:12_0")]
-    # items at tasks 0..n-1 of one queued array make one array again
+    assert [(j.items, j.task_ids, j.item_dependency()[0]) for j in follow] == [
+        ((0,), (), None),  # waits on nothing: second[0] is done
+        ((1,), (), "afterok:<second[1]>"),
+        ((2, 3), (2, 3), "aftercorr:10"),  # tasks 2, 3 of 10: one array at task ids 2 and 3
+        ((4,), (), "afterok:12_0")]
+    text = follow[2].sbatch_text()
+    assert "#SBATCH --array=2-3%1" in text and "#SBATCH --dependency=aftercorr:10" in text
+    assert "stage follow (array 3 of 4): items [2, 3] (task ids 2-3) 1 rank(s) per job after second[k] for " \
+           "each item k (aftercorr on job 10)" in p.summary()
+    # items at tasks 0..n-1 of one queued array make one array again, numbered as submitit does
     queued = {("second", k): f"10_{k}" for k in range(3)}
     p = make(finished={("first", None)}, queued=queued)
-    assert [(j.items, j.item_dependency()[0]) for j in p.jobs] == [((0, 1, 2), "aftercorr:10")]
+    assert [(j.items, j.task_ids, j.item_dependency()[0]) for j in p.jobs] == [((0, 1, 2), (), "aftercorr:10")]
+
+
+def test_a_partial_resubmission_of_500_items_is_one_array():
+    # items 500 to 999 of `second` ran again (array 20, task ids 0..499); follow's 500 to 999 wait on
+    # them, and follow's 0 to 499 on the tasks still queued at ids 0..499 of the first array, 10
+    parts = list(range(1000))
+    queued = {("second", k): f"10_{k}" for k in range(500)}
+    done = {("first", None)} | {("second", k) for k in range(500, 1000)}
+    p = make(f"tiny.parts={parts}", finished=done, queued=queued, max_size=1001)
+    assert [(j.label, len(j.items), j.item_dependency()[0]) for j in p.jobs] == [
+        ("follow#1", 500, "aftercorr:10"), ("follow#2", 500, None)]
+    # only its items 500 to 999, whose upstream tasks sit at ids 500..999 of array 10
+    queued = {("second", k): f"10_{k}" for k in range(500, 1000)}
+    p = make(f"tiny.parts={parts}", finished={("first", None)} | {("follow", k) for k in range(500)},
+             queued=queued, max_size=1001)
+    (follow,) = [j for j in p.jobs if j.stage == "follow"]
+    assert follow.task_ids == tuple(range(500, 1000)) and follow.item_dependency()[0] == "aftercorr:10"
+    assert "#SBATCH --array=500-999%256" in follow.sbatch_text()
 
 
 def test_arrays_split_at_max_array_size_keep_their_dependencies():
@@ -112,9 +136,46 @@ def test_parts_pure():
         arrays.Part((0, 1), (("a", 0), ("a", 1))), arrays.Part((2, 3), (None, None)), arrays.Part((4,), (None,))]
     # another order than the upstream's: reordered to its task ids
     assert arrays.parts((1, 0), now) == [arrays.Part((0, 1), (("a", 0), ("a", 1)))]
-    # more items at tasks 0..n-1 than an array may hold: one job each
+    # task ids past the cluster's MaxArraySize (it shrank since): one job each
     assert len(arrays.parts((0, 1), now, max_size=1)) == 2
     assert arrays.chunks((), 3) == [] and arrays.chunks((1, 2, 3), None) == [(1, 2, 3)]
+    # several items on one task (a sweep point's items after its one task): one array per item
+    on = {"p0": ("a", 0), "q0": ("a", 0), "p1": ("a", 1), "q1": ("a", 1), "r1": ("a", 1)}
+    assert [(p.items, p.task_ids) for p in arrays.parts(list(on), on)] == [
+        (("p0", "p1"), (0, 1)), (("q0", "q1"), (0, 1)), (("r1",), (0,))]
+
+
+def test_spec_renders_runs_and_the_throttle():
+    assert arrays.spec((3, 7, 12, 13, 14, 15, 16, 17, 18, 19, 20), 4) == "3,7,12-20%4"
+    assert arrays.spec(range(500, 1000)) == "500-999%256"  # submitit's default throttle
+    assert arrays.spec((5,), 8) == "5%1"
+    assert arrays.task_ids("3,7,12-20%4") == [3, 7, *range(12, 21)] and arrays.task_ids("0-6:3") == [0, 3, 6]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sets(st.integers(0, 2999), max_size=400), st.sets(st.integers(0, 2999), max_size=60),
+       st.integers(1, 1001), st.integers(1, 300))
+def test_any_subset_keeps_each_item_at_its_upstream_task_id(upstream, done, max_size, parallelism):
+    """Whatever subset of an upstream array's items runs again: every item sits at its own task's id
+    in an array waiting (aftercorr) on that one array, ids below MaxArraySize, --array lists them."""
+    todo = sorted(upstream | done)
+    where = {i: (None if i in done else f"10_{i}") for i in todo}
+    out = arrays.parts(todo, where, max_size)
+    assert sorted(i for p in out for i in p.items) == todo
+    assert len([p for p in out if p.waits[0] is None]) == len(arrays.chunks(sorted(done), max_size))
+    for p in out:
+        assert len(p.items) <= max_size and len(set(p.task_ids)) == len(p.items)
+        if p.waits[0] is None:
+            continue
+        assert all(w == f"10_{i}" for i, w in zip(p.items, p.waits))
+        if len(p.items) > 1:  # one array at the upstream ids, which the rendered --array lists
+            assert list(p.task_ids) == sorted(p.items) and max(p.task_ids) < max_size
+            assert arrays.task_ids(arrays.spec(p.task_ids, parallelism)) == list(p.task_ids)
+            assert arrays.dependency(p, "a")[0] == "aftercorr:10"
+    below = [i for i in upstream - done if i < max_size]
+    assert sum(len(p.items) > 1 for p in out if p.waits[0]) == (len(below) > 1)  # one array for all of them
+    assert sum(len(p.items) for p in out if len(p.items) == 1 and p.waits[0]) == len(upstream - done) - (
+        len(below) if len(below) > 1 else 0)
 
 
 @pytest.mark.parametrize("stages, why", [

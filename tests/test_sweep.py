@@ -40,9 +40,13 @@ def test_dry_run_plans_one_array_per_stage_across_the_points(tmp_path, capsys):
     out = capsys.readouterr().out
     assert code == 0, out
     assert "stage first: one array of 4 task(s) over 4 point(s)" in out
-    assert "stage second: one array of 12 task(s) over 4 point(s)" in out
-    assert "#SBATCH --array=0-3" in out and "#SBATCH --array=0-11" in out
-    assert "--dependency='afterany:<first>'" in out
+    # each point's 3 items wait on its one `first` task: task k of each array on task k of first's
+    for k in (1, 2, 3):
+        assert f"stage second#{k}: one array of 4 task(s) over 4 point(s), 1 rank(s) per task, after its own " \
+               "point's first task, task by task (aftercorr)" in out
+    assert "stage second: 3 arrays, as several of its tasks wait on one first task" in out
+    assert out.count("#SBATCH --array=0-3%4") == 4 and "afterany" not in out
+    assert out.count("--dependency='aftercorr:<first>'") == 3
     for p in grid.points({"tiny.score": [1, 2], "tiny.sleep_s": [0, 1]}):
         assert f"point {p.signature} {p.describe()}: new" in out
     assert not (tmp_path / "s").exists()  # a dry run writes nothing
@@ -63,9 +67,10 @@ def test_a_per_item_stage_waits_task_by_task_across_the_points(tmp_path, capsys)
                         "tiny.parts=[0,1]", "--sweep", "tiny.score=1,2"])
     out = capsys.readouterr().out
     assert code == 0, out
-    assert "stage follow: one array of 4 task(s) over 2 point(s), 1 rank(s) per task, after second[k] " \
-           "for each task k (aftercorr)" in out
-    assert "--dependency='aftercorr:<second>'" in out
+    for k in (1, 2):  # second is two arrays (one per item of a point after its first task): so is follow
+        assert f"stage follow#{k}: one array of 2 task(s) over 2 point(s), 1 rank(s) per task, after its own " \
+               "point's second task, task by task (aftercorr)" in out
+        assert f"--dependency='aftercorr:<second#{k}>'" in out
 
 
 def _done(run, stage, item=None):
@@ -120,6 +125,33 @@ def test_point_configs_and_stage_items(tmp_path):
     assert sweep.afterany([["7_0"], ["7_1", "6"]], {"first": ["7_0", "7_1"]}) == "afterany:6:7"
     assert sweep.afterany([["7_0"]], {"first": ["7_0", "7_1"]}) == "afterany:7_0"
     assert sweep.latest(["a=1", "b=2", "a=3"]) == ["b=2", "a=3"]
+
+
+def test_each_point_waits_on_its_own_points_task_wherever_it_sits(tmp_path):
+    # 6 points; the `first` tasks of points 0 to 2 are done, of points 3 and 4 still queued at task ids
+    # 7 and 9 of array 40 (a resubmission's), of point 5 submitted now: second waits point by point
+    pipe = plan.get_pipeline("tiny")
+    base = submission.build(submit.parse_args(["tiny", "--cluster", "slurm", "cluster.partitions=[low]",
+                                               "tiny.parts=[0]", "--run-dir", str(tmp_path)]), view=False)[1]
+    defs = sweepconfig.resolve(base, grid.points({"tiny.score": list(range(6))}), pipe)
+    sigs = list(defs)
+    merged = sweep.merged_stages(defs)
+    assert [(s.name, s.after, s.per_item_after) for s in merged] == [("first", (), ""), ("second", (), "first")]
+    virtual = plan.PipelineDef("tiny", pipe.schema, lambda cfg: merged)
+    done = {("first", (sig, None)) for sig in sigs[:3]}
+    queued = {("first", (sigs[3], None)): "40_7", ("first", (sigs[4], None)): "40_9"}
+    p = plan.make_plan(virtual, base, str(tmp_path), "slurm", frozenset(done), queued, 10)
+    assert [(j.label, [sigs.index(s) for s, _ in j.items], j.task_ids, j.after, j.item_dependency()[0])
+            for j in p.jobs] == [
+        ("first", [5], (), (), None),
+        ("second#1", [0, 1, 2], (), (), None),  # their first tasks are done
+        ("second#2", [3, 4], (7, 9), (), "aftercorr:40"),  # one array at its points' task ids
+        ("second#3", [5], (), (), "afterok:<first[('%s', None)]>" % sigs[5])]
+    assert "#SBATCH --array=7,9%2" in p.jobs[2].sbatch_text()
+    # a stage after a stage of several tasks per point waits for the whole arrays (afterany)
+    two = sweepconfig.resolve(base, grid.points({"tiny.parts": [[0, 1]], "tiny.third": [True]}), pipe)
+    third = {s.name: s for s in sweep.merged_stages(two)}["third"]
+    assert third.after == ("second",) and not third.per_item_after
 
 
 @pytest.mark.parametrize("pipeline, extra, axes", [

@@ -14,7 +14,8 @@ enters the snapshot, imports the stage's function and writes the done marker.
 Parts::
 
     plan.py        PipelineDef, StageDef, the registry of pipelines, make_plan -> Plan of JobSpecs
-    arrays.py      a stage's items as sbatch arrays within MaxArraySize; per-item dependencies
+    arrays.py      a stage's items as sbatch arrays within MaxArraySize; per-item dependencies (aftercorr at
+                   the upstream tasks' ids, --array=3,7,12-20)
     sbatch.py      Resources -> submitit parameters and the sbatch text they produce
     executor.py    StageTask, what submitit pickles; the executor of each kind
     request.py     Request: one submission, typed, as python -m hpc.submit takes it

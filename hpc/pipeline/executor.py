@@ -10,7 +10,8 @@ builds a StageContext, calls the target, and rank 0 writes the done marker. A re
 the same task, so it runs the same snapshot. On SIGUSR2 (time limit near) submitit calls
 checkpoint(), which resubmits the same task (snapshot included); it resumes from what the stage
 saved under its task directory. Preemption (SIGTERM, PreemptMode=REQUEUE) is requeued by SLURM
-itself with the same job id.
+itself with the same job id. submit_array() submits an array whose task ids are chosen by the plan
+(aftercorr after a partial resubmission, hpc.pipeline.arrays), not submitit's 0..n-1.
 """
 from __future__ import annotations
 
@@ -18,9 +19,10 @@ import contextlib
 import importlib
 import os
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from hpc.config import defaults
 from hpc.rundir import tracking
@@ -129,6 +131,37 @@ def _local_env() -> Any:
                "WORLD_SIZE": world, "LOCAL_WORLD_SIZE": world, "MASTER_ADDR": "127.0.0.1",
                "MASTER_PORT": str(master_port_for(job_id if job_id.isdigit() else "0"))}
     return from_environ(mapping)
+
+
+def submit_array(executor: Any, tasks: Sequence[Any], task_ids: Sequence[int] = ()) -> List[Any]:
+    """Submit `tasks` as one array through `executor`; tasks[k] runs as array task task_ids[k]
+    (executor's parameters carry the matching --array, hpc.pipeline.sbatch). submitit numbers an
+    array's tasks 0..n-1 and finds task k's pickle by the id J_k; with other ids its pickles are
+    written here under J_<id>, as submitit does: after sbatch, which a starting task waits for."""
+    if not task_ids or list(task_ids) == list(range(len(tasks))) or len(tasks) < 2:
+        with executor.batch():  # one sbatch --array for an array stage
+            return [executor.submit(t) for t in tasks]
+    import submitit
+    from submitit.core import utils
+
+    assert len(task_ids) == len(tasks) == len(set(task_ids)), (task_ids, len(tasks))
+    folder = utils.JobPaths.get_first_id_independent_folder(executor.folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    pickles = []
+    for task in tasks:
+        delayed = utils.DelayedSubmission(task)
+        delayed.set_timeout(executor.parameters.get("time", 5), executor.max_num_timeout)
+        pickles.append(folder / f"{uuid.uuid4().hex}.pkl")
+        delayed.dump(pickles[-1])
+    array = submitit.SlurmExecutor(executor.folder, executor.max_num_timeout)
+    array.update_parameters(**executor.parameters)
+    array.parameters["map_count"] = len(tasks)  # the %A_%a log names; the --array line is ours
+    first = array._submit_command(array._submitit_command_str)
+    jobs = [submitit.SlurmJob(folder=executor.folder, job_id=f"{first.job_id}_{t}", tasks=list(range(first.num_tasks)))
+            for t in task_ids]
+    for job, path in zip(jobs, pickles):
+        job.paths.move_temporary_file(path, "submitted_pickle")
+    return jobs
 
 
 def make_executor(kind: str, folder: str, max_timeouts: int = defaults.MAX_TIMEOUTS) -> Any:

@@ -36,6 +36,9 @@ class StageDef:
     after: Tuple[str, ...] = ()  # stages that must end successfully first (afterok)
     # an earlier array stage with the same items: item k waits only for its item k (aftercorr)
     per_item_after: str = ""
+    # item -> the per_item_after item it waits for (None: the same item); a sweep's stage waits on
+    # its point's one task of the stage before (hpc.sweep.submission)
+    per_item_of: Optional[Callable[[Any], Any]] = None
     resources: str = ""  # key under cfg.stages; default: the stage name
     describe: str = ""  # what each task runs, for the plan output (default: the target)
     skip: str = ""  # why this stage is not needed (its outputs exist): listed as skipped, never submitted
@@ -97,6 +100,8 @@ class JobSpec:
     item_after: str = ""  # StageDef.per_item_after
     waits: Tuple[arrays.Ref, ...] = ()  # per item, the item_after task it waits for (hpc.pipeline.arrays)
     part: Tuple[int, int] = (1, 1)  # (k, n): the k-th of the n arrays this stage is submitted as
+    task_ids: Tuple[int, ...] = ()  # per item, its array task id (the aftercorr pairing); (): 0..n-1
+    item_of: Optional[Callable[[Any], Any]] = field(default=None, compare=False)  # StageDef.per_item_of
 
     @property
     def label(self) -> str:
@@ -107,11 +112,12 @@ class JobSpec:
                         ) -> Tuple[Optional[str], List[List[str]]]:
         """hpc.pipeline.arrays.dependency: the aftercorr/afterok term and each item's upstream job id."""
         return arrays.dependency(arrays.Part(self.items, self.waits or (None,) * len(self.items)),
-                                 self.item_after, ids)
+                                 self.item_after, ids, self.item_of)
 
     def executor_parameters(self, dependency: Optional[str] = None, setup: Sequence[str] = ()) -> Dict[str, Any]:
         if self.kind == "slurm":
-            return sbatch.slurm_parameters(self.resources, self.stage, dependency, setup, self.run_dir)
+            return sbatch.slurm_parameters(self.resources, self.stage, dependency, setup, self.run_dir,
+                                           self.task_ids)
         return sbatch.local_parameters(self.resources)
 
     @property
@@ -123,7 +129,7 @@ class JobSpec:
         per_item, _ = self.item_dependency()
         dependency = ",".join([f"{how}:<{s}>" for s in self.after] + [per_item] * bool(per_item)) or None
         size = len(self.items) if self.is_array else None
-        params = sbatch.slurm_parameters(self.resources, self.stage, dependency, setup, self.run_dir)
+        params = sbatch.slurm_parameters(self.resources, self.stage, dependency, setup, self.run_dir, self.task_ids)
         return sbatch.render(params, self.folder, size, python)
 
 
@@ -150,6 +156,7 @@ class Plan:
         lines = [f"plan: pipeline {self.pipeline} -> {self.run_dir} (executor: {self.kind})"]
         for job in self.jobs:
             items = f" items {list(job.items)}" if job.is_array else ""
+            items += f" (task ids {arrays.spec(job.task_ids).partition('%')[0]})" if job.task_ids else ""
             part = f" (array {job.part[0]} of {job.part[1]})" if job.part[1] > 1 else ""
             how = "afterok" if self.kind == "slurm" else "submitted when it has ended"
             waits = [f"{', '.join(job.after)} ({how})"] * bool(job.after) + _item_wait(job, how)
@@ -201,7 +208,8 @@ def make_plan(pipe: PipelineDef, cfg: Any, run_dir: str, kind: str,
             notes.append(note)
         # wait for what is submitted now or still queued from an earlier submission
         after = tuple(s for s in stage.after if any(j.stage == s for j in jobs) or any(k[0] == s for k in queued))
-        where = {i: arrays.locate((stage.per_item_after, i), placed, queued)
+        up_item = stage.per_item_of or (lambda i: i)
+        where = {i: arrays.locate((stage.per_item_after, up_item(i)), placed, queued)
                  for i in todo} if stage.per_item_after and kind == "slurm" else {}
         # the local executor runs stages in order: it names the stage only when it runs it now
         item_after = stage.per_item_after if kind == "slurm" or any(j.stage == stage.per_item_after
@@ -210,6 +218,9 @@ def make_plan(pipe: PipelineDef, cfg: Any, run_dir: str, kind: str,
         if len(arrays.chunks(todo, max_array_size)) > 1 and stage.items:
             notes.append(f"stage {stage.name}: {len(todo)} items, more than the cluster's MaxArraySize "
                          f"{max_array_size}: submitted as {len(split)} arrays")
+        elif len(split) > 1 and stage.per_item_of:
+            notes.append(f"stage {stage.name}: {len(split)} arrays, as several of its tasks wait on one "
+                         f"{stage.per_item_after} task and aftercorr pairs one task id with one")
         for k, part in enumerate(split, 1):
             job = JobSpec(stage=stage.name, target=stage.target, items=part.items, is_array=bool(stage.items),
                           indices=tuple(stage.items.index(i) if stage.items else None for i in part.items),
@@ -217,8 +228,8 @@ def make_plan(pipe: PipelineDef, cfg: Any, run_dir: str, kind: str,
                           kind=kind, ranks=ranks[0], describe=stage.describe or stage.target,
                           worlds=ranks, batch=tuple(stage.batch), item_after=item_after,
                           waits=part.waits if any(w is not None for w in part.waits) else (),
-                          part=(k, len(split)))
-            placed.update({(stage.name, i): (job.label, t) for t, i in enumerate(part.items)})
+                          part=(k, len(split)), task_ids=part.ids, item_of=stage.per_item_of)
+            placed.update({(stage.name, i): (job.label, t) for t, i in zip(part.task_ids, part.items)})
             jobs.append(job)
     notes += _fallback_notes(pipe, cfg, getattr(kind, "why_not_slurm", ""))
     if kind != "slurm" and len(jobs) > 1:
@@ -230,7 +241,8 @@ def make_plan(pipe: PipelineDef, cfg: Any, run_dir: str, kind: str,
 def _check_per_item(stage: StageDef, defined: Mapping[str, StageDef]) -> None:
     """per_item_after names an earlier array stage holding every item of this array stage."""
     up = defined.get(stage.per_item_after)
-    if not stage.per_item_after or (up and stage.items and up.items and set(stage.items) <= set(up.items)
+    mine = set(map(stage.per_item_of, stage.items) if stage.per_item_of else stage.items)
+    if not stage.per_item_after or (up and stage.items and up.items and mine <= set(up.items)
                                     and up.name not in stage.after):
         return
     raise ConfigError(f"stage {stage.name}: per_item_after={stage.per_item_after!r} with items {list(stage.items)}; "
@@ -245,7 +257,7 @@ def _item_wait(job: JobSpec, how: str) -> List[str]:
     if job.kind != "slurm":
         return [f"{job.item_after} ({how})"]
     if len(job.items) == 1:
-        return [f"{task_key(job.item_after, job.items[0])} (afterok)"]
+        return [f"{task_key(job.item_after, (job.item_of or (lambda i: i))(job.items[0]))} (afterok)"]
     array = job.waits[0][0] if isinstance(job.waits[0], tuple) else f"job {job.waits[0].split('_')[0]}"
     return [f"{job.item_after}[k] for each item k (aftercorr on {array})"]
 

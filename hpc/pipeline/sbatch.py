@@ -13,13 +13,16 @@ import sys
 from typing import Any, Dict, Mapping, Optional, Sequence
 
 from hpc.config import defaults
+from hpc.pipeline import arrays
 from hpc.slurm import noderange
 
 
 def slurm_parameters(res: Mapping[str, Any], job_name: str, dependency: Optional[str] = None,
-                     setup: Sequence[str] = (), run_dir: Optional[str] = None) -> Dict[str, Any]:
+                     setup: Sequence[str] = (), run_dir: Optional[str] = None,
+                     task_ids: Sequence[int] = ()) -> Dict[str, Any]:
     """Parameters for submitit.SlurmExecutor.update_parameters(); with `run_dir`, srun runs under
-    hpc.afterstep (node failures, node ranges after a requeue)."""
+    hpc.afterstep (node failures, node ranges after a requeue); with `task_ids`, an array of those
+    task ids (hpc.pipeline.executor.submit_array submits it) instead of submitit's 0..n-1."""
     lo, hi = noderange.bounds(res["nodes"])
     params: Dict[str, Any] = {
         "job_name": job_name,
@@ -44,6 +47,8 @@ def slurm_parameters(res: Mapping[str, Any], job_name: str, dependency: Optional
         extra["nodes"] = noderange.show((lo, hi))
     if dependency:
         extra["dependency"] = dependency
+    if task_ids:  # overrides submitit's --array=0-N%P line, %P included
+        extra["array"] = arrays.spec(task_ids, res.get("array_parallelism"))
     params["additional_parameters"] = extra
     # a rank that dies takes the whole step down at once; otherwise its peers block in the next
     # collective until their NCCL/gloo timeout or the job's time limit.

@@ -108,7 +108,7 @@ def submit_plan(plan: hplan.Plan, run: RunDir, setup: Sequence[str] = (), code: 
     enclosing allocation or launcher are hidden meanwhile (hpc.slurm.submitenv). Every task
     runs `code` (a snapshot; None: the live tree) and exports `run_id` (hpc.rundir.tracking)."""
     # only when jobs are submitted: a dry run never loads the task and the executors
-    from hpc.pipeline.executor import StageTask, drop_unexpanded_folder, make_executor
+    from hpc.pipeline.executor import StageTask, drop_unexpanded_folder, make_executor, submit_array
 
     ids: Dict[str, List[str]] = {}
     by_label: Dict[str, List[str]] = {}  # JobSpec.label -> its job ids, for aftercorr
@@ -126,8 +126,7 @@ def submit_plan(plan: hplan.Plan, run: RunDir, setup: Sequence[str] = (), code: 
                 executor.update_parameters(**job.executor_parameters(dependency, setup))
             tasks = [StageTask(str(run.path), job.stage, job.target, item, index, code=code, run_id=run_id)
                      for item, index in zip(job.items, job.indices)]
-            with executor.batch():  # one sbatch --array for an array stage
-                submitted = [executor.submit(t) for t in tasks]
+            submitted = submit_array(executor, tasks, job.task_ids if plan.kind == "slurm" else ())
             by_label[job.label] = [str(sj.job_id) for sj in submitted]
             run.record_all(job.stage, list(zip(job.items, by_label[job.label])), plan.kind, waits, each,
                            code.hash if code else None)

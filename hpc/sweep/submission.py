@@ -11,10 +11,13 @@ up with its upstream array across points as it does within a run. Each array tas
 point's run directory and item (hpc.pipeline.executor.StageTask), so it reads its point's config and writes
 into its point's directories.
 
-Between stages an array waits for the whole previous array to end (afterany), and each task checks
-that its own point's previous stages finished (their done markers) before it runs: one failed point
-does not hold back the others. The points share each stage's resources (one array job), so
-stages.*, cluster.* and run.* are not swept; key=value before --sweep applies to every point.
+A stage that waits on one stage of one task per point waits point by point: each of its tasks
+sits at the task id of its point's upstream task and waits for that task only (aftercorr), so one
+slow, failed or requeued point holds back no other point's next stage (a point with several such
+tasks puts them in as many arrays, hpc.pipeline.arrays). Any other stage's array waits for the whole
+previous arrays to end (afterany). Each task also checks that its own point's previous stages
+finished (their done markers) before it runs. The points share each stage's resources (one array
+job), so stages.*, cluster.* and run.* are not swept; key=value before --sweep applies to every point.
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from hpc.config import layers
 from hpc.config import schema as hconfig
 from hpc.fs.atomic import batched
 from hpc.monitor import status, sweeps
+from hpc.pipeline import arrays
 from hpc.pipeline import plan as hplan
 from hpc.pipeline import submission as hsubmit
 from hpc.pipeline.request import Request
@@ -132,11 +136,29 @@ def merged_stages(defs: Defs) -> List[hplan.StageDef]:
                                    f"{defs[other][name].target} in point {other}; expected one target per "
                                    "stage (one array job). HINT: sweep a key that leaves the stages' targets alone.")
         items = tuple((sig, i) for sig, s in own if not s.skip for i in (s.items or (None,)))
-        out.append(hplan.StageDef(name, first.target, items=items, after=first.after,
-                                  per_item_after=first.per_item_after, resources=first.resources,
-                                  describe=first.describe, skip="" if items else first.skip or "no point runs it",
-                                  batch=first.batch))
+        after, per_item, of = first.after, first.per_item_after, None
+        if _per_point(defs, [sig for sig, s in own if not s.skip], first):
+            after, per_item, of = (), first.after[0], point_task
+        out.append(hplan.StageDef(name, first.target, items=items, after=after, per_item_after=per_item,
+                                  per_item_of=of, resources=first.resources, describe=first.describe,
+                                  skip="" if items else first.skip or "no point runs it", batch=first.batch))
     return out
+
+
+def point_task(item: Tuple[str, Any]) -> Tuple[str, None]:
+    """The one task of its point that a task of a per-point stage waits for (_per_point)."""
+    return item[0], None
+
+
+def _per_point(defs: Defs, sigs: Sequence[str], stage: hplan.StageDef) -> bool:
+    """Whether `stage` waits, in every point that runs it, on one stage that is one task of that
+    point: then each task waits for its own point's task only (aftercorr), not for the whole
+    array; otherwise the array waits for the previous arrays to end (afterany)."""
+    if stage.per_item_after or len(stage.after) != 1:
+        return False
+    up = stage.after[0]
+    return bool(sigs) and all(up in defs[sig] and not defs[sig][up].skip and not defs[sig][up].items
+                              for sig in sigs)
 
 
 def _plan(pipe: hplan.PipelineDef, base: Any, defs: Defs, sweep: SweepDir, kind: str,
@@ -172,8 +194,11 @@ def summary(plan: hplan.Plan, points: Sequence[hgrid.Point], states: Mapping[str
         worlds = "-".join(map(str, sorted(set(job.worlds or (job.ranks,)))))
         after = [f"{', '.join(job.after)} (afterany; each task first checks its own point's)"] * bool(job.after)
         if job.item_after and job.waits:
-            after.append(f"{job.item_after}[k] for each task k (aftercorr)")
-        lines.append(f"  stage {job.label}: one array of {len(job.items)} task(s) over {owners} point(s), "
+            after.append(f"its own point's {job.item_after} task, task by task (aftercorr)")
+        elif job.item_after and plan.kind != "slurm":  # no scheduler: the arrays run one after another
+            after.append(f"{job.item_after} (submitted when it has ended)")
+        ids = f" at task ids {arrays.spec(job.task_ids).partition('%')[0]}" if job.task_ids else ""
+        lines.append(f"  stage {job.label}: one array of {len(job.items)} task(s){ids} over {owners} point(s), "
                      f"{worlds} rank(s) per task" + (f", after {', '.join(after)}" if after else ""))
     todo = {sig: 0 for sig in states}
     for job in plan.jobs:
@@ -198,7 +223,7 @@ def submit_arrays(plan: hplan.Plan, sweep: SweepDir, defs: Defs, setup: Sequence
     """One submission (an array) per job of the plan; each point's manifest records its tasks. Every
     task runs `code` (hpc.rundir.snapshot.JobCode; None: the live tree) and its point's run id."""
     # only when jobs are submitted: a dry run never loads the task and the executors
-    from hpc.pipeline.executor import StageTask, drop_unexpanded_folder, make_executor
+    from hpc.pipeline.executor import StageTask, drop_unexpanded_folder, make_executor, submit_array
 
     by_label: Dict[str, List[str]] = {}
     slurm = plan.kind == "slurm"
@@ -215,8 +240,7 @@ def submit_arrays(plan: hplan.Plan, sweep: SweepDir, defs: Defs, setup: Sequence
             if plan.kind != "debug":
                 dependency = ",".join(d for d in (afterany(upstream.values(), by_label), per_item) if d) or None
                 executor.update_parameters(**job.executor_parameters(dependency, setup))
-            with executor.batch():
-                submitted = [executor.submit(t) for t in tasks]
+            submitted = submit_array(executor, tasks, job.task_ids if slurm else ())
             by_label[job.label] = [str(s.job_id) for s in submitted]
             for sig, run in runs.items():
                 mine = [n for n, (owner, _) in enumerate(job.items) if owner == sig]

@@ -12,7 +12,7 @@ import pytest
 
 from hpc.pipeline import plan
 from hpc.slurm import scheduler
-from tests.slurm.test_pipeline import ROOT, ended, job_ids, run_tiny, wait_until
+from tests.slurm.test_pipeline import ROOT, counting_path, ended, job_ids, run_tiny, wait_until
 
 pytestmark = pytest.mark.slurm
 ONE_RANK = ("stages.second.nodes=1", "stages.second.tasks_per_node=1")
@@ -104,3 +104,71 @@ def submit_again(run):
     from hpc import submit
 
     return submit.main(["tiny", "--cluster", "slurm", "--run-dir", str(run.path), "tiny.fail_items=[]"])
+
+
+def test_a_partial_resubmission_is_one_array_at_its_items_task_ids(slurm_cluster, tmp_path, monkeypatch):
+    # second[2], [3] and [5] work until `release` exists; follow's tasks 2, 3 and 5 wait on them and are
+    # cancelled meanwhile (a user fixing follow's code): the resubmission submits follow[2], [3], [5]
+    # as one array at task ids 2, 3, 5, aftercorr on second's first array, one task at a time
+    release = tmp_path / "release"
+    run = run_tiny(tmp_path / "run", "tiny.parts=[0,1,2,3,4,5]", "tiny.follow=true", "tiny.slow_items=[2,3,5]",
+                   f"tiny.release_file={release}", "stages.follow.array_parallelism=1", *ONE_RANK)
+    first = job_ids(run)
+    wait_until(lambda: all(run.is_done("follow", i) for i in (0, 1, 4)), timeout_s=90,
+               what="follow[0], [1] and [4] to run while second[2], [3] and [5] still work")
+    subprocess.run(["scancel", *(first[("follow", i)] for i in (2, 3, 5))], check=True)
+    wait_until(lambda: ended_but(run, *(("second", i) for i in (2, 3, 5))), what="follow's held tasks to be cancelled")
+    path, log = counting_path(tmp_path)
+    monkeypatch.setenv("PATH", path)
+    assert submit_again(run) == 0
+    assert log.read_text().split().count("sbatch") == 1  # one array, not one job per item
+    after = job_ids(run)
+    array = after[("follow", 2)].split("_")[0]
+    assert [after[("follow", i)] for i in (2, 3, 5)] == [f"{array}_{i}" for i in (2, 3, 5)]
+    second = first[("second", 2)].split("_")[0]
+    info = scheduler.job_info(array)
+    assert info.get("Dependency", "").startswith(f"aftercorr:{second}"), info
+    assert info.get("ArrayTaskThrottle") == "1", info
+    assert run.dependencies()[after[("follow", 3)]] == [first[("second", 3)]]
+    release.write_text("")
+    records = wait_until(lambda: ended(run), what="every job to end")
+    assert {records[after[("follow", i)]].state for i in (2, 3, 5)} == {"COMPLETED"}
+    for i in (2, 3, 5):  # each task ran its own item, after its own upstream task
+        assert at(records[after[("follow", i)]], "start") >= at(records[first[("second", i)]], "end")
+        assert f"stage follow item {i} " in run.log_path("follow", after[("follow", i)]).read_text()
+    spans = sorted((at(records[after[("follow", i)]], "start"), at(records[after[("follow", i)]], "end"))
+                   for i in (2, 3, 5))
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))  # %1: one at a time
+
+
+def test_a_sweeps_next_stage_waits_point_by_point(max_array_size_4, tmp_path, monkeypatch):
+    # 5 points, MaxArraySize 4: `first` is two arrays (4 + 1 tasks), so is `second`. Point 0's first
+    # task works for 60 s: the other points' second tasks run meanwhile, each after its own point's
+    from hpc import submit
+    from hpc.rundir import sweepdir
+    from hpc.sweep import grid
+
+    path, log = counting_path(tmp_path)
+    monkeypatch.setenv("PATH", path)
+    axis = "tiny.sleep_s=60,0,0.1,0.2,0.3"
+    assert submit.main(["tiny", "--cluster", "slurm", "--run-dir", str(tmp_path / "sweep"), "tiny.parts=[0]",
+                        *ONE_RANK, "--sweep", axis]) == 0
+    assert log.read_text().split().count("sbatch") == 4  # one per stage per MaxArraySize chunk
+    sweep = sweepdir.SweepDir(tmp_path / "sweep")
+    runs = [sweep.point(p.signature) for p in grid.points({"tiny.sleep_s": [60, 0, 0.1, 0.2, 0.3]})]
+    ids = [job_ids(r) for r in runs]
+    try:
+        firsts = [i[("first", None)] for i in ids]
+        seconds = [i[("second", 0)] for i in ids]
+        assert [s.split("_")[0] for s in seconds[:4]] == [seconds[0].split("_")[0]] * 4
+        assert scheduler.job_info(seconds[0].split("_")[0]).get("Dependency", "").startswith(
+            f"aftercorr:{firsts[0].split('_')[0]}")
+        assert [runs[p].dependencies()[seconds[p]] for p in range(5)] == [[f] for f in firsts]
+        wait_until(lambda: all(r.is_done("second", 0) for r in runs[1:]), timeout_s=50,
+                   what="points 1 to 4 to finish second while point 0's first still works")
+        assert not runs[0].is_done("first") and not runs[0].is_done("second", 0)
+        records = scheduler.query([*firsts[1:], *seconds[1:]])
+        for p in range(1, 5):
+            assert at(records[seconds[p]], "start") >= at(records[firsts[p]], "end")
+    finally:
+        subprocess.run(["scancel", *sorted({j.split("_")[0] for i in ids for j in i.values()})], check=False)
