@@ -142,3 +142,4 @@ def test_a_reader_that_leases_a_step_while_the_writer_deletes_it_moves_to_the_ne
     thread.join(60)
     assert not errors, errors
     assert results == [(2, 2.0)]  # step 1 went while the reader waited for its lease: the next one
+    assert not (tmp_path / ".lease-step-1").exists()  # nor is its lease file left behind

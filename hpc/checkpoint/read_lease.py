@@ -96,3 +96,10 @@ def exclusive(directory: Path, step: int) -> Iterator[bool]:
     finally:
         os.close(fd)
 
+
+
+def drop(directory: Path, step: int) -> None:
+    """Remove the lease file of a step that is gone, unless someone holds it (a reader, or a
+    writer about to decide on the step): it would otherwise stay, one file per pruned step."""
+    with exclusive(directory, step):
+        pass

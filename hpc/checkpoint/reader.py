@@ -76,6 +76,8 @@ class StoreReader:
                     if state is not None:
                         yield state
                         return
+                if s not in self.candidates():  # pruned meanwhile: its lease file would stay for good
+                    read_lease.drop(self.directory, s)
             if step is not None or not candidates:
                 break
         yield None
