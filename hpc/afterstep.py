@@ -2,6 +2,7 @@
 and a node range gets all of its node counts back after any requeue.
 
     PYTHON -u -m hpc.afterstep RUN_DIR -- srun ARGS...    # what `srun` means in hpc's sbatch scripts
+    PYTHON -u -m hpc.afterstep SWEEP_DIR --points FILE -- srun ARGS...   # a sweep's array (FILE: each task's point)
 
 It runs srun and exits with srun's status. It acts on the job's SIGTERM and on srun's failure:
 - A node failure, a preemption and a requeue each send SIGTERM to every process of the job, this
@@ -30,11 +31,14 @@ from hpc.slurm.submitenv import submission_env
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    points = args[2] if len(args) > 3 and args[1] == "--points" else None
+    if points:
+        del args[1:3]
     if len(args) < 3 or args[1] != "--":
-        print("usage: python -m hpc.afterstep RUN_DIR -- srun ARGS...", file=sys.stderr)
+        print("usage: python -m hpc.afterstep RUN_DIR [--points FILE] -- srun ARGS...", file=sys.stderr)
         return 2
     run = RunDir(args[0])
-    return supervise(["srun", *args[2:]], lambda why: act(run, why))
+    return supervise(["srun", *args[2:]], lambda why: act(run, why, points))
 
 
 WAIT_SLICE_S = 0.5  # supervise's wait for srun, in slices: see there
@@ -71,10 +75,11 @@ def supervise(argv: Sequence[str], on_end: Callable[[str], bool]) -> int:
     return code if code >= 0 else 128 - code  # killed by a signal: as the shell would say it
 
 
-def act(run: RunDir, why: str) -> bool:
+def act(run: RunDir, why: str, points: Optional[str] = None) -> bool:
     """after_step, with what it did in the job's log; True when it did something."""
     try:
-        action, line = nodeaction.after_step(run, os.environ, resubmit_after, srun_ended=why != "SIGTERM")
+        action, line = nodeaction.after_step(run, os.environ, resubmit_after, srun_ended=why != "SIGTERM",
+                                             points=points)
     except Exception as err:  # srun's exit status stays the job's: never replace it with ours
         action, line = None, f"nothing done: {type(err).__name__}: {err}"
     if action is None or action.do != "none":

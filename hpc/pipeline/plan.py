@@ -109,9 +109,11 @@ class JobSpec:
         return arrays.dependency(arrays.Part(self.items, self.waits or (None,) * len(self.items)),
                                  self.item_after, ids)
 
-    def executor_parameters(self, dependency: Optional[str] = None, setup: Sequence[str] = ()) -> Dict[str, Any]:
+    def executor_parameters(self, dependency: Optional[str] = None, setup: Sequence[str] = (),
+                            points: Optional[str] = None) -> Dict[str, Any]:
+        """`points`: a sweep array's file naming each task's point, for hpc.afterstep."""
         if self.kind == "slurm":
-            return sbatch.slurm_parameters(self.resources, self.stage, dependency, setup, self.run_dir)
+            return sbatch.slurm_parameters(self.resources, self.stage, dependency, setup, self.run_dir, points)
         return sbatch.local_parameters(self.resources)
 
     @property
