@@ -13,6 +13,7 @@ A point removed from the grid keeps its directory: it is reported, never deleted
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import uuid
@@ -91,15 +92,16 @@ class SweepDir:
 
     def link_logs(self, signature: str, stage: str) -> None:
         """<point>/<stage>/logs -> the stage's shared log folder, so a point reads its tasks' logs
-        where a run keeps them (hpc.status, hpc.logs). Two calls for a new link, one for an old."""
+        where a run keeps them (hpc.status, hpc.logs). Two calls, and nothing raised, for a new point."""
         stage_dir = os.path.join(self.path, signature, stage)
         try:
-            os.symlink(os.path.join("..", "..", stage, "logs"), os.path.join(stage_dir, "logs"))
+            os.mkdir(stage_dir)
         except FileExistsError:
             pass
-        except FileNotFoundError:
+        except FileNotFoundError:  # a point without its config.yaml yet
             os.makedirs(stage_dir, exist_ok=True)
-            self.link_logs(signature, stage)
+        with contextlib.suppress(FileExistsError):
+            os.symlink(os.path.join("..", "..", stage, "logs"), os.path.join(stage_dir, "logs"))
 
     def write_points(self, stage: str, points: Sequence[str]) -> str:
         """A file naming the point of each task of one array (line k: task k's signature), before the
