@@ -55,8 +55,11 @@ class RunDir:
         return run
 
     def pin(self) -> "RunDir":
-        """This run dir with its manifest read once, for a reader that asks for it many times while
-        the submission lock keeps writers out (a sweep's plan: tasks, jobs, dependencies per point)."""
+        """This run dir with its manifest read once, for a reader that asks for it many times: a
+        sweep's plan (tasks, jobs, dependencies per point, the submission lock keeping writers out),
+        a status poll (one moment's manifest)."""
+        if self._pinned is not None:
+            return self
         run = RunDir.at(self.path)
         run._pinned = self.manifest()
         return run
