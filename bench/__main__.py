@@ -45,12 +45,11 @@ BENCHMARKS = {
     "scale": ("bench.scale", "Costs per rank against the world size (gloo, local processes)",
               "wrap+init memory <= P/W + one unit + 64 MiB; bytes read at commit and at resume <= 1.1 x "
               "the rank's share + metadata; commit latency grows no more than a barrier's"),
-    "sweep": ("bench.sweep", "Sweep submission: 100 points, 2 stages",
-              "a 100-point sweep of a 2-stage pipeline submitted within 2 s, in 2 sbatch calls"),
-    "per-step": ("bench.per_step", "Per-step costs hpc adds (gloo, 2 and 8 ranks)",
-                 "each per-step collective and host call listed with its cost; none a blocking device-to-host sync"),
+    "sweep": ("bench.sweep", "Sweep submission: 10, 100, 1000 points, 2 stages",
+              "a 100-point sweep submitted within 2 s, the 1000-point one within 2 s of CPU (1 ms per point), "
+              "one sbatch per stage, hpc.status on it within 2 s"),
     "status": ("bench.status_calls", "Status: scheduler calls per poll",
-               "one scheduler call per poll, whatever the job count"),
+               "one scheduler call per poll, whatever the job count; 10,000 tasks within 2 s"),
     "langsplat": ("bench.langsplat_cams", "LangSplat stage 2 throughput", "cameras per second at 1 and 2 ranks"),
 }
 MOVED = {"reliability": "python -m faults.reliability"}  # not benchmarks: they count losses, not time
