@@ -8,6 +8,8 @@ Layout:
     <sweep>/<signature>/          a point: a run directory (hpc.rundir.run) of its own
     <sweep>/<signature>/<stage>/logs -> ../../<stage>/logs   (its array tasks' logs)
     <sweep>/<stage>/logs/<jobid>/ submitit's logs of the stage's array, all points together
+    <sweep>/<stage>/logs/points-<id>.txt   the point of each task of one array, line k for task k
+                                  (hpc.afterstep --points: run_for reads it, not every point's manifest)
 
 A point removed from the grid keeps its directory: it is reported, never deleted, and still shown.
 """

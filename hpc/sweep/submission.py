@@ -11,6 +11,11 @@ up with its upstream array across points as it does within a run. Each array tas
 point's run directory and item (hpc.pipeline.executor.StageTask), so it reads its point's config and writes
 into its point's directories.
 
+Each point's config.yaml is written once before any task is submitted, and its manifest once after
+the last array (hpc.sweep.points renders the configs from one template per swept section); the
+plan reads each manifest once (RunDir.pin). Each array's batch script names a file of its tasks'
+points (SweepDir.write_points), so hpc.afterstep finds a task's point in one read.
+
 Between stages an array waits for the whole previous array to end (afterany), and each task checks
 that its own point's previous stages finished (their done markers) before it runs: one failed point
 does not hold back the others. The points share each stage's resources (one array job), so
