@@ -50,6 +50,8 @@ BENCHMARKS = {
               "one sbatch per stage, hpc.status on it within 2 s"),
     "status": ("bench.status_calls", "Status: scheduler calls per poll",
                "one scheduler call per poll, whatever the job count; 10,000 tasks within 2 s"),
+    "task-startup": ("bench.task_startup", "A task's start-up CPU and hpc's share",
+                     "hpc's share of a task's start-up (batch step and task step) within 60 ms"),
     "langsplat": ("bench.langsplat_cams", "LangSplat stage 2 throughput", "cameras per second at 1 and 2 ranks"),
 }
 MOVED = {"reliability": "python -m faults.reliability"}  # not benchmarks: they count losses, not time
