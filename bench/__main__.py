@@ -49,13 +49,16 @@ BENCHMARKS = {
     "resume-reads": ("bench.resume_reads", "Bytes read per rank at resume, by case (gloo, local processes)",
                      "FSDP resumed on the world size that saved it: <= 1.1 x the rank's share + metadata; "
                      "the other cases measured against the same bound, which they are not held to"),
-    "sweep": ("bench.sweep", "Sweep submission: 100 points, 2 stages",
-              "a 100-point sweep of a 2-stage pipeline submitted within 2 s, in 3 sbatch calls (one per stage, "
-              "and per item of a point waiting on its point's task)"),
+    "sweep": ("bench.sweep", "Sweep submission: 10, 100, 1000 points, 2 stages",
+              "a 100-point sweep submitted within 2 s, the 1000-point one within 2 s of CPU (1 ms per point), "
+              "one sbatch per stage (and per item of a point waiting on its point's task) per MaxArraySize "
+              "chunk, hpc.status on it within 2 s"),
     "per-step": ("bench.per_step", "Per-step costs hpc adds (gloo, 2 and 8 ranks)",
                  "each per-step collective and host call listed with its cost; none a blocking device-to-host sync"),
     "status": ("bench.status_calls", "Status: scheduler calls per poll",
-               "one scheduler call per poll, whatever the job count"),
+               "one scheduler call per poll, whatever the job count; 10,000 tasks within 2 s"),
+    "task-startup": ("bench.task_startup", "A task's start-up CPU and hpc's share",
+                     "hpc's share of a task's start-up (batch step and task step) within 60 ms"),
     "langsplat": ("bench.langsplat_cams", "LangSplat stage 2 throughput", "cameras per second at 1 and 2 ranks"),
 }
 MOVED = {"reliability": "python -m faults.reliability"}  # not benchmarks: they count losses, not time

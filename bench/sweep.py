@@ -1,6 +1,7 @@
-"""Sweep submission: `python -m hpc.submit tiny --sweep ...` for a grid of 100 points of a 2-stage
-pipeline (tests/tiny_pipeline.py: `first`, then `second` over tiny.parts), against the shell loop
-users write instead (one sbatch per point and stage), on the benchmark's local SLURM cluster.
+"""Sweep submission: `python -m hpc.submit tiny --sweep ...` for grids of 10, 100 and 1000 points of a
+2-stage pipeline (tests/tiny_pipeline.py: `first`, then `second` over tiny.parts), its CPU per point,
+`python -m hpc.status` on each, and at 100 points the shell loop users write instead (one sbatch per
+point and stage), on the benchmark's local SLURM cluster.
 
     python -m bench --only sweep
 
@@ -21,14 +22,19 @@ from typing import Dict, List
 from bench.common import REPO, Context, best_effort, count_calls, counting_shims, fmt_s, median, timed
 from bench.report import Section
 
-TARGET_S = 2.0
-# one per stage per MaxArraySize chunk (100 points: one chunk), and per item of a point for a stage
-# whose items wait on their point's one task (aftercorr pairs one task id with one): first, then
-# second's items 0 and 1 of every point
-TARGET_SBATCH = 3
-AXES = ["tiny.score=" + ",".join(map(str, range(10))), "tiny.sleep_s=" + ",".join(map(str, range(10)))]
-QUICK_AXES = ["tiny.score=0,1,2,3", "tiny.sleep_s=0,1"]
+TARGET_S = 2.0  # wall time of the 100-point sweep
+TARGET_CPU_S = 2.0  # CPU of the 1000-point sweep
+TARGET_MS_PER_POINT = 1.0  # CPU per point, from the 10- and 1000-point sweeps
+TARGET_STATUS_S = 2.0  # hpc.status on the 1000-point sweep (3000 tasks)
+SIZES = (10, 100, 1000)  # points: tiny.score over 10 values x tiny.sleep_s over 1, 10, 100
+QUICK_SIZES = (4, 8)
 PARTS = "tiny.parts=[0,1]"  # items of stage `second` per point
+
+
+def axes_for(points: int) -> List[str]:
+    scores = min(points, 10)
+    return ["tiny.score=" + ",".join(map(str, range(scores))),
+            "tiny.sleep_s=" + ",".join(map(str, range(points // scores)))]
 
 
 def _cancel_all(cluster) -> None:
@@ -45,15 +51,15 @@ def loop_script(folder: Path, points: int, items: int) -> str:
 
 
 def run(ctx: Context) -> Section:
-    axes = QUICK_AXES if ctx.quick else AXES
-    points = 1
-    for axis in axes:
-        points *= len(axis.split("=", 1)[1].split(","))
-    sec = Section("sweep", f"Sweep submission: {points} points, 2 stages",
-                  f"a {points}-point sweep of a 2-stage pipeline submitted within {TARGET_S:g} s, "
-                  f"in {TARGET_SBATCH} sbatch calls",
+    sizes = QUICK_SIZES if ctx.quick else SIZES
+    sec = Section("sweep", f"Sweep submission: {', '.join(map(str, sizes))} points, 2 stages",
+                  f"a 100-point sweep of a 2-stage pipeline submitted within {TARGET_S:g} s, the 1000-point one "
+                  f"within {TARGET_CPU_S:g} s of CPU ({TARGET_MS_PER_POINT:g} ms per point), one sbatch per stage "
+                  f"(and per item of a point waiting on its point's task) per chunk, hpc.status on it within "
+                  f"{TARGET_STATUS_S:g} s",
                   "python -m bench --only sweep" + (" --quick" if ctx.quick else ""),
-                  headers=["variant", "command", "median wall", "median CPU (user+sys)", "sbatch calls", "runs"])
+                  headers=["points", "variant", "command", "median wall", "median CPU (user+sys)", "sbatch calls",
+                           "runs"])
     cluster = ctx.cluster()
     base = ctx.scratch("sweep")
     env = ctx.slurm_env()
@@ -62,61 +68,95 @@ def run(ctx: Context) -> Section:
     counted = dict(env, PATH=f"{shims}{os.pathsep}{env['PATH']}")
     nodes = ",".join(cluster.nodes)
     cluster.run(["scontrol", "update", f"NodeName={nodes}", "State=DRAIN", "Reason=bench-sweep"])
+    results = {}
     try:
-        times, cpu, calls = _measure(base, counted, log, cluster, axes, points, repeats=2 if ctx.quick else 3)
+        for points in sizes:
+            results[points] = _measure(base / f"p{points}", counted, log, cluster, axes_for(points), points,
+                                       repeats=2 if ctx.quick or points >= 1000 else 3, loop=points == 100)
     finally:
         _cancel_all(cluster)
         best_effort(lambda: cluster.run(["scontrol", "update", f"NodeName={nodes}", "State=RESUME"]))
     labels = {
-        "hpc sweep": f"`python -m hpc.submit tiny {PARTS} --sweep {' '.join(axes)}`",
+        "hpc sweep": f"`python -m hpc.submit tiny {PARTS} --sweep tiny.score=... tiny.sleep_s=...`",
         "hpc resubmit": "the same command again while every job is queued (submits nothing)",
-        "sbatch loop": f"`bash -c 'for p in ...; do sbatch first; sbatch --array second; done'` ({points} points)",
+        "hpc status": "`python -m hpc.status SWEEP` (scheduler calls in the sbatch column)",
+        "sbatch loop": "`bash -c 'for p in ...; do sbatch first; sbatch --array second; done'`",
     }
-    for name, label in labels.items():
-        sec.rows.append([name, label, fmt_s(median(times[name])), fmt_s(median(cpu[name])), f"{median(calls[name]):g}",
-                         str(len(times[name]))])
-    wall, sbatch = median(times["hpc sweep"]), max(calls["hpc sweep"])
-    sec.verdicts.append((f"{points}-point sweep submitted in {fmt_s(wall)} (target {TARGET_S:g} s), of which "
-                         f"{fmt_s(median(cpu['hpc sweep']))} CPU; the sbatch loop took "
-                         f"{fmt_s(median(times['sbatch loop']))}", wall <= TARGET_S))
-    sec.verdicts.append((f"{sbatch} sbatch call(s) per sweep (target {TARGET_SBATCH})", sbatch == TARGET_SBATCH))
-    sec.verdicts.append((f"resubmission while queued: {max(calls['hpc resubmit'])} sbatch call(s)",
-                         max(calls["hpc resubmit"]) == 0))
+    for points, (times, cpu, calls) in results.items():
+        for name, label in labels.items():
+            if times[name]:
+                sec.rows.append([str(points), name, label, fmt_s(median(times[name])), fmt_s(median(cpu[name])),
+                                 f"{median(calls[name]):g}", str(len(times[name]))])
+    mid_points = 100 if 100 in results else sizes[-1]
+    small, mid, big = results[sizes[0]], results[mid_points], results[sizes[-1]]
+    per_point = (median(big[1]["hpc sweep"]) - median(small[1]["hpc sweep"])) / (sizes[-1] - sizes[0]) * 1000
+    wall = median(mid[0]["hpc sweep"])
+    sec.verdicts.append((f"{mid_points}-point sweep submitted in {fmt_s(wall)} (target {TARGET_S:g} s)",
+                         wall <= TARGET_S))
+    sec.verdicts.append((f"{sizes[-1]}-point sweep: {fmt_s(median(big[1]['hpc sweep']))} CPU (target "
+                         f"{TARGET_CPU_S:g} s); {per_point:.2f} ms of CPU per point from {sizes[0]} to {sizes[-1]} "
+                         f"points (target {TARGET_MS_PER_POINT:g} ms)",
+                         median(big[1]["hpc sweep"]) <= TARGET_CPU_S and per_point <= TARGET_MS_PER_POINT))
+    most = _max_array_size(cluster)
+    for points, (times, cpu, calls) in results.items():
+        # MaxArraySize splits an array: one sbatch per stage per chunk; stage `second`'s 2 items per point
+        # each wait on their point's `first` task (aftercorr pairs one task id with one): one array per item
+        expected = 3 * -(-points // most)
+        sec.verdicts.append((f"{points} points: {max(calls['hpc sweep'])} sbatch call(s) (target {expected}, "
+                             f"MaxArraySize {most}); resubmission while queued: {max(calls['hpc resubmit'])}",
+                             max(calls["hpc sweep"]) == expected and max(calls["hpc resubmit"]) == 0))
+    status_s = median(big[0]["hpc status"])
+    sec.verdicts.append((f"hpc.status on {sizes[-1]} points ({3 * sizes[-1]} tasks): {fmt_s(status_s)}, "
+                         f"{max(big[2]['hpc status'])} scheduler call(s) (target {TARGET_STATUS_S:g} s, 1 call)",
+                         status_s <= TARGET_STATUS_S and max(big[2]["hpc status"]) == 1))
     sec.notes += [
         "wall time of the whole command, interpreter start included; the nodes are drained so that the jobs "
         "stay pending, and they are cancelled after each round",
         "CPU is the user and system time of the command and its children (sbatch included): on a machine "
         "shared with other work, the wall time waits for a core and the CPU time does not",
+        "CPU per point: the difference between the largest and the smallest sweep's CPU, over the difference "
+        "in points; what stays is submitit's own per task (one pickle file each, moved into the task's folder)",
         f"hpc sweep writes a run directory per point (config.yaml, manifest.json) and the sweep's sweep.json; "
         f"stage `second` has {PARTS.split('=')[1]} items per point, each waiting on its own point's `first` task "
-        "(aftercorr): item k of every point is one array, at the task ids of the points' `first` tasks"]
+        "(aftercorr): item k of every point is one array, at the task ids of the points' `first` tasks",
+        "the sbatch loop (one sbatch per point and stage) is measured at 100 points"]
     return sec
 
 
+def _max_array_size(cluster) -> int:
+    from hpc.slurm.scheduler import parse_max_array_size
+
+    return parse_max_array_size(cluster.run(["scontrol", "show", "config"]).stdout)
+
+
 def _measure(base: Path, env: Dict[str, str], log: Path, cluster, axes: List[str], points: int,
-             repeats: int):
-    names = ("hpc sweep", "hpc resubmit", "sbatch loop")
+             repeats: int, loop: bool):
+    names = ("hpc sweep", "hpc resubmit", "hpc status", "sbatch loop")
     times: Dict[str, List[float]] = {k: [] for k in names}
     cpu: Dict[str, List[float]] = {k: [] for k in names}
     calls: Dict[str, List[int]] = {k: [] for k in names}
 
-    def measure(name: str, argv: List[str]) -> None:
+    def measure(name: str, argv: List[str], counted: str = "sbatch") -> None:
         log.unlink(missing_ok=True)
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         times[name].append(timed(argv, env=env, cwd=REPO))
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu[name].append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
-        calls[name].append(count_calls(log).get("sbatch", 0))
+        found = count_calls(log)
+        calls[name].append(found.get(counted, 0) if counted else sum(found.values()))
 
+    base.mkdir(parents=True, exist_ok=True)
     for i in range(repeats):  # interleaved: a busy moment on the machine hits every variant
         sweep = [sys.executable, "-m", "hpc.submit", "tests.tiny_pipeline", "--cluster", "slurm",
                  "--run-dir", str(base / f"sweep-{i}"), PARTS, "--sweep", *axes]
         measure("hpc sweep", sweep)
         measure("hpc resubmit", sweep)
+        measure("hpc status", [sys.executable, "-m", "hpc.status", str(base / f"sweep-{i}")], counted="")
         _check(base / f"sweep-{i}", points)
-        folder = base / f"loop-{i}"
-        folder.mkdir()
-        measure("sbatch loop", ["bash", "-c", loop_script(folder, points, 2)])
+        if loop:
+            folder = base / f"loop-{i}"
+            folder.mkdir()
+            measure("sbatch loop", ["bash", "-c", loop_script(folder, points, 2)])
         _cancel_all(cluster)
     return times, cpu, calls
 

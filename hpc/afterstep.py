@@ -2,6 +2,7 @@
 and a node range gets all of its node counts back after any requeue.
 
     PYTHON -u -m hpc.afterstep RUN_DIR -- srun ARGS...    # what `srun` means in hpc's sbatch scripts
+    PYTHON -u -m hpc.afterstep SWEEP_DIR --points FILE -- srun ARGS...   # a sweep's array (FILE: each task's point)
 
 It runs srun and exits with srun's status. It acts on the job's SIGTERM and on srun's failure:
 - A node failure, a preemption and a requeue each send SIGTERM to every process of the job, this
@@ -22,19 +23,19 @@ import subprocess
 import sys
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
-from hpc.recovery import nodeaction, requeue
-from hpc.rundir.run import RunDir
-from hpc.slurm import hostlist
-from hpc.slurm.submitenv import submission_env
+# Nothing of hpc at the top: this wrapper starts in every batch step of every job, and most of them
+# only run srun. What acts on a SIGTERM or a failure (hpc.recovery, scheduler calls) is imported then.
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    points = args[2] if len(args) > 3 and args[1] == "--points" else None
+    if points:
+        del args[1:3]
     if len(args) < 3 or args[1] != "--":
-        print("usage: python -m hpc.afterstep RUN_DIR -- srun ARGS...", file=sys.stderr)
+        print("usage: python -m hpc.afterstep RUN_DIR [--points FILE] -- srun ARGS...", file=sys.stderr)
         return 2
-    run = RunDir(args[0])
-    return supervise(["srun", *args[2:]], lambda why: act(run, why))
+    return supervise(["srun", *args[2:]], lambda why: act(args[0], why, points))
 
 
 WAIT_SLICE_S = 0.5  # supervise's wait for srun, in slices: see there
@@ -71,10 +72,15 @@ def supervise(argv: Sequence[str], on_end: Callable[[str], bool]) -> int:
     return code if code >= 0 else 128 - code  # killed by a signal: as the shell would say it
 
 
-def act(run: RunDir, why: str) -> bool:
+def act(run_dir: str, why: str, points: Optional[str] = None) -> bool:
     """after_step, with what it did in the job's log; True when it did something."""
     try:
-        action, line = nodeaction.after_step(run, os.environ, resubmit_after, srun_ended=why != "SIGTERM")
+        # here, not at the top: only a SIGTERM or a failed srun needs them
+        from hpc.recovery import nodeaction
+        from hpc.rundir.run import RunDir
+
+        action, line = nodeaction.after_step(RunDir(run_dir), os.environ, resubmit_after,
+                                             srun_ended=why != "SIGTERM", points=points)
     except Exception as err:  # srun's exit status stays the job's: never replace it with ours
         action, line = None, f"nothing done: {type(err).__name__}: {err}"
     if action is None or action.do != "none":
@@ -87,7 +93,12 @@ def resubmit_after(job_id: str, run_dir: str, stage: str, exclude: Sequence[str]
     """Submit (through submitit) the job that resubmits `stage` into `run_dir` once `job_id` has
     ended; returns its id. It runs in this job's partition, account and QOS, from this job's working
     directory, where the pipeline's module is importable, without this job's SLURM_* variables."""
-    import submitit  # here, not at the top: a wrapper that only runs srun never needs it
+    # here, not at the top: a wrapper that only runs srun never needs them
+    import submitit
+
+    # nor these: hpc.recovery and the scheduler's calls only once the job must be submitted again
+    from hpc.recovery import requeue
+    from hpc.slurm.submitenv import submission_env
 
     extra = {"dependency": f"afterany:{job_id}", **{flag: info[key] for key, flag in (
         ("Account", "account"), ("QOS", "qos")) if info.get(key, "") not in requeue.UNSET}}
@@ -107,6 +118,8 @@ def resubmit(run_dir: str, stage: str, nodes: Sequence[str]) -> None:
     from hpc.config import schema as hconfig
     from hpc.pipeline import plan as hplan
     from hpc.pipeline import submission
+    from hpc.rundir.run import RunDir
+    from hpc.slurm import hostlist
 
     run = RunDir(run_dir)
     manifest: Dict[str, Any] = run.manifest()

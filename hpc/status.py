@@ -35,6 +35,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return timeline_plot.write(args.run_dir, args.timeline)
         if sweepdir.is_sweep(args.run_dir):
             return sweeps.show(args.run_dir, args.json)
+        run = run.pin()
         rows = status.collect(run)
     except (RuntimeError, ValueError) as err:  # the scheduler, a damaged file, a bad --timeline name
         print(f"error: {err}", file=sys.stderr)
@@ -42,8 +43,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.json:
         print(json.dumps([asdict(r) for r in rows], indent=1))
         return 0
+    print(status.by_state([r.state for r in rows]))
     print(status.format_table(rows))
-    manifest = run.manifest()
+    manifest = run.pin().manifest()  # the one collect() read
     print(f"run id: {manifest.get('run_id', '-')} (HPC_RUN_ID in every task)")
     print(snapshot.status_line(manifest.get("snapshot")))
     return 0

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from tqdm import tqdm
 
-from hpc.monitor import status
+from hpc.monitor import logs, status
 
 from hpc import status as status_cmd
 from hpc.rundir.run import RunDir
@@ -68,7 +68,7 @@ def test_the_world_a_task_got_comes_from_its_done_marker_else_its_latest_start_l
     assert status.world(run, "train", 0, "11") == (24, 3)
     assert status.world(run, "train", 1, "12") == (8, 1)
     assert status.world(run, "train", 2, "13") == (None, None)  # not started: no log
-    assert status._last_match(run.log_path("train", "12"), status.STARTED, block=7)[1] == b"8"  # lines cut
+    assert logs.last_match(run.log_path("train", "12"), status.STARTED, block=7)[1] == b"8"  # lines cut
 
 
 def test_status_shows_the_world_size_and_nodes_in_the_table_and_the_json(tmp_path, capsys):
@@ -78,7 +78,9 @@ def test_status_shows_the_world_size_and_nodes_in_the_table_and_the_json(tmp_pat
     assert (rows["train[0]"]["world_size"], rows["train[0]"]["nodes"]) == (24, 3)
     assert (rows["train[1]"]["world_size"], rows["train[1]"]["nodes"]) == (8, 1)
     assert status_cmd.main([str(run.path)]) == 0
-    head, done, running = capsys.readouterr().out.splitlines()[:3]
+    summary, head, *rows = capsys.readouterr().out.splitlines()
+    assert summary == "2 task(s): 1 UNKNOWN, 1 COMPLETED"  # a local job without its result file yet
+    running, done = rows[:2]  # what needs a look first
     assert head.split()[5:7] == ["WORLD", "NODES"]
     assert done.split()[:7] == ["train[0]", "11", "COMPLETED", "0", "00:01:05", "24", "3"]
     at = head.index("WORLD")  # the running task has no elapsed time yet: read its columns by position

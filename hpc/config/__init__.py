@@ -15,6 +15,7 @@ Parts::
     checks.py   what is refused before submission: limits, node ranges, control characters (ConfigError)
     cache.py    a config built before from the same inputs, read back without OmegaConf
     view.py     a resolved config as a read-only view over plain data
+    resolved.py a saved config.yaml read back without OmegaConf (each task's config)
     defaults.py the defaults code outside a config falls back to (max_timeouts, max_node_failures)
 
 OmegaConf is imported only to build a config that is not in the cache.

@@ -1,4 +1,4 @@
-"""A run's task logs: which files, and following one as it grows.
+"""A run's task logs: which files, following one as it grows, and the progress they show.
 
     python -m hpc.logs RUN_DIR [--stage S] [--task I] [--rank R] [--err] [-f]
 
@@ -7,6 +7,7 @@ by listing its directory, never by a lookup NFS would answer from its cache (hpc
 """
 from __future__ import annotations
 
+import re
 import sys
 import time
 from pathlib import Path
@@ -44,3 +45,56 @@ def follow(path: Path, poll_s: float = 1.0) -> None:
                 sys.stdout.flush()
             else:
                 time.sleep(poll_s)
+
+
+# tqdm's redraw: "desc:  55%|#####5    | 164/300 [00:01<00:01, 99.50it/s]", or "164it [00:01, ...]"
+TQDM = re.compile(r"(?:(?P<desc>[^|\r\n]*?):\s*)?(?:\d+%\|[^|]*\|\s*)?"
+                  r"(?P<n>\d+(?:\.\d+)?[kMGTPEZY]?)(?:/(?P<total>\d+(?:\.\d+)?[kMGTPEZY]?))?(?:it)?\s*\[\d")
+
+
+def last_progress(log: Path, tail_bytes: int = 4096) -> str:
+    """Last non-empty line of a log; tqdm redraws with \\r, so split on that too."""
+    text = _tail(log, tail_bytes)
+    # submitit's own bookkeeping lines are not progress
+    lines = [ln.strip() for ln in text.replace("\r", "\n").splitlines()
+             if ln.strip() and not ln.startswith(("submitit ", "srun: "))]
+    return lines[-1][:120] if lines else ""
+
+
+def tqdm_progress(log: Path, tail_bytes: int = 4096) -> str:
+    """tqdm's latest redraw in a log ("164/300", with the bar's description if it has one), or ""."""
+    for segment in reversed(_tail(log, tail_bytes).replace("\r", "\n").splitlines()):
+        found = TQDM.search(segment)
+        if found:
+            done = found["n"] + (f"/{found['total']}" if found["total"] else "")
+            desc = (found["desc"] or "").strip()
+            return f"{desc} {done}" if desc else done
+    return ""
+
+
+def _tail(log: Path, tail_bytes: int) -> str:
+    if not log.exists():
+        return ""
+    with log.open("rb") as fh:
+        fh.seek(max(0, log.stat().st_size - tail_bytes))
+        return fh.read().decode(errors="replace")
+
+
+def last_match(log: Path, pattern: "re.Pattern[bytes]", block: int = 1 << 20) -> Optional["re.Match[bytes]"]:
+    """The last match of a one-line pattern in a file, read backwards a block at a time: a long
+    log is read only as far back as its latest start."""
+    if not log.exists():
+        return None
+    with log.open("rb") as fh:
+        end, carry = fh.seek(0, 2), b""
+        while end > 0:
+            start = max(0, end - block)
+            fh.seek(start)
+            chunk = fh.read(end - start) + carry
+            found = None
+            for found in pattern.finditer(chunk):
+                pass
+            if found:
+                return found
+            carry, end = chunk[:chunk.find(b"\n") + 1 or len(chunk)], start  # a line the block boundary cut
+    return None

@@ -16,15 +16,18 @@ jobs import (hpc.rundir.snapshot: a stat of each file, a hash only where one cha
 """
 from __future__ import annotations
 
+import collections
 import json
 import re
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from hpc.checkpoint import complete
+from hpc.fs.sharedfs import listed
+from hpc.monitor.logs import last_match, last_progress, tqdm_progress
 from hpc.recovery import hangs, nodefail
 from hpc.rundir.run import DONE, RunDir, task_key
 from hpc.slurm import scheduler
@@ -35,9 +38,6 @@ LEFT_BEHIND = {"done": "COMPLETED", "error": "FAILED", "result": "COMPLETED", "n
 ENDED = "ENDED"
 ENDED_WHY = ("ENDED (no accounting; no done marker, no result file): outcome unknown. "
              "HINT: python -m hpc.logs RUN_DIR --err")
-# tqdm's redraw: "desc:  55%|#####5    | 164/300 [00:01<00:01, 99.50it/s]", or "164it [00:01, ...]"
-TQDM = re.compile(r"(?:(?P<desc>[^|\r\n]*?):\s*)?(?:\d+%\|[^|]*\|\s*)?"
-                  r"(?P<n>\d+(?:\.\d+)?[kMGTPEZY]?)(?:/(?P<total>\d+(?:\.\d+)?[kMGTPEZY]?))?(?:it)?\s*\[\d")
 # hpc.pipeline.executor's start line in each rank's stdout log: "[hpc] stage S item I rank 0/24 on 3 node(s) job ..."
 STARTED = re.compile(rb"\[hpc\] stage .* rank [0-9]+/([0-9]+) on ([0-9]+) node\(s\)")
 
@@ -63,32 +63,45 @@ class TaskStatus:
 
 
 def collect(run: RunDir, answer: Optional[Tuple[scheduler.Answer, Dict[str, Any]]] = None) -> List[TaskStatus]:
-    """`answer`: query_run()'s, when one call asked for several runs (a sweep's points)."""
-    tasks = run.tasks()
+    """`answer`: query_run()'s, when one call asked for several runs (a sweep's points). The
+    manifest is read once; each task costs a listing of its directory and one of its job's log
+    folder, and reads only the files those show (a done marker, a log, a hang report)."""
+    run = run.pin()
     records, never = answer or query_run(run)
-    rows = []
-    for t in tasks:
-        jid, stage, item = t["job_id"], t["stage"], t["item"]
-        rec = records.get(jid)
-        slurm = t["jobs"][-1]["executor"] == "slurm"
-        if rec:
-            state = rec.state
-        elif slurm and records.source == "sacct":
-            state = "PENDING"  # just submitted: sacct may not list the job for a moment
-        else:  # a local job, or one that left the queue of a cluster without accounting
-            state = left_behind(run, stage, item, jid)
-            state = ENDED if slurm and state == LEFT_BEHIND["none"] else state
-        err = run.log_path(stage, jid, stream="err")
-        rows.append(TaskStatus(task_key(stage, item), stage, item, jid, state,
-                               rec.restarts if rec else 0,
-                               rec.elapsed if rec else _done_elapsed(run, stage, item),
-                               tqdm_progress(err) or last_progress(run.log_path(stage, jid)),
-                               outputs(run.task_dir(stage, item)), "", last_progress(err),
-                               *world(run, stage, item, jid), hangs.summary(run.task_dir(stage, item)),
-                               recovery=nodefail.summary(run.task_dir(stage, item)),
-                               set_aside=complete.set_aside_summary(run.task_dir(stage, item))))
+    rows = [_row(run, t, records) for t in run.tasks()]
     _explain(rows, records, never, run.job_tasks())
     return rows
+
+
+def _row(run: RunDir, t: Dict[str, Any], records: scheduler.Answer) -> TaskStatus:
+    jid, stage, item = t["job_id"], t["stage"], t["item"]
+    rec = records.get(jid)
+    task_dir = run.task_dir(stage, item)
+    here, logs = listed(task_dir), run.log_path(stage, jid).parent
+    logged = set() if rec and rec.state == "PENDING" and not rec.restarts else listed(logs)  # not started: none
+    info = _read_done(task_dir) if DONE in here else {}
+    result = logs / f"{jid}_0_result.pkl" if f"{jid}_0_result.pkl" in logged else None
+    state = task_state(t, records, lambda: _left(DONE in here, result))
+    out, err = (logs / f"{jid}_0_log.{s}" if f"{jid}_0_log.{s}" in logged else None for s in ("out", "err"))
+    return TaskStatus(task_key(stage, item), stage, item, jid, state, rec.restarts if rec else 0,
+                      rec.elapsed if rec else _elapsed(info),
+                      (err and tqdm_progress(err)) or (out and last_progress(out)) or "",
+                      outputs(here), "", (err and last_progress(err)) or "", *_world(info, out),
+                      hangs.summary(task_dir) if hangs.HANGS in here else "",
+                      recovery=nodefail.summary(task_dir) if nodefail.HISTORY in here else "",
+                      set_aside=complete.set_aside_summary(task_dir) if complete.SET_ASIDE in here else "")
+
+
+def task_state(t: Dict[str, Any], records: scheduler.Answer, left: Callable[[], str]) -> str:
+    """A manifest task's state: its job's record, else PENDING (sacct may not list a job just
+    submitted), else what its files tell (`left`: left_behind's answer), ENDED for a SLURM job."""
+    rec, slurm = records.get(t["job_id"]), t["jobs"][-1]["executor"] == "slurm"
+    if rec:
+        return rec.state
+    if slurm and records.source == "sacct":
+        return "PENDING"
+    state = left()  # a local job, or one that left the queue of a cluster without accounting
+    return ENDED if slurm and state == LEFT_BEHIND["none"] else state
 
 
 def query_run(*runs: RunDir) -> Tuple[scheduler.Answer, Dict[str, Optional[scheduler.JobRecord]]]:
@@ -102,16 +115,19 @@ def query_run(*runs: RunDir) -> Tuple[scheduler.Answer, Dict[str, Optional[sched
 
 def done_info(run: RunDir, stage: str, item: Any) -> Dict[str, Any]:
     """A task's done marker ({} when there is none or it does not read)."""
+    return _read_done(run.task_dir(stage, item))
+
+
+def _read_done(task_dir: Path) -> Dict[str, Any]:
     try:
-        info = json.loads((run.task_dir(stage, item) / DONE).read_text())
+        info = json.loads((task_dir / DONE).read_text())
     except (OSError, ValueError):
         return {}
     return info if isinstance(info, dict) else {}
 
 
-def _done_elapsed(run: RunDir, stage: str, item: Any) -> str:
+def _elapsed(info: Dict[str, Any]) -> str:
     """A finished task's run time from its done marker (no scheduler to ask), as sacct writes it."""
-    info = done_info(run, stage, item)
     try:
         seconds = int(info["finished"] - info["started"])
     except (KeyError, TypeError):
@@ -122,39 +138,26 @@ def _done_elapsed(run: RunDir, stage: str, item: Any) -> str:
 def world(run: RunDir, stage: str, item: Any, job_id: str) -> Tuple[Optional[int], Optional[int]]:
     """(world size, nodes) a task got: its done marker's, else those of the latest start line in its
     rank-0 log (a requeued job appends one per start, and under a node range each may differ)."""
-    info = done_info(run, stage, item)
+    return _world(done_info(run, stage, item), run.log_path(stage, job_id))
+
+
+def _world(info: Dict[str, Any], log: Optional[Path]) -> Tuple[Optional[int], Optional[int]]:
     if isinstance(info.get("world_size"), int):
         return info["world_size"], info.get("nodes") if isinstance(info.get("nodes"), int) else None
-    found = _last_match(run.log_path(stage, job_id), STARTED)
+    found = last_match(log, STARTED) if log else None
     return (int(found[1]), int(found[2])) if found else (None, None)
-
-
-def _last_match(log: Path, pattern: "re.Pattern[bytes]", block: int = 1 << 20) -> Optional["re.Match[bytes]"]:
-    """The last match of a one-line pattern in a file, read backwards a block at a time: a long
-    log is read only as far back as its latest start."""
-    if not log.exists():
-        return None
-    with log.open("rb") as fh:
-        end, carry = fh.seek(0, 2), b""
-        while end > 0:
-            start = max(0, end - block)
-            fh.seek(start)
-            chunk = fh.read(end - start) + carry
-            found = None
-            for found in pattern.finditer(chunk):
-                pass
-            if found:
-                return found
-            carry, end = chunk[:chunk.find(b"\n") + 1 or len(chunk)], start  # a line the block boundary cut
-    return None
 
 
 def left_behind(run: RunDir, stage: str, item: Any, job_id: str) -> str:
     """The state an ended job's files tell: its done marker, else rank 0's submitit result file."""
-    if run.is_done(stage, item):
-        return LEFT_BEHIND["done"]
     result = run.path / stage / "logs" / job_id / f"{job_id}_0_result.pkl"
-    if not result.exists():
+    return _left(run.is_done(stage, item), result if result.exists() else None)
+
+
+def _left(done: bool, result: Optional[Path]) -> str:
+    if done:
+        return LEFT_BEHIND["done"]
+    if result is None:
         return LEFT_BEHIND["none"]
     import pickle
 
@@ -191,43 +194,29 @@ def _name(job_id: str, job_tasks: Dict[str, str]) -> str:
     return f"stage {job_tasks[job_id]}" if job_id in job_tasks else f"job {job_id}"
 
 
-def last_progress(log: Path, tail_bytes: int = 4096) -> str:
-    """Last non-empty line of a log; tqdm redraws with \\r, so split on that too."""
-    text = _tail(log, tail_bytes)
-    # submitit's own bookkeeping lines are not progress
-    lines = [ln.strip() for ln in text.replace("\r", "\n").splitlines()
-             if ln.strip() and not ln.startswith(("submitit ", "srun: "))]
-    return lines[-1][:120] if lines else ""
-
-
-def tqdm_progress(log: Path, tail_bytes: int = 4096) -> str:
-    """tqdm's latest redraw in a log ("164/300", with the bar's description if it has one), or ""."""
-    for segment in reversed(_tail(log, tail_bytes).replace("\r", "\n").splitlines()):
-        found = TQDM.search(segment)
-        if found:
-            done = found["n"] + (f"/{found['total']}" if found["total"] else "")
-            desc = (found["desc"] or "").strip()
-            return f"{desc} {done}" if desc else done
-    return ""
-
-
-def _tail(log: Path, tail_bytes: int) -> str:
-    if not log.exists():
-        return ""
-    with log.open("rb") as fh:
-        fh.seek(max(0, log.stat().st_size - tail_bytes))
-        return fh.read().decode(errors="replace")
-
-
-def outputs(task_dir: Path) -> List[str]:
-    if not task_dir.exists():
-        return []
+def outputs(names: Set[str]) -> List[str]:
     skip = {"logs", DONE, nodefail.HISTORY}
-    return sorted(p.name for p in task_dir.iterdir() if p.name not in skip and not p.name.startswith("task-"))
+    return sorted(n for n in names if n not in skip and not n.startswith("task-"))
+
+
+# The table's order: what needs a look (failed, then running), then what waits, then what is done.
+ORDER = ("NEVER", "FAILED", "TIMEOUT", "CANCELLED", "RUNNING", "PREEMPTED", "ENDED", "UNKNOWN", "PENDING", "COMPLETED")
+
+
+def by_state(states: List[str], what: str = "task") -> str:
+    """'10000 task(s): 12 FAILED, 950 RUNNING, 9038 COMPLETED', in ORDER."""
+    counts = collections.Counter(states)
+    return f"{len(states)} {what}(s): " + ", ".join(f"{counts[s]} {s}" for s in sorted(counts, key=rank))
+
+
+def rank(state: str) -> int:
+    return ORDER.index(state) if state in ORDER else len(ORDER) - 1
 
 
 def format_table(rows: List[TaskStatus]) -> str:
+    """One row per task, failed and running ones first (in the run's order within a state)."""
     head = ("TASK", "JOB", "STATE", "RESTARTS", "ELAPSED", "WORLD", "NODES", "PROGRESS / WHY")
+    rows = sorted(rows, key=lambda r: rank(r.state))
     body = [(r.task, r.job_id, r.state, str(r.restarts), r.elapsed, _count(r.world_size), _count(r.nodes),
              r.why or r.progress) for r in rows]
     widths = [max(len(x) for x in col) for col in zip(head, *body)] if body else [len(h) for h in head]

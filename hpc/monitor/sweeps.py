@@ -34,18 +34,19 @@ class PointStatus:
 
 
 def collect(sweep: SweepDir) -> List[PointStatus]:
-    """One row per point, from one scheduler call for all points' jobs."""
+    """One row per point, from one scheduler call for all points' jobs. Each point's manifest is
+    read once, and a task costs a look-up in that answer (its files only when SLURM has no record)."""
     points = sweep.record()["points"]
-    runs = [sweep.point(sig) for sig in points]
-    answer = status.query_run(*runs)
+    runs = [sweep.point(sig).pin() for sig in points]
+    records, never = status.query_run(*runs)
     rows = []
     for (sig, entry), run in zip(points.items(), runs):
-        tasks = status.collect(run, answer) if run.manifest_path.exists() else []
-        states = {t.state for t in tasks}
-        state = next((s for s in PRECEDENCE if s in states), "COMPLETED" if tasks else NOT_SUBMITTED)
-        done = sum(t.state == "COMPLETED" for t in tasks)
+        tasks = [("NEVER" if t["job_id"] in never else status.task_state(
+                  t, records, lambda t=t: status.left_behind(run, t["stage"], t["item"], t["job_id"])))
+                 for t in run.tasks()]
+        state = next((s for s in PRECEDENCE if s in tasks), "COMPLETED" if tasks else NOT_SUBMITTED)
         rows.append(PointStatus(sig, entry["overrides"], entry.get("in_grid", True), state,
-                                f"{done}/{len(tasks)}", latest_metric(run.path), str(run.path)))
+                                f"{tasks.count('COMPLETED')}/{len(tasks)}", latest_metric(run.path), str(run.path)))
     return rows
 
 
@@ -69,11 +70,14 @@ def latest_metric(point: Path, shown: int = 4) -> str:
 
 
 def format_table(rows: List[PointStatus]) -> str:
+    """A line of points by state, then one row per point, failed and running ones first."""
     head = ("POINT", "OVERRIDES", "STATE", "TASKS", "METRIC")
+    rows = sorted(rows, key=lambda r: status.rank(r.state))
     body = [(r.point, describe(r.overrides) + ("" if r.in_grid else " (not in grid)"), r.state, r.tasks,
              r.metric) for r in rows]
     widths = [max(len(x) for x in col) for col in zip(head, *body)]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in [head, *body])
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in [head, *body]]
+    return "\n".join([status.by_state([r.state for r in rows], "point"), *lines])
 
 
 def show(path: str, as_json: bool) -> int:

@@ -13,7 +13,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, List, Sequence, Tuple
 
-from hpc.config.schema import ConfigError
+from hpc.config.checks import ConfigError  # not hpc.config.schema: hpc.status stays off the config machinery
 from hpc.monitor.timeline import KINDS, Row, collect
 
 FORMATS = (".svg", ".png")

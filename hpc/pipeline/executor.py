@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from hpc.config import defaults
+from hpc.config import defaults, resolved
 from hpc.rundir import tracking
 from hpc.rundir.run import RunDir, task_key
 from hpc.rundir.snapshot import JobCode
@@ -93,9 +93,7 @@ class StageTask:
               f"on {dist.num_nodes} node(s) job {dist.job_id} restart {dist.restart_count}", flush=True)
         module, _, name = self.target.partition(":")
         func = getattr(importlib.import_module(module), name)
-        from omegaconf import OmegaConf
-
-        cfg = OmegaConf.to_container(OmegaConf.load(run.config_path), resolve=True)
+        cfg = resolved.read(run.config_path)  # without OmegaConf: see hpc.config.resolved
         ctx = StageContext(run.path, stage_dir, cfg, self.stage, self.task_index, self.item, dist)
         try:
             result = func(ctx)

@@ -114,10 +114,12 @@ class JobSpec:
         return arrays.dependency(arrays.Part(self.items, self.waits or (None,) * len(self.items)),
                                  self.item_after, ids, self.item_of)
 
-    def executor_parameters(self, dependency: Optional[str] = None, setup: Sequence[str] = ()) -> Dict[str, Any]:
+    def executor_parameters(self, dependency: Optional[str] = None, setup: Sequence[str] = (),
+                            points: Optional[str] = None) -> Dict[str, Any]:
+        """`points`: a sweep array's file naming each task's point, for hpc.afterstep."""
         if self.kind == "slurm":
             return sbatch.slurm_parameters(self.resources, self.stage, dependency, setup, self.run_dir,
-                                           self.task_ids)
+                                           self.task_ids, points)
         return sbatch.local_parameters(self.resources)
 
     @property

@@ -10,7 +10,7 @@ into the run directory once this one has ended: the submission itself belongs to
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, Mapping, Sequence
+from typing import Callable, Dict, Mapping, Optional, Sequence
 
 from hpc.recovery import nodefail, preemption, requeue
 from hpc.rundir import sweepdir
@@ -21,14 +21,16 @@ from hpc.slurm import scheduler
 Resubmit = Callable[[str, str, str, Sequence[str], Mapping[str, str]], str]
 
 
-def after_step(run: RunDir, env: Mapping[str, str], resubmit_after: Resubmit, srun_ended: bool = True) -> tuple:
+def after_step(run: RunDir, env: Mapping[str, str], resubmit_after: Resubmit, srun_ended: bool = True,
+               points: Optional[str] = None) -> tuple:
     """Read SLURM, decide (hpc.recovery.nodefail.decide), carry it out, record it: (action, in words).
+    `points`: a sweep array's file naming each task's point (hpc.rundir.sweepdir.run_for).
     `resubmit_after(job_id, run_dir, stage, exclude, info)` submits the job that submits the stage
     again once this one has ended, where SLURM refuses the requeue; it returns that job's id."""
     job_id = env["SLURM_JOB_ID"]
     array_task = env.get("SLURM_ARRAY_TASK_ID")
     key = f"{env['SLURM_ARRAY_JOB_ID']}_{array_task}" if array_task else job_id  # as the manifest has it
-    run = sweepdir.run_for(run.path, key)  # a sweep's array task: the run directory of its point
+    run = sweepdir.run_for(run.path, key, points)  # a sweep's array task: the run directory of its point
     restart = int(env.get("SLURM_RESTART_COUNT") or 0)
     info = preemption.job_info(job_id)
     failed = nodefail.failed_nodes(scheduler.node_states(env["SLURM_JOB_NODELIST"]))

@@ -41,8 +41,28 @@ class RunDirError(RuntimeError):
 
 
 class RunDir:
+    _pinned: Optional[Dict[str, Any]] = None  # pin()'s manifest: read once, then served from memory
+
     def __init__(self, path: os.PathLike | str):
         self.path = Path(path).resolve()
+
+    @classmethod
+    def at(cls, resolved: Path) -> "RunDir":
+        """A run dir at an already resolved path (a sweep's point): no resolve(), one lstat per
+        path component fewer, which counts a thousand points at a time."""
+        run = cls.__new__(cls)
+        run.path = resolved
+        return run
+
+    def pin(self) -> "RunDir":
+        """This run dir with its manifest read once, for a reader that asks for it many times: a
+        sweep's plan (tasks, jobs, dependencies per point, the submission lock keeping writers out),
+        a status poll (one moment's manifest)."""
+        if self._pinned is not None:
+            return self
+        run = RunDir.at(self.path)
+        run._pinned = self.manifest()
+        return run
 
     @property
     def manifest_path(self) -> Path:
@@ -82,6 +102,8 @@ class RunDir:
     # ---- manifest
     def manifest(self) -> Dict[str, Any]:
         """The manifest, or {} before the first submission; a damaged one is a RunDirError."""
+        if self._pinned is not None:
+            return self._pinned
         if not self.manifest_path.exists():
             return {}
         try:
@@ -106,11 +128,16 @@ class RunDir:
         submission. Returns the run id (hpc.rundir.tracking), made at the first submission and kept."""
         self.path.mkdir(parents=True, exist_ok=True)
         atomic.write_text(self.config_path, config_yaml)
+        data = self.begin(pipeline, kind, code)
+        self.write_manifest(data)
+        return data["run_id"]
+
+    def begin(self, pipeline: str, kind: str, code: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+        """start()'s manifest, in memory: the caller writes it (write_manifest) once its jobs are added."""
         data = self.manifest() or {"pipeline": pipeline, "submissions": [], "tasks": {}}
         data.setdefault("run_id", new_run_id(self.path.name))
         data.update(pipeline=pipeline, executor=kind, updated=_now(), **(code or {}))
-        self._write(data)
-        return data["run_id"]
+        return data
 
     def record(self, stage: str, item: Any, job_id: str, kind: str, after: Sequence[str] = ()) -> None:
         """Remember the job that runs (stage, item); older attempts stay in the history.
@@ -124,14 +151,8 @@ class RunDir:
         `each_after`: per job, the further job ids it alone waits for (its own task, aftercorr).
         `code`: the hash of the snapshot the jobs run (None: the live tree)."""
         data = self.manifest()
-        for n, (item, job_id) in enumerate(jobs):
-            entry = data["tasks"].setdefault(task_key(stage, item), {"stage": stage, "item": item, "jobs": []})
-            waits = list(after) + [j for j in (each_after[n] if n < len(each_after) else ()) if j]
-            entry["jobs"].append({"job_id": job_id, "executor": kind, "submitted": _now(), "after": waits,
-                                  "code": code})
-            entry["job_id"] = job_id
-            data["submissions"].append({"time": _now(), "stage": stage, "item": item, "job_id": job_id})
-        self._write(data)
+        add_jobs(data, stage, jobs, kind, after, each_after, code)
+        self.write_manifest(data)
 
     def tasks(self) -> List[Dict[str, Any]]:
         return list(self.manifest().get("tasks", {}).values())
@@ -149,7 +170,7 @@ class RunDir:
         """Every job id ever recorded (all attempts) -> its task key, e.g. 'second[1]'."""
         return {j["job_id"]: task_key(t["stage"], t["item"]) for t in self.tasks() for j in t["jobs"]}
 
-    def _write(self, data: Dict[str, Any]) -> None:
+    def write_manifest(self, data: Dict[str, Any]) -> None:
         atomic.write_text(self.manifest_path, json.dumps(data, indent=1, default=str))
 
     # ---- one submission at a time
@@ -202,6 +223,19 @@ def _try_lock(fd: int, path: Path) -> bool:
             raise
         raise RunDirError(problem) from None
     return True
+
+
+def add_jobs(data: Dict[str, Any], stage: str, jobs: Sequence[Tuple[Any, str]], kind: str,
+             after: Sequence[str] = (), each_after: Sequence[Sequence[str]] = (), code: Optional[str] = None) -> None:
+    """RunDir.record_all() on a manifest in memory (RunDir.begin's), for a writer that adds every
+    stage before its one write."""
+    now = _now()
+    for n, (item, job_id) in enumerate(jobs):
+        entry = data["tasks"].setdefault(task_key(stage, item), {"stage": stage, "item": item, "jobs": []})
+        waits = list(after) + [j for j in (each_after[n] if n < len(each_after) else ()) if j]
+        entry["jobs"].append({"job_id": job_id, "executor": kind, "submitted": now, "after": waits, "code": code})
+        entry["job_id"] = job_id
+        data["submissions"].append({"time": now, "stage": stage, "item": item, "job_id": job_id})
 
 
 def task_key(stage: str, item: Any) -> str:

@@ -8,13 +8,17 @@ Layout:
     <sweep>/<signature>/          a point: a run directory (hpc.rundir.run) of its own
     <sweep>/<signature>/<stage>/logs -> ../../<stage>/logs   (its array tasks' logs)
     <sweep>/<stage>/logs/<jobid>/ submitit's logs of the stage's array, all points together
+    <sweep>/<stage>/logs/points-<id>.txt   the point of each task of one array, line k for task k
+                                  (hpc.afterstep --points: run_for reads it, not every point's manifest)
 
 A point removed from the grid keeps its directory: it is reported, never deleted, and still shown.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import uuid
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
@@ -68,7 +72,7 @@ class SweepDir:
         return data
 
     def point(self, signature: str) -> RunDir:
-        return RunDir(self.path / signature)
+        return RunDir.at(self.path / signature)  # the sweep's path is resolved, a signature is a plain name
 
     def removed(self, points: Sequence[Any]) -> List[str]:
         """Lines naming the recorded points that `points` (hpc.sweep.grid.Point) no longer holds."""
@@ -90,19 +94,49 @@ class SweepDir:
 
     def link_logs(self, signature: str, stage: str) -> None:
         """<point>/<stage>/logs -> the stage's shared log folder, so a point reads its tasks' logs
-        where a run keeps them (hpc.status, hpc.logs)."""
-        link = self.path / signature / stage / "logs"
-        if not link.exists() and not link.is_symlink():
-            link.parent.mkdir(parents=True, exist_ok=True)
-            link.symlink_to(Path("..", "..", stage, "logs"))
+        where a run keeps them (hpc.status, hpc.logs). Two calls, and nothing raised, for a new point."""
+        stage_dir = os.path.join(self.path, signature, stage)
+        try:
+            os.mkdir(stage_dir)
+        except FileExistsError:
+            pass
+        except FileNotFoundError:  # a point without its config.yaml yet
+            os.makedirs(stage_dir, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            os.symlink(os.path.join("..", "..", stage, "logs"), os.path.join(stage_dir, "logs"))
+
+    def write_points(self, stage: str, points: Sequence[str], task_ids: Sequence[int] = ()) -> str:
+        """A file naming the point of each task of one array (line k: the signature of array task k,
+        "-" for an id the array does not hold), before the array is submitted: its batch script passes
+        it to hpc.afterstep (--points), which finds its task's point by reading this one file
+        (run_for). `task_ids`: the array's task ids when they are not 0..n-1 (hpc.pipeline.arrays).
+        Returns its path."""
+        folder = self.path / stage / "logs"
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"points-{uuid.uuid4().hex[:12]}.txt"
+        by_id = dict(zip(task_ids or range(len(points)), points))
+        lines = [by_id.get(i, "-") for i in range(max(by_id, default=-1) + 1)]
+        atomic.write_text(path, "".join(f"{sig}\n" for sig in lines))
+        return str(path)
 
 
-def run_for(path: Any, job_id: str) -> RunDir:
+def run_for(path: Any, job_id: str, points: Optional[str] = None) -> RunDir:
     """The run directory that recorded job `job_id` ('12_3'): `path` itself, or for a sweep, whose
-    arrays serve every point, the point whose manifest names the job (`path` when none does)."""
+    arrays serve every point, the point its array's `points` file (SweepDir.write_points) names at
+    the task's index: one file read, whatever the number of points. Without that file (a batch
+    script of an older submission), the point whose manifest names the job (`path` when none does)."""
     if not is_sweep(str(path)):
         return RunDir(path)
     sweep = SweepDir(path)
+    _, _, index = job_id.partition("_")
+    if points and index.isdigit():
+        try:
+            with open(points, encoding="utf-8") as fh:
+                names = fh.read().split()
+        except OSError:
+            names = []
+        if int(index) < len(names) and all(c.isalnum() for c in names[int(index)]):
+            return sweep.point(names[int(index)])
     for sig in sweep.record()["points"]:
         run = sweep.point(sig)
         if any(j["job_id"] == job_id for t in run.tasks() for j in t["jobs"]):

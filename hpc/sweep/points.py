@@ -10,7 +10,8 @@ not touch, which is exact unless some value is an interpolation (then each is wr
 from __future__ import annotations
 
 import copy
-from typing import Any, Dict, Iterator, Sequence, Tuple
+import uuid
+from typing import Any, Dict, Iterator, Optional, Sequence, Tuple
 
 from hpc.config import schema as hconfig
 from hpc.pipeline import plan as hplan
@@ -57,12 +58,78 @@ def texts(base: Any, points: Sequence[hgrid.Point], settle: Any = None) -> Dict[
     if _interpolated(OmegaConf.to_container(base, resolve=False)):  # a swept value may show elsewhere
         return {point.signature: hconfig.to_yaml(cfg) for point, cfg in configs(base, points, settle)}
     sections = {key: hconfig.to_yaml(OmegaConf.masked_copy(base, [key])) for key in base}  # the YAML of
-    out = {}  # a mapping is the YAML of its top-level keys one after another
+    # a mapping is the YAML of its top-level keys one after another
+    fast = None if settle is not None else _slotted(base, points, sections)
+    if fast is not None:
+        return fast
+    out = {}
     for point, cfg in configs(base, points, settle):
         swept = {key.split(".")[0] for key in point.overrides}
         out[point.signature] = "".join(hconfig.to_yaml(OmegaConf.masked_copy(cfg, [key])) if key in swept
                                        else text for key, text in sections.items())
     return out
+
+
+def _slotted(base: Any, points: Sequence[hgrid.Point], sections: Dict[str, str]) -> Optional[Dict[str, str]]:
+    """texts() without a config per point, or None where it cannot be exact: each swept section is
+    rendered once with a slot in place of each swept leaf, and each distinct (key, value) once as
+    YAML. Exact for one-line scalars (numbers, booleans, null, short strings without spaces, whose
+    YAML does not depend on where they stand), and only without a settle hook (which may change
+    other keys); anything else takes a config per point."""
+    import yaml
+    from omegaconf import DictConfig, OmegaConf
+    from omegaconf._utils import get_omega_conf_dumper
+
+    def dump(tree: Any) -> str:  # as OmegaConf.to_yaml
+        return yaml.dump(tree, default_flow_style=False, allow_unicode=True, sort_keys=False,
+                         Dumper=get_omega_conf_dumper())
+
+    keys = list(dict.fromkeys(k for p in points for k in p.overrides))
+    slots = {key: f"hpcslot{n}x{uuid.uuid4().hex}" for n, key in enumerate(keys)}
+    templates: Dict[str, str] = {}
+    for top in dict.fromkeys(k.split(".")[0] for k in keys):
+        node = base[top] if top in base else None
+        if not isinstance(node, DictConfig):
+            return None
+        tree = {top: OmegaConf.to_container(node, resolve=True, enum_to_str=True)}
+        if dump(tree) != sections[top]:
+            return None
+        for key in (k for k in keys if k.split(".")[0] == top):
+            *path, leaf = key.split(".")
+            node = tree
+            for part in path:
+                node = node.get(part) if isinstance(node, dict) else None
+            if not isinstance(node, dict) or leaf not in node or isinstance(node[leaf], (dict, list)):
+                return None
+            node[leaf] = slots[key]
+        templates[top] = dump(tree)
+        if any(templates[top].count(slots[k]) != 1 for k in keys if k.split(".")[0] == top):
+            return None
+    scratch, typed, out = copy.deepcopy(base), {}, {}
+    for point in points:
+        text = dict(sections, **templates)
+        for key, value in point.overrides.items():
+            seen = (key, repr(value))
+            if seen not in typed:  # the value as the config's type makes it (1 -> 1.0 for a float)
+                OmegaConf.update(scratch, key, value, merge=False)
+                typed[seen] = _scalar(OmegaConf.select(scratch, key), dump)
+            if typed[seen] is None:
+                return None
+            top = key.split(".")[0]
+            text[top] = text[top].replace(slots[key], typed[seen])
+        out[point.signature] = "".join(text.values())
+    return out
+
+
+def _scalar(value: Any, dump: Any) -> Optional[str]:
+    """The YAML of a one-line scalar that reads the same wherever it stands; None for anything else."""
+    if isinstance(value, str) and not (value.isascii() and value.isprintable() and " " not in value
+                                       and len(value) <= 60):
+        return None
+    if value is not None and not isinstance(value, (str, int, float, bool)):
+        return None
+    line = dump({"k": value})
+    return line[3:-1] if line.startswith("k: ") and line.count("\n") == 1 else None
 
 
 def _interpolated(tree: Any) -> bool:

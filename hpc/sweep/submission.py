@@ -11,6 +11,10 @@ up with its upstream array across points as it does within a run. Each array tas
 point's run directory and item (hpc.pipeline.executor.StageTask), so it reads its point's config and writes
 into its point's directories.
 
+Each point's config.yaml is written once before any task is submitted (hpc.sweep.points), its manifest
+once after the last array; the plan reads each manifest once (RunDir.pin). Each array's batch script
+names a file of its tasks' points (SweepDir.write_points): hpc.afterstep finds a point in one read.
+
 A stage that waits on one stage of one task per point waits point by point: each of its tasks
 sits at the task id of its point's upstream task and waits for that task only (aftercorr), so one
 slow, failed or requeued point holds back no other point's next stage (a point with several such
@@ -26,13 +30,13 @@ from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tupl
 
 from hpc.config import layers
 from hpc.config import schema as hconfig
-from hpc.fs.atomic import batched
+from hpc.fs import atomic
 from hpc.monitor import status, sweeps
 from hpc.pipeline import arrays
 from hpc.pipeline import plan as hplan
 from hpc.pipeline import submission as hsubmit
 from hpc.pipeline.request import Request
-from hpc.rundir.run import RunDir, RunDirError, code_version
+from hpc.rundir.run import RunDir, RunDirError, add_jobs, code_version
 from hpc.rundir.sweepdir import SweepDir
 from hpc.slurm import scheduler
 from hpc.slurm.submitenv import submission_env
@@ -57,7 +61,7 @@ def submit(req: Request) -> int:
             print(job.sbatch_text(setup=list(base.cluster.setup), how="afterany"))
         return 0
     # one syncfs makes every point's files durable at the end, instead of two fsyncs per file
-    with RunDir(sweep.path).submission_lock(say=print), batched(sweep.path):
+    with RunDir(sweep.path).submission_lock(say=print), atomic.batched(sweep.path):
         max_size = scheduler.max_array_size() if kind == "slurm" else None
         plan, states, never = _plan(pipe, base, defs, sweep, kind, max_size)
         scheduler.cancel(never)
@@ -74,9 +78,12 @@ def submit(req: Request) -> int:
         code["snapshot"] = snap and snap.record()
         now = {sig for job in plan.jobs for sig, _ in job.items}
         texts = sweepconfig.texts(base, [p for p in points if p.signature in now], pipe.settle)
-        run_ids = {sig: sweep.point(sig).start(pipe.name, text, kind, code) for sig, text in texts.items()}
+        manifests = {}
+        for sig, text in texts.items():  # config.yaml before any task can start; the manifest once, at the end
+            atomic.write_text(sweep.point(sig).config_path, text)
+            manifests[sig] = sweep.point(sig).begin(pipe.name, kind, code)
         ids = submit_arrays(plan, sweep, defs, list(base.cluster.setup),
-                            hsubmit.job_code(snap, req.pipeline, module_file), run_ids)
+                            hsubmit.job_code(snap, req.pipeline, module_file), manifests)
     print(f"sweep dir: {sweep.path}")
     for label, jids in ids.items():
         print(f"  {label}: {jids[0].split('_')[0]} ({len(jids)} task(s))")
@@ -166,7 +173,7 @@ def _plan(pipe: hplan.PipelineDef, base: Any, defs: Defs, sweep: SweepDir, kind:
     """(the plan of the arrays, per point (done, queued, total tasks, submitted before), the jobs
     that can never start),
     from one scheduler call for all points."""
-    runs = {sig: sweep.point(sig) for sig in defs}
+    runs = {sig: sweep.point(sig).pin() for sig in defs}  # each manifest read once, however often it is asked
     answer = hsubmit.confirmed(status.query_run(*runs.values())) if kind == "slurm" else None
     finished: set = set()
     queued: Dict[Tuple[str, Any], str] = {}
@@ -177,7 +184,7 @@ def _plan(pipe: hplan.PipelineDef, base: Any, defs: Defs, sweep: SweepDir, kind:
         finished |= {(stage, (sig, item)) for stage, item in done}
         queued.update({(stage, (sig, item)): jid for (stage, item), jid in waiting.items()})
         total = sum(len(s.items or (None,)) for s in defs[sig].values() if not s.skip)
-        states[sig] = (len(done), len(waiting), total, bool(done or waiting) or run.manifest_path.exists())
+        states[sig] = (len(done), len(waiting), total, bool(done or waiting or run.manifest()))
         never += [t["job_id"] for t in run.tasks() if answer and t["job_id"] in answer[1]]
     merged = merged_stages(defs)
     virtual = hplan.PipelineDef(pipe.name, pipe.schema, lambda cfg: merged, notes=pipe.notes)
@@ -219,9 +226,21 @@ def summary(plan: hplan.Plan, points: Sequence[hgrid.Point], states: Mapping[str
 
 
 def submit_arrays(plan: hplan.Plan, sweep: SweepDir, defs: Defs, setup: Sequence[str], code: Any = None,
-                  run_ids: Optional[Dict[str, str]] = None) -> Dict[str, List[str]]:
-    """One submission (an array) per job of the plan; each point's manifest records its tasks. Every
-    task runs `code` (hpc.rundir.snapshot.JobCode; None: the live tree) and its point's run id."""
+                  manifests: Optional[Dict[str, Dict[str, Any]]] = None) -> Dict[str, List[str]]:
+    """One submission (an array) per job of the plan. Every task runs `code`
+    (hpc.rundir.snapshot.JobCode; None: the live tree) and its point's run id. `manifests`: each
+    point's manifest as RunDir.begin() made it; the arrays' jobs are added in memory and each point's
+    manifest is written once at the end, also when a later array is refused (it records those before)."""
+    manifests = {} if manifests is None else manifests
+    try:
+        return _submit_arrays(plan, sweep, defs, setup, code, manifests)
+    finally:
+        for sig, data in manifests.items():
+            sweep.point(sig).write_manifest(data)
+
+
+def _submit_arrays(plan: hplan.Plan, sweep: SweepDir, defs: Defs, setup: Sequence[str], code: Any,
+                   manifests: Dict[str, Dict[str, Any]]) -> Dict[str, List[str]]:
     # only when jobs are submitted: a dry run never loads the task and the executors
     from hpc.pipeline.executor import StageTask, drop_unexpanded_folder, make_executor, submit_array
 
@@ -229,29 +248,41 @@ def submit_arrays(plan: hplan.Plan, sweep: SweepDir, defs: Defs, setup: Sequence
     slurm = plan.kind == "slurm"
     with submission_env():
         for job in plan.jobs:
-            runs = {sig: sweep.point(sig) for sig, _ in job.items}
-            tasks = [StageTask(str(runs[sig].path), job.stage, job.target, item,
+            sigs = list(dict.fromkeys(sig for sig, _ in job.items))
+            for sig in sigs:  # a point with nothing new to start keeps its manifest as it is
+                manifests.setdefault(sig, sweep.point(sig).manifest())
+            tasks = [StageTask(str(sweep.path / sig), job.stage, job.target, item,
                                defs[sig][job.stage].items.index(item) if defs[sig][job.stage].items else None,
-                               _needs(defs[sig], job.stage), code=code, run_id=(run_ids or {}).get(sig, ""))
+                               _needs(defs[sig], job.stage), code=code, run_id=manifests[sig].get("run_id", ""))
                      for sig, item in job.items]
-            upstream = {sig: hsubmit.upstream(job, {}, run) for sig, run in runs.items()} if slurm else {}
+            upstream = {sig: _upstream(job, manifests[sig], sweep.point(sig)) for sig in sigs} if slurm else {}
             per_item, each = job.item_dependency(by_label) if slurm else (None, [])
             executor = make_executor(plan.kind, job.folder, job.resources["max_timeouts"])
             if plan.kind != "debug":
                 dependency = ",".join(d for d in (afterany(upstream.values(), by_label), per_item) if d) or None
-                executor.update_parameters(**job.executor_parameters(dependency, setup))
+                where = sweep.write_points(job.stage, [sig for sig, _ in job.items], job.task_ids) if slurm else None
+                executor.update_parameters(**job.executor_parameters(dependency, setup, where))
             submitted = submit_array(executor, tasks, job.task_ids if slurm else ())
             by_label[job.label] = [str(s.job_id) for s in submitted]
-            for sig, run in runs.items():
-                mine = [n for n, (owner, _) in enumerate(job.items) if owner == sig]
-                run.record_all(job.stage, [(job.items[n][1], by_label[job.label][n]) for n in mine], plan.kind,
-                               upstream.get(sig, []), [each[n] for n in mine] if each else (),
-                               code.hash if code else None)
+            mine: Dict[str, List[int]] = {sig: [] for sig in sigs}
+            for n, (sig, _) in enumerate(job.items):
+                mine[sig].append(n)
+            for sig, own in mine.items():
+                add_jobs(manifests[sig], job.stage, [(job.items[n][1], by_label[job.label][n]) for n in own],
+                         plan.kind, upstream.get(sig, []), [each[n] for n in own] if each else (),
+                         code.hash if code else None)
                 sweep.link_logs(sig, job.stage)
             if not slurm:  # no scheduler to order the stages: each array ends before the next starts
                 hsubmit.wait_ok(submitted)
                 drop_unexpanded_folder(job.folder)
     return by_label
+
+
+def _upstream(job: hplan.JobSpec, manifest: Mapping[str, Any], run: RunDir) -> List[str]:
+    """hpc.pipeline.submission.upstream for one point, from its manifest in memory (which holds this
+    submission's earlier arrays): the latest job of each task of `job.after` not done yet."""
+    tasks = manifest.get("tasks", {}).values()
+    return sorted({t["job_id"] for t in tasks if t["stage"] in job.after and not run.is_done(t["stage"], t["item"])})
 
 
 def _needs(stages: Mapping[str, hplan.StageDef], stage: str) -> List[Tuple[str, Any]]:
