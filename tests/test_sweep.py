@@ -201,6 +201,20 @@ def test_a_job_of_a_sweep_array_finds_its_point(tmp_path):
     assert sweepdir.run_for(tmp_path / "run", "7_3").path == (tmp_path / "run").resolve()  # not a sweep
 
 
+def test_a_points_file_names_each_task_by_its_array_task_id(tmp_path):
+    """An array at explicit task ids (items resubmitted at their upstream tasks' ids, aftercorr) finds
+    each task's point by its id, not by its place in the array."""
+    s = sweepdir.SweepDir(tmp_path / "s")
+    one, two = grid.points({"tiny.score": [1, 2]})
+    s.save("tiny", {"tiny.score": [1, 2]}, [], None, [one, two])
+    points = s.write_points("second", [one.signature, two.signature, one.signature], task_ids=[2, 3, 5])
+    assert sweepdir.run_for(s.path, "9_3", points).path == s.point(two.signature).path
+    assert sweepdir.run_for(s.path, "9_5", points).path == s.point(one.signature).path
+    assert sweepdir.run_for(s.path, "9_0", points).path == s.path  # no task 0 in it, none recorded: the scan
+    plain = s.write_points("first", [two.signature, one.signature])
+    assert sweepdir.run_for(s.path, "8_0", plain).path == s.point(two.signature).path
+
+
 def test_every_key_a_plain_override_sets_is_a_sweep_axis(tmp_path, capsys):
     """Every key of the LangSplat trainer, spelt out in the template or not, as one axis each."""
     from hpc.jobs.langsplat.defaults import TRAINER
