@@ -146,15 +146,16 @@ class TrainLoop:
                           collectives=False)
         return self._engine.wait
 
-    def _load_shards(self, where: Path) -> str:
+    def _load_shards(self, where: Path, files: dict | None = None) -> str:
         """Load the model (and optimizer) from DCP's shards at `where`, checking each byte read
-        against the marker's checksums; '' when they match, else what did not."""
+        against the marker's checksums (`files`: the marker the store read; None: read it here);
+        '' when they match, else what did not."""
         from hpc.checkpoint.dcp_engine import ShardCorrupt
 
         self._dcp_names = resumepoint.sharded_objects(self.objects)
         self._engine = self._engine or _new_engine(self.s)  # collective: every rank, here
         try:
-            self._engine.load(where, *(self.objects[n] for n in self._dcp_names), files=marker_files(where))
+            self._engine.load(where, *(self.objects[n] for n in self._dcp_names), files=marker_files(where) if files is None else files)
         except (ShardCorrupt, FileNotFoundError) as err:
             return str(err)
         return ""

@@ -61,6 +61,15 @@ def test_a_resume_opens_no_other_ranks_shard_but_rank_0s(run, rank):
 
 
 @pytest.mark.parametrize("rank", [0, 1])
+@pytest.mark.parametrize("name", [".metadata", "COMPLETE.json"])
+def test_a_resume_reads_each_metadata_file_once(run, rank, name):
+    """DCP's index is checked against the marker as DCP reads it, and the marker the store read is
+    what the shards are checked against: both grow with ranks x tensors, neither is read twice."""
+    _, results, _ = run
+    assert results[rank]["opened"].count(name) == 1, results[rank]["opened"]
+
+
+@pytest.mark.parametrize("rank", [0, 1])
 def test_the_ranks_agree_to_skip_a_shard_only_one_of_them_reads(run, rank):
     _, results, _ = run
     assert (results[rank]["first"], results[rank]["second"]) == (3, 2)

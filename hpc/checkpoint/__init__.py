@@ -60,7 +60,8 @@ from typing import Any
 # The public names, imported on first use: `complete` (users' scripts' checkpoints, which hpc.status
 # reads) must not pay for torch, which the store imports.
 PUBLIC = {"CheckpointStore": "store", "StoreLocked": "store", "AUTO_FORK_BYTES": "store", "StoreReader": "reader",
-          "PER_RANK_KEY": "reader", "SHARDED_KEY": "reader", "MARKER": "layout", "SHARED": "layout",
+          "PER_RANK_KEY": "reader", "SHARDED_KEY": "reader", "FILES_KEY": "reader",
+          "MARKER": "layout", "SHARED": "layout",
           "DCP_METADATA": "layout", "UnsafeCheckpoint": "dcp_pickle"}
 __all__ = list(PUBLIC)
 
