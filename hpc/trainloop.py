@@ -101,7 +101,7 @@ class TrainLoop:
         sharded = state.get(SHARDED_KEY) if state else None
         if sharded is not None or resumepoint.through_dcp(self.objects):
             self._dcp_names = resumepoint.sharded_objects(self.objects)
-            self._engine = self._engine or _new_engine(self.s)  # collective: every rank, here
+            self._engine = self._engine or _new_engine(self.s)
             for name in self._dcp_names[1:]:  # the optimizer: a save then knows whether an empty
                 optim_state.watch(self.objects[name])  # state is all it keeps
         if step < 0:
@@ -153,9 +153,10 @@ class TrainLoop:
         from hpc.checkpoint.dcp_engine import ShardCorrupt
 
         self._dcp_names = resumepoint.sharded_objects(self.objects)
-        self._engine = self._engine or _new_engine(self.s)  # collective: every rank, here
+        self._engine = self._engine or _new_engine(self.s)
         try:
-            self._engine.load(where, *(self.objects[n] for n in self._dcp_names), files=marker_files(where) if files is None else files)
+            self._engine.load(where, *(self.objects[n] for n in self._dcp_names), files=marker_files(where) if files is None else files,
+                              collectives=False)  # the ranks agree on the outcome (resumepoint)
         except (ShardCorrupt, FileNotFoundError) as err:
             return str(err)
         return ""

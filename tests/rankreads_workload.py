@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from fsdp_workload import run_mode
 from hpc.trainloop import TrainLoop
@@ -65,16 +66,22 @@ def save(s, root: Path) -> dict:
 
 
 def resumed(s, root: Path) -> tuple[int, int, list[str]]:
-    """(step resumed from, bytes read by the resume, names of the files it opened)."""
+    """(step resumed from, bytes read by the resume, names of the files it opened, and one
+    "new process group" per group it made)."""
     global OPENED
     model, opt = build(s)
+    real, groups = dist.new_group, []
+
+    def counted(*args, **kwargs):
+        groups.append(1)
+        return real(*args, **kwargs)
     with TrainLoop(s, root, tensorboard=False) as loop:
-        before, OPENED = rchar(), []
+        before, OPENED, dist.new_group = rchar(), [], counted
         try:
             step = loop.resume({"model": model, "optimizer": opt})
         finally:
-            opened, OPENED = OPENED, None
-        return step, rchar() - before, opened
+            (opened, OPENED), dist.new_group = (OPENED, None), real
+        return step, rchar() - before, opened + ["new process group"] * len(groups)
 
 
 def resume(s, root: Path) -> dict:

@@ -70,6 +70,14 @@ def test_a_resume_reads_each_metadata_file_once(run, rank, name):
 
 
 @pytest.mark.parametrize("rank", [0, 1])
+def test_a_resume_makes_no_process_group(run, rank):
+    """A load's plan needs nothing from the other ranks, and the ranks agree on its outcome in the
+    session's group: a new gloo group (a full mesh of connections) at every resume was for nothing."""
+    _, results, _ = run
+    assert "new process group" not in results[rank]["opened"]
+
+
+@pytest.mark.parametrize("rank", [0, 1])
 def test_the_ranks_agree_to_skip_a_shard_only_one_of_them_reads(run, rank):
     _, results, _ = run
     assert (results[rank]["first"], results[rank]["second"]) == (3, 2)
