@@ -154,9 +154,9 @@ class TrainLoop:
 
         self._dcp_names = resumepoint.sharded_objects(self.objects)
         self._engine = self._engine or _new_engine(self.s)
-        try:
-            self._engine.load(where, *(self.objects[n] for n in self._dcp_names), files=marker_files(where) if files is None else files,
-                              collectives=False)  # the ranks agree on the outcome (resumepoint)
+        files = marker_files(where) if files is None else files
+        try:  # without DCP's collectives: the ranks agree on the outcome (resumepoint)
+            self._engine.load(where, *(self.objects[n] for n in self._dcp_names), files=files, collectives=False)
         except (ShardCorrupt, FileNotFoundError) as err:
             return str(err)
         return ""
