@@ -24,8 +24,8 @@ a committed checkpoint holds 2 files per rank (its shards and rank-R.pt) and 3 s
 Files are written into ``.step-N.tmp/`` (temporary name, fsync, rename), then rank 0 writes the
 marker and renames the directory, from the checksums each rank reported for its own files (rank 0
 reads no other rank's data). A directory counts only with a marker whose sizes match (a rank of
-a job looks at the shared files and its own), and a load verifies the checksums of what it reads, so a process killed mid-write leaves the previous
-checkpoint as the newest valid one. Loading never runs pickled code: the store's files go through
+a job looks at the shared files and its own), and a load verifies the checksums of what it
+reads, so a process killed mid-write leaves the previous checkpoint as the newest valid one. Loading never runs pickled code: the store's files go through
 ``torch.load(weights_only=True)``, DCP's index through an unpickler that admits only the types DCP
 writes, and DCP's non-tensor values through ``weights_only`` too (dcp_pickle, dcp_reader).
 
