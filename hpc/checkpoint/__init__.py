@@ -26,7 +26,9 @@ marker and renames the directory, from the checksums each rank reported for its 
 reads no other rank's data). A directory counts only with a marker whose sizes match (a rank of
 a job looks at the shared files and its own), and a load verifies the checksums of what it
 reads, so a process killed mid-write leaves the previous checkpoint as the newest valid one.
-Loading never runs pickled code: the store's files go through (weights_only=True)``, DCP's index through an unpickler that admits only the types DCP writes, and DCP's non-tensor values through ``weights_only`` too (dcp_pickle, dcp_reader).
+Loading never runs pickled code: the store's files go through ``torch.load(weights_only=True)``,
+DCP's index through an unpickler that admits only the types DCP writes, and DCP's non-tensor
+values through ``weights_only`` too (dcp_pickle, dcp_reader).
 
 Costs (files, staging, background_writer): a background save forks a copy-on-write writer
 (``mode="fork"``) after copying accelerator tensors to reused CPU buffers; ``mode="thread"``
