@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
-from bench import index_merge
 from bench.common import Context, emit, fmt_s, median
 from bench.ranks import repeated_note, run_ranks
 from bench.report import Section
@@ -37,7 +36,6 @@ BLOCKS, QUICK_BLOCKS = 64, 4  # 1 GiB; --quick 64 MiB
 WORLD_IO = 4
 WORLDS, QUICK_WORLDS = (2, 4, 8, 16), (2, 4)
 SAVES = 15
-MERGE_WORLDS = {False: (64, 512), True: (8,)}  # --quick: the smaller
 ADDED_GROWTH_S = 0.015  # noise allowance on the growth of hpc's part of a commit
 OVERHEAD = 64 * 2**20  # the fixed part of the memory target: allocator slack, FSDP's buffers
 
@@ -229,22 +227,7 @@ def run(ctx: Context) -> Section:
                 f"growth {fmt_s(growth)} against {fmt_s(ADDED_GROWTH_S)}",
                                  verdict))
     sec.notes += [f"{'within' if ok else 'beyond'} the allowance, not judged (see below): {what}" for what, ok in disk]
-    for w in MERGE_WORLDS[ctx.quick]:
-        m = index_merge.measure(w)
-        sec.rows.append(["index merge at commit (built parts)", w, 0, fmt_s(m["hpc_s"]), "",
-                         f"DCP's coordinator on the same parts {fmt_s(m['dcp_s'])} "
-                         f"({m['hpc_s'] / m['dcp_s']:.2f}x); the same index: {m['same']}; a rank's part "
-                         f"{m['part_bytes'] / 1e3:.0f} kB, .metadata {m['metadata_bytes'] / 1e6:.1f} MB"])
-    sec.notes += [
-        f"index merge: {index_merge.TENSORS} tensors, each sharded over every rank (an FSDP model with its "
-        "optimizer states), parts built in one process for world sizes no machine here launches "
-        "(bench.index_merge): rank 0's merge of the ranks' DCP indexes at a commit, against what DCP's "
-        "coordinator does on rank 0 for the same parts in a save with collectives (unpickling every "
-        "rank's plan and write results, the global plan, writing .metadata), the transport of its "
-        "collectives not counted. Both grow with ranks x tensors; DCP's coordinator holds every rank "
-        "inside its collectives meanwhile, hpc's merge runs on rank 0's writer thread while training "
-        "goes on, and 'the same index' says the two .metadata files list the same chunks",
-    ]
+    sec.notes.append("rank 0's index merge at a commit, at 64 and 512 ranks: section rank-costs")
     sec.notes += [
         f"io: {WORLD_IO} ranks, a model of {blocks} Linear({WIDTH}, {WIDTH}) built on the meta device, "
         "FSDP, saved by TrainLoop through DCP without an optimizer (the checkpoint is the model); "

@@ -101,7 +101,7 @@ class TrainLoop:
         sharded = state.get(SHARDED_KEY) if state else None
         if sharded is not None or resumepoint.through_dcp(self.objects):
             self._dcp_names = resumepoint.sharded_objects(self.objects)
-            self._engine = self._engine or _new_engine(self.s)  # collective: every rank, here
+            self._engine = self._engine or _new_engine(self.s)
             for name in self._dcp_names[1:]:  # the optimizer: a save then knows whether an empty
                 optim_state.watch(self.objects[name])  # state is all it keeps
         if step < 0:
@@ -146,15 +146,17 @@ class TrainLoop:
                           collectives=False)
         return self._engine.wait
 
-    def _load_shards(self, where: Path) -> str:
+    def _load_shards(self, where: Path, files: dict | None = None) -> str:
         """Load the model (and optimizer) from DCP's shards at `where`, checking each byte read
-        against the marker's checksums; '' when they match, else what did not."""
+        against the marker's checksums (`files`: the marker the store read; None: read it here);
+        '' when they match, else what did not."""
         from hpc.checkpoint.dcp_engine import ShardCorrupt
 
         self._dcp_names = resumepoint.sharded_objects(self.objects)
-        self._engine = self._engine or _new_engine(self.s)  # collective: every rank, here
-        try:
-            self._engine.load(where, *(self.objects[n] for n in self._dcp_names), files=marker_files(where))
+        self._engine = self._engine or _new_engine(self.s)
+        files = marker_files(where) if files is None else files
+        try:  # without DCP's collectives: the ranks agree on the outcome (resumepoint)
+            self._engine.load(where, *(self.objects[n] for n in self._dcp_names), files=files, collectives=False)
         except (ShardCorrupt, FileNotFoundError) as err:
             return str(err)
         return ""

@@ -12,9 +12,11 @@ agreeing although only rank 1 reads that file.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from fsdp_workload import run_mode
 from hpc.trainloop import TrainLoop
@@ -25,6 +27,17 @@ WIDTH, BLOCKS = 512, 4  # 1 MiB of float32 weights per block; Adam state doubles
 def rchar() -> int:
     fields = dict(line.split(": ") for line in Path("/proc/self/io").read_text().splitlines())
     return int(fields["rchar"])
+
+
+OPENED: list[str] | None = None  # names of the files open() met while a resume ran
+
+
+def _audit(event: str, args: tuple) -> None:
+    if event == "open" and OPENED is not None and isinstance(args[0], (str, Path)):
+        OPENED.append(Path(args[0]).name)
+
+
+sys.addaudithook(_audit)  # no way to remove one: it records only while OPENED is a list
 
 
 def build(s):
@@ -52,18 +65,28 @@ def save(s, root: Path) -> dict:
         return {"commit": rchar() - before}
 
 
-def resumed(s, root: Path) -> tuple[int, int]:
-    """(step resumed from, bytes read by the resume)."""
+def resumed(s, root: Path) -> tuple[int, int, list[str]]:
+    """(step resumed from, bytes read by the resume, names of the files it opened, and one
+    "new process group" per group it made)."""
+    global OPENED
     model, opt = build(s)
+    real, groups = dist.new_group, []
+
+    def counted(*args, **kwargs):
+        groups.append(1)
+        return real(*args, **kwargs)
     with TrainLoop(s, root, tensorboard=False) as loop:
-        before = rchar()
-        step = loop.resume({"model": model, "optimizer": opt})
-        return step, rchar() - before
+        before, OPENED, dist.new_group = rchar(), [], counted
+        try:
+            step = loop.resume({"model": model, "optimizer": opt})
+        finally:
+            (opened, OPENED), dist.new_group = (OPENED, None), real
+        return step, rchar() - before, opened + ["new process group"] * len(groups)
 
 
 def resume(s, root: Path) -> dict:
     resumed(s, root)  # the first load imports modules: their reads are no checkpoint's
-    first, read = resumed(s, root)
+    first, read, opened = resumed(s, root)
     if s.is_main:
         shard = root / "checkpoints" / "step-3" / "__1_0.distcp"
         data = bytearray(shard.read_bytes())
@@ -71,7 +94,7 @@ def resume(s, root: Path) -> dict:
         shard.write_bytes(bytes(data))
     s.barrier()
     second = resumed(s, root)[0]
-    return {"resume": read, "first": first, "second": second}
+    return {"resume": read, "first": first, "second": second, "opened": opened}
 
 
 if __name__ == "__main__":

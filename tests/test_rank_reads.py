@@ -51,6 +51,33 @@ def test_a_resume_reads_only_what_the_rank_loads(run, rank):
 
 
 @pytest.mark.parametrize("rank", [0, 1])
+def test_a_resume_opens_no_other_ranks_shard_but_rank_0s(run, rank):
+    """FSDP: a rank opens its own shard file, and rank 0's for the replicated values (AdamW's
+    `step` scalars, hyperparameters), never a third rank's: spread over the ranks, those made
+    every rank open every rank's file (O(W) files per rank at resume)."""
+    _, results, _ = run
+    shards = {name for name in results[rank]["opened"] if name.endswith(".distcp")}
+    assert shards <= {f"__{rank}_0.distcp", "__0_0.distcp"}, shards
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+@pytest.mark.parametrize("name", [".metadata", "COMPLETE.json"])
+def test_a_resume_reads_each_metadata_file_once(run, rank, name):
+    """DCP's index is checked against the marker as DCP reads it, and the marker the store read is
+    what the shards are checked against: both grow with ranks x tensors, neither is read twice."""
+    _, results, _ = run
+    assert results[rank]["opened"].count(name) == 1, results[rank]["opened"]
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_resume_makes_no_process_group(run, rank):
+    """A load's plan needs nothing from the other ranks, and the ranks agree on its outcome in the
+    session's group: a new gloo group (a full mesh of connections) at every resume was for nothing."""
+    _, results, _ = run
+    assert "new process group" not in results[rank]["opened"]
+
+
+@pytest.mark.parametrize("rank", [0, 1])
 def test_the_ranks_agree_to_skip_a_shard_only_one_of_them_reads(run, rank):
     _, results, _ = run
     assert (results[rank]["first"], results[rank]["second"]) == (3, 2)

@@ -23,11 +23,12 @@ a committed checkpoint holds 2 files per rank (its shards and rank-R.pt) and 3 s
 
 Files are written into ``.step-N.tmp/`` (temporary name, fsync, rename), then rank 0 writes the
 marker and renames the directory, from the checksums each rank reported for its own files (rank 0
-reads no other rank's data). A directory counts only with a marker whose sizes match, and a load
-verifies the checksums of what it reads, so a process killed mid-write leaves the previous
-checkpoint as the newest valid one. Loading never runs pickled code: the store's files go through
-``torch.load(weights_only=True)``, DCP's index through an unpickler that admits only the types DCP
-writes, and DCP's non-tensor values through ``weights_only`` too (dcp_pickle, dcp_reader).
+reads no other rank's data). A directory counts only with a marker whose sizes match (a rank of
+a job looks at the shared files and its own), and a load verifies the checksums of what it
+reads, so a process killed mid-write leaves the previous checkpoint as the newest valid one.
+Loading never runs pickled code: the store's files go through ``torch.load(weights_only=True)``,
+DCP's index through an unpickler that admits only the types DCP writes, and DCP's non-tensor
+values through ``weights_only`` too (dcp_pickle, dcp_reader).
 
 Costs (files, staging, background_writer): a background save forks a copy-on-write writer
 (``mode="fork"``) after copying accelerator tensors to reused CPU buffers; ``mode="thread"``
@@ -60,7 +61,8 @@ from typing import Any
 # The public names, imported on first use: `complete` (users' scripts' checkpoints, which hpc.status
 # reads) must not pay for torch, which the store imports.
 PUBLIC = {"CheckpointStore": "store", "StoreLocked": "store", "AUTO_FORK_BYTES": "store", "StoreReader": "reader",
-          "PER_RANK_KEY": "reader", "SHARDED_KEY": "reader", "MARKER": "layout", "SHARED": "layout",
+          "PER_RANK_KEY": "reader", "SHARDED_KEY": "reader", "FILES_KEY": "reader",
+          "MARKER": "layout", "SHARED": "layout",
           "DCP_METADATA": "layout", "UnsafeCheckpoint": "dcp_pickle"}
 __all__ = list(PUBLIC)
 

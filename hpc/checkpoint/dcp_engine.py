@@ -49,7 +49,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from hpc.checkpoint import dcp_pickle, dcp_reader, layout, optim_state, shardcrc
 from hpc.checkpoint.dcp_index import METADATA, rank_metadata
@@ -104,14 +103,16 @@ class DcpEngine:
         device = session.device if session is not None else torch.device("cpu")
         self.distributed = bool(session is not None and session.distributed)
         self.rank = session.rank if session is not None else 0
+        self.world = session.world_size if self.distributed else 1
+        self._session = session
         # DCP warns that it assumes a single process: alone, or in a save without collectives,
         # that is the intent, not a mistake. A filter, not catch_warnings: the asynchronous save
         # warns from its own thread.
         warnings.filterwarnings("ignore", SINGLE_PROCESS_WARNING, UserWarning)
-        # A collective call: every rank constructs its engine at the same point of the program.
-        # The session's group: its collectives time out with the session's (timeout_s, then
-        # train_timeout_s), not after torch's 30 minutes, while a resume's load waits on a lost rank.
-        self.group = session.new_group("gloo") if self.distributed else None
+        # DCP's collectives get a gloo group of their own, made at the first save or load that
+        # uses them (a collective: every rank makes that call at the same point). TrainLoop's
+        # saves and loads use none, so a resume opens no group (a full mesh of connections).
+        self.group: Any = None
         self.pinned = device.type == "cuda" if pinned is None else pinned
         self._stager: ShareStager | None = None  # buffers of this rank's share, kept between saves
         self._pending: Any = None
@@ -141,7 +142,7 @@ class DcpEngine:
         with contextlib.suppress(FileNotFoundError, NotADirectoryError):  # DCP reports a bad path itself
             (Path(directory) / rank_metadata(rank)).unlink()
         if collectives:
-            where = {"process_group": self.group, "storage_writer": shardcrc.writer(directory)}
+            where = {"process_group": self._group(), "storage_writer": shardcrc.writer(directory)}
         else:  # DCP as one process, writing under this rank's name
             where = {"no_dist": True, "storage_writer": shardcrc.writer(directory, rank=rank)}
         split_values = None if collectives else (rank, world)  # non-tensor values: each written once
@@ -161,7 +162,14 @@ class DcpEngine:
                                               planner=SharePlanner(stager.staged, split_values), **where)
 
     def _rank_world(self) -> tuple[int, int]:
-        return (dist.get_rank(self.group), dist.get_world_size(self.group)) if self.group else (0, 1)
+        return self.rank if self.distributed else 0, self.world
+
+    def _group(self) -> Any:
+        """The group of DCP's collectives: the session's (they time out with the session's
+        timeout_s, then train_timeout_s, not after torch's 30 minutes), made on first use."""
+        if self.group is None and self.distributed:
+            self.group = self._session.new_group("gloo")
+        return self.group
 
     def _thread(self) -> ThreadPoolExecutor:
         if self._writer is None or self._writer[0] != os.getpid():  # threads do not survive fork
@@ -193,12 +201,17 @@ class DcpEngine:
 
     # -- loading ---------------------------------------------------------------------------
     def load(self, directory: str | os.PathLike, model: torch.nn.Module,
-             optimizer: torch.optim.Optimizer | None = None, files: dict | None = None) -> None:
+             optimizer: torch.optim.Optimizer | None = None, files: dict | None = None,
+             collectives: bool = True) -> None:
         """Fill model (and optimizer) from `directory`, whatever world size wrote it. With `files`
         (the completion marker's checksums) every byte read is checked as it is read; a mismatch
         on any rank raises ShardCorrupt on every rank, after which the model may hold part of
         this checkpoint: load another one before training. Nothing pickled is run: an index or a
-        value that is not plain data raises UnsafeCheckpoint (hpc.checkpoint.dcp_pickle)."""
+        value that is not plain data raises UnsafeCheckpoint (hpc.checkpoint.dcp_pickle).
+
+        collectives=False: each rank plans its reads from DCP's index alone (a load's plan needs
+        nothing from the other ranks), no group is made, and a failure is raised on its own rank
+        only: the caller agrees on the outcome (TrainLoop: one all-reduce, hpc.runtime.resumepoint)."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 
@@ -214,8 +227,9 @@ class DcpEngine:
         state = state_dicts(model, optimizer, as_it_is)  # this rank's layout: what to read, and where
         try:
             with _plain_errors(self.rank):
-                dcp.load(state, checkpoint_id=str(directory), process_group=self.group, storage_reader=reader,
-                         planner=dcp_reader.planner(directory))
+                where = {"process_group": self._group()} if collectives else {"no_dist": True}
+                dcp.load(state, checkpoint_id=str(directory), storage_reader=reader,
+                         planner=dcp_reader.planner(directory), **where)
         except Exception:
             reader.raise_refusal()  # a rank's own index refused: DCP reports it as "metadata is None"
             raise

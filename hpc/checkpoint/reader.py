@@ -28,6 +28,9 @@ log = logging.getLogger(__name__)
 PER_RANK_KEY = "per_rank"
 # load() puts the directory of a checkpoint holding DCP shards under this key (hpc.checkpoint.dcp_engine loads them)
 SHARDED_KEY = "sharded_dir"
+# ... and its marker's files (name -> checksums) under this one: DcpEngine.load(files=...) checks
+# what it reads against them, without reading the marker a second time
+FILES_KEY = "marker_files"
 # A read whose checkpoint the writer replaced meanwhile starts over; this many times at most.
 READ_ATTEMPTS = 100
 SETTLE_ATTEMPTS = 40  # reading(): 50 ms apart
@@ -44,6 +47,8 @@ class StoreReader:
         # names whose checksums a load verifies, None: every file (a reader on its own: an
         # evaluation job). A rank of a training job verifies only what it reads (CheckpointStore).
         self.crc: set[str] | None = None
+        # None: a load checks every file the marker lists; a rank: only the shared ones and its own
+        self.scope: int | None = None
 
     def steps(self) -> list[int]:
         """Steps of committed entries (valid or not), oldest first."""
@@ -139,7 +144,7 @@ class StoreReader:
         before = layout.identity(path)
         if before is None:
             return _RACED
-        problem, names = layout.check(path, self.crc)
+        problem, names = layout.check(path, self.crc, self.scope)
         value = None
         if not problem:
             try:
@@ -157,14 +162,14 @@ class StoreReader:
             return _RACED
         return problem, value
 
-    def _read(self, path: Path, names: set[str], map_location: Any) -> dict[str, Any] | str:
+    def _read(self, path: Path, names: dict[str, Any], map_location: Any) -> dict[str, Any] | str:
         state = load_file(path / SHARED, map_location)
         if not isinstance(state, dict):
             return f"{SHARED} holds a {type(state).__name__}, not a checkpoint's dict"
         own = layout.rank_state(self.rank)
         state[PER_RANK_KEY] = load_file(path / own, map_location) if own in names else None
         if DCP_METADATA in names:
-            state[SHARDED_KEY] = path
+            state[SHARDED_KEY], state[FILES_KEY] = path, names
         return state
 
     def _problem(self, step: int, path: Path, known: str | None = None) -> str:

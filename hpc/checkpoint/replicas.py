@@ -50,9 +50,16 @@ def split(sizes: list[int], world: int) -> list[int]:
 
 def share(tensors: list[Any], rank: int, world: int) -> set[int]:
     """ids of the tensors among `tensors` (a state's, in walk order) that `rank` writes: its own
-    DTensor shards, and its part of the plain (replicated) tensors by `split`."""
+    DTensor shards, and its part of the plain (replicated) tensors. Beside sharded state (FSDP)
+    the plain ones (AdamW's per-parameter `step`, buffers) are all rank 0's: every rank reads
+    them whole at a load, and spread by `split` they would make each rank open every other
+    rank's file (O(W) per rank, O(W^2) in all); in rank 0's file a rank opens one besides its
+    own. Without DTensors (DDP: every tensor replicated) they are spread by `split`, so that no
+    rank writes the whole state."""
     shards = {id(t) for t in tensors if is_dtensor(t)}  # a DTensor's shard is this rank's own
     replicas = [t for t in tensors if id(t) not in shards]
+    if shards:
+        return shards | ({id(t) for t in replicas} if rank == 0 else set())
     owners = split([t.numel() * t.element_size() for t in replicas], world)
     return shards | {id(t) for t, owner in zip(replicas, owners) if owner == rank}
 
@@ -87,8 +94,9 @@ class SharePlanner(DefaultSavePlanner):
     of those it does (ShareStager.staged, or `share` of a live state). Non-tensor values
     (optimizer hyperparameters, from get_state_dict's fresh dictionaries) are the same on every
     rank. By default every rank plans them and DCP's collectives keep one copy; for a save
-    without those collectives, `split_values=(rank, world)` deals them out over the ranks by
-    name, so each is written once and no rank serialises all of them."""
+    without those collectives, `split_values=(rank, world)` gives them all to rank 0, so each
+    is written once, and a load (every rank reads every value) opens rank 0's file for them,
+    not every rank's: they are a few kB of hyperparameters, a small part of rank 0's write."""
 
     def __init__(self, keep: set[int], split_values: tuple[int, int] | None = None) -> None:
         super().__init__()
@@ -97,9 +105,8 @@ class SharePlanner(DefaultSavePlanner):
     def create_local_plan(self) -> SavePlan:
         plan = super().create_local_plan()
         values = sorted(item.index.fqn for item in plan.items if item.type == WriteItemType.BYTE_IO)
-        if self.split_values is not None:
-            rank, world = self.split_values
-            values = values[rank::world]
+        if self.split_values is not None and self.split_values[0] != 0:
+            values = []
         mine = set(values)
         keep = [item for item in plan.items
                 if (item.index.fqn in mine if item.type == WriteItemType.BYTE_IO

@@ -53,7 +53,9 @@ class CheckpointStore(StoreReader):
         self._pending: int | None = None  # step of the background write in flight
         self._lock: WriterLock | None = None  # rank 0's, taken at the first save (readers never lock)
         self._claimed = False
-        self.crc = {SHARED, layout.rank_state(rank), DCP_METADATA}  # what this rank reads besides shards
+        # What this rank reads besides shards and DCP's index; those are checked as DCP reads
+        # them (dcp_reader), each once. Of the other ranks' files not one is looked at (scope).
+        self.crc, self.scope = {SHARED, layout.rank_state(rank)}, rank
         self._staging = Staging()
         self._writer = background.ThreadWriter()
         self.stats = {"saves": 0, "copy_s": 0.0, "waited_s": 0.0, "write_s": 0.0}

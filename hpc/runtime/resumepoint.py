@@ -20,7 +20,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from hpc.checkpoint import SHARDED_KEY
+from hpc.checkpoint import FILES_KEY, SHARDED_KEY
 
 log = logging.getLogger("hpc.trainloop")
 
@@ -54,7 +54,7 @@ def sharded_objects(objects: dict[str, Any]) -> tuple[str, ...]:
     return (models[0], *optims)
 
 
-def agreed_state(store: Any, session: Any, load_shards: Callable[[Path], str]) -> dict[str, Any] | None:
+def agreed_state(store: Any, session: Any, load_shards: Callable[[Path, Any], str]) -> dict[str, Any] | None:
     """The newest checkpoint of `store` that every rank can read, its shards already loaded by
     `load_shards` (which checks each byte it reads against the marker: '' if all matched, else
     what did not). A corrupt file makes every rank go back to the same older step, whose load
@@ -71,7 +71,7 @@ def agreed_state(store: Any, session: Any, load_shards: Callable[[Path], str]) -
             return _nothing_left(store.directory, partial)
         if state.get(SHARDED_KEY) is None:
             return state
-        problem = load_shards(state[SHARDED_KEY])  # the same step on every rank (agreed)
+        problem = load_shards(state[SHARDED_KEY], state.get(FILES_KEY))  # the same step on every rank (agreed)
         if agree(session, store.directory, step, not problem):
             return state
         partial = step
