@@ -31,6 +31,10 @@ def median(xs: Sequence[float]) -> float:
     return statistics.median(xs)
 
 
+def fmt_mib(n: float) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
 def fmt_s(x: float) -> str:
     return f"{round(x * 1000)} ms" if x < 1 else f"{x:.2f} s"  # round(): an int, never "-0 ms"
 

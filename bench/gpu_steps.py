@@ -29,25 +29,10 @@ SAVES = 3
 
 
 def _net():
-    import torch
+    """fsdp_step's transformer-shaped MLP at this benchmark's width and depth (4096 samples)."""
+    from bench.fsdp_step import model_and_data
 
-    class Net(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.inp = torch.nn.Linear(256, WIDTH)
-            self.blocks = torch.nn.ModuleList(
-                torch.nn.Sequential(torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU()) for _ in range(DEPTH))
-            self.head = torch.nn.Linear(WIDTH, 10)
-
-        def forward(self, x):
-            x = self.inp(x)
-            for block in self.blocks:
-                x = block(x)
-            return self.head(x)
-
-    torch.manual_seed(0)
-    data = torch.utils.data.TensorDataset(torch.randn(BATCH * 16, 256), torch.randint(0, 10, (BATCH * 16,)))
-    return Net(), data
+    return model_and_data(WIDTH, DEPTH)
 
 
 def _stepper(model, batches, reduce_mean, device):

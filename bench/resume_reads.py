@@ -22,7 +22,7 @@ import os
 from pathlib import Path
 from typing import Dict, List
 
-from bench.common import Context, emit
+from bench.common import Context, emit, fmt_mib
 from bench.ranks import repeated_note, run_ranks
 from bench.report import Section
 
@@ -115,11 +115,11 @@ def run(ctx: Context) -> Section:
         for rank, x in enumerate(r["ranks"]):
             held = x["read"] <= BOUND * x["share"] + x["metadata"]
             sec.rows.append([label, f"{source[0]} x {source[1]}", f"{target[0]} x {target[1]}", rank,
-                             _mib(x["read"]), _mib(x["share"]), f"{x['read'] / x['share']:.2f}x",
+                             fmt_mib(x["read"]), fmt_mib(x["share"]), f"{x['read'] / x['share']:.2f}x",
                              "yes" if held else "no"])
             if label.startswith("FSDP, same"):
-                sec.verdicts.append((f"{label}, rank {rank}: read {_mib(x['read'])}, its share "
-                                     f"{_mib(x['share'])}, metadata {_mib(x['metadata'])}", held))
+                sec.verdicts.append((f"{label}, rank {rank}: read {fmt_mib(x['read'])}, its share "
+                                     f"{fmt_mib(x['share'])}, metadata {fmt_mib(x['metadata'])}", held))
     sec.notes += [
         f"model: {blocks} Linear({WIDTH}, {WIDTH}) with AdamW's state (3 tensors per block), saved by TrainLoop "
         "through DCP without collectives after one step, resumed by TrainLoop; read = rchar (every read call, "
@@ -132,10 +132,6 @@ def run(ctx: Context) -> Section:
         "so reads, the whole state: world size x its share",
     ] + repeated_note(repeated)
     return sec
-
-
-def _mib(n: float) -> str:
-    return f"{n / 2**20:.1f} MiB"
 
 
 def main() -> None:

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
-from bench.common import Context, emit, fmt_s, median
+from bench.common import Context, emit, fmt_mib, fmt_s, median
 from bench.ranks import repeated_note, run_ranks
 from bench.report import Section
 
@@ -179,17 +179,17 @@ def run(ctx: Context) -> Section:
     for rank, x in enumerate(r["ranks"]):
         p, w = x["model_bytes"], WORLD_IO
         bound = p / w + x["unit_bytes"] + OVERHEAD
-        sec.rows.append(["wrap + init memory", w, rank, _mib(x["grown"]), _mib(bound),
-                         f"P = {_mib(p)}, P/W = {_mib(p / w)}, unit = {_mib(x['unit_bytes'])}"])
-        sec.verdicts.append((f"rank {rank}: wrapping and initialising a {_mib(p)} meta model at world {w} "
-                             f"grew memory by {_mib(x['grown'])}, bound {_mib(bound)}", x["grown"] <= bound))
+        sec.rows.append(["wrap + init memory", w, rank, fmt_mib(x["grown"]), fmt_mib(bound),
+                         f"P = {fmt_mib(p)}, P/W = {fmt_mib(p / w)}, unit = {fmt_mib(x['unit_bytes'])}"])
+        sec.verdicts.append((f"rank {rank}: wrapping and initialising a {fmt_mib(p)} meta model at world {w} "
+                             f"grew memory by {fmt_mib(x['grown'])}, bound {fmt_mib(bound)}", x["grown"] <= bound))
         for when in ("commit", "resume"):
             limit = 1.1 * x["share"] + x["metadata"]
             got = x[when]
-            sec.rows.append([f"bytes read at {when}", w, rank, f"rchar {_mib(got['rchar'])}, disk "
-                             f"{_mib(got['read_bytes'])}", _mib(limit), f"share {_mib(x['share'])}"])
-            sec.verdicts.append((f"rank {rank}: read {_mib(got['rchar'])} at {when} (read calls; "
-                                 f"{_mib(got['read_bytes'])} from the disk), its share {_mib(x['share'])}",
+            sec.rows.append([f"bytes read at {when}", w, rank, f"rchar {fmt_mib(got['rchar'])}, disk "
+                             f"{fmt_mib(got['read_bytes'])}", fmt_mib(limit), f"share {fmt_mib(x['share'])}"])
+            sec.verdicts.append((f"rank {rank}: read {fmt_mib(got['rchar'])} at {when} (read calls; "
+                                 f"{fmt_mib(got['read_bytes'])} from the disk), its share {fmt_mib(x['share'])}",
                                  got["rchar"] <= limit))
     cores, disk = len(os.sched_getaffinity(0)), []
     shm = Path("/dev/shm")
@@ -254,10 +254,6 @@ def run(ctx: Context) -> Section:
         "CPU the ranks need together divided by the cores, which sets the wall time once it exceeds "
         "one rank's"] + repeated_note(repeated)
     return sec
-
-
-def _mib(n: float) -> str:
-    return f"{n / 2**20:.1f} MiB"
 
 
 def main() -> None:
