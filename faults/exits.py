@@ -80,7 +80,8 @@ def tally(states: dict[str, str], out: Path, count: int, workload: str = "ddp") 
     return outcome
 
 
-def normal_exits(scratch: Path, count: int, seed: int, workload: str = "ddp", timeout_s: float = 3600) -> Outcome:
+def normal_exits(scratch: Path, count: int, seed: int, workload: str = "ddp",
+                 timeout_s: float | None = None) -> Outcome:
     """Run `count` 2 x 2 jobs of `workload` (WORKLOADS) to their normal end; count those that did not
     end COMPLETED."""
     del seed  # every exit is the same run: the race, not the input, varies
@@ -93,7 +94,9 @@ def normal_exits(scratch: Path, count: int, seed: int, workload: str = "ddp", ti
         script.write_text(_script(out, workload))
         job_id = subprocess.run(["sbatch", "--parsable", f"--array=0-{count - 1}", str(script)], env=env,
                                 check=True, capture_output=True, text=True).stdout.strip().split(";")[0]
-        deadline = time.monotonic() + timeout_s
+        # a TrainLoop task takes about 20 s on a quiet 2-core machine, three times that on a busy one;
+        # a task still running when the time is up counts as lost ("ended RUNNING")
+        deadline = time.monotonic() + (timeout_s if timeout_s is not None else max(3600.0, 45.0 * count))
         states: dict[str, str] = {}
         while time.monotonic() < deadline:
             states = _states(job_id, env)
