@@ -38,7 +38,9 @@ def _audit(event: str, args: tuple) -> None:
         _CALLS["n"] += 1
 
 
-def _checkpoint(root: Path, world: int) -> None:
+def synthetic_checkpoint(root: Path, world: int) -> Path:
+    """A committed step-1 of `world` ranks under `root`, built in one process: real marker and
+    per-rank states, empty DCP files (a resume's filesystem calls, not its bytes, are counted)."""
     from hpc.checkpoint import layout
     from hpc.checkpoint.files import write_atomic
 
@@ -53,6 +55,7 @@ def _checkpoint(root: Path, world: int) -> None:
     (step / layout.DCP_METADATA).touch()
     files[layout.DCP_METADATA] = empty
     (step / layout.MARKER).write_text(json.dumps({"step": 1, "world_size": world, "files": files}))
+    return root
 
 
 def operations(world: int) -> int:
@@ -62,7 +65,7 @@ def operations(world: int) -> int:
     root = Path(tempfile.mkdtemp(prefix="hpc-bench-ops-"))
     real = {name: getattr(os, name) for name in ("stat", "lstat")}
     try:
-        _checkpoint(root, world)
+        synthetic_checkpoint(root, world)
         store = CheckpointStore(root, rank=RANK, world_size=world)
         for name, fn in real.items():
             def counting(*args, _fn=fn, **kwargs):

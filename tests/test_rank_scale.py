@@ -9,17 +9,15 @@ store's work for one rank (stat, lstat, open, listdir and scandir calls), not th
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
 
 import pytest
 
+from bench.rank_costs import synthetic_checkpoint
 from hpc.checkpoint import CheckpointStore, layout
-from hpc.checkpoint.files import write_atomic
 
-EMPTY = {"bytes": 0, "crc32": "00000000"}
 CALLS = {"n": 0, "on": False}
 
 
@@ -29,20 +27,6 @@ def _audit(event: str, args: tuple) -> None:
 
 
 sys.addaudithook(_audit)  # cannot be removed: it counts only while CALLS["on"]
-
-
-def _checkpoint(root: Path, world: int) -> Path:
-    step = root / "step-1"
-    step.mkdir(parents=True)
-    files = {layout.SHARED: write_atomic(step / layout.SHARED, {"step": 1, "objects": {}})}
-    for rank in range(world):
-        files[layout.rank_state(rank)] = write_atomic(step / layout.rank_state(rank), {"rng": rank})
-        (step / f"__{rank}_0.distcp").touch()
-        files[f"__{rank}_0.distcp"] = EMPTY
-    (step / layout.DCP_METADATA).touch()
-    files[layout.DCP_METADATA] = EMPTY
-    (step / layout.MARKER).write_text(json.dumps({"step": 1, "world_size": world, "files": files}))
-    return root
 
 
 def _operations(root: Path, world: int, monkeypatch) -> int:
@@ -67,8 +51,8 @@ def _operations(root: Path, world: int, monkeypatch) -> int:
 
 
 def test_a_ranks_metadata_operations_at_resume_are_flat_in_the_world_size(tmp_path, monkeypatch):
-    small = _operations(_checkpoint(tmp_path / "w64", 64), 64, monkeypatch)
-    large = _operations(_checkpoint(tmp_path / "w512", 512), 512, monkeypatch)
+    small = _operations(synthetic_checkpoint(tmp_path / "w64", 64), 64, monkeypatch)
+    large = _operations(synthetic_checkpoint(tmp_path / "w512", 512), 512, monkeypatch)
     print(f"filesystem calls of one rank's resume: {small} at 64 ranks, {large} at 512")
     assert large <= 1.25 * small, (small, large)
     assert small < 40, small  # its own files, the shared ones and the marker: not one per rank
@@ -76,7 +60,7 @@ def test_a_ranks_metadata_operations_at_resume_are_flat_in_the_world_size(tmp_pa
 
 @pytest.mark.parametrize("name", [layout.SHARED, "rank-5.pt"])
 def test_a_rank_still_checks_its_own_files_and_the_shared_ones(tmp_path, name):
-    root = _checkpoint(tmp_path, 8)
+    root = synthetic_checkpoint(tmp_path, 8)
     (root / "step-1" / name).write_bytes(b"corrupt")
     with pytest.warns(RuntimeWarning, match=name):
         assert CheckpointStore(root, rank=5, world_size=8).load(1) is None
@@ -84,7 +68,7 @@ def test_a_rank_still_checks_its_own_files_and_the_shared_ones(tmp_path, name):
 
 def test_another_ranks_file_is_left_to_the_load_that_reads_it(tmp_path):
     """Not even stat'ed by this rank's store: DCP's reader checks what it reads (test_dcp)."""
-    root = _checkpoint(tmp_path, 8)
+    root = synthetic_checkpoint(tmp_path, 8)
     (root / "step-1" / "__3_0.distcp").unlink()
     assert CheckpointStore(root, rank=5, world_size=8).load(1) is not None
     with pytest.warns(RuntimeWarning, match="__3_0.distcp is missing"):

@@ -134,9 +134,8 @@ def query(job_ids: Iterable[str]) -> Answer:
         except RuntimeError as err:  # slurmdbd down: squeue answers this poll; disabled: every poll
             if NO_ACCOUNTING in str(err):
                 _NO_ACCOUNTING.add(_site())
-    fields = ",".join(f"{f}:|" for f in SQUEUE_FIELDS)
     try:
-        out = _run(["squeue", "-h", "-t", "all", "-O", fields, "-j", ",".join(base_ids(ids))])
+        out = _squeue(ids)
     except RuntimeError as err:
         if UNKNOWN_JOB not in str(err):
             raise
@@ -152,14 +151,19 @@ def confirm_active(answer: Answer) -> Answer:
     active = [jid for jid, rec in answer.items() if rec.state in ACTIVE]
     if answer.source != "sacct" or not active:
         return answer
-    fields = ",".join(f"{f}:|" for f in SQUEUE_FIELDS)
     try:
-        out = _run(["squeue", "-h", "-t", "all", "-O", fields, "-j", ",".join(base_ids(active))])
+        out = _squeue(active)
     except RuntimeError:  # the controller not answering is no reason to submit a task twice
         return answer
     seen = parse_squeue(out, active)
     ended = {jid: rec for jid, rec in seen.items() if rec.state not in ACTIVE}
     return Answer({**answer, **ended}, answer.source)
+
+
+def _squeue(ids: Sequence[str]) -> str:
+    """`squeue -t all` for the arrays and jobs of `ids`, every SQUEUE_FIELDS column (parse_squeue)."""
+    fields = ",".join(f"{f}:|" for f in SQUEUE_FIELDS)
+    return _run(["squeue", "-h", "-t", "all", "-O", fields, "-j", ",".join(base_ids(ids))])
 
 
 def parse_sacct(text: str, wanted: Iterable[str]) -> Dict[str, JobRecord]:
