@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from hpc.checkpoint.complete import SET_ASIDE, is_complete, step_of
+from hpc.checkpoint.complete import SET_ASIDE, step_of
 from hpc.scripts import resume
 from hpc.scripts.scriptwatch import STACKS_SIGNAL
 
@@ -46,18 +46,14 @@ def newest_complete(folder: Path, pattern: str, set_aside: bool) -> Optional[Pat
     as the wrapper's own resume plan does (hpc.scripts.resume)."""
     aside_dir = os.environ.get("HPC_SET_ASIDE_DIR") if set_aside else None
     attempt = {"job": os.environ.get("SLURM_JOB_ID", "0"), "restart": os.environ.get("SLURM_RESTART_COUNT", "0")}
-    for path in reversed(resume.matches(pattern, Path(folder))):
-        ok, why = is_complete(path)
-        if ok:
-            return path
-        if not aside_dir or path.is_symlink():
-            continue
+
+    def put_aside(path: Path, why: str) -> None:
         try:
-            dest = resume.set_aside(path, Path(aside_dir).parent, attempt)
+            dest = resume.set_aside(path, Path(str(aside_dir)).parent, attempt)
             print(f"[hpc] set aside {path} -> {dest}: {why}", file=sys.stderr, flush=True)
         except OSError as err:
             print(f"[hpc] could not set aside {path} ({err}); resuming from an older one", file=sys.stderr)
-    return None
+    return resume.newest_complete(pattern, Path(folder), put_aside if aside_dir else None)
 
 
 def _hf(trainer_module: Any) -> None:

@@ -27,7 +27,7 @@ import sys
 import threading
 import uuid
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 from hpc.checkpoint.complete import SET_ASIDE, is_complete, step_of
 
@@ -83,16 +83,22 @@ def plan(pattern: str, work: Path, task_dir: Path, attempt: Mapping[str, str]) -
     restored: Optional[str] = None
     if not is_pattern(pattern):
         restored = plan_keep(Path(pattern if os.path.isabs(pattern) else work / pattern), task_dir, attempt, aside)
-    last = None
+    last = newest_complete(pattern, work, lambda path, why: aside.append(
+        [str(path), str(set_aside(path, task_dir, attempt)), why]))
+    return {"last": str(last) if last else None, "set_aside": aside, "restored": restored}
+
+
+def newest_complete(pattern: str, work: Path,
+                    put_aside: Optional[Callable[[Path, str], None]] = None) -> Optional[Path]:
+    """The newest complete match of the pattern; each newer incomplete one is handed to
+    `put_aside(path, why)` first (a link, not the script's own output, is left alone)."""
     for path in reversed(matches(pattern, work)):
         ok, why = is_complete(path)
         if ok:
-            last = path
-            break
-        if path.is_symlink():  # not the script's own output (a link to the submit directory): leave it
-            continue
-        aside.append([str(path), str(set_aside(path, task_dir, attempt)), why])
-    return {"last": str(last) if last else None, "set_aside": aside, "restored": restored}
+            return path
+        if put_aside is not None and not path.is_symlink():
+            put_aside(path, why)
+    return None
 
 
 def plan_keep(path: Path, task_dir: Path, attempt: Mapping[str, str], aside: List[List[str]]) -> Optional[str]:
