@@ -59,7 +59,7 @@ def parse_args(argv: Sequence[str]) -> Request:
                         "(default: Accelerate's own default file, if there is one)")
     p.add_argument("--hang-after", type=float, metavar="SECONDS",
                    help="run: no progress in rank 0's output this long is a hang: stacks of every rank, then a "
-                        "requeue (default 1800; 0: off)")
+                        "requeue (default 1800; 0: off; before the first progress: at least 300)")
     p.add_argument("--heartbeat", metavar="REGEX",
                    help="run: progress is a new line of rank 0's output matching this, not any output")
     p.add_argument("--warn-signal", choices=("TERM", "USR1", "USR2", "none"),

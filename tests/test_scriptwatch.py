@@ -31,6 +31,23 @@ def test_progress_is_output_growing_or_a_new_line_matching_the_heartbeat(tmp_pat
     assert watch._idle() < 0.1
 
 
+def test_a_script_still_starting_has_the_startup_allowance_then_the_hang_timeout(tmp_path):
+    log = tmp_path / "0.out"
+    log.write_text("")
+    watch = ScriptWatch(tmp_path / "hangs", 0, 1, "h", timeout_s=0.1, logs=[log], pid=os.getpid(), poll_s=0.05,
+                        startup_s=0.6)
+    assert watch.startup_s == 0.6
+    time.sleep(0.3)  # importing torch, joining the rendezvous: silent longer than timeout_s
+    assert watch.look() == "watching"
+    with open(log, "a") as fh:
+        fh.write("step 0\n")
+    assert watch.look() == "watching"
+    time.sleep(0.2)  # silent again, now past the first progress
+    assert watch.look() == "fired"
+    assert ScriptWatch(tmp_path / "h2", 0, 1, "h", timeout_s=5, logs=[log], pid=1).startup_s == 300
+    assert ScriptWatch(tmp_path / "h3", 0, 1, "h", timeout_s=900, logs=[log], pid=1).startup_s == 900
+
+
 def test_without_py_spy_the_script_writes_its_own_stacks_to_its_log(tmp_path, monkeypatch):
     err = tmp_path / "0.err"
     env = {**os.environ, **hooks.environ(hooks_preset(), tmp_path, os.environ.get("PYTHONPATH", ""))}
@@ -63,7 +80,8 @@ def test_rank_0_asks_gathers_and_names_the_rank_not_in_a_collective(tmp_path, mo
     monkeypatch.setattr(sw, "dump_stacks", lambda pid, log: ("Process\n\n" + dumps[pid], "py-spy"))
     log = tmp_path / "0.out"
     log.write_text("")
-    zero = ScriptWatch(tmp_path / "hangs", 0, 2, "n1", timeout_s=0.1, logs=[log], pid=100, poll_s=0.05, gather_s=5)
+    zero = ScriptWatch(tmp_path / "hangs", 0, 2, "n1", timeout_s=0.1, logs=[log], pid=100, poll_s=0.05, gather_s=5,
+                       startup_s=0.1)
     one = ScriptWatch(tmp_path / "hangs", 1, 2, "n2", timeout_s=0.1, logs=[], pid=101, poll_s=0.05)
     time.sleep(0.15)
     assert one.look() == "watching"  # no request yet

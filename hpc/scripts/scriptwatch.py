@@ -5,7 +5,10 @@ output growing (or a line matching the user's pattern).
         ... watch.report once rank 0 saw no progress for timeout_s and gathered every rank's stacks
 
 Rank 0 reads the size of its task's log files (SLURM writes them; the script's prints land there),
-or, with a pattern, the new bytes since the last look. With no progress for `timeout_s`, it files a
+or, with a pattern, the new bytes since the last look. Until the first progress the allowance is
+`startup_s` (default the larger of timeout_s and STARTUP_S): imports, the rendezvous and data loading
+take long on a loaded node, and a short --hang-after must not requeue a script that is only starting.
+With no progress for `timeout_s` after that, it files a
 request in the attempt's hang directory (hpc.recovery.hangs); every rank's wrapper, which lists that
 directory every `poll_s`, answers with its script's stacks: py-spy's dump of every thread, native
 frames included, when py-spy is installed, else the script's own faulthandler, which hpc's
@@ -32,6 +35,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from hpc.recovery.hangs import HangDir
 
+STARTUP_S = 300.0  # the least time a script has to show its first progress
 STACKS_SIGNAL = signal.SIGWINCH  # ignored by default: a script without the handler is unaffected
 # A main thread in one of these is waiting for its peers (a collective, a barrier, a store, a join).
 WAITING = re.compile(r"all_reduce|allreduce|all_gather|broadcast|barrier|reduce_scatter|\bwait\b|_wait|recv|"
@@ -41,9 +45,11 @@ WAITING = re.compile(r"all_reduce|allreduce|all_gather|broadcast|barrier|reduce_
 class ScriptWatch:
     def __init__(self, hang_dir: Path, rank: int, world_size: int, host: str, timeout_s: float,
                  logs: Sequence[Path], pid: int, pattern: Optional[str] = None, poll_s: Optional[float] = None,
-                 gather_s: Optional[float] = None) -> None:
+                 gather_s: Optional[float] = None, startup_s: Optional[float] = None) -> None:
         self.hang = HangDir(hang_dir, rank)
         self.rank, self.world_size, self.host, self.timeout_s = rank, world_size, host, timeout_s
+        self.startup_s = max(timeout_s, STARTUP_S) if startup_s is None else startup_s
+        self._started = False  # rank 0's script showed progress once: timeout_s applies from then on
         self.logs, self.pid = [Path(p) for p in logs], pid
         self.pattern = re.compile(pattern.encode()) if pattern else None
         self.poll_s = poll_s or min(max(timeout_s / 10, 0.5), 10.0)
@@ -81,7 +87,7 @@ class ScriptWatch:
             return "done"
         if self.rank == 0 and not self._answered:
             idle = self._idle()
-            if idle > self.timeout_s:
+            if idle > (self.timeout_s if self._started else self.startup_s):
                 self.hang.request({"rank": 0, "host": self.host, "idle_s": round(idle, 1)})
                 self._answer(f"no progress in rank 0's output for {idle:.0f} s")
                 self._since = time.monotonic()
@@ -111,6 +117,7 @@ class ScriptWatch:
             self._sizes[i] = size
         if grew:
             self._last = time.monotonic()
+            self._started = True
         return time.monotonic() - self._last
 
     def _matches(self, path: Path, start: int, end: int) -> bool:
