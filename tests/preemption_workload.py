@@ -22,7 +22,7 @@ def _record(path: Path, **fields) -> None:
 
 
 def train(out_dir: str, total: int = 40, step_s: float = 0.15, save_every: int = 5,
-          max_timeouts: int = 3, ballast_mb: int = 0) -> dict:
+          max_timeouts: int = 3, ballast_mb: int = 0, ballast_every: int = 1) -> dict:
     import torch
 
     from hpc import ddp
@@ -42,7 +42,9 @@ def train(out_dir: str, total: int = 40, step_s: float = 0.15, save_every: int =
         sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=total)
         with TrainLoop(s, out, save_every=save_every, max_timeouts=max_timeouts) as loop:
             start = loop.resume({"model": model, "optimizer": opt, "scheduler": sched})
-            if ballast_mb:  # makes each checkpoint write long enough to be killed in the middle
+            ballast = bool(ballast_mb) and s.rank % ballast_every == ballast_every - 1
+            if ballast:
+                # makes each checkpoint write long enough to be killed in the middle
                 loop.extra["ballast"] = torch.zeros(ballast_mb * 2**18)
                 # ... and written by a forked writer, which auto mode picks from a larger state
                 store_module.AUTO_FORK_BYTES = min(store_module.AUTO_FORK_BYTES, ballast_mb * 2**19)
@@ -66,4 +68,4 @@ def train(out_dir: str, total: int = 40, step_s: float = 0.15, save_every: int =
                 time.sleep(step_s)  # leaves room to preempt in the middle of the run
         if s.is_main:
             torch.save(getattr(model, "module", model).state_dict(), out / "weights.pt")
-        return {"rank": s.rank, "step": loop.step, "resumed_from": start}
+        return {"rank": s.rank, "step": loop.step, "resumed_from": start, "ballast": ballast}
