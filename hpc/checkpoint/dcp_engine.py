@@ -42,8 +42,10 @@ alone, and the commit says which (or, for a rank that died, times out naming it)
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import warnings
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -146,9 +148,10 @@ class DcpEngine:
         else:  # DCP as one process, writing under this rank's name
             where = {"no_dist": True, "storage_writer": shardcrc.writer(directory, rank=rank)}
         split_values = None if collectives else (rank, world)  # non-tensor values: each written once
+        claim_as = None if collectives else (directory, rank)  # what it wrote, for the commit's check
         if blocking:
             planner = None if collectives else SharePlanner(share(list(tensors_in(state)), rank, world),
-                                                            split_values)
+                                                            split_values, claim_as)
             with _plain_errors(self.rank):
                 dcp.save(state, checkpoint_id=str(directory), planner=planner, **where)
             return
@@ -159,7 +162,7 @@ class DcpEngine:
         # save: async_save starts a new one per save, and waiting for it to start was most of a
         # small state's stall on a busy node (BENCHMARKS.md, section 2).
         self._pending = self._thread().submit(dcp.save, staged, checkpoint_id=str(directory),
-                                              planner=SharePlanner(stager.staged, split_values), **where)
+                                              planner=SharePlanner(stager.staged, split_values, claim_as), **where)
 
     def _rank_world(self) -> tuple[int, int]:
         return self.rank if self.distributed else 0, self.world
@@ -216,7 +219,7 @@ class DcpEngine:
         from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 
         self.wait()
-        reader = dcp_reader.reader(directory, files)
+        reader = dcp_reader.reader(directory, files, self._rank_world()[0])
         # DCP's index, read here first (once: the reader keeps it): DCP takes any error reading it
         # for a missing index and falls back to the ranks' own, so a refused one must stop the load here.
         # A checkpoint without optimizer state (one that keeps none, or saved before it had any)
@@ -225,6 +228,7 @@ class DcpEngine:
         holds_optimizer = dcp_reader.holds_optimizer_state(reader)
         as_it_is = optimizer is not None and not optimizer.state and not holds_optimizer
         state = state_dicts(model, optimizer, as_it_is)  # this rank's layout: what to read, and where
+        reader.select(state)  # the ranks' index parts that hold it (a checkpoint saved without collectives)
         try:
             with _plain_errors(self.rank):
                 where = {"process_group": self._group()} if collectives else {"no_dist": True}
@@ -270,11 +274,14 @@ def own_shards(directory: Path, rank: int) -> dict[str, dict]:
     still holds them."""
     own = Path(directory) / rank_metadata(rank)
     path = own if own.exists() else Path(directory) / METADATA
-    with open(path, "rb") as fh:
-        index = dcp_pickle.load(fh, path)  # DCP's Metadata, pickled: plain data or refused
+    data = path.read_bytes()
+    index = dcp_pickle.load(io.BytesIO(data), path)  # DCP's Metadata, pickled: plain data or refused
     ranges: dict[str, list[tuple[int, int]]] = {}
     for where in index.storage_data.values():
         if where.relative_path.endswith(shardcrc.SUFFIX) and layout.rank_of(where.relative_path) == rank:
             ranges.setdefault(where.relative_path, []).append((where.offset, where.length))
-    return {name: ranges_info(Path(directory) / name, r, shardcrc.written(Path(directory) / name))
-            for name, r in sorted(ranges.items())}
+    files = {name: ranges_info(Path(directory) / name, r, shardcrc.written(Path(directory) / name))
+             for name, r in sorted(ranges.items())}
+    if path == own:  # the rank's index part: committed beside its shards, checked whole when read
+        files[own.name] = {"crc32": f"{zlib.crc32(data):08x}", "bytes": len(data)}
+    return files
