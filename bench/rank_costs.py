@@ -40,8 +40,9 @@ def _audit(event: str, args: tuple) -> None:
 
 def synthetic_checkpoint(root: Path, world: int) -> Path:
     """A committed step-1 of `world` ranks under `root`, built in one process: real marker and
-    per-rank states, empty DCP files (a resume's filesystem calls, not its bytes, are counted)."""
+    per-rank states, empty DCP files and index parts (a resume's filesystem calls, not its bytes, are counted)."""
     from hpc.checkpoint import layout
+    from hpc.checkpoint.dcp_index import rank_metadata
     from hpc.checkpoint.files import write_atomic
 
     step = root / "step-1"
@@ -50,10 +51,9 @@ def synthetic_checkpoint(root: Path, world: int) -> Path:
     files = {layout.SHARED: write_atomic(step / layout.SHARED, {"step": 1, "objects": {}})}
     for rank in range(world):
         files[layout.rank_state(rank)] = write_atomic(step / layout.rank_state(rank), {"rng": rank})
-        (step / f"__{rank}_0.distcp").touch()
-        files[f"__{rank}_0.distcp"] = empty
-    (step / layout.DCP_METADATA).touch()
-    files[layout.DCP_METADATA] = empty
+        for name in (f"__{rank}_0.distcp", rank_metadata(rank)):  # its shards and DCP's index of them
+            (step / name).touch()
+            files[name] = empty
     (step / layout.MARKER).write_text(json.dumps({"step": 1, "world_size": world, "files": files}))
     return root
 
