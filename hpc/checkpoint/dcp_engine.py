@@ -52,7 +52,7 @@ from typing import Any
 
 import torch
 
-from hpc.checkpoint import dcp_pickle, dcp_reader, layout, optim_state, shardcrc
+from hpc.checkpoint import dcp_claim, dcp_pickle, dcp_reader, layout, optim_state, shardcrc
 from hpc.checkpoint.dcp_index import METADATA, rank_metadata
 from hpc.checkpoint.dcp_pickle import UnsafeCheckpoint
 from hpc.checkpoint.dcp_reader import ShardCorrupt
@@ -143,6 +143,7 @@ class DcpEngine:
         # without collectives by that file, and reads this rank's ranges from it.
         with contextlib.suppress(FileNotFoundError, NotADirectoryError):  # DCP reports a bad path itself
             (Path(directory) / rank_metadata(rank)).unlink()
+        dcp_claim.take(directory, rank)  # and so would its claim, kept for a commit that never came
         if collectives:
             where = {"process_group": self._group(), "storage_writer": shardcrc.writer(directory)}
         else:  # DCP as one process, writing under this rank's name

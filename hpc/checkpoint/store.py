@@ -205,7 +205,9 @@ class CheckpointStore(StoreReader):
 
     def _commit(self, step: int, tmp: Path, files: dict[str, str]) -> None:
         marker = {"step": step, "world_size": self.world_size, "files": files, "time": time.time()}
-        write_bytes(tmp / MARKER, json.dumps(marker, indent=1).encode())
+        # compact: json's C encoder runs only without indent (a marker with the crc32s of 512 ranks x
+        # 300 tensors: 0.09 s of CPU, against 0.7 s indented)
+        write_bytes(tmp / MARKER, json.dumps(marker).encode())
         self._swap_in(step, tmp)
         self._problem(step, self.directory / layout.name("step", step), known="")
         self._prune(step)
