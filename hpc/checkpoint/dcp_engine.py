@@ -9,8 +9,8 @@
         engine.load(step_dir, model, opt)          # written by any world size, either strategy
 
         engine.save(tmp_dir, model, opt, collectives=False)   # no collective: a part per rank,
-        ...                                                    # and once every rank's is written,
-        dcp_index.merge_metadata(tmp_dir, world_size)          # one process writes DCP's .metadata
+        ...                                                    # (hpc.checkpoint.store commits them)
+        engine.load(step_dir, model, opt)                      # reads the ranks' index parts it needs
 
 State goes through ``get_state_dict``/``set_state_dict``, so keys are the model's own names
 whatever wraps it (DDP's ``module.`` prefix, FSDP) and optimizer state is keyed by parameter
@@ -30,8 +30,10 @@ collectives (and NCCL cannot carry the CPU tensors DCP exchanges).
 
 A save without collectives (what TrainLoop's checkpoints use) skips DCP's exchanges altogether:
 the ranks already agree on who writes what (hpc.checkpoint.replicas), so each rank plans and
-writes its part on its own, with DCP's index of that part beside it, and the commit merges the
-indexes (hpc.checkpoint.dcp_index) once every rank has reported its files (hpc.checkpoint.store). A DCP
+writes its part on its own, with DCP's index of that part beside it; the commit keeps every part
+and checks, from each rank's claim of what it wrote, that together they cover the state
+(hpc.checkpoint.dcp_claim, hpc.checkpoint.store), and a load reads the parts it needs
+(hpc.checkpoint.dcp_index, dcp_reader): on the layout that saved, its own and rank 0's. A DCP
 save's collectives are a gather of every rank's plan to rank 0, a scatter back, and a gather of
 every rank's write results: per save, 4 object collectives and rank 0 handling every rank's plan
 while the others wait (bench.index_merge), and a rank that dies leaves the others waiting in the
@@ -127,8 +129,8 @@ class DcpEngine:
         """Write the state under `directory` (the same path on every rank; all ranks call).
 
         collectives=False: no rank waits for another. Each writes its part and DCP's index of it
-        (rank_metadata); the checkpoint can be loaded once dcp_index.merge_metadata has run, after every
-        rank's save finished. A rank's failure is raised on that rank only."""
+        (rank_metadata), and records its claim of what it wrote (dcp_claim) for the commit; the
+        checkpoint loads once every rank's save finished. A rank's failure is raised on that rank only."""
         import torch.distributed.checkpoint as dcp
 
         self.wait()  # one save at a time: its staging buffers are the next one's
@@ -272,7 +274,8 @@ def own_shards(directory: Path, rank: int) -> dict[str, dict]:
     """Checksum info of this rank's DCP data files (``__R_K.distcp``, R its rank in the save's
     group), one crc32 per tensor stored (from DCP's index: this rank's own after a save without
     collectives, else .metadata), read right after they were written, while the page cache
-    still holds them."""
+    still holds them; after a save without collectives, that index part's checksum too (the
+    marker lists it: a load reads it)."""
     own = Path(directory) / rank_metadata(rank)
     path = own if own.exists() else Path(directory) / METADATA
     data = path.read_bytes()

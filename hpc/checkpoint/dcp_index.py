@@ -28,7 +28,8 @@ from hpc.checkpoint import dcp_pickle
 from hpc.checkpoint.layout import DCP_METADATA as METADATA  # DCP's coordinator writes it, or merge_metadata
 from hpc.fs.atomic import write_bytes
 
-__all__ = ["METADATA", "rank_metadata", "parts_in", "merge", "holes", "hole_error", "read_parts", "uncovered", "merge_metadata"]
+__all__ = ["METADATA", "rank_metadata", "parts_in", "merge", "holes", "hole_error", "read_parts", "uncovered",
+           "merge_metadata"]
 
 _PART = re.compile(r"^__(\d+)\.metadata$")
 

@@ -50,10 +50,11 @@ def files_of(report: dict[str, Any], rank: int) -> dict[str, Any]:
 def collect(tmp: Path, world_size: int, generation: str, wait_s: float,
             claims: dict[int, Any] | None = None) -> dict[str, Any]:
     """Wait for the reports of ranks 1..world_size-1 of this generation; return the files they
-    list (files_of), and put each rank's claim of what it wrote into `claims` (hpc.checkpoint.
-    dcp_claim; None for a rank that reported none). A report is looked for in a listing of the directory, never by opening its
-    name before it exists: NFS would answer that lookup from its cache of misses for up to a
-    minute (hpc.fs.sharedfs). Raises RuntimeError for a rank's failure, TimeoutError after wait_s."""
+    list (files_of), and put each rank's claim of what it wrote into `claims` (rank -> claim,
+    hpc.checkpoint.dcp_claim; None for a rank that reported none). A report is looked for in a
+    listing of the directory, never by opening its name before it exists: NFS would answer that
+    lookup from its cache of misses for up to a minute (hpc.fs.sharedfs). Raises RuntimeError
+    for a rank's failure, TimeoutError after wait_s."""
     # Short first pauses: the ranks finish their reports at about the time rank 0 finishes its
     # own part; the pause then grows, because each look lists the whole directory.
     files, pending, deadline, pause = {}, list(range(1, world_size)), time.monotonic() + wait_s, 0.002
