@@ -46,8 +46,8 @@ BENCHMARKS = {
               "wrap+init memory <= P/W + one unit + 64 MiB; bytes read at commit and at resume (FSDP, the "
               "world size that saved) <= 1.1 x the rank's share + metadata; commit latency grows no more "
               "than a barrier's"),
-    "rank-costs": ("bench.rank_costs", "One rank's work at resume and rank 0's index merge, at 64 and 512 ranks",
-                   "filesystem calls of one rank's resume at 512 ranks <= 1.25 x at 64; rank 0's index merge "
+    "rank-costs": ("bench.rank_costs", "One rank's work at resume and rank 0's commit, at 64 and 512 ranks",
+                   "filesystem calls of one rank's resume at 512 ranks <= 1.25 x at 64; rank 0's commit "
                    "at 512 ranks <= 1 s"),
     "resume-reads": ("bench.resume_reads", "Bytes read per rank at resume, by case (gloo, local processes)",
                      "FSDP resumed on the world size that saved it: <= 1.1 x the rank's share + metadata; "

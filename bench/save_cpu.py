@@ -37,7 +37,7 @@ PHASES: List[Tuple[str, str, str]] = [
     ("hpc.checkpoint.dcp_engine", "own_shards", "  crc32s of this rank's shards (read back only where the writer did not see a range whole)"),
     ("hpc.checkpoint.store", "write_atomic", "  the rank file and rank 0's shared file"),
     ("hpc.checkpoint.reports", "collect", "  rank 0 waits for the other ranks' reports"),
-    ("hpc.checkpoint.dcp_index", "merge_metadata", "  rank 0 merges the ranks' DCP indexes into .metadata"),
+    ("hpc.checkpoint.dcp_claim", "check", "  rank 0 checks the ranks' claims of what they wrote"),
     ("hpc.checkpoint.store", "CheckpointStore._commit", "  marker, rename, directory fsync, pruning"),
 ]
 

@@ -227,7 +227,7 @@ def run(ctx: Context) -> Section:
                 f"growth {fmt_s(growth)} against {fmt_s(ADDED_GROWTH_S)}",
                                  verdict))
     sec.notes += [f"{'within' if ok else 'beyond'} the allowance, not judged (see below): {what}" for what, ok in disk]
-    sec.notes.append("rank 0's index merge at a commit, at 64 and 512 ranks: section rank-costs")
+    sec.notes.append("rank 0's commit at 64 and 512 ranks: section rank-costs")
     sec.notes += [
         f"io: {WORLD_IO} ranks, a model of {blocks} Linear({WIDTH}, {WIDTH}) built on the meta device, "
         "FSDP, saved by TrainLoop through DCP without an optimizer (the checkpoint is the model); "
@@ -241,7 +241,7 @@ def run(ctx: Context) -> Section:
         "(each rank plans its own part and writes DCP's index of it; rank 0 merges the indexes at the "
         "commit), so hpc's part is below zero where the collectives cost more than all of hpc's own "
         "work. The target is on hpc's part (each rank's "
-        "checksums, rank file and report; rank 0's index merge, shared.pt, marker and renames), less the part of "
+        "checksums, rank file and report; rank 0's check of the ranks' claims, shared.pt, marker and renames), less the part of "
         "it that sharing the cores explains (hpc's extra CPU of all ranks, its save's CPU less "
         "dcp.save's, divided by the cores; with a core per rank this part is zero and the wall time "
         "follows one rank's CPU): its growth from the smallest world must stay within "

@@ -141,7 +141,7 @@ class TrainLoop:
 
     def _save_shards(self, directory: Path, blocking: bool) -> Any:
         """The store's hook: DCP writes the model and optimizer into the checkpoint directory."""
-        # Without DCP's collectives: the store's commit merges the ranks' indexes (dcp_engine).
+        # Without DCP's collectives: each rank's index part is committed as it is (dcp_engine).
         self._engine.save(directory, *(self.objects[n] for n in self._dcp_names), blocking=blocking,
                           collectives=False)
         return self._engine.wait

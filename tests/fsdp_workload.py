@@ -22,7 +22,6 @@ import torch
 
 import hpc.ddp
 from hpc.checkpoint.dcp_engine import DcpEngine, state_dicts
-from hpc.checkpoint.dcp_index import merge_metadata
 from hpc.checkpoint.staging import tensors_in
 
 GLOBAL_BATCH = 12  # splits evenly over 1, 2, 3 and 4 ranks
@@ -99,10 +98,6 @@ def train(s, a) -> None:
                             collectives=not a.no_collectives)
                 staged = engine.staged_bytes
                 state_bytes = sorted(t.numel() * t.element_size() for t in tensors_in(state_dicts(model, opt)))
-    if a.no_collectives and a.save_at:  # every rank's part is on disk once all left the engine
-        s.barrier()
-        if s.is_main:
-            merge_metadata(a.out / "ckpt", s.world_size)
     dump(s, model, opt, a.out / "final.pt")
     local = sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in model.parameters())
     report = {"local_numel": local, "numel": sum(p.numel() for p in model.parameters()),

@@ -5,7 +5,7 @@
 
 ``save``: an FSDP model trains 3 steps with checkpoints at steps 2 and 3; the bytes each rank read
 (rchar: every read call, page cache or disk) while its blocking save of step 3 committed go to
-ROOT/reads-<rank>.json. ``resume``: the same for TrainLoop.resume; then rank 0 corrupts one byte of
+ROOT/reads-<rank>.json, with the names of the files it opened. ``resume``: the same for TrainLoop.resume; then rank 0 corrupts one byte of
 rank 1's shard of step 3, and a second resume (every rank) must go back to step 2, the ranks
 agreeing although only rank 1 reads that file.
 """
@@ -29,7 +29,7 @@ def rchar() -> int:
     return int(fields["rchar"])
 
 
-OPENED: list[str] | None = None  # names of the files open() met while a resume ran
+OPENED: list[str] | None = None  # names of the files open() met while a commit or a resume ran
 
 
 def _audit(event: str, args: tuple) -> None:
@@ -60,9 +60,13 @@ def save(s, root: Path) -> dict:
         for _ in loop.steps(3):
             train(model, opt)
         loop.store.wait()
-        before = rchar()
-        loop.save(blocking=True)
-        return {"commit": rchar() - before}
+        global OPENED
+        before, OPENED = rchar(), []
+        try:
+            loop.save(blocking=True)
+        finally:
+            opened, OPENED = OPENED, None
+        return {"commit": rchar() - before, "commit_opened": opened}
 
 
 def resumed(s, root: Path) -> tuple[int, int, list[str]]:

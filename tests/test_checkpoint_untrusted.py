@@ -73,6 +73,8 @@ def _refused(err, path, touched):
 
 
 def test_a_crafted_dcp_index_is_refused_through_a_leased_read(step, tmp_path):
+    """A merged .metadata (checkpoints saved through DCP's collectives, or before the ranks' parts
+    were committed) is read in place of the parts: refused alike."""
     touched = tmp_path / "ran"
     _replace(step, ".metadata", pickle.dumps(Payload(touched)))
     with pytest.raises(UnsafeCheckpoint) as err:
@@ -89,14 +91,11 @@ def test_a_crafted_dcp_index_is_refused_by_the_engine(step, tmp_path):
     _refused(err, step / ".metadata", touched)
 
 
-def test_a_crafted_rank_index_is_refused_where_dcp_falls_back_to_it(step, tmp_path):
-    """Without the merged index DCP reads the rank's own, __R.metadata (and takes any error
-    reading the merged one for its absence)."""
+def test_a_crafted_rank_index_part_is_refused_by_the_load(step, tmp_path):
+    """A save without collectives commits no merged index: a load reads the ranks' parts,
+    __R.metadata, each through the same unpickler."""
     touched = tmp_path / "ran"
-    (step / ".metadata").unlink()
-    marker = json.loads((step / MARKER).read_text())
-    del marker["files"][".metadata"]
-    (step / MARKER).write_text(json.dumps(marker))
+    assert not (step / ".metadata").exists()
     _replace(step, rank_metadata(0), pickle.dumps(Payload(touched)))
     with pytest.raises(UnsafeCheckpoint) as err:
         DcpEngine().load(step, *_objects(), files=marker_files(step))
@@ -109,13 +108,13 @@ def test_a_crafted_value_among_the_shards_is_refused(step, tmp_path):
     touched = tmp_path / "ran"
     payload = io.BytesIO()
     torch.save(Payload(touched), payload)
-    with open(step / ".metadata", "rb") as fh:
+    with open(step / rank_metadata(0), "rb") as fh:
         index = pickle.load(fh)
     where = next(k for k in index.storage_data if k.fqn == "optimizer.param_groups.0.lr")
     index.storage_data[where] = dataclasses.replace(index.storage_data[where], relative_path="crafted.distcp",
                                                     offset=0, length=len(payload.getvalue()))
     _replace(step, "crafted.distcp", payload.getvalue())
-    _replace(step, ".metadata", pickle.dumps(index))
+    _replace(step, rank_metadata(0), pickle.dumps(index))
     with pytest.raises(UnsafeCheckpoint) as err:
         DcpEngine().load(step, *_objects(), files=marker_files(step))
     _refused(err, step / "crafted.distcp", touched)
@@ -142,10 +141,10 @@ def test_a_dotted_name_cannot_reach_past_an_admitted_class(tmp_path):
 
 
 def test_what_dcp_writes_loads_as_pickle_loads_it(step):
-    with open(step / ".metadata", "rb") as fh:
+    with open(step / rank_metadata(0), "rb") as fh:
         plain = pickle.load(fh)
-    with open(step / ".metadata", "rb") as fh:
-        assert load_index(fh, step / ".metadata") == plain
+    with open(step / rank_metadata(0), "rb") as fh:
+        assert load_index(fh, step / rank_metadata(0)) == plain
     model, opt = _objects()
     DcpEngine().load(step, model, opt, files=marker_files(step))
     assert model.low.dtype == torch.bfloat16 and opt.param_groups[0]["lr"] == 0.01

@@ -105,7 +105,7 @@ def test_an_fsdp_checkpoint_holds_dcp_shards_under_its_marker(stopped, tmp_path)
     out = stopped("fsdp", tmp_path / "run")
     (step_dir,) = (out / "checkpoints").glob("step-*")
     marker = json.loads((step_dir / "COMPLETE.json").read_text())
-    assert {".metadata", "__0_0.distcp", "__1_0.distcp", "shared.pt"} <= set(marker["files"])
+    assert {"__0.metadata", "__1.metadata", "__0_0.distcp", "__1_0.distcp", "shared.pt"} <= set(marker["files"])
     assert marker["world_size"] == 2
 
 

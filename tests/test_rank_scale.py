@@ -17,6 +17,7 @@ import pytest
 
 from bench.rank_costs import synthetic_checkpoint
 from hpc.checkpoint import CheckpointStore, layout
+from hpc.checkpoint.dcp_index import rank_metadata
 
 CALLS = {"n": 0, "on": False}
 
@@ -76,7 +77,8 @@ def test_another_ranks_file_is_left_to_the_load_that_reads_it(tmp_path):
 
 
 def test_dcp_index_is_checked_against_the_marker_as_the_load_reads_it(tmp_path):
-    """The store only stats .metadata (a rank reads it once, in DCP's load): the load checks it."""
+    """The store only stats the rank's DCP index part (a rank reads it once, in DCP's load): the
+    load checks it."""
     import torch
 
     from hpc.checkpoint.dcp_engine import DcpEngine, ShardCorrupt
@@ -90,12 +92,12 @@ def test_dcp_index_is_checked_against_the_marker_as_the_load_reads_it(tmp_path):
 
     store.save(1, {"step": 1}, blocking=True, sharded=shards)
     store.close()
-    index = tmp_path / "step-1" / layout.DCP_METADATA
+    index = tmp_path / "step-1" / rank_metadata(0)
     data = bytearray(index.read_bytes())
     data[-2] ^= 0xFF  # same size: only its checksum tells
     index.write_bytes(bytes(data))
     state = CheckpointStore(tmp_path).load(1)
-    with pytest.raises(ShardCorrupt, match=r"\.metadata does not match its crc32"):
+    with pytest.raises(ShardCorrupt, match=r"__0\.metadata does not match its crc32"):
         DcpEngine().load(state["sharded_dir"], torch.nn.Linear(4, 4), files=state["marker_files"])
-    with pytest.raises(ShardCorrupt, match=r"\.metadata does not match its crc32"):
+    with pytest.raises(ShardCorrupt, match=r"__0\.metadata does not match its crc32"):
         DcpEngine().load(index.parent, torch.nn.Linear(4, 4), files=marker_files(index.parent))

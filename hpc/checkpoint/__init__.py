@@ -14,12 +14,13 @@ Layout of one checkpoint (every rank calls ``save``; rank 0 commits)::
     step-120/rank-R.pt        state["per_rank"] of rank R (RNG, sampler position, ...)
     step-120/COMPLETE.json    marker: step, files with their crc32 and size; written last
     step-120/__R_0.distcp     with save(..., sharded=): model and optimizer shards (dcp_engine)
-    step-120/.metadata        DCP's index of all shards (TrainLoop saves without DCP's collectives:
-                              rank 0 merges it at the commit from each rank's __R.metadata)
+    step-120/__R.metadata     DCP's index of rank R's shards (TrainLoop saves without DCP's
+                              collectives; a load reads the parts it needs, dcp_index), or
+    step-120/.metadata        DCP's index of all shards (a save with DCP's collectives, or older)
 
-While it is written, .step-120.tmp/ also holds each rank's report to rank 0 (rank-R.done) and,
-without collectives, its __R.metadata: the commit deletes them before it writes the marker, so
-a committed checkpoint holds 2 files per rank (its shards and rank-R.pt) and 3 shared ones.
+While it is written, .step-120.tmp/ also holds each rank's report to rank 0 (rank-R.done): the
+commit deletes them before it writes the marker, so a committed checkpoint holds 3 files per
+rank (its shards, its index part and rank-R.pt) and 2 shared ones.
 
 Files are written into ``.step-N.tmp/`` (temporary name, fsync, rename), then rank 0 writes the
 marker and renames the directory, from the checksums each rank reported for its own files (rank 0
@@ -48,7 +49,8 @@ Parts (one concept each)::
     writer_lock.py        one writing job per store
     reports.py            each rank's report of what it wrote, which rank 0 commits from
     dcp_engine.py         model and optimizer through torch.distributed.checkpoint (FSDP)
-    dcp_index.py          DCP's .metadata merged from the ranks' own indexes, for saves without collectives
+    dcp_index.py          DCP's index in the ranks' parts (saves without collectives), merged where a load needs it
+    dcp_claim.py          what each rank wrote in two numbers: the commit checks the parts cover the state
     dcp_reader.py         DCP's reader of a checkpoint: its index read once, every byte checked as read
     dcp_pickle.py         DCP's pickled index read without running pickled code: DCP's types only
     optim_state.py        an optimizer's state for DCP as it is, without DCP's zero-gradient step

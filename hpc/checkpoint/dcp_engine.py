@@ -9,8 +9,8 @@
         engine.load(step_dir, model, opt)          # written by any world size, either strategy
 
         engine.save(tmp_dir, model, opt, collectives=False)   # no collective: a part per rank,
-        ...                                                    # and once every rank's is written,
-        dcp_index.merge_metadata(tmp_dir, world_size)          # one process writes DCP's .metadata
+        ...                                                    # (hpc.checkpoint.store commits them)
+        engine.load(step_dir, model, opt)                      # reads the ranks' index parts it needs
 
 State goes through ``get_state_dict``/``set_state_dict``, so keys are the model's own names
 whatever wraps it (DDP's ``module.`` prefix, FSDP) and optimizer state is keyed by parameter
@@ -30,8 +30,10 @@ collectives (and NCCL cannot carry the CPU tensors DCP exchanges).
 
 A save without collectives (what TrainLoop's checkpoints use) skips DCP's exchanges altogether:
 the ranks already agree on who writes what (hpc.checkpoint.replicas), so each rank plans and
-writes its part on its own, with DCP's index of that part beside it, and the commit merges the
-indexes (hpc.checkpoint.dcp_index) once every rank has reported its files (hpc.checkpoint.store). A DCP
+writes its part on its own, with DCP's index of that part beside it; the commit keeps every part
+and checks, from each rank's claim of what it wrote, that together they cover the state
+(hpc.checkpoint.dcp_claim, hpc.checkpoint.store), and a load reads the parts it needs
+(hpc.checkpoint.dcp_index, dcp_reader): on the layout that saved, its own and rank 0's. A DCP
 save's collectives are a gather of every rank's plan to rank 0, a scatter back, and a gather of
 every rank's write results: per save, 4 object collectives and rank 0 handling every rank's plan
 while the others wait (bench.index_merge), and a rank that dies leaves the others waiting in the
@@ -42,15 +44,17 @@ alone, and the commit says which (or, for a rank that died, times out naming it)
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import warnings
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from hpc.checkpoint import dcp_pickle, dcp_reader, layout, optim_state, shardcrc
+from hpc.checkpoint import dcp_claim, dcp_pickle, dcp_reader, layout, optim_state, shardcrc
 from hpc.checkpoint.dcp_index import METADATA, rank_metadata
 from hpc.checkpoint.dcp_pickle import UnsafeCheckpoint
 from hpc.checkpoint.dcp_reader import ShardCorrupt
@@ -125,8 +129,8 @@ class DcpEngine:
         """Write the state under `directory` (the same path on every rank; all ranks call).
 
         collectives=False: no rank waits for another. Each writes its part and DCP's index of it
-        (rank_metadata); the checkpoint can be loaded once dcp_index.merge_metadata has run, after every
-        rank's save finished. A rank's failure is raised on that rank only."""
+        (rank_metadata), and records its claim of what it wrote (dcp_claim) for the commit; the
+        checkpoint loads once every rank's save finished. A rank's failure is raised on that rank only."""
         import torch.distributed.checkpoint as dcp
 
         self.wait()  # one save at a time: its staging buffers are the next one's
@@ -141,14 +145,16 @@ class DcpEngine:
         # without collectives by that file, and reads this rank's ranges from it.
         with contextlib.suppress(FileNotFoundError, NotADirectoryError):  # DCP reports a bad path itself
             (Path(directory) / rank_metadata(rank)).unlink()
+        dcp_claim.take(directory, rank)  # and so would its claim, kept for a commit that never came
         if collectives:
             where = {"process_group": self._group(), "storage_writer": shardcrc.writer(directory)}
         else:  # DCP as one process, writing under this rank's name
             where = {"no_dist": True, "storage_writer": shardcrc.writer(directory, rank=rank)}
         split_values = None if collectives else (rank, world)  # non-tensor values: each written once
+        claim_as = None if collectives else (directory, rank)  # what it wrote, for the commit's check
         if blocking:
             planner = None if collectives else SharePlanner(share(list(tensors_in(state)), rank, world),
-                                                            split_values)
+                                                            split_values, claim_as)
             with _plain_errors(self.rank):
                 dcp.save(state, checkpoint_id=str(directory), planner=planner, **where)
             return
@@ -159,7 +165,7 @@ class DcpEngine:
         # save: async_save starts a new one per save, and waiting for it to start was most of a
         # small state's stall on a busy node (BENCHMARKS.md, section 2).
         self._pending = self._thread().submit(dcp.save, staged, checkpoint_id=str(directory),
-                                              planner=SharePlanner(stager.staged, split_values), **where)
+                                              planner=SharePlanner(stager.staged, split_values, claim_as), **where)
 
     def _rank_world(self) -> tuple[int, int]:
         return self.rank if self.distributed else 0, self.world
@@ -216,7 +222,7 @@ class DcpEngine:
         from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 
         self.wait()
-        reader = dcp_reader.reader(directory, files)
+        reader = dcp_reader.reader(directory, files, self._rank_world()[0])
         # DCP's index, read here first (once: the reader keeps it): DCP takes any error reading it
         # for a missing index and falls back to the ranks' own, so a refused one must stop the load here.
         # A checkpoint without optimizer state (one that keeps none, or saved before it had any)
@@ -225,6 +231,7 @@ class DcpEngine:
         holds_optimizer = dcp_reader.holds_optimizer_state(reader)
         as_it_is = optimizer is not None and not optimizer.state and not holds_optimizer
         state = state_dicts(model, optimizer, as_it_is)  # this rank's layout: what to read, and where
+        reader.select(state)  # the ranks' index parts that hold it (a checkpoint saved without collectives)
         try:
             with _plain_errors(self.rank):
                 where = {"process_group": self._group()} if collectives else {"no_dist": True}
@@ -267,14 +274,18 @@ def own_shards(directory: Path, rank: int) -> dict[str, dict]:
     """Checksum info of this rank's DCP data files (``__R_K.distcp``, R its rank in the save's
     group), one crc32 per tensor stored (from DCP's index: this rank's own after a save without
     collectives, else .metadata), read right after they were written, while the page cache
-    still holds them."""
+    still holds them; after a save without collectives, that index part's checksum too (the
+    marker lists it: a load reads it)."""
     own = Path(directory) / rank_metadata(rank)
     path = own if own.exists() else Path(directory) / METADATA
-    with open(path, "rb") as fh:
-        index = dcp_pickle.load(fh, path)  # DCP's Metadata, pickled: plain data or refused
+    data = path.read_bytes()
+    index = dcp_pickle.load(io.BytesIO(data), path)  # DCP's Metadata, pickled: plain data or refused
     ranges: dict[str, list[tuple[int, int]]] = {}
     for where in index.storage_data.values():
         if where.relative_path.endswith(shardcrc.SUFFIX) and layout.rank_of(where.relative_path) == rank:
             ranges.setdefault(where.relative_path, []).append((where.offset, where.length))
-    return {name: ranges_info(Path(directory) / name, r, shardcrc.written(Path(directory) / name))
-            for name, r in sorted(ranges.items())}
+    files = {name: ranges_info(Path(directory) / name, r, shardcrc.written(Path(directory) / name))
+             for name, r in sorted(ranges.items())}
+    if path == own:  # the rank's index part: committed beside its shards, checked whole when read
+        files[own.name] = {"crc32": f"{zlib.crc32(data):08x}", "bytes": len(data)}
+    return files

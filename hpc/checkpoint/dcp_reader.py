@@ -1,14 +1,24 @@
 """DCP's reader for a checkpoint of the store: DCP's index read once, every byte checked as read,
 nothing pickled run.
 
-    r = reader(step_dir, marker_files(step_dir))    # a torch.distributed.checkpoint StorageReader
-    holds_optimizer_state(r)                         # from DCP's index, which r then keeps
+    r = reader(step_dir, marker_files(step_dir), rank)   # a torch.distributed.checkpoint StorageReader
+    holds_optimizer_state(r)                             # from DCP's index, which r then keeps
+    r.select(state)                                      # the index parts this rank's load needs
     dcp.load(state, checkpoint_id=str(step_dir), storage_reader=r, planner=planner(step_dir))
     # ShardCorrupt on a mismatch; UnsafeCheckpoint for a pickle that is not plain data
 
 DCP unpickles its index with pickle.load and its non-tensor values (an optimizer's param_groups)
 with torch.load(weights_only=False): either runs code a crafted checkpoint names. The reader here
 loads the index through hpc.checkpoint.dcp_pickle, the planner the values with weights_only=True.
+
+A checkpoint saved without DCP's collectives has no merged index: each rank's part (__R.metadata)
+is listed in the marker (hpc.checkpoint.dcp_index). select() reads this rank's own part and rank
+0's (the replicated values, FSDP's replicated tensors) and uses them when they cover every piece
+of the load state: the layout that saved, whatever the world size, reads 2 parts. Otherwise (DDP,
+whose ranks each read the whole state; a resharded FSDP load) it merges every part, as DCP's
+coordinator would have at the save: O(ranks x tensors) CPU and ranks opens on each loading rank,
+the cost a merged .metadata had at every load. Older checkpoints, and saves through DCP's
+collectives, hold a merged .metadata, read as before.
 """
 
 from __future__ import annotations
@@ -19,7 +29,7 @@ import pickle
 from pathlib import Path
 from typing import Any
 
-from hpc.checkpoint import dcp_pickle, optim_state
+from hpc.checkpoint import dcp_index, dcp_pickle, optim_state
 from hpc.checkpoint.dcp_index import METADATA, rank_metadata
 from hpc.checkpoint.files import verify
 
@@ -31,21 +41,22 @@ class ShardCorrupt(ValueError):
 
 
 def holds_optimizer_state(reader: Any) -> bool:
-    """Whether a checkpoint holds per-parameter optimizer state, from DCP's merged index (read
-    once: the reader keeps it). Without that index (DCP then reads its per-rank ones) the answer
-    is yes: the optimizer is filled in as before, never left short of state the checkpoint holds."""
+    """Whether a checkpoint holds per-parameter optimizer state, from DCP's index (read once: the
+    reader keeps it; of a checkpoint in parts, the names every part lists). Without an index the
+    answer is yes: the optimizer is filled in as before, never left short of state the checkpoint holds."""
     try:
-        keys = reader.read_metadata().state_dict_metadata
+        keys = reader.saved_names()
     except FileNotFoundError:
         return True
     return any(key.startswith(optim_state.OPTIMIZER_STATE_PREFIX) for key in keys)
 
 
-def reader(directory: str | os.PathLike, files: dict | None) -> Any:
+def reader(directory: str | os.PathLike, files: dict | None, rank: int = 0) -> Any:
     """A FileSystemReader that reads DCP's index once however often it is asked for it, and, with
     `files` (the marker's checksums), checks each stored tensor's bytes against the marker's crc32
     as it reads them: a rank reads its share once, verification included, never a whole file or
-    another rank's shards (the marker lists one crc32 per (offset, length) range, see own_shards)."""
+    another rank's shards (the marker lists one crc32 per (offset, length) range, see own_shards).
+    `rank`: the loading rank, whose own index part select() reads first."""
     import io
     import zlib
 
@@ -55,29 +66,68 @@ def reader(directory: str | os.PathLike, files: dict | None) -> Any:
              for off, length, crc in info.get("items") or ()}
 
     whole: dict[str, str] = {}  # files whose marker entry has no per-tensor items: checked whole, once
-    indexes: dict[Any, Any] = {}  # rank (None: the merged index) -> DCP's Metadata
+    indexes: dict[str, Any] = {}  # file name -> DCP's Metadata in it
     refused: list[dcp_pickle.UnsafeCheckpoint] = []  # DCP turns these into a missing index
+    if files is not None:
+        parts = [] if METADATA in files else dcp_index.parts_in(files)
+    else:
+        parts = [] if (Path(directory) / METADATA).exists() else dcp_index.parts_in(os.listdir(directory))
 
     class CheckedReader(FileSystemReader):
-        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-            rank = kwargs.get("rank")
-            if rank not in indexes:  # as DCP's own, through the restricted unpickler
-                from torch.distributed.checkpoint.metadata import StorageMeta
+        chosen: Any = None  # the index this load uses: the merged one, or select()'s parts
 
-                path = Path(directory) / (METADATA if rank is None else rank_metadata(rank))
+        def _index(self, name: str) -> Any:
+            if name not in indexes:  # as DCP's own, through the restricted unpickler
+                path = Path(directory) / name
                 with self.fs.create_stream(path, "rb") as fh:
                     data = fh.read()
-                if rank is None and files is not None:
+                if files is not None:
                     _check_index(path, data, files)
                 try:
-                    indexes[rank] = dcp_pickle.load(io.BytesIO(data), path)
+                    indexes[name] = dcp_pickle.load(io.BytesIO(data), path)
                 except dcp_pickle.UnsafeCheckpoint as err:
                     refused.append(err)
                     raise
-                if getattr(indexes[rank], "storage_meta", None) is None:
-                    indexes[rank].storage_meta = StorageMeta()
-            indexes[rank].storage_meta.load_id = self.load_id  # this load's, as DCP sets it
-            return indexes[rank]
+            return indexes[name]
+
+        def saved_names(self) -> Any:
+            if not parts:
+                return self._index(METADATA).state_dict_metadata
+            first = rank_metadata(rank if rank in parts else parts[0])
+            return self._index(first).planner_data or self._index(first).state_dict_metadata
+
+        def select(self, state: dict) -> None:
+            """The index for loading `state` (DCP's state dict of this rank's layout)."""
+            if not parts:
+                return
+            from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+
+            flat = flatten_state_dict(state)[0]
+            near = sorted({r for r in (rank, 0) if r in parts})
+            index = dcp_index.merge(self._index(rank_metadata(r)) for r in near)
+            if any(dcp_index.uncovered(index, flat)) and len(near) < len(parts):
+                index = dcp_index.merge(self._index(rank_metadata(r)) for r in parts)
+            short = dcp_index.uncovered(index, flat)[1]
+            if short:  # a missing name is DCP's to report, as for any index
+                raise ShardCorrupt(f"the index parts in {directory} do not cover {len(short)} tensors of this "
+                                   f"rank's load ({', '.join(short[:5])}). HINT: load another checkpoint; "
+                                   "every rank of the job that saved must save the same model and optimizer")
+            self.chosen = index
+
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            from torch.distributed.checkpoint.metadata import StorageMeta
+
+            if kwargs.get("rank") is not None:  # DCP's fallback to a rank's own part
+                index = self._index(rank_metadata(kwargs["rank"]))
+            else:
+                if self.chosen is None:
+                    self.chosen = self._index(METADATA) if not parts else \
+                        dcp_index.merge(self._index(rank_metadata(r)) for r in parts)
+                index = self.chosen
+            if getattr(index, "storage_meta", None) is None:
+                index.storage_meta = StorageMeta()
+            index.storage_meta.load_id = self.load_id  # this load's, as DCP sets it
+            return index
 
         def raise_refusal(self) -> None:
             if refused:

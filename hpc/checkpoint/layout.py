@@ -205,15 +205,15 @@ def rank_of(file_name: str) -> int | None:
 def drop_unlisted(directory: Path, listed: Any) -> None:
     """Delete the ranks' files in a checkpoint being committed that its marker does not list.
 
-    Two kinds are the commit's alone: each rank's report to rank 0 (rank_report) and, after a save
-    without DCP's collectives, DCP's index of each rank's part (__R.metadata), merged into
-    .metadata by then. Kept, they would be 2 files per rank that nothing reads, on filesystems
-    where the metadata server is what runs out first. The third kind are the files of ranks >=
-    the world size: a save stopped by a kill leaves its .step-N.tmp behind, and a requeued job
-    that came back on fewer ranks (an elastic restart) saves step N into it again; no index lists
-    those, yet committed with the rest they would hold their share of the disk until the step is
-    pruned. Called before the marker is written: a kill midway leaves a directory without a marker,
-    which never counts, and the requeued job's save writes it again."""
+    One kind is the commit's alone: each rank's report to rank 0 (rank_report). Kept, it would be
+    a file per rank that nothing reads, on filesystems where the metadata server is what runs out
+    first (DCP's index of each rank's part, __R.metadata, is listed: loads read it). The other
+    kind are the files of ranks >= the world size: a save stopped by a kill leaves its .step-N.tmp
+    behind, and a requeued job that came back on fewer ranks (an elastic restart) saves step N
+    into it again; no report lists those, yet committed with the rest they would hold their
+    share of the disk until the step is pruned. Called before the marker is written: a kill
+    midway leaves a directory without a marker, which never counts, and the requeued job's save
+    writes it again."""
     with os.scandir(directory) as entries:
         for entry in entries:
             if rank_of(entry.name) is not None and entry.name not in listed:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from hpc.checkpoint import layout, read_lease
+from hpc.checkpoint.dcp_index import rank_metadata
 from hpc.checkpoint.files import load_file
 from hpc.checkpoint.layout import DCP_METADATA, MARKER, SHARED
 
@@ -168,7 +169,7 @@ class StoreReader:
             return f"{SHARED} holds a {type(state).__name__}, not a checkpoint's dict"
         own = layout.rank_state(self.rank)
         state[PER_RANK_KEY] = load_file(path / own, map_location) if own in names else None
-        if DCP_METADATA in names:
+        if DCP_METADATA in names or rank_metadata(0) in names:  # merged, or in the ranks' parts
             state[SHARDED_KEY], state[FILES_KEY] = path, names
         return state
 

@@ -25,6 +25,7 @@ from typing import Any
 from torch.distributed.checkpoint import DefaultSavePlanner
 from torch.distributed.checkpoint.planner import SavePlan, WriteItemType
 
+from hpc.checkpoint import dcp_claim
 from hpc.checkpoint.staging import Staging, is_dtensor, tensors_in
 
 __all__ = ["split", "share", "ShareStager", "SharePlanner"]
@@ -96,11 +97,14 @@ class SharePlanner(DefaultSavePlanner):
     rank. By default every rank plans them and DCP's collectives keep one copy; for a save
     without those collectives, `split_values=(rank, world)` gives them all to rank 0, so each
     is written once, and a load (every rank reads every value) opens rank 0's file for them,
-    not every rank's: they are a few kB of hyperparameters, a small part of rank 0's write."""
+    not every rank's: they are a few kB of hyperparameters, a small part of rank 0's write.
+    `claim_as=(directory, rank)`: what this rank writes of the whole, for the commit's check
+    without DCP's collectives (hpc.checkpoint.dcp_claim)."""
 
-    def __init__(self, keep: set[int], split_values: tuple[int, int] | None = None) -> None:
+    def __init__(self, keep: set[int], split_values: tuple[int, int] | None = None,
+                 claim_as: tuple[Any, int] | None = None) -> None:
         super().__init__()
-        self.keep, self.split_values = keep, split_values
+        self.keep, self.split_values, self.claim_as = keep, split_values, claim_as
 
     def create_local_plan(self) -> SavePlan:
         plan = super().create_local_plan()
@@ -112,4 +116,6 @@ class SharePlanner(DefaultSavePlanner):
                 if (item.index.fqn in mine if item.type == WriteItemType.BYTE_IO
                     else id(self.state_dict[item.index.fqn]) in self.keep)]
         self.plan = dataclasses.replace(plan, items=keep)
+        if self.claim_as is not None:
+            dcp_claim.record(*self.claim_as, dcp_claim.counts(self.state_dict, keep))
         return self.plan

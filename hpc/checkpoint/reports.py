@@ -1,7 +1,7 @@
 """How the ranks tell rank 0 what they wrote into a checkpoint: one small report file each.
 
-    send(tmp, rank, {"generation": g, "file": info, "shards": {...}})      # ranks > 0
-    files = collect(tmp, world_size, generation, wait_s)                  # rank 0
+    send(tmp, rank, {"generation": g, "file": info, "shards": {...}, "claim": {...}})   # ranks > 0
+    files = collect(tmp, world_size, generation, wait_s, claims)          # rank 0
 
 A report names the rank's files and their checksums, so rank 0 commits without reading any other
 rank's data. Files, not a collective: a forked writer holds no process group, and a rank that died
@@ -47,11 +47,14 @@ def files_of(report: dict[str, Any], rank: int) -> dict[str, Any]:
     return files
 
 
-def collect(tmp: Path, world_size: int, generation: str, wait_s: float) -> dict[str, Any]:
+def collect(tmp: Path, world_size: int, generation: str, wait_s: float,
+            claims: dict[int, Any] | None = None) -> dict[str, Any]:
     """Wait for the reports of ranks 1..world_size-1 of this generation; return the files they
-    list (files_of). A report is looked for in a listing of the directory, never by opening its
-    name before it exists: NFS would answer that lookup from its cache of misses for up to a
-    minute (hpc.fs.sharedfs). Raises RuntimeError for a rank's failure, TimeoutError after wait_s."""
+    list (files_of), and put each rank's claim of what it wrote into `claims` (rank -> claim,
+    hpc.checkpoint.dcp_claim; None for a rank that reported none). A report is looked for in a
+    listing of the directory, never by opening its name before it exists: NFS would answer that
+    lookup from its cache of misses for up to a minute (hpc.fs.sharedfs). Raises RuntimeError
+    for a rank's failure, TimeoutError after wait_s."""
     # Short first pauses: the ranks finish their reports at about the time rank 0 finishes its
     # own part; the pause then grows, because each look lists the whole directory.
     files, pending, deadline, pause = {}, list(range(1, world_size)), time.monotonic() + wait_s, 0.002
@@ -66,6 +69,8 @@ def collect(tmp: Path, world_size: int, generation: str, wait_s: float) -> dict[
                 if "error" in info:
                     raise RuntimeError(f"rank {r} could not write its checkpoint file: {info['error']}")
                 files.update(files_of(info, r))
+                if claims is not None:
+                    claims[r] = info.get("claim")
                 pending.remove(r)
         if pending and time.monotonic() > deadline:
             raise TimeoutError(

@@ -109,7 +109,7 @@ def writer(directory: Any, rank: Optional[int] = None) -> Any:
 
     With `rank`, for a save that runs without DCP's collectives (``no_dist=True``, where DCP takes
     every process for rank 0): the data file is ``__{rank}_0.distcp`` and DCP's index of this
-    rank's part is ``__{rank}.metadata``, for the commit to merge (dcp_index.merge_metadata)."""
+    rank's part is ``__{rank}.metadata``, committed beside it (hpc.checkpoint.dcp_index)."""
     from torch.distributed.checkpoint import FileSystemWriter
 
     w = FileSystemWriter(str(directory)) if rank is None else _rank_writer()(str(directory), own_rank=rank)

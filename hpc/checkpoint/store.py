@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc.checkpoint import background_writer as background
-from hpc.checkpoint import dcp_engine, dcp_index, layout, read_lease, reports
+from hpc.checkpoint import dcp_claim, dcp_engine, layout, read_lease, reports
 from hpc.checkpoint.files import file_info, nbytes, space_error, write_atomic
 from hpc.checkpoint.layout import DCP_METADATA, MARKER, SHARED
 from hpc.checkpoint.reader import PER_RANK_KEY, StoreReader, warn_user
@@ -70,9 +70,10 @@ class CheckpointStore(StoreReader):
         for them. Each rank then checksums its own shards and reports them with its rank file;
         rank 0's marker is made from the reports, never by reading another rank's data. Shards
         saved without DCP's collectives (DcpEngine.save(collectives=False)) come with each
-        rank's index of its part: rank 0 merges them into DCP's .metadata once every rank has
-        reported. Such a save runs on the writer thread (a forked writer cannot wait on DCP's
-        thread).
+        rank's index of its part, committed as it is (a load reads the parts it needs), and a
+        claim of what the rank wrote: rank 0 checks from the claims that the parts cover the
+        whole state, in O(ranks) (hpc.checkpoint.dcp_claim). Such a save runs on the writer
+        thread (a forked writer cannot wait on DCP's thread).
 
         Background (default): the caller pays for copying accelerator tensors to CPU and a fork
         (thread mode: copying every tensor). A save that is due while the previous write still
@@ -166,20 +167,22 @@ class CheckpointStore(StoreReader):
                 shards()  # this rank's shards on disk, with DCP's index of them (or, with
                 # DCP's collectives, its .metadata on rank 0)
                 report["shards"] = dcp_engine.own_shards(tmp, self.rank)
+                report["claim"] = dcp_claim.take(tmp, self.rank)  # None with DCP's collectives
             if per_rank is not None:
                 report["file"] = write_atomic(tmp / layout.rank_state(self.rank), per_rank, overlap)
             if len(report) > 1 and self.rank > 0:
                 reports.send(tmp, self.rank, report)
             if self.rank == 0:
                 files = {SHARED: write_atomic(tmp / SHARED, shared, overlap)}
+                claims = {0: report.get("claim")}
                 if len(report) > 1:
                     files.update(reports.files_of(report, 0))
-                    files.update(reports.collect(tmp, self.world_size, generation, RANK_WAIT_S))
-                if shards is not None:  # DCP's index: of other ranks' files, rank 0 reads only their indexes
-                    if (tmp / dcp_index.rank_metadata(0)).exists():  # saved without collectives:
-                        dcp_index.merge_metadata(tmp, self.world_size)  # every rank has reported
+                    files.update(reports.collect(tmp, self.world_size, generation, RANK_WAIT_S, claims))
+                if claims[0] is not None:  # saved without collectives: each rank's index part is
+                    dcp_claim.check(tmp, claims, self.world_size)  # listed; none is read (dcp_claim)
+                elif shards is not None:  # DCP's coordinator wrote the merged index
                     files[DCP_METADATA] = file_info(tmp / DCP_METADATA)
-                layout.drop_unlisted(tmp, files)  # reports, ranks' indexes: read, merged, done
+                layout.drop_unlisted(tmp, files)  # the reports: read, done
                 self._commit(step, tmp, files)
         except BaseException as err:
             self._abandon(tmp, generation, err)
@@ -202,7 +205,9 @@ class CheckpointStore(StoreReader):
 
     def _commit(self, step: int, tmp: Path, files: dict[str, str]) -> None:
         marker = {"step": step, "world_size": self.world_size, "files": files, "time": time.time()}
-        write_bytes(tmp / MARKER, json.dumps(marker, indent=1).encode())
+        # compact: json's C encoder runs only without indent (a marker with the crc32s of 512 ranks x
+        # 300 tensors: 0.09 s of CPU, against 0.7 s indented)
+        write_bytes(tmp / MARKER, json.dumps(marker).encode())
         self._swap_in(step, tmp)
         self._problem(step, self.directory / layout.name("step", step), known="")
         self._prune(step)
