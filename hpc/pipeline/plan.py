@@ -115,11 +115,12 @@ class JobSpec:
                                  self.item_after, ids, self.item_of)
 
     def executor_parameters(self, dependency: Optional[str] = None, setup: Sequence[str] = (),
-                            points: Optional[str] = None) -> Dict[str, Any]:
-        """`points`: a sweep array's file naming each task's point, for hpc.afterstep."""
+                            points: Optional[str] = None, tasks: Optional[str] = None) -> Dict[str, Any]:
+        """`points`: a sweep array's file naming each task's point, `tasks`: the file of its tasks'
+        pickles (hpc.pipeline.arraytasks), both for hpc.afterstep."""
         if self.kind == "slurm":
             return sbatch.slurm_parameters(self.resources, self.stage, dependency, setup, self.run_dir,
-                                           self.task_ids, points)
+                                           self.task_ids, points, tasks)
         return sbatch.local_parameters(self.resources)
 
     @property

@@ -32,7 +32,7 @@ from hpc.config import layers
 from hpc.config import schema as hconfig
 from hpc.fs import atomic
 from hpc.monitor import status, sweeps
-from hpc.pipeline import arrays
+from hpc.pipeline import arrays, arraytasks
 from hpc.pipeline import plan as hplan
 from hpc.pipeline import submission as hsubmit
 from hpc.pipeline.request import Request
@@ -258,11 +258,12 @@ def _submit_arrays(plan: hplan.Plan, sweep: SweepDir, defs: Defs, setup: Sequenc
             upstream = {sig: _upstream(job, manifests[sig], sweep.point(sig)) for sig in sigs} if slurm else {}
             per_item, each = job.item_dependency(by_label) if slurm else (None, [])
             executor = make_executor(plan.kind, job.folder, job.resources["max_timeouts"])
+            packed = arraytasks.path_for(job.folder) if slurm and len(tasks) > 1 else None  # one file, not one each
             if plan.kind != "debug":
                 dependency = ",".join(d for d in (afterany(upstream.values(), by_label), per_item) if d) or None
                 where = sweep.write_points(job.stage, [sig for sig, _ in job.items], job.task_ids) if slurm else None
-                executor.update_parameters(**job.executor_parameters(dependency, setup, where))
-            submitted = submit_array(executor, tasks, job.task_ids if slurm else ())
+                executor.update_parameters(**job.executor_parameters(dependency, setup, where, packed))
+            submitted = submit_array(executor, tasks, job.task_ids if slurm else (), packed)
             by_label[job.label] = [str(s.job_id) for s in submitted]
             mine: Dict[str, List[int]] = {sig: [] for sig in sigs}
             for n, (sig, _) in enumerate(job.items):
