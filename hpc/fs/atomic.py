@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import uuid
 from pathlib import Path
 from typing import BinaryIO, Iterator, List
 
@@ -39,7 +38,7 @@ _BATCHED: List[Path] = []
 def temporary_name(path: Path, unique: bool) -> Path:
     """Where the bytes of `path` are written before the rename (see the module docstring)."""
     if unique:
-        return path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+        return path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
     return path.with_name(path.name + ".part")
 
 
@@ -99,9 +98,15 @@ def write_bytes(path: str | os.PathLike, data: bytes, unique: bool = True, sync_
                 durable: bool = True) -> None:
     """Write `data` to `path` atomically (see replacing); creates the parent directory."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with replacing(path, unique=unique, sync_dir=sync_dir, durable=durable) as fh:
-        fh.write(data)
+    try:
+        with replacing(path, unique=unique, sync_dir=sync_dir, durable=durable) as fh:
+            fh.write(data)
+    except FileNotFoundError:  # no parent yet: made only then, which spares every other write a mkdir
+        if path.parent.is_dir():
+            raise
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with replacing(path, unique=unique, sync_dir=sync_dir, durable=durable) as fh:
+            fh.write(data)
 
 
 def write_text(path: str | os.PathLike, text: str, **how: bool) -> None:

@@ -54,6 +54,13 @@ class RunDir:
         run.path = resolved
         return run
 
+    @classmethod
+    def new_at(cls, resolved: Path) -> "RunDir":
+        """RunDir.at() for a run dir known to have no manifest yet (a sweep's new point): none is read."""
+        run = cls.at(resolved)
+        run._pinned = {}
+        return run
+
     def pin(self) -> "RunDir":
         """This run dir with its manifest read once, for a reader that asks for it many times: a
         sweep's plan (tasks, jobs, dependencies per point, the submission lock keeping writers out),
