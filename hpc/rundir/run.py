@@ -11,6 +11,7 @@ Layout:
     <run>/code/<hash>/         the code snapshot the jobs import (hpc.rundir.snapshot); <hash>.json lists its files
     <run>/.submit.lock         held (flock) by the submission that is reading state and writing the manifest
     <run>/<stage>/logs/<jobid>/<jobid>_<rank>_log.{out,err}   submitit's per-rank logs
+    <run>/<stage>/logs/tasks-<id>.bin   an array's task pickles, one file (hpc.pipeline.arraytasks)
     <run>/<stage>/[task-<item>/]  done, checkpoints/, tensorboard/, outputs
 """
 from __future__ import annotations

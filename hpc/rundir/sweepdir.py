@@ -10,6 +10,7 @@ Layout:
     <sweep>/<stage>/logs/<jobid>/ submitit's logs of the stage's array, all points together
     <sweep>/<stage>/logs/points-<id>.txt   the point of each task of one array, line k for task k
                                   (hpc.afterstep --points: run_for reads it, not every point's manifest)
+    <sweep>/<stage>/logs/tasks-<id>.bin    the pickles of one array's tasks (hpc.pipeline.arraytasks)
 
 A point removed from the grid keeps its directory: it is reported, never deleted, and still shown.
 """
