@@ -146,9 +146,10 @@ def test_a_sweep_task_finds_its_point_in_one_file_whatever_the_number_of_points(
 def test_an_array_writes_one_file_of_its_tasks_pickles_and_each_task_unpacks_its_own(tmp_path, fake_slurm, capsys,
                                                                                     monkeypatch):
     """submitit writes one pickle file per task at submission (here 3 per point); an array writes one
-    file of its tasks' pickles instead, which its batch script names to hpc.afterstep (--tasks). A
-    task's batch step unpacks its own pickle where submitit's runner reads it, and leaves a pickle
-    already there as it is (a requeue after checkpoint() wrote the next one)."""
+    file of its tasks' pickles instead, which its batch script names to hpc.afterstep (--tasks), and a
+    point gets only its config.yaml and manifest. A task's batch step unpacks its own pickle where
+    submitit's runner reads it, and leaves a pickle already there as it is (a requeue after
+    checkpoint() wrote the next one)."""
     from submitit.core.utils import DelayedSubmission
 
     from hpc import afterstep
@@ -159,6 +160,8 @@ def test_an_array_writes_one_file_of_its_tasks_pickles_and_each_task_unpacks_its
     assert len(scripts) == 3  # first, and second's two items (aftercorr)
     assert sorted(p.name for p in sweep.path.rglob("*.pkl")) == []  # no pickle per task at submission
     assert len(list(sweep.path.rglob("tasks-*.bin"))) == len(scripts)  # one file per array
+    for sig in sweep.record()["points"]:  # per point, its two records: its logs are linked by its tasks
+        assert sorted(os.listdir(sweep.point(sig).path)) == ["config.yaml", "manifest.json"]
     from hpc.pipeline import arraytasks  # (what unpacks a task's pickle)
     (fake_slurm / "srun").write_text('#!/bin/bash\necho "$@" >> "$HPC_FAKE/srun.log"\n')
     (fake_slurm / "srun").chmod(0o755)

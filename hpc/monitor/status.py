@@ -30,6 +30,7 @@ from hpc.fs.sharedfs import listed
 from hpc.monitor.logs import last_match, last_progress, tqdm_progress
 from hpc.recovery import hangs, nodefail
 from hpc.rundir.run import DONE, RunDir, task_key
+from hpc.rundir.sweepdir import shared_logs
 from hpc.slurm import scheduler
 
 # What a job left behind -> hpc state: for local/debug jobs (no scheduler), and for SLURM jobs that
@@ -79,6 +80,9 @@ def _row(run: RunDir, t: Dict[str, Any], records: scheduler.Answer) -> TaskStatu
     task_dir = run.task_dir(stage, item)
     here, logs = listed(task_dir), run.log_path(stage, jid).parent
     logged = set() if rec and rec.state == "PENDING" and not rec.restarts else listed(logs)  # not started: none
+    if not logged and rec and rec.state != "PENDING" and shared_logs(run, stage, jid):
+        logs = shared_logs(run, stage, jid)  # a sweep's task that failed before it linked its point's logs
+        logged = listed(logs)
     info = _read_done(task_dir) if DONE in here else {}
     result = logs / f"{jid}_0_result.pkl" if f"{jid}_0_result.pkl" in logged else None
     state = task_state(t, records, lambda: _left(DONE in here, result))

@@ -179,7 +179,8 @@ class RunDir:
         return {j["job_id"]: task_key(t["stage"], t["item"]) for t in self.tasks() for j in t["jobs"]}
 
     def write_manifest(self, data: Dict[str, Any]) -> None:
-        atomic.write_text(self.manifest_path, json.dumps(data, indent=1, default=str))
+        # one line: json's C encoder, 3x faster than its indenting one, which a sweep pays per point
+        atomic.write_text(self.manifest_path, json.dumps(data, default=str))
 
     # ---- one submission at a time
     @contextlib.contextmanager

@@ -4,7 +4,8 @@
 
 Per array: the file naming each task's point (SweepDir.write_points) and the file of its tasks'
 pickles (hpc.pipeline.arraytasks), one sbatch, then per point its jobs added to its manifest in
-memory and its stage's logs linked once; each point's manifest is written once, at the end.
+memory; each point's manifest is written once, at the end. A point's link to its stage's logs is
+made by its task when it starts (hpc.pipeline.executor.StageTask), not here: 4 files per point.
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ def _submit_arrays(plan: hplan.Plan, sweep: SweepDir, defs: Defs, setup: Sequenc
     from hpc.pipeline.executor import StageTask, drop_unexpanded_folder, make_executor, submit_array
 
     by_label: Dict[str, List[str]] = {}
-    slurm, linked = plan.kind == "slurm", set()
+    slurm = plan.kind == "slurm"
     with submission_env():
         for job in plan.jobs:
             sigs = list(dict.fromkeys(sig for sig, _ in job.items))
@@ -67,9 +68,6 @@ def _submit_arrays(plan: hplan.Plan, sweep: SweepDir, defs: Defs, setup: Sequenc
                 add_jobs(manifests[sig], job.stage, [(job.items[n][1], by_label[job.label][n]) for n in own],
                          plan.kind, upstream.get(sig, []), [each[n] for n in own] if each else (),
                          code.hash if code else None)
-                if (sig, job.stage) not in linked:  # a stage of several arrays: linked once
-                    sweep.link_logs(sig, job.stage)
-                    linked.add((sig, job.stage))
             if not slurm:  # no scheduler to order the stages: each array ends before the next starts
                 hsubmit.wait_ok(submitted)
                 drop_unexpanded_folder(job.folder)
