@@ -115,8 +115,12 @@ def run(ctx: Context) -> Section:
         "CPU is the user and system time of the command and its children (sbatch included): on a machine "
         "shared with other work, the wall time waits for a core and the CPU time does not",
         "CPU per point: the difference between the largest and the smallest sweep's CPU, over the difference "
-        "in points; what stays is submitit's own per task (one pickle file each, moved into the task's folder)",
-        f"hpc sweep writes a run directory per point (config.yaml, manifest.json) and the sweep's sweep.json; "
+        "in points; what stays per point is mostly the file system's: the point's directory with its config.yaml "
+        "and manifest.json (each written once, atomically) and a log folder per task, which SLURM opens the "
+        "task's logs in and does not create; an array's task pickles are one file (hpc.pipeline.arraytasks), and "
+        "a point's links to its stages' logs are made by its tasks when they start",
+        f"hpc sweep writes a run directory per point (config.yaml, manifest.json), per array a file naming each "
+        f"task's point and one of its tasks' pickles, and the sweep's sweep.json; "
         f"stage `second` has {PARTS.split('=')[1]} items per point, each waiting on its own point's `first` task "
         "(aftercorr): item k of every point is one array, at the task ids of the points' `first` tasks",
         "the sbatch loop (one sbatch per point and stage) is measured at 100 points"]

@@ -3,8 +3,11 @@ and a node range gets all of its node counts back after any requeue.
 
     PYTHON -u -m hpc.afterstep RUN_DIR -- srun ARGS...    # what `srun` means in hpc's sbatch scripts
     PYTHON -u -m hpc.afterstep SWEEP_DIR --points FILE -- srun ARGS...   # a sweep's array (FILE: each task's point)
+    PYTHON -u -m hpc.afterstep RUN_DIR --tasks FILE -- srun ARGS...  # an array: FILE holds its tasks' pickles
 
-It runs srun and exits with srun's status. It acts on the job's SIGTERM and on srun's failure:
+In an array's task it first unpacks the task's pickle from the array's one file (--tasks,
+hpc.pipeline.arraytasks) where submitit's runner reads it. Then it runs srun and exits with srun's
+status. It acts on the job's SIGTERM and on srun's failure:
 - A node failure, a preemption and a requeue each send SIGTERM to every process of the job, this
   one included, and SLURM's SIGKILL follows KillWait seconds later (30 by default). srun itself may
   not return before that: it waits KillWait + 2 s for the steps of a node that died. So this process
@@ -29,12 +32,23 @@ from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    points = args[2] if len(args) > 3 and args[1] == "--points" else None
-    if points:
+    options: Dict[str, str] = {}
+    while len(args) > 3 and args[1] in ("--points", "--tasks"):
+        options[args[1]] = args[2]
         del args[1:3]
     if len(args) < 3 or args[1] != "--":
-        print("usage: python -m hpc.afterstep RUN_DIR [--points FILE] -- srun ARGS...", file=sys.stderr)
+        print("usage: python -m hpc.afterstep RUN_DIR [--points FILE] [--tasks FILE] -- srun ARGS...", file=sys.stderr)
         return 2
+    if "--tasks" in options:
+        # here, not at the top: only an array's batch script passes --tasks (and the module is small)
+        from hpc.pipeline import arraytasks
+
+        try:  # its pickle where submitit's runner, under srun, reads it
+            arraytasks.unpack(options["--tasks"], os.environ)
+        except (OSError, arraytasks.TasksFileError) as err:
+            print(f"[hpc] this task's pickle is not unpacked, so it cannot run: {err}", file=sys.stderr, flush=True)
+            return 1
+    points = options.get("--points")
     return supervise(["srun", *args[2:]], lambda why: act(args[0], why, points))
 
 

@@ -250,3 +250,25 @@ def test_a_sweep_takes_one_snapshot_for_its_points_and_gives_each_point_its_run_
     [code] = {m["snapshot"]["dir"] for m in manifests}
     assert Path(code).parent == sweep_dir / "code"
     assert {j["code"] for m in manifests for t in m["tasks"].values() for j in t["jobs"]} == {Path(code).name}
+
+
+def test_a_sweep_points_logs_are_linked_by_its_task_and_found_by_hpc_logs(tmp_path, monkeypatch):
+    """A sweep's arrays keep their logs in the sweep's stage folders; a point's <stage>/logs link to
+    them is made by its task when it starts (not at submission), and hpc.logs finds a point's task
+    log through it, or in the sweep's folder where a task failed before it could link."""
+    from hpc.monitor import logs
+    from hpc.rundir.sweepdir import SweepDir
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])  # the points' jobs import tests.tiny_pipeline
+    sweep = SweepDir(tmp_path / "sweep")
+    assert submit.main(["tiny", "--cluster", "local", "--run-dir", str(sweep.path), "tiny.parts=[0]",
+                        "--sweep", "tiny.sleep_s=0,0.1"]) == 0
+    for sig in sweep.record()["points"]:
+        run = sweep.point(sig)
+        for stage in ("first", "second"):
+            assert (run.path / stage / "logs").is_symlink()
+            [found] = logs.select(run, stage, None, 0, "out")
+            assert found.is_file() and "[hpc] stage" in found.read_text()
+        (run.path / "second" / "logs").unlink()  # as if its task had failed before linking it
+        [found] = logs.select(run, "second", None, 0, "out")
+        assert found.parent.parent == sweep.path / "second" / "logs" and found.is_file()

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from hpc.config import schema as hconfig
-from hpc.sweep import grid, submission as sweep, points as sweepconfig
+from hpc.sweep import grid, launch, submission as sweep, points as sweepconfig
 from hpc.pipeline import plan
 from hpc import submit
 from hpc.pipeline import submission
@@ -122,8 +122,8 @@ def test_point_configs_and_stage_items(tmp_path):
     sig0, sig1 = defs
     assert merged["first"].items == ((sig0, None), (sig1, None))
     assert merged["second"].items == ((sig0, 0), (sig1, 1), (sig1, 2))
-    assert sweep.afterany([["7_0"], ["7_1", "6"]], {"first": ["7_0", "7_1"]}) == "afterany:6:7"
-    assert sweep.afterany([["7_0"]], {"first": ["7_0", "7_1"]}) == "afterany:7_0"
+    assert launch.afterany([["7_0"], ["7_1", "6"]], {"first": ["7_0", "7_1"]}) == "afterany:6:7"
+    assert launch.afterany([["7_0"]], {"first": ["7_0", "7_1"]}) == "afterany:7_0"
     assert sweep.latest(["a=1", "b=2", "a=3"]) == ["b=2", "a=3"]
 
 

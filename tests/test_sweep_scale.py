@@ -141,3 +141,70 @@ def test_a_sweep_task_finds_its_point_in_one_file_whatever_the_number_of_points(
                 monkeypatch.undo()
                 assert found.path == sweep.point(point).path
                 assert opened == [points]
+
+
+def test_an_array_writes_one_file_of_its_tasks_pickles_and_each_task_unpacks_its_own(tmp_path, fake_slurm, capsys,
+                                                                                    monkeypatch):
+    """submitit writes one pickle file per task at submission (here 3 per point); an array writes one
+    file of its tasks' pickles instead, which its batch script names to hpc.afterstep (--tasks), and a
+    point gets only its config.yaml and manifest. A task's batch step unpacks its own pickle where
+    submitit's runner reads it, and leaves a pickle already there as it is (a requeue after
+    checkpoint() wrote the next one)."""
+    from submitit.core.utils import DelayedSubmission
+
+    from hpc import afterstep
+
+    assert _sweep(tmp_path, range(6), range(4)) == 0, capsys.readouterr().err
+    sweep = sweepdir.SweepDir(tmp_path / "s")
+    scripts = sorted(fake_slurm.glob("script-*.sh"))
+    assert len(scripts) == 3  # first, and second's two items (aftercorr)
+    assert sorted(p.name for p in sweep.path.rglob("*.pkl")) == []  # no pickle per task at submission
+    assert len(list(sweep.path.rglob("tasks-*.bin"))) == len(scripts)  # one file per array
+    for sig in sweep.record()["points"]:  # per point, its two records: its logs are linked by its tasks
+        assert sorted(os.listdir(sweep.point(sig).path)) == ["config.yaml", "manifest.json"]
+    from hpc.pipeline import arraytasks  # (what unpacks a task's pickle)
+    (fake_slurm / "srun").write_text('#!/bin/bash\necho "$@" >> "$HPC_FAKE/srun.log"\n')
+    (fake_slurm / "srun").chmod(0o755)
+    tasks = {t["job_id"]: (sig, t) for sig in sweep.record()["points"] for t in sweep.point(sig).tasks()}
+    for script in scripts:
+        line = next(ln for ln in script.read_text().splitlines() if ln.startswith("srun() {"))
+        words = shlex.split(line[len("srun() {"):].rstrip("; }"))
+        args = words[words.index("hpc.afterstep") + 1:]
+        packed = args[args.index("--tasks") + 1]
+        job = script.stem.split("-")[1]
+        mine = {jid: v for jid, v in tasks.items() if jid.split("_")[0] == job}
+        assert len(mine) == 24
+        for jid, (sig, task) in mine.items():
+            env = {"SLURM_ARRAY_JOB_ID": job, "SLURM_ARRAY_TASK_ID": jid.split("_")[1]}
+            delayed = DelayedSubmission.load(arraytasks.unpack(packed, env))
+            stage_task = delayed.function
+            assert (stage_task.run_dir, stage_task.stage, stage_task.item) == \
+                (str(sweep.point(sig).path), task["stage"], task["item"])
+        # through hpc.afterstep, as the batch script runs it: unpacked before srun runs
+        first = sorted(mine)[0]
+        target = Path(arraytasks.unpack(packed, {"SLURM_ARRAY_JOB_ID": job,
+                                                 "SLURM_ARRAY_TASK_ID": first.split("_")[1]}))
+        target.unlink()
+        for name, value in zip(("SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID"), first.split("_")):
+            monkeypatch.setenv(name, value)
+        assert afterstep.main([*args[:args.index("--") + 1], "echo", "ran"]) == 0
+        assert target.is_file() and "ran" in (fake_slurm / "srun.log").read_text()
+        target.write_bytes(b"checkpointed")  # what checkpoint() would have written before a requeue
+        assert afterstep.main([*args[:args.index("--") + 1], "echo", "ran"]) == 0
+        assert target.read_bytes() == b"checkpointed"
+
+
+def test_each_distinct_swept_value_is_type_checked_once_not_once_per_point(tmp_path, fake_slurm, capsys, monkeypatch):
+    """The points' stages are read from read-only views over the base's plain data: OmegaConf
+    checks each distinct (key, value) once for the stages and once for config.yaml's text (2 x (6 + 4)
+    here), not each point's every key (2 x 24 and more)."""
+    from omegaconf import OmegaConf
+
+    calls = []
+    real = OmegaConf.update
+    monkeypatch.setattr(OmegaConf, "update", lambda cfg, key, *a, **k: calls.append(key) or real(cfg, key, *a, **k))
+    assert _sweep(tmp_path, range(6), range(4)) == 0, capsys.readouterr().err
+    swept = [k for k in calls if k in ("tiny.score", "tiny.sleep_s")]
+    assert len(swept) <= 2 * (6 + 4), len(swept)
+    sweep = sweepdir.SweepDir(tmp_path / "s")
+    assert all(len(sweep.point(sig).tasks()) == 3 for sig in sweep.record()["points"])

@@ -15,6 +15,7 @@ from typing import List, Optional
 
 from hpc.fs.sharedfs import listed
 from hpc.rundir.run import RunDir, RunDirError
+from hpc.rundir.sweepdir import shared_logs
 
 
 def select(run: RunDir, stage: Optional[str], task: Optional[str], rank: int, stream: str) -> List[Path]:
@@ -30,7 +31,14 @@ def select(run: RunDir, stage: Optional[str], task: Optional[str], rank: int, st
     if not chosen:
         items = sorted(str(t["item"]) for t in tasks if stage is None or t["stage"] == stage)
         raise ValueError(f"task {task!r} not found; expected one of {items}. HINT: --task ITEM")
-    return [run.log_path(t["stage"], t["job_id"], rank, stream) for t in chosen]
+    return [_log_path(run, t["stage"], t["job_id"], rank, stream) for t in chosen]
+
+
+def _log_path(run: RunDir, stage: str, job_id: str, rank: int, stream: str) -> Path:
+    """RunDir.log_path, or a sweep point's in the sweep's logs where its task never linked them."""
+    path = run.log_path(stage, job_id, rank, stream)
+    shared = None if path.parent.is_dir() else shared_logs(run, stage, job_id)
+    return shared / path.name if shared else path
 
 
 def follow(path: Path, poll_s: float = 1.0) -> None:

@@ -17,6 +17,7 @@ jobs import (hpc.rundir.snapshot: a stat of each file, a hash only where one cha
 from __future__ import annotations
 
 import collections
+import functools
 import json
 import re
 import sys
@@ -30,6 +31,7 @@ from hpc.fs.sharedfs import listed
 from hpc.monitor.logs import last_match, last_progress, tqdm_progress
 from hpc.recovery import hangs, nodefail
 from hpc.rundir.run import DONE, RunDir, task_key
+from hpc.rundir.sweepdir import is_sweep
 from hpc.slurm import scheduler
 
 # What a job left behind -> hpc state: for local/debug jobs (no scheduler), and for SLURM jobs that
@@ -68,17 +70,21 @@ def collect(run: RunDir, answer: Optional[Tuple[scheduler.Answer, Dict[str, Any]
     folder, and reads only the files those show (a done marker, a log, a hang report)."""
     run = run.pin()
     records, never = answer or query_run(run)
-    rows = [_row(run, t, records) for t in run.tasks()]
+    in_sweep = functools.lru_cache(maxsize=None)(lambda: is_sweep(str(run.path.parent)))  # asked once, if ever
+    rows = [_row(run, t, records, in_sweep) for t in run.tasks()]
     _explain(rows, records, never, run.job_tasks())
     return rows
 
 
-def _row(run: RunDir, t: Dict[str, Any], records: scheduler.Answer) -> TaskStatus:
+def _row(run: RunDir, t: Dict[str, Any], records: scheduler.Answer, in_sweep: Callable[[], bool]) -> TaskStatus:
     jid, stage, item = t["job_id"], t["stage"], t["item"]
     rec = records.get(jid)
     task_dir = run.task_dir(stage, item)
     here, logs = listed(task_dir), run.log_path(stage, jid).parent
     logged = set() if rec and rec.state == "PENDING" and not rec.restarts else listed(logs)  # not started: none
+    if not logged and rec and rec.state != "PENDING" and in_sweep():  # a sweep's task that failed before
+        logs = run.path.parent / stage / "logs" / jid  # it linked its point's logs (hpc.rundir.sweepdir)
+        logged = listed(logs)
     info = _read_done(task_dir) if DONE in here else {}
     result = logs / f"{jid}_0_result.pkl" if f"{jid}_0_result.pkl" in logged else None
     state = task_state(t, records, lambda: _left(DONE in here, result))

@@ -18,6 +18,7 @@ Parts::
                    the upstream tasks' ids, --array=3,7,12-20)
     sbatch.py      Resources -> submitit parameters and the sbatch text they produce
     executor.py    StageTask, what submitit pickles; the executor of each kind
+    arraytasks.py  an array's task pickles in one file, each unpacked by its task's batch step
     request.py     Request: one submission, typed, as python -m hpc.submit takes it
     submission.py  submit(): the engine python -m hpc.submit and sweeps call
 

@@ -115,11 +115,12 @@ class JobSpec:
                                  self.item_after, ids, self.item_of)
 
     def executor_parameters(self, dependency: Optional[str] = None, setup: Sequence[str] = (),
-                            points: Optional[str] = None) -> Dict[str, Any]:
-        """`points`: a sweep array's file naming each task's point, for hpc.afterstep."""
+                            points: Optional[str] = None, tasks: Optional[str] = None) -> Dict[str, Any]:
+        """`points`: a sweep array's file naming each task's point, `tasks`: the file of its tasks'
+        pickles (hpc.pipeline.arraytasks), both for hpc.afterstep."""
         if self.kind == "slurm":
             return sbatch.slurm_parameters(self.resources, self.stage, dependency, setup, self.run_dir,
-                                           self.task_ids, points)
+                                           self.task_ids, points, tasks)
         return sbatch.local_parameters(self.resources)
 
     @property
@@ -217,6 +218,7 @@ def make_plan(pipe: PipelineDef, cfg: Any, run_dir: str, kind: str,
         item_after = stage.per_item_after if kind == "slurm" or any(j.stage == stage.per_item_after
                                                                     for j in jobs) else ""
         split = arrays.parts(todo, where, max_array_size if stage.items else None)
+        position = {item: n for n, item in reversed(list(enumerate(stage.items)))}  # .index(): each a scan
         if len(arrays.chunks(todo, max_array_size)) > 1 and stage.items:
             notes.append(f"stage {stage.name}: {len(todo)} items, more than the cluster's MaxArraySize "
                          f"{max_array_size}: submitted as {len(split)} arrays")
@@ -225,7 +227,7 @@ def make_plan(pipe: PipelineDef, cfg: Any, run_dir: str, kind: str,
                          f"{stage.per_item_after} task and aftercorr pairs one task id with one")
         for k, part in enumerate(split, 1):
             job = JobSpec(stage=stage.name, target=stage.target, items=part.items, is_array=bool(stage.items),
-                          indices=tuple(stage.items.index(i) if stage.items else None for i in part.items),
+                          indices=tuple(position[i] if stage.items else None for i in part.items),
                           resources=res, after=after, folder=f"{run_dir}/{stage.name}/logs/%j",
                           kind=kind, ranks=ranks[0], describe=stage.describe or stage.target,
                           worlds=ranks, batch=tuple(stage.batch), item_after=item_after,

@@ -19,11 +19,13 @@ from hpc.slurm import noderange
 
 def slurm_parameters(res: Mapping[str, Any], job_name: str, dependency: Optional[str] = None,
                      setup: Sequence[str] = (), run_dir: Optional[str] = None,
-                     task_ids: Sequence[int] = (), points: Optional[str] = None) -> Dict[str, Any]:
+                     task_ids: Sequence[int] = (), points: Optional[str] = None,
+                     tasks: Optional[str] = None) -> Dict[str, Any]:
     """Parameters for submitit.SlurmExecutor.update_parameters(); with `run_dir`, srun runs under
     hpc.afterstep (node failures, node ranges after a requeue); with `task_ids`, an array of those
     task ids (hpc.pipeline.executor.submit_array submits it) instead of submitit's 0..n-1;
-    `points`: a sweep array's file naming each task's point (hpc.rundir.sweepdir.SweepDir.write_points)."""
+    `points`: a sweep array's file naming each task's point (hpc.rundir.sweepdir.SweepDir.write_points);
+    `tasks`: an array's file of its tasks' pickles (hpc.pipeline.arraytasks)."""
     lo, hi = noderange.bounds(res["nodes"])
     params: Dict[str, Any] = {
         "job_name": job_name,
@@ -54,19 +56,19 @@ def slurm_parameters(res: Mapping[str, Any], job_name: str, dependency: Optional
     # a rank that dies takes the whole step down at once; otherwise its peers block in the next
     # collective until their NCCL/gloo timeout or the job's time limit.
     params["srun_args"] = ["--kill-on-bad-exit=1"]
-    ours = afterstep_setup(res, run_dir, points=points) if run_dir is not None else []
+    ours = afterstep_setup(res, run_dir, points=points, tasks=tasks) if run_dir is not None else []
     if ours or setup:
         params["setup"] = ours + list(setup)
     return params
 
 
 def afterstep_setup(res: Mapping[str, Any], run_dir: str, python: Optional[str] = None,
-                    points: Optional[str] = None) -> list:
+                    points: Optional[str] = None, tasks: Optional[str] = None) -> list:
     """Lines before srun: srun runs under hpc.afterstep (node failures, a node range after a requeue),
     which is told what the job asked for; the script outlives SIGTERM until srun has ended."""
     python = python or shlex.quote(sys.executable)
     limit = int(res.get("max_node_failures", defaults.MAX_NODE_FAILURES))
-    where = f" --points {shlex.quote(points)}" if points else ""
+    where = f" --points {shlex.quote(points)}" * bool(points) + f" --tasks {shlex.quote(tasks)}" * bool(tasks)
     return ["trap true TERM  # hpc: a preemption, requeue or node failure: wait for srun under hpc.afterstep",
             f'srun() {{ {python} -u -m hpc.afterstep {shlex.quote(run_dir)}{where} -- "$@"; }}',
             f"export HPC_NODES={shlex.quote(str(res['nodes']))} HPC_MAX_NODE_FAILURES={limit}"]

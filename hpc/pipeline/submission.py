@@ -21,6 +21,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from hpc.config import schema as hconfig
 from hpc.monitor import status
+from hpc.pipeline import arraytasks
 from hpc.pipeline import plan as hplan
 from hpc.pipeline.request import Request
 from hpc.rundir import codefiles, snapshot
@@ -121,12 +122,14 @@ def submit_plan(plan: hplan.Plan, run: RunDir, setup: Sequence[str] = (), code: 
             executor = make_executor(plan.kind, job.folder, job.resources["max_timeouts"])
             waits = upstream(job, ids, run) if plan.kind == "slurm" else []
             per_item, each = job.item_dependency(by_label) if plan.kind == "slurm" else (None, [])
-            if plan.kind != "debug":
-                dependency = ",".join(d for d in (afterok(waits), per_item) if d) or None
-                executor.update_parameters(**job.executor_parameters(dependency, setup))
             tasks = [StageTask(str(run.path), job.stage, job.target, item, index, code=code, run_id=run_id)
                      for item, index in zip(job.items, job.indices)]
-            submitted = submit_array(executor, tasks, job.task_ids if plan.kind == "slurm" else ())
+            # an array's tasks' pickles in one file (hpc.pipeline.arraytasks), not one file each
+            packed = arraytasks.path_for(job.folder) if plan.kind == "slurm" and len(tasks) > 1 else None
+            if plan.kind != "debug":
+                dependency = ",".join(d for d in (afterok(waits), per_item) if d) or None
+                executor.update_parameters(**job.executor_parameters(dependency, setup, tasks=packed))
+            submitted = submit_array(executor, tasks, job.task_ids if plan.kind == "slurm" else (), packed)
             by_label[job.label] = [str(sj.job_id) for sj in submitted]
             run.record_all(job.stage, list(zip(job.items, by_label[job.label])), plan.kind, waits, each,
                            code.hash if code else None)

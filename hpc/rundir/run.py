@@ -11,6 +11,7 @@ Layout:
     <run>/code/<hash>/         the code snapshot the jobs import (hpc.rundir.snapshot); <hash>.json lists its files
     <run>/.submit.lock         held (flock) by the submission that is reading state and writing the manifest
     <run>/<stage>/logs/<jobid>/<jobid>_<rank>_log.{out,err}   submitit's per-rank logs
+    <run>/<stage>/logs/tasks-<id>.bin   an array's task pickles, one file (hpc.pipeline.arraytasks)
     <run>/<stage>/[task-<item>/]  done, checkpoints/, tensorboard/, outputs
 """
 from __future__ import annotations
@@ -52,6 +53,13 @@ class RunDir:
         path component fewer, which counts a thousand points at a time."""
         run = cls.__new__(cls)
         run.path = resolved
+        return run
+
+    @classmethod
+    def new_at(cls, resolved: Path) -> "RunDir":
+        """RunDir.at() for a run dir known to have no manifest yet (a sweep's new point): none is read."""
+        run = cls.at(resolved)
+        run._pinned = {}
         return run
 
     def pin(self) -> "RunDir":
@@ -171,7 +179,8 @@ class RunDir:
         return {j["job_id"]: task_key(t["stage"], t["item"]) for t in self.tasks() for j in t["jobs"]}
 
     def write_manifest(self, data: Dict[str, Any]) -> None:
-        atomic.write_text(self.manifest_path, json.dumps(data, indent=1, default=str))
+        # one line: json's C encoder, 3x faster than its indenting one, which a sweep pays per point
+        atomic.write_text(self.manifest_path, json.dumps(data, default=str))
 
     # ---- one submission at a time
     @contextlib.contextmanager

@@ -6,10 +6,12 @@ Layout:
     <sweep>/sweep.json            pipeline, grid, the overrides and profile every point shares, and
                                   every point ever submitted (signature -> overrides, in the grid or not)
     <sweep>/<signature>/          a point: a run directory (hpc.rundir.run) of its own
-    <sweep>/<signature>/<stage>/logs -> ../../<stage>/logs   (its array tasks' logs)
+    <sweep>/<signature>/<stage>/logs -> ../../<stage>/logs   (its array tasks' logs; each task links it
+                                  when it starts, hpc.pipeline.executor.StageTask; shared_logs before)
     <sweep>/<stage>/logs/<jobid>/ submitit's logs of the stage's array, all points together
     <sweep>/<stage>/logs/points-<id>.txt   the point of each task of one array, line k for task k
                                   (hpc.afterstep --points: run_for reads it, not every point's manifest)
+    <sweep>/<stage>/logs/tasks-<id>.bin    the pickles of one array's tasks (hpc.pipeline.arraytasks)
 
 A point removed from the grid keeps its directory: it is reported, never deleted, and still shown.
 """
@@ -142,6 +144,14 @@ def run_for(path: Any, job_id: str, points: Optional[str] = None) -> RunDir:
         if any(j["job_id"] == job_id for t in run.tasks() for j in t["jobs"]):
             return run
     return RunDir(path)
+
+
+def shared_logs(run: RunDir, stage: str, job_id: str) -> Optional[Path]:
+    """Where a sweep point's task keeps its logs before its <point>/<stage>/logs link exists (its
+    task makes it when it starts: hpc.pipeline.executor.StageTask; one that failed before that has
+    none): the sweep's <stage>/logs/<job_id>. None for a run that is no sweep's point."""
+    folder = run.path.parent / stage / "logs" / job_id
+    return folder if is_sweep(str(run.path.parent)) and folder.is_dir() else None
 
 
 def describe(overrides: Mapping[str, Any]) -> str:

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import copy
 import uuid
-from typing import Any, Dict, Iterator, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from hpc.config import schema as hconfig
+from hpc.config import view as configview
 from hpc.pipeline import plan as hplan
 from hpc.sweep import grid as hgrid
 
@@ -24,31 +25,73 @@ def configs(base: Any, points: Sequence[hgrid.Point], settle: Any = None) -> Ite
     """(point, its config) in turn: the base with the point's overrides, type-checked. One copy of
     the base is updated point after point (each sets every swept key): a copy or a fresh load per
     point costs far more. Each config is valid until the next point is yielded."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
     cfg = copy.deepcopy(base)
     for point in points:
         for key, value in point.overrides.items():
-            try:  # a mapping merges into the base's, as a key=value override would
-                value = OmegaConf.merge(OmegaConf.select(base, key), value) if isinstance(value, dict) else value
-                OmegaConf.update(cfg, key, value, merge=False)
-            except OmegaConfBaseException as err:
-                detail = str(getattr(err, "msg", err)).splitlines()[0]
-                raise hgrid.SweepError(f"--sweep {key}={value!r}: {detail}; expected a value of the key's type. "
-                                       f"HINT: see the pipeline's config dataclass for {key}.") from None
+            _update(cfg, base, key, value)
         if settle is not None:  # a swept value may be one another's default depends on
             settle(cfg)
         yield point, cfg
 
 
+def _update(cfg: Any, base: Any, key: str, value: Any) -> None:
+    """Set `key` of `cfg` to `value` as a key=value override would (a mapping merges into the
+    base's); a value of the wrong type is a SweepError."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        value = OmegaConf.merge(OmegaConf.select(base, key), value) if isinstance(value, dict) else value
+        OmegaConf.update(cfg, key, value, merge=False)
+    except OmegaConfBaseException as err:
+        detail = str(getattr(err, "msg", err)).splitlines()[0]
+        raise hgrid.SweepError(f"--sweep {key}={value!r}: {detail}; expected a value of the key's type. "
+                               f"HINT: see the pipeline's config dataclass for {key}.") from None
+
+
 def resolve(base: Any, points: Sequence[hgrid.Point], pipe: hplan.PipelineDef) -> Defs:
-    """Each point's stages, after the pipeline's own checks of its config."""
+    """Each point's stages, after the pipeline's own checks of its config: given a read-only view
+    (hpc.config.view, as a run's submission gives them) where views() can make one, else a DictConfig."""
     defs = {}
-    for point, cfg in configs(base, points, pipe.settle):
+    for point, cfg in views(base, points, pipe.settle) or configs(base, points, pipe.settle):
         pipe.validate(cfg)
         defs[point.signature] = {s.name: s for s in pipe.stages(cfg)}
     return defs
+
+
+def views(base: Any, points: Sequence[hgrid.Point], settle: Any = None) -> Optional[List[Tuple[hgrid.Point, Any]]]:
+    """(point, its config as a read-only ConfigView) for every point, or None where that cannot be
+    exact: the base's plain data shared, each point copying only the mappings on its swept keys'
+    paths, and each distinct (key, value) type-checked once (OmegaConf per point costs more than the
+    rest of a point's submission). Not with a settle hook (it changes a DictConfig), an
+    interpolation (a swept value may show elsewhere), or one swept key inside another."""
+    from omegaconf import OmegaConf
+
+    keys = list(dict.fromkeys(k for p in points for k in p.overrides))
+    if settle is not None or any(a != b and b.startswith(a + ".") for a in keys for b in keys) \
+            or _interpolated(OmegaConf.to_container(base, resolve=False)):
+        return None
+    plain, scratch, typed = hconfig.to_dict(base), copy.deepcopy(base), {}
+    out = []
+    for point in points:
+        data, copied = dict(plain), set()
+        for key, value in point.overrides.items():
+            seen = (key, repr(value))
+            if seen not in typed:  # the value as the config's type makes it (1 -> 1.0 for a float)
+                _update(scratch, base, key, value)
+                typed[seen] = hconfig.to_dict(OmegaConf.select(scratch, key))
+            *path, leaf = key.split(".")
+            node = data
+            for name in path:  # copy on write: the mappings above the key are this point's own
+                if not isinstance(node.get(name), dict):
+                    return None
+                if id(node[name]) not in copied:
+                    node[name] = dict(node[name])
+                    copied.add(id(node[name]))
+                node = node[name]
+            node[leaf] = typed[seen]
+        out.append((point, configview.ConfigView(data)))
+    return out
 
 
 def texts(base: Any, points: Sequence[hgrid.Point], settle: Any = None) -> Dict[str, str]:

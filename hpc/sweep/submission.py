@@ -26,7 +26,8 @@ job), so stages.*, cluster.* and run.* are not swept; key=value before --sweep a
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
+import os
+from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
 from hpc.config import layers
 from hpc.config import schema as hconfig
@@ -36,11 +37,11 @@ from hpc.pipeline import arrays
 from hpc.pipeline import plan as hplan
 from hpc.pipeline import submission as hsubmit
 from hpc.pipeline.request import Request
-from hpc.rundir.run import RunDir, RunDirError, add_jobs, code_version
+from hpc.rundir.run import RunDir, RunDirError, code_version
 from hpc.rundir.sweepdir import SweepDir
 from hpc.slurm import scheduler
-from hpc.slurm.submitenv import submission_env
 from hpc.sweep import grid as hgrid
+from hpc.sweep import launch
 from hpc.sweep import points as sweepconfig
 from hpc.sweep.points import Defs
 
@@ -81,8 +82,9 @@ def submit(req: Request) -> int:
         manifests = {}
         for sig, text in texts.items():  # config.yaml before any task can start; the manifest once, at the end
             atomic.write_text(sweep.point(sig).config_path, text)
-            manifests[sig] = sweep.point(sig).begin(pipe.name, kind, code)
-        ids = submit_arrays(plan, sweep, defs, list(base.cluster.setup),
+            point = sweep.point(sig) if states[sig][3] else RunDir.new_at(sweep.point(sig).path)
+            manifests[sig] = point.begin(pipe.name, kind, code)
+        ids = launch.submit_arrays(plan, sweep, defs, list(base.cluster.setup),
                             hsubmit.job_code(snap, req.pipeline, module_file), manifests)
     print(f"sweep dir: {sweep.path}")
     for label, jids in ids.items():
@@ -171,19 +173,24 @@ def _per_point(defs: Defs, sigs: Sequence[str], stage: hplan.StageDef) -> bool:
 def _plan(pipe: hplan.PipelineDef, base: Any, defs: Defs, sweep: SweepDir, kind: str,
           max_size: Any) -> Tuple[hplan.Plan, Dict[str, Tuple[int, int, int, bool]], List[str]]:
     """(the plan of the arrays, per point (done, queued, total tasks, submitted before), the jobs
-    that can never start),
-    from one scheduler call for all points."""
-    runs = {sig: sweep.point(sig).pin() for sig in defs}  # each manifest read once, however often it is asked
-    answer = hsubmit.confirmed(status.query_run(*runs.values())) if kind == "slurm" else None
+    that can never start), from one scheduler call for all points."""
+    # one listing of the sweep dir: a point without a directory has nothing done, queued or recorded
+    known = set(os.listdir(sweep.path)) if sweep.path.is_dir() else set()
+    runs = {sig: sweep.point(sig).pin() for sig in defs if sig in known}  # each manifest read once
+    answer = hsubmit.confirmed(status.query_run(*runs.values())) if kind == "slurm" and runs else None
     finished: set = set()
     queued: Dict[Tuple[str, Any], str] = {}
     states, never = {}, []
-    for sig, run in runs.items():
+    for sig, stages in defs.items():
+        total = sum(len(s.items or (None,)) for s in stages.values() if not s.skip)
+        run = runs.get(sig)
+        if run is None:
+            states[sig] = (0, 0, total, False)
+            continue
         own = hplan.PipelineDef(pipe.name, pipe.schema, lambda _, sig=sig: list(defs[sig].values()))
         done, waiting, _ = hsubmit.current_state(own, base, run, kind, answer)
         finished |= {(stage, (sig, item)) for stage, item in done}
         queued.update({(stage, (sig, item)): jid for (stage, item), jid in waiting.items()})
-        total = sum(len(s.items or (None,)) for s in defs[sig].values() if not s.skip)
         states[sig] = (len(done), len(waiting), total, bool(done or waiting or run.manifest()))
         never += [t["job_id"] for t in run.tasks() if answer and t["job_id"] in answer[1]]
     merged = merged_stages(defs)
@@ -223,78 +230,3 @@ def summary(plan: hplan.Plan, points: Sequence[hgrid.Point], states: Mapping[str
         lines.append(f"  point {p.signature} {p.describe()}: {what}")
     lines += [f"  note: {n}" for n in plan.notes] + [f"  {line}" for line in extra]
     return "\n".join(lines)
-
-
-def submit_arrays(plan: hplan.Plan, sweep: SweepDir, defs: Defs, setup: Sequence[str], code: Any = None,
-                  manifests: Optional[Dict[str, Dict[str, Any]]] = None) -> Dict[str, List[str]]:
-    """One submission (an array) per job of the plan. Every task runs `code`
-    (hpc.rundir.snapshot.JobCode; None: the live tree) and its point's run id. `manifests`: each
-    point's manifest as RunDir.begin() made it; the arrays' jobs are added in memory and each point's
-    manifest is written once at the end, also when a later array is refused (it records those before)."""
-    manifests = {} if manifests is None else manifests
-    try:
-        return _submit_arrays(plan, sweep, defs, setup, code, manifests)
-    finally:
-        for sig, data in manifests.items():
-            sweep.point(sig).write_manifest(data)
-
-
-def _submit_arrays(plan: hplan.Plan, sweep: SweepDir, defs: Defs, setup: Sequence[str], code: Any,
-                   manifests: Dict[str, Dict[str, Any]]) -> Dict[str, List[str]]:
-    # only when jobs are submitted: a dry run never loads the task and the executors
-    from hpc.pipeline.executor import StageTask, drop_unexpanded_folder, make_executor, submit_array
-
-    by_label: Dict[str, List[str]] = {}
-    slurm = plan.kind == "slurm"
-    with submission_env():
-        for job in plan.jobs:
-            sigs = list(dict.fromkeys(sig for sig, _ in job.items))
-            for sig in sigs:  # a point with nothing new to start keeps its manifest as it is
-                manifests.setdefault(sig, sweep.point(sig).manifest())
-            tasks = [StageTask(str(sweep.path / sig), job.stage, job.target, item,
-                               defs[sig][job.stage].items.index(item) if defs[sig][job.stage].items else None,
-                               _needs(defs[sig], job.stage), code=code, run_id=manifests[sig].get("run_id", ""))
-                     for sig, item in job.items]
-            upstream = {sig: _upstream(job, manifests[sig], sweep.point(sig)) for sig in sigs} if slurm else {}
-            per_item, each = job.item_dependency(by_label) if slurm else (None, [])
-            executor = make_executor(plan.kind, job.folder, job.resources["max_timeouts"])
-            if plan.kind != "debug":
-                dependency = ",".join(d for d in (afterany(upstream.values(), by_label), per_item) if d) or None
-                where = sweep.write_points(job.stage, [sig for sig, _ in job.items], job.task_ids) if slurm else None
-                executor.update_parameters(**job.executor_parameters(dependency, setup, where))
-            submitted = submit_array(executor, tasks, job.task_ids if slurm else ())
-            by_label[job.label] = [str(s.job_id) for s in submitted]
-            mine: Dict[str, List[int]] = {sig: [] for sig in sigs}
-            for n, (sig, _) in enumerate(job.items):
-                mine[sig].append(n)
-            for sig, own in mine.items():
-                add_jobs(manifests[sig], job.stage, [(job.items[n][1], by_label[job.label][n]) for n in own],
-                         plan.kind, upstream.get(sig, []), [each[n] for n in own] if each else (),
-                         code.hash if code else None)
-                sweep.link_logs(sig, job.stage)
-            if not slurm:  # no scheduler to order the stages: each array ends before the next starts
-                hsubmit.wait_ok(submitted)
-                drop_unexpanded_folder(job.folder)
-    return by_label
-
-
-def _upstream(job: hplan.JobSpec, manifest: Mapping[str, Any], run: RunDir) -> List[str]:
-    """hpc.pipeline.submission.upstream for one point, from its manifest in memory (which holds this
-    submission's earlier arrays): the latest job of each task of `job.after` not done yet."""
-    tasks = manifest.get("tasks", {}).values()
-    return sorted({t["job_id"] for t in tasks if t["stage"] in job.after and not run.is_done(t["stage"], t["item"])})
-
-
-def _needs(stages: Mapping[str, hplan.StageDef], stage: str) -> List[Tuple[str, Any]]:
-    """The tasks of this point that must be done before its `stage` runs: every task of its `after` stages."""
-    return [(up, i) for up in stages[stage].after if not stages[up].skip for i in (stages[up].items or (None,))]
-
-
-def afterany(upstream: Any, arrays_now: Mapping[str, Sequence[str]]) -> Any:
-    """'afterany:12:13_4' for the job ids the points wait for; an array submitted now whose tasks are
-    all among them is named whole ('12'), which keeps the option short for any number of points."""
-    ids: FrozenSet[str] = frozenset(j for ups in upstream for j in ups)
-    for jids in arrays_now.values():
-        if len(jids) > 1 and set(jids) <= ids:
-            ids = (ids - set(jids)) | {jids[0].split("_")[0]}
-    return f"afterany:{':'.join(sorted(ids))}" if ids else None
