@@ -82,3 +82,12 @@ def test_an_unknown_warn_signal_is_refused(flag):
     with pytest.raises(ValueError, match="expected one of TERM, USR1, USR2, none"):
         supervise(proc, flag, "HUP", stop_now=lambda: True)
     proc.wait()
+
+
+def test_a_stop_signal_after_a_hang_decision_keeps_the_decision(flag):
+    flag.reason = "hang"  # what the run wrapper sets once its watchdog fired, before it requeues
+    os.kill(os.getpid(), signal.SIGTERM)  # SLURM's requeue then signals every process of the step
+    deadline = time.monotonic() + 5
+    while flag.signal is None and time.monotonic() < deadline and flag.reason == "hang":
+        time.sleep(0.01)
+    assert flag.reason == "hang"

@@ -37,8 +37,10 @@ def test_a_script_still_starting_has_the_startup_allowance_then_the_hang_timeout
     watch = ScriptWatch(tmp_path / "hangs", 0, 1, "h", timeout_s=0.1, logs=[log], pid=os.getpid(), poll_s=0.05,
                         startup_s=0.6)
     assert watch.startup_s == 0.6
+    with open(log, "a") as fh:  # a requeued attempt appends to the same log: hpc's lines are not the script's
+        fh.write("[hpc] framework preset: none\nhpc.launch: OMP_NUM_THREADS=1 for each of this node's 2 tasks\n")
     time.sleep(0.3)  # importing torch, joining the rendezvous: silent longer than timeout_s
-    assert watch.look() == "watching"
+    assert watch.look() == "watching" and not watch._started
     with open(log, "a") as fh:
         fh.write("step 0\n")
     assert watch.look() == "watching"

@@ -75,7 +75,8 @@ class StopFlag:
     def _handle(self, signum: int, frame: Any) -> None:
         kind = self.kinds[signum]
         # A preemption outranks a timeout (it always requeues); otherwise keep the first signal.
-        if self.reason is None or REASON_CODES[kind] > REASON_CODES[self.reason]:
+        # A reason set here (the run wrapper's "hang") is a decision already taken: no signal outranks it.
+        if self.reason is None or REASON_CODES[kind] > REASON_CODES.get(self.reason, len(REASON_CODES)):
             self.reason, self.signal = kind, signal.Signals(signum).name
             self.received_at = time.time()
 

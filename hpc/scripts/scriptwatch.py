@@ -36,6 +36,9 @@ from typing import Any, Dict, List, Optional, Sequence
 from hpc.recovery.hangs import HangDir
 
 STARTUP_S = 300.0  # the least time a script has to show its first progress
+# Lines the task's log gets from hpc, submitit and srun themselves (a requeued attempt appends to the
+# same log): none of them is the script's progress, so none ends its start-up allowance.
+OWN_LINE = re.compile(rb"^(\[hpc\]|hpc\.launch:|submitit |srun: )")
 STACKS_SIGNAL = signal.SIGWINCH  # ignored by default: a script without the handler is unaffected
 # A main thread in one of these is waiting for its peers (a collective, a barrier, a store, a join).
 WAITING = re.compile(r"all_reduce|allreduce|all_gather|broadcast|barrier|reduce_scatter|\bwait\b|_wait|recv|"
@@ -113,20 +116,27 @@ class ScriptWatch:
         grew = False
         for i, (path, size) in enumerate(zip(self.logs, sizes)):
             if size > self._sizes[i]:
-                grew = grew or self.pattern is None or self._matches(path, self._sizes[i], size)
+                grew = grew or self._progress(path, self._sizes[i], size)
             self._sizes[i] = size
         if grew:
             self._last = time.monotonic()
             self._started = True
         return time.monotonic() - self._last
 
-    def _matches(self, path: Path, start: int, end: int) -> bool:
+    def _progress(self, path: Path, start: int, end: int) -> bool:
+        """Whether the bytes added to `path` are progress: any output once the script started (a
+        stat, nothing read), else a line of the script's own; with a pattern, a line matching it."""
+        if self.pattern is None and self._started:
+            return True
         try:
             with open(path, "rb") as fh:
                 fh.seek(max(start, end - (1 << 20)))  # the last MiB of what was added
-                return bool(self.pattern.search(fh.read()))  # type: ignore[union-attr]
+                added = fh.read()
         except OSError:
             return False
+        if self.pattern is not None:
+            return bool(self.pattern.search(added))
+        return any(line.strip() and not OWN_LINE.match(line) for line in added.splitlines())
 
     @staticmethod
     def _size(path: Path) -> int:
