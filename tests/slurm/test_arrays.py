@@ -167,7 +167,9 @@ def test_a_sweeps_next_stage_waits_point_by_point(max_array_size_4, tmp_path, mo
         wait_until(lambda: all(r.is_done("second", 0) for r in runs[1:]), timeout_s=50,
                    what="points 1 to 4 to finish second while point 0's first still works")
         assert not runs[0].is_done("first") and not runs[0].is_done("second", 0)
-        records = scheduler.query([*firsts[1:], *seconds[1:]])
+        wanted = [*firsts[1:], *seconds[1:]]  # accounting hears of an ended task after slurmctld: wait for all
+        records = wait_until(lambda: (lambda r: r if set(wanted) <= set(r) else None)(scheduler.query(wanted)),
+                             timeout_s=60, what="the accounting records of points 1 to 4")
         for p in range(1, 5):
             assert at(records[seconds[p]], "start") >= at(records[firsts[p]], "end")
     finally:
