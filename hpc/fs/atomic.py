@@ -49,26 +49,38 @@ def _part(path: str, unique: bool) -> str:
 def replacing(path: str | os.PathLike, unique: bool = True, sync_dir: bool = True,
               durable: bool = True) -> Iterator[BinaryIO]:
     """Yield a binary file; on a normal exit its bytes are fsynced and renamed to `path`.
-
     An exception inside the block (or in the fsync or rename) removes the temporary file and
     propagates; `path` is then untouched.
     """
-    path = Path(path)
-    part = temporary_name(path, unique)
-    # mode 0o666 less the umask, like any new file (mkstemp's 0o600 is not)
-    fd = os.open(part, os.O_WRONLY | os.O_CREAT | (os.O_EXCL if unique else os.O_TRUNC), 0o666)
+    target = os.fspath(path)
+    part, fd = _open_part(target, unique)
     try:
         with os.fdopen(fd, "wb") as fh:
             yield fh
             fh.flush()
-            if durable and not _BATCHED:
-                os.fsync(fh.fileno())
-        os.replace(part, path)
+            _sync(fh.fileno(), durable)
+        os.replace(part, target)
     except BaseException:
         unlink_quietly(part)
         raise
-    if durable and sync_dir and not _BATCHED:
-        fsync_dir(path.parent)
+    _sync_parent(target, durable and sync_dir)
+
+
+def _open_part(target: str, unique: bool) -> tuple[str, int]:
+    """(the temporary name of `target`, a descriptor open for writing it)."""
+    part = _part(target, unique)
+    # mode 0o666 less the umask, like any new file (mkstemp's 0o600 is not)
+    return part, os.open(part, os.O_WRONLY | os.O_CREAT | (os.O_EXCL if unique else os.O_TRUNC), 0o666)
+
+
+def _sync(fd: int, durable: bool) -> None:
+    if durable and not _BATCHED:  # inside batched(): one syncfs at its end instead
+        os.fsync(fd)
+
+
+def _sync_parent(target: str, sync_dir: bool) -> None:
+    if sync_dir and not _BATCHED:
+        fsync_dir(os.path.dirname(target) or ".")
 
 
 @contextlib.contextmanager
@@ -103,28 +115,24 @@ def write_bytes(path: str | os.PathLike, data: bytes, unique: bool = True, sync_
     files per point, and a file object and path objects cost more than the system calls). Creates
     the parent directory, only when the first open finds none."""
     target = os.fspath(path)
-    part = _part(target, unique)
-    flags = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if unique else os.O_TRUNC)
     try:
-        fd = os.open(part, flags, 0o666)  # mode 0o666 less the umask, as in replacing()
+        part, fd = _open_part(target, unique)
     except FileNotFoundError:
         os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
-        fd = os.open(part, flags, 0o666)
+        part, fd = _open_part(target, unique)
     try:
         try:
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view):]
-            if durable and not _BATCHED:
-                os.fsync(fd)
+            _sync(fd, durable)
         finally:
             os.close(fd)
         os.replace(part, target)
     except BaseException:
         unlink_quietly(part)
         raise
-    if durable and sync_dir and not _BATCHED:
-        fsync_dir(os.path.dirname(target) or ".")
+    _sync_parent(target, durable and sync_dir)
 
 
 def write_text(path: str | os.PathLike, text: str, **how: bool) -> None:
