@@ -105,9 +105,11 @@ def reader(directory: str | os.PathLike, files: dict | None, rank: int = 0) -> A
             flat = flatten_state_dict(state)[0]
             near = sorted({r for r in (rank, 0) if r in parts})
             index = dcp_index.merge(self._index(rank_metadata(r)) for r in near)
-            if any(dcp_index.uncovered(index, flat)) and len(near) < len(parts):
+            gaps = dcp_index.uncovered(index, flat)
+            if any(gaps) and len(near) < len(parts):
                 index = dcp_index.merge(self._index(rank_metadata(r)) for r in parts)
-            short = dcp_index.uncovered(index, flat)[1]
+                gaps = dcp_index.uncovered(index, flat)
+            short = gaps[1]
             if short:  # a missing name is DCP's to report, as for any index
                 raise ShardCorrupt(f"the index parts in {directory} do not cover {len(short)} tensors of this "
                                    f"rank's load ({', '.join(short[:5])}). HINT: load another checkpoint; "
