@@ -81,8 +81,8 @@ class StageTask:
             dist.export()  # RANK/WORLD_SIZE/MASTER_* for torch.distributed and user code
         stage_dir = run.task_dir(self.stage, self.item)
         stage_dir.mkdir(parents=True, exist_ok=True)
-        if is_sweep(str(run.path.parent)):  # a sweep's point: its logs are the sweep's stage's, linked
-            SweepDir(run.path.parent).link_logs(run.path.name, self.stage)  # here, not per point at submission
+        if dist.rank == 0 and is_sweep(str(run.path.parent)):  # a sweep's point: its logs are the sweep's
+            SweepDir(run.path.parent).link_logs(run.path.name, self.stage)  # stage's, linked once, not per point
         # set, not setdefault: sbatch exports the submitting shell's environment, which may carry one
         exported = {"HPC_CHECKPOINT_DIR": str(stage_dir / "checkpoints")}
         run_id, code = getattr(self, "run_id", ""), getattr(self, "code", None)  # older pickles: neither
