@@ -105,7 +105,8 @@ def densify_and_prune(params: dict, opt, stats: DensifyStats, cfg: dict, *,
             from .render import quat_to_rotmat  # only when gaussians split: the renderer imports this module's users
             rot = quat_to_rotmat(params["quats"].detach()[index[n_keep:]])
             std = torch.exp(log_scales[n_keep:])
-            offset = torch.randn(std.shape, generator=generator) * std
+            # the generator lives on the CPU (the same draws on every device): move the draws
+            offset = torch.randn(std.shape, generator=generator).to(std.device) * std
             means[n_keep:] += (rot @ offset[:, :, None]).squeeze(-1)
             log_scales[n_keep:] -= torch.log(torch.tensor(1.6))
         new_params = _rebuild(params, index, {"means": means, "log_scales": log_scales})

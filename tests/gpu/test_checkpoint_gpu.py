@@ -81,7 +81,9 @@ def test_dcp_saves_device_tensors_asynchronously_and_loads_them_back(group, tmp_
     engine.wait()
     merge_metadata(tmp_path / "step", 1)
     buffers = engine._stager._staging._buffers.values()
-    assert buffers and all(pinned == (device.type == "cuda") for _, pinned in buffers)
+    # device tensors stage into pinned buffers; Adam's step counters live on the CPU and stay pageable
+    assert buffers and all(pinned == (device.type == "cuda" and buf.dim() > 0) for buf, pinned in buffers)
+    assert any(not buf.dim() for buf, _ in buffers)
     fresh, fresh_opt = _trained(s, 1, strategy)
     engine.load(tmp_path / "step", fresh, fresh_opt)
     engine.close()

@@ -105,11 +105,11 @@ def test_rng_capture_repeats_the_draws_of_this_ranks_device(kind):
     torch.save(state, buf)  # the checkpoint's round trip: plain data only
     buf.seek(0)
     rng.restore(torch.load(buf, weights_only=True))
+    if device.type == "cuda":  # restored on this device, before the draws move it on
+        assert state["cuda"].dtype == torch.uint8
+        assert torch.equal(state["cuda"], torch.cuda.get_rng_state(0))
     again = _draws(device)
     assert torch.equal(first[0], again[0]) and first[1] == again[1]
-    if device.type == "cuda":
-        assert state["cuda"].dtype == torch.uint8
-        assert torch.equal(state["cuda"], torch.cuda.get_rng_state(0))  # restored on this device
 
 
 @pytest.mark.parametrize("tf32", [True, False])
