@@ -115,9 +115,11 @@ def earlier_rows(report: Path) -> Dict[str, List[str]]:
 
 
 def run(ctx: Context, seed: int = SEED, only: Sequence[str] = (), earlier: Optional[Dict[str, List[str]]] = None,
-        command: str = "") -> Section:
+        command: str = "", progress: Optional[Callable[[Section], None]] = None) -> Section:
     """Every campaign, or with `only` those whose kind holds one of its words; the others' rows
-    are then carried over from `earlier` (earlier_rows), and a note says from when."""
+    are then carried over from `earlier` (earlier_rows), and a note says from when. `progress` gets
+    the report so far after each campaign that ran (those still to run say so): a run stopped
+    part-way keeps the figures of the campaigns it finished."""
     command = command or "python -m faults.reliability" + (" --quick" if ctx.quick else "")
     sec = Section("reliability", TITLE, TARGET, command,
                   headers=["faults", "injected", "lost", "seconds", "what was checked"])
@@ -126,8 +128,9 @@ def run(ctx: Context, seed: int = SEED, only: Sequence[str] = (), earlier: Optio
     hpc_log = logging.getLogger("hpc")
     level = hpc_log.level
     hpc_log.setLevel(logging.ERROR)  # the store warns about every entry it skips: expected here
+    every = campaigns()
     try:
-        for i, c in enumerate(campaigns()):
+        for i, c in enumerate(every):
             if only and not any(word in c.kind for word in only):
                 row = (earlier or {}).get(c.kind.replace("|", "/"))
                 if row is None:
@@ -156,8 +159,32 @@ def run(ctx: Context, seed: int = SEED, only: Sequence[str] = (), earlier: Optio
             injected, lost = injected + out.faults, lost + out.lost
             sec.rows.append([c.kind, str(out.faults), str(out.lost), f"{time.perf_counter() - t0:.1f}",
                              out.detail.replace("|", "/")])
+            if progress is not None and i + 1 < len(every):
+                progress(_so_far(sec, every[i + 1:], only, earlier, injected, lost, not_run, carried, command, seed))
     finally:
         hpc_log.setLevel(level)
+    return _finish(sec, injected, lost, not_run, carried, earlier, command, seed)
+
+
+def _so_far(sec: Section, rest: List[Campaign], only: Sequence[str], earlier: Optional[Dict[str, List[str]]],
+            injected: int, lost: int, not_run: List[str], carried: List[str], command: str, seed: int) -> Section:
+    """The report as it stands: the campaigns still to run are marked so, the unselected carried over."""
+    part = Section(sec.name, sec.title, sec.target, sec.command, headers=list(sec.headers), rows=list(sec.rows))
+    not_run, carried = list(not_run), list(carried)
+    for c in rest:
+        row = (earlier or {}).get(c.kind.replace("|", "/")) if only and not any(w in c.kind for w in only) else None
+        if row is not None and row[1].isdigit() and row[2].isdigit():
+            part.rows.append(row)
+            carried.append(c.kind)
+            injected, lost = injected + int(row[1]), lost + int(row[2])
+        else:
+            part.rows.append([c.kind, "not run", "-", "-", "still to run when this report was written"])
+            not_run.append(c.kind)
+    return _finish(part, injected, lost, not_run, carried, earlier, command, seed)
+
+
+def _finish(sec: Section, injected: int, lost: int, not_run: List[str], carried: List[str],
+            earlier: Optional[Dict[str, List[str]]], command: str, seed: int) -> Section:
     sec.rows.append(["**total**", f"**{injected}**", f"**{lost}**", "", ""])
     sec.verdicts.append((f"{lost} lost over {injected} injected faults", lost == 0))
     sec.verdicts.append(("every campaign ran" + (f" (not run: {', '.join(not_run)})" if not_run else ""),
@@ -209,7 +236,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     with Context(quick=args.quick, keep=args.keep) as ctx:
         if args.keep:
             print(f"scratch directory, kept: {ctx.tmp}", flush=True)
-        sec = run(ctx, args.seed, args.only, earlier_rows(out) if args.only else None, command)
+        def keep(part: Section) -> None:
+            part.seconds = time.perf_counter() - t0
+            out.write_text(render(part, command, started, info))
+            print(f"wrote {out} so far: {part.outcome}", flush=True)
+
+        sec = run(ctx, args.seed, args.only, earlier_rows(out) if args.only else None, command, keep)
     sec.command, sec.seconds = command, time.perf_counter() - t0
     out.write_text(render(sec, command, started, info))
     print(f"wrote {out}: {sec.outcome}")
