@@ -18,6 +18,12 @@ keeps it so):
     config/            schema, layers, checks, cache, defaults
     rundir/ slurm/     the run directory's records, code snapshot | SLURM's clients and their answers
     fs/                atomic writes, shared filesystems (python -m hpc.fs PATH)
+
+The Python API (hpc.api, hpc.runs, hpc.pipeline.short) is reached from here by name, loaded on first
+use so that `import hpc` stays a few attributes (jobs unpickle their tasks through it):
+
+    run = hpc.submit("langsplat", profile="sandbox", levels=[1]); run.wait()
+    hpc.Run.attach(RUN_DIR).status();  hpc.define("demo", hpc.stage(fn, items=[0, 1]))
 """
 import sys
 from importlib.machinery import ModuleSpec
@@ -48,3 +54,18 @@ class _Moved:
 
 
 sys.meta_path.append(_Moved)
+
+# The API's names -> the module that defines them. hpc.submit is the command module hpc.submit,
+# callable as the API's submit (hpc.api.submit).
+API = {"submit": "hpc.submit", "Run": "hpc.runs", "Sweep": "hpc.runs", "ConfigError": "hpc.api",
+       "RunDirError": "hpc.api", "SubmissionError": "hpc.api", "define": "hpc.pipeline.short",
+       "stage": "hpc.pipeline.short"}
+
+
+def __getattr__(name: str):
+    if name not in API:
+        raise AttributeError(f"module 'hpc' has no attribute {name!r}")
+    import importlib
+
+    module = importlib.import_module(API[name])
+    return module if API[name] == f"hpc.{name}" else getattr(module, name)

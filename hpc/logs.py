@@ -3,7 +3,7 @@
     python -m hpc.logs RUN_DIR [--stage features] [--task 2] [--rank 0] [--err] [-f]
 
 Logs are submitit's per-rank files under <run>/<stage>/logs/<jobid>/; the manifest says which job
-ran each task (the newest attempt).
+ran each task (the newest attempt). hpc.Run(RUN_DIR).logs(...) is the same from Python.
 """
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ import argparse
 import sys
 from typing import Optional, Sequence
 
-from hpc.monitor.logs import follow, select
-from hpc.rundir.run import RunDir, RunDirError
+from hpc.monitor.logs import follow
+from hpc.rundir.run import RunDirError
+from hpc.runs import Run
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -25,7 +26,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("-f", "--follow", action="store_true")
     args = p.parse_args(argv)
     try:
-        paths = select(RunDir(args.run_dir), args.stage, args.task, args.rank, "err" if args.err else "out")
+        paths = Run(args.run_dir).log_paths(args.stage, args.task, args.rank, args.err)
     except (ValueError, RunDirError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -3,7 +3,8 @@
     python -m hpc.status runs/langsplat-20260101-120000 [--json] [--timeline run.svg]
 
 The table, the JSON and the picture come from hpc.monitor (status, sweeps, timeline); this command
-only reads its arguments and prints.
+only reads its arguments and prints. From Python: hpc.Run(RUN_DIR).status() (hpc.runs), the same rows
+as the JSON.
 """
 from __future__ import annotations
 

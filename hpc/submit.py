@@ -8,16 +8,19 @@
     python -m hpc.submit run --resume-if 'out/ckpt.pt' --resume-args '--init_from=resume' -- python train.py
     python -m hpc.submit tiny [key=value ...] --sweep tiny.score=1,2 tiny.sleep_s=0,1
 
-Arguments -> a Request -> the submission engine: hpc.pipeline.submission for a run,
-hpc.sweep.submission for a grid of runs (--sweep, --sweep-file, or a sweep's directory).
+Arguments -> a Request -> hpc.api.submit_request, the API's one way into the submission engine:
+hpc.pipeline.submission for a run, hpc.sweep.submission for a grid of runs (--sweep, --sweep-file,
+or a sweep's directory). From Python, hpc.submit("langsplat", levels=[0], ...) returns a hpc.Run.
 """
 from __future__ import annotations
 
 import argparse
 import shlex
 import sys
-from typing import List, Optional, Sequence
+import types
+from typing import Any, List, Optional, Sequence
 
+from hpc import api
 from hpc.config.checks import CLUSTER_KINDS, ConfigError
 from hpc.pipeline.plan import PIPELINES
 from hpc.pipeline.request import Request
@@ -109,11 +112,7 @@ def parse_args(argv: Sequence[str]) -> Request:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     req = parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        if req.sweep is not None or req.sweep_file or sweepdir.is_sweep(req.run_dir):
-            from hpc.sweep import submission  # a grid of runs; here, not above: yaml stays off a run's path
-        else:
-            from hpc.pipeline import submission  # the engine: loaded only once the arguments parsed
-        return submission.submit(req)
+        done = api.submit_request(req)  # the API's engine call: hpc.submit(...) goes the same way
     except (ConfigError, RuntimeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -121,7 +120,27 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"error: {err}; expected a writable run directory. HINT: free space or pass another --run-dir.",
               file=sys.stderr)
         return 2
+    if not done.jobs or not (req.wait or done.kind != "slurm"):
+        return 0
+    if sweepdir.is_sweep(str(done.path)):
+        from hpc.monitor import sweeps  # only to follow: the table's modules stay off a plain submission
 
+        return sweeps.follow(sweepdir.SweepDir(done.path))
+    from hpc.monitor import status  # only to follow (as above)
+    from hpc.rundir.run import RunDir
+
+    return status.follow(RunDir(done.path))
+
+
+class _Callable(types.ModuleType):
+    """hpc.submit is this command and the API's function at once: hpc.submit("langsplat", ...)
+    is hpc.api.submit (hpc.submit.main stays the command)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return api.submit(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _Callable
 
 if __name__ == "__main__":
     sys.exit(main())

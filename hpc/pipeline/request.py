@@ -8,8 +8,9 @@ The convenience options become dotted config overrides (flags()), after the user
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
 
 
 @dataclass(frozen=True)
@@ -78,3 +79,13 @@ class Request:
         if self.no_snapshot:
             out.append("run.snapshot=false")
         return out
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """What a submission did: the run (or sweep) directory, the executor kind, and stage (or array
+    label) -> the job ids submitted now; empty for a dry run, or when everything was done or queued."""
+
+    path: Path
+    kind: str  # slurm | local | debug
+    jobs: Dict[str, List[str]] = field(default_factory=dict)

@@ -23,7 +23,7 @@ from hpc.config import schema as hconfig
 from hpc.monitor import status
 from hpc.pipeline import arraytasks
 from hpc.pipeline import plan as hplan
-from hpc.pipeline.request import Request
+from hpc.pipeline.request import Request, Submitted
 from hpc.rundir import codefiles, snapshot
 from hpc.rundir.run import RunDir, code_version
 from hpc.slurm import scheduler
@@ -175,9 +175,19 @@ def wait_ok(jobs: List[Any]) -> bool:
 
 
 def submit(req: Request) -> int:
-    """Plan and submit one run; returns 0, or with `wait` (and on the local executor) 0 when every
-    task completed. The run dir's lock is held from reading its state to the last manifest write;
-    a dry run reads the state and changes nothing: no scancel, no sbatch, no file written."""
+    """Plan and submit one run (start()); returns 0, or with `wait` (and on the local executor) 0
+    when every task completed."""
+    done = start(req)
+    if done.jobs and (req.wait or done.kind != "slurm"):
+        return status.follow(RunDir(done.path))
+    return 0
+
+
+def start(req: Request) -> Submitted:
+    """Plan and submit one run; returns where it went and the jobs submitted now (none for a dry run,
+    or when every task is done or queued). The run dir's lock is held from reading its state to the
+    last manifest write; a dry run reads the state and changes nothing: no scancel, no sbatch, no
+    file written."""
     pipe, cfg, run, kind, notes = build(req)
     module_file = user_module_file(req.pipeline)
     code = code_version(module_file)
@@ -185,7 +195,7 @@ def submit(req: Request) -> int:
         finished, queued, _ = current_state(pipe, cfg, run, kind)
         notes = [*notes, snapshot_note(cfg, run, kind, code)]
         print(plan_for(pipe, cfg, run, kind, finished, queued, notes).render(setup=list(cfg.cluster.setup)))
-        return 0
+        return Submitted(run.path, str(kind), {})
     with run.submission_lock(say=lambda line: print(line, file=sys.stderr)):
         finished, queued, never = current_state(pipe, cfg, run, kind)
         scheduler.cancel(never)
@@ -195,7 +205,7 @@ def submit(req: Request) -> int:
         print(plan.summary())
         if not plan.jobs:
             print(f"nothing to submit: every task of {run.path} is done or queued")
-            return 0
+            return Submitted(run.path, str(kind), {})
         snap = take_snapshot(cfg, run.path, kind, code, run.manifest().get("snapshot") if req.same_snapshot else None)
         # pipeline_arg: how to name the pipeline again, for a resubmission from a job (hpc.afterstep)
         run_id = run.start(pipe.name, hconfig.to_yaml(cfg), kind,
@@ -204,9 +214,7 @@ def submit(req: Request) -> int:
     print(f"run dir: {run.path}")
     for stage, jids in ids.items():
         print(f"  {stage}: {' '.join(jids)}")
-    if req.wait or kind != "slurm":
-        return status.follow(run)
-    return 0
+    return Submitted(run.path, str(kind), ids)
 
 
 def plan_for(pipe: hplan.PipelineDef, cfg: Any, run: RunDir, kind: str, finished: Any, queued: Any,

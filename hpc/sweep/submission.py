@@ -36,7 +36,7 @@ from hpc.monitor import status, sweeps
 from hpc.pipeline import arrays
 from hpc.pipeline import plan as hplan
 from hpc.pipeline import submission as hsubmit
-from hpc.pipeline.request import Request
+from hpc.pipeline.request import Request, Submitted
 from hpc.rundir.run import RunDir, RunDirError, code_version
 from hpc.rundir.sweepdir import SweepDir
 from hpc.slurm import scheduler
@@ -47,7 +47,15 @@ from hpc.sweep.points import Defs
 
 
 def submit(req: Request) -> int:
-    """Plan and submit every point of the grid; a dry run prints the plan and changes nothing."""
+    """Plan and submit every point of the grid (start()); with `wait` (and on the local executor)
+    follow them: 0 when every point in the grid completed."""
+    done = start(req)
+    return sweeps.follow(SweepDir(done.path)) if done.jobs and (req.wait or done.kind != "slurm") else 0
+
+
+def start(req: Request) -> Submitted:
+    """Plan and submit every point of the grid; returns the sweep dir and the arrays submitted now
+    (none for a dry run or when all is done or queued). A dry run prints the plan and changes nothing."""
     req, recorded = _recorded(req)
     pipe, base, run, kind, notes = hsubmit.build(req, view=False)
     sweep = SweepDir(run.path)
@@ -60,7 +68,7 @@ def submit(req: Request) -> int:
         for job in plan.jobs:
             print(f"\n# ---- sbatch script: stage {job.label} ----")
             print(job.sbatch_text(setup=list(base.cluster.setup), how="afterany"))
-        return 0
+        return Submitted(sweep.path, str(kind), {})
     # one syncfs makes every point's files durable at the end, instead of two fsyncs per file
     with RunDir(sweep.path).submission_lock(say=print), atomic.batched(sweep.path):
         max_size = scheduler.max_array_size() if kind == "slurm" else None
@@ -70,7 +78,7 @@ def submit(req: Request) -> int:
         sweep.save(pipe.name, grid, latest([*req.overrides, *req.flags()]), req.profile, points)
         if not plan.jobs:
             print(f"nothing to submit: every task of every point of {sweep.path} is done or queued")
-            return 0
+            return Submitted(sweep.path, str(kind), {})
         # pipeline_arg: how a job names the pipeline to resubmit its point (hpc.afterstep, as hpc.submit)
         module_file = hsubmit.user_module_file(req.pipeline)
         code = {**code_version(module_file), "pipeline_arg": req.pipeline}
@@ -89,7 +97,7 @@ def submit(req: Request) -> int:
     print(f"sweep dir: {sweep.path}")
     for label, jids in ids.items():
         print(f"  {label}: {jids[0].split('_')[0]} ({len(jids)} task(s))")
-    return sweeps.follow(sweep) if req.wait or kind != "slurm" else 0
+    return Submitted(sweep.path, str(kind), {label: list(jids) for label, jids in ids.items()})
 
 
 def _recorded(req: Request) -> Tuple[Request, Dict[str, Any]]:

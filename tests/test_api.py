@@ -1,0 +1,117 @@
+"""The Python API without a cluster: hpc.submit -> hpc.Run, typed errors, the short form, import cost.
+
+    python -m pytest tests/test_api.py
+
+The debug executor runs every task in this process, so a whole run takes milliseconds; the same
+calls on the real local SLURM cluster are in tests/slurm/test_api_cluster.py.
+"""
+import json
+import subprocess
+import sys
+
+import pytest
+
+import hpc
+from hpc import status as status_cmd
+from hpc.pipeline.executor import StageContext
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _no_cluster(monkeypatch):
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    monkeypatch.chdir(ROOT)  # the stage functions are imported from here (tests.tiny_pipeline, this file)
+
+
+def test_submit_returns_a_run_whose_status_is_the_commands_json(tmp_path, capsys):
+    run = hpc.submit("tests.tiny_pipeline", cluster="debug", run_dir=tmp_path / "run", overrides=["tiny.parts=[0,1]",
+                     "tiny.score=0.5"])
+    assert isinstance(run, hpc.Run) and run.path == (tmp_path / "run").resolve()
+    rows = run.wait(timeout=30)
+    assert [(r["task"], r["state"]) for r in rows] == [("first", "COMPLETED"), ("second[0]", "COMPLETED"),
+                                                         ("second[1]", "COMPLETED")]
+    capsys.readouterr()
+    assert status_cmd.main([str(run.path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == hpc.Run.attach(run.path).status() == rows
+    assert run.metrics() == {"second[0]": {"score": 0.5}, "second[1]": {"score": 0.5}}
+    assert run.outputs()["second[1]"] == [run.path / "second" / "task-1" / "metrics.json",
+                                          run.path / "second" / "task-1" / "out-1.txt"]
+    assert run.done() and run.cancel() == []  # nothing of a debug run is in any queue
+
+
+def test_a_bad_override_raises_config_error_and_the_interpreter_goes_on(tmp_path):
+    for bad in (dict(overrides=["tiny.nope=1"]), dict(overrides="tiny.parts=[0]"), dict(nodez="2")):
+        with pytest.raises(hpc.ConfigError) as err:
+            hpc.submit("tests.tiny_pipeline", cluster="debug", run_dir=tmp_path / "run", **bad)
+        assert "HINT" in str(err.value)
+    assert not (tmp_path / "run").exists()
+    run = hpc.submit("tests.tiny_pipeline", cluster="debug", run_dir=tmp_path / "run", overrides=["tiny.parts=[0]"])
+    assert run.done()
+
+
+def test_attach_refuses_what_is_no_run_and_names_a_sweep_a_sweep(tmp_path):
+    with pytest.raises(hpc.RunDirError, match="manifest.json not found"):
+        hpc.Run.attach(tmp_path)
+    sweep = hpc.submit("tests.tiny_pipeline", cluster="debug", run_dir=tmp_path / "sweep",
+                       overrides=["tiny.parts=[0]"], sweep=["tiny.score=1,2"])
+    assert isinstance(hpc.Run.attach(sweep.path), hpc.Sweep)
+    assert sorted(r["state"] for r in sweep.status()) == ["COMPLETED", "COMPLETED"]
+    assert sorted(p.metrics()["second[0]"]["score"] for p in sweep.points().values()) == [1, 2]
+
+
+def test_import_hpc_loads_none_of_the_api_until_it_is_used():
+    probe = ("import sys, hpc; loaded = [m for m in ('hpc.api', 'hpc.runs', 'hpc.submit', 'omegaconf', 'yaml') "
+             "if m in sys.modules]; assert not loaded, loaded; hpc.Run; assert 'hpc.runs' in sys.modules; "
+             "assert callable(hpc.submit) and hpc.submit.main")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+
+
+# The short form: a pipeline of plain functions, defined here and submitted as it is.
+def shard(ctx: StageContext) -> dict:
+    (ctx.stage_dir / "shard.txt").write_text(str(ctx.item))
+    return {"item": ctx.item}
+
+
+def merge(ctx: StageContext) -> dict:
+    found = sorted((ctx.run_dir / "shard").glob("task-*/shard.txt"))
+    (ctx.stage_dir / "merged.txt").write_text(" ".join(p.read_text() for p in found))
+    return {"shards": len(found)}
+
+
+SHORT = hpc.define("short", hpc.stage(shard, items=[0, 1, 2], cpus_per_task=1, time_min=5),
+                   hpc.stage(merge, after=[shard], cpus_per_task=1, time_min=5))
+
+
+def test_a_short_form_pipeline_plans_runs_and_takes_overrides(tmp_path, capsys):
+    run = hpc.submit(SHORT, cluster="debug", run_dir=tmp_path / "run", overrides=["stages.merge.time_min=7"])
+    assert run.done()
+    assert (run.path / "merge" / "merged.txt").read_text() == "0 1 2"
+    config = (run.path / "config.yaml").read_text()
+    assert "time_min: 7" in config and "time_min: 5" in config and "cpus_per_task: 1" in config
+    manifest = json.loads((run.path / "manifest.json").read_text())
+    assert manifest["pipeline_arg"] == f"{__name__}:SHORT"  # how a job finds it again
+    with pytest.raises(hpc.ConfigError, match="unknown resource 'gpus'.*gpus_per_node"):
+        hpc.stage(shard, gpus=1)
+    with pytest.raises(hpc.ConfigError, match="waits on"):
+        hpc.define("bad", hpc.stage(merge, after=[shard]))
+    with pytest.raises(hpc.ConfigError, match="not a top-level function"):
+        hpc.stage(lambda ctx: None)
+
+
+def test_the_readme_example_runs_as_a_script(tmp_path):
+    """The README's demo.py, run as `python demo.py`: its stage functions are `__main__`'s, which
+    the jobs import as the module `demo`; without SLURM it runs on the local executor."""
+    text = (ROOT / "README.md").read_text()
+    start = text.index("# demo.py")
+    (tmp_path / "demo.py").write_text(text[start:text.index("```", start)])
+    env = {**__import__("os").environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env.pop("SLURM_CONF", None)
+    out = subprocess.run([sys.executable, "demo.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "['COMPLETED', 'COMPLETED', 'COMPLETED', 'COMPLETED']" in out.stdout, out.stdout[-2000:]
+    assert "part.txt" in out.stdout and "[hpc] stage merge" in out.stdout
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert json.loads((run_dir / "manifest.json").read_text())["pipeline_arg"] == "demo:PIPE"
