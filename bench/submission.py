@@ -31,6 +31,7 @@ from hpc.rundir.codefiles import GIT_FILES
 
 TARGET_S = 0.5
 TARGET_RATIO = 1.0  # hpc's real submission over plain submitit's
+API_RATIO = 1.05  # the same submission through the Python API (hpc.submit) over the command's
 DRY_S = 0.3
 SNAPSHOT_BUDGET_S = 0.1  # the code snapshot's share of TARGET_S, for this repository
 REPEATS = 12
@@ -41,6 +42,7 @@ LEVELS = ["0", "1", "2"]
 IMPORT_SUBMITIT = "import submitit"
 IMPORT_HPC = "import hpc.submit, hpc.pipeline.executor, submitit"
 PLAIN = [sys.executable, str(REPO / "bench" / "plain_submitit.py")]  # the baseline: submitit alone
+API = "import hpc; hpc.submit('langsplat', levels=[0, 1, 2], profile='sandbox', run_dir={run_dir!r})"
 # The sandbox profile's resources (templates/profiles/sandbox.yaml), spelled as sbatch options.
 RGB_OPTS = ["-p", "low", "-N", "1", "--ntasks-per-node=1", "--cpus-per-task=1", "--gpus-per-node=1",
             "-t", "20", "--requeue", "--signal=USR2@90"]
@@ -84,6 +86,7 @@ def run(ctx: Context) -> Section:
     labels = {
         "hpc real": f"`{hpc}`",
         "hpc real, no snapshot": f"`{hpc} --no-snapshot`",
+        "hpc API": f"`python -c \"{API.format(run_dir='R')}\"` (the same submission through the Python API)",
         "hpc dry-run": f"`{hpc} --dry-run`",
         "bare sbatch": "`bash -c 'sbatch ...; sbatch --array=0-2 --dependency=afterok:...'` (2 sbatch calls)",
         "plain submitit": "`python bench/plain_submitit.py F` (SlurmExecutor, executor.batch(); imports submitit alone)",
@@ -115,6 +118,11 @@ def run(ctx: Context) -> Section:
     est = paired_ratio(cpu, "submitit", "hpc")
     sec.verdicts.append((f"the same in CPU time (user + system of the command and its children, which load "
                          f"does not stretch): {est.text()}: {est.verdict(TARGET_RATIO)}", est.hi <= TARGET_RATIO))
+    api = [{"cli": [[a]], "api": [[b]]} for a, b in zip(times["hpc real cpu"], times["hpc API cpu"])]
+    est = paired_ratio(api, "cli", "api")
+    sec.verdicts.append((f"the Python API / the command, the same submission, in CPU time: {est.text()} "
+                         f"(target {API_RATIO}x: one engine, the same work): {est.verdict(API_RATIO)}",
+                         est.hi <= API_RATIO))
     copy = median(snap["snapshot copy"])
     sec.verdicts.append((f"the code snapshot of this repository ({snap['files']} files, {snap['mb']:.1f} MB) took "
                          f"{fmt_s(copy)} ({fmt_s(median(snap['snapshot copy cpu']))} of CPU) to copy and "
@@ -218,7 +226,7 @@ def _cpu(who: int = resource.RUSAGE_CHILDREN) -> float:
 def _measure(ctx: Context, env: Dict[str, str], cluster, repeats: int) -> Dict[str, List[float]]:
     """Wall times per variant, and under "<variant> cpu" the CPU time (user + system) of the
     command and its children: what the command itself costs, whatever the load."""
-    times: Dict[str, List[float]] = {k: [] for k in ("hpc real", "hpc real, no snapshot", "hpc dry-run",
+    times: Dict[str, List[float]] = {k: [] for k in ("hpc real", "hpc API", "hpc real, no snapshot", "hpc dry-run",
                                                      "bare sbatch", "plain submitit", "python start",
                                                      "import submitit", "hpc's imports", *PROBES)}
     times.update({f"{k} cpu": [] for k in list(times)})
@@ -238,6 +246,8 @@ def _measure(ctx: Context, env: Dict[str, str], cluster, repeats: int) -> Dict[s
     for i in range(repeats):  # interleaved: a busy moment on the machine hits every variant
         times["hpc dry-run"].append(timed([*hpc, "--run-dir", str(base / f"dry-{i}"), "--dry-run"], env, "hpc dry-run"))
         times["hpc real"].append(timed([*hpc, "--run-dir", str(base / f"real-{i}")], env, "hpc real"))
+        times["hpc API"].append(timed([sys.executable, "-c", API.format(run_dir=str(base / f"api-{i}"))], env,
+                                      "hpc API"))
         times["hpc real, no snapshot"].append(timed([*hpc, "--run-dir", str(base / f"bare-{i}"), "--no-snapshot"],
                                                     env, "hpc real, no snapshot"))
         folder = base / f"sbatch-{i}"
@@ -267,7 +277,7 @@ def bench_env(env: Dict[str, str], base: Path) -> Dict[str, str]:
 def _check_submitted(base: Path, repeats: int) -> None:
     """The real submissions must have recorded 4 tasks each, or the timing measured a failure."""
     for i in range(repeats):
-        for name, snapshotted in ((f"real-{i}", True), (f"bare-{i}", False)):
+        for name, snapshotted in ((f"real-{i}", True), (f"api-{i}", True), (f"bare-{i}", False)):
             manifest = json.loads((base / name / "manifest.json").read_text())
             if len(manifest.get("tasks", {})) != 1 + len(LEVELS):
                 raise RuntimeError(f"hpc.submit run {name} recorded {len(manifest.get('tasks', {}))} tasks, "

@@ -20,7 +20,8 @@ Parts::
     executor.py    StageTask, what submitit pickles; the executor of each kind
     arraytasks.py  an array's task pickles in one file, each unpacked by its task's batch step
     request.py     Request: one submission, typed, as python -m hpc.submit takes it
-    submission.py  submit(): the engine python -m hpc.submit and sweeps call
+    submission.py  start()/submit(): the engine python -m hpc.submit, hpc.submit() and sweeps call
+    short.py       define()/stage(): a PipelineDef from plain functions (hpc.define, hpc.stage)
 
 Everything but executor.py's task imports without torch: --dry-run stays fast.
 """
@@ -29,7 +30,7 @@ from typing import Any
 # What a pipeline module imports; loaded on first use, so that the stage task (what every job
 # unpickles) does not load the planner.
 PUBLIC = {"PipelineDef": "plan", "StageDef": "plan", "StageContext": "executor", "Request": "request",
-          "submit": "submission"}
+          "submit": "submission", "define": "short", "stage": "short"}
 
 
 def __getattr__(name: str) -> Any:

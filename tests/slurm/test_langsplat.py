@@ -80,11 +80,21 @@ def scalars(directory: Path, tag: str) -> list:
     return [(e.step, e.value) for e in acc.Scalars(tag)]
 
 
-def test_four_ranks_on_two_nodes_match_one_process(slurm_cluster, tmp_path):
+def test_four_ranks_on_two_nodes_match_one_process(slurm_cluster, tmp_path, capsys):
+    """Submitted through the Python API, whose Run reports what python -m hpc.status --json prints."""
+    import hpc
+    from hpc import status as status_cmd
     from hpc.jobs.langsplat.stages import train_features
 
-    run = submit_langsplat(tmp_path / "run", MINI)
-    finished(run)
+    api_run = hpc.submit("langsplat", profile="sandbox", cluster="slurm", levels=[LEVEL], run_dir=tmp_path / "run",
+                         overrides=[f"langsplat.trainer.{k}={v}" for k, v in MINI.items()])
+    rows = api_run.wait(timeout=240, poll_s=1)
+    assert {r["task"]: r["state"] for r in rows} == {"rgb": "COMPLETED", f"features[{LEVEL}]": "COMPLETED"}
+    capsys.readouterr()
+    assert status_cmd.main([str(api_run.path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == hpc.Run.attach(api_run.path).status() == rows
+    assert f"[hpc] stage features item {LEVEL} rank 3/4" in api_run.logs("features", LEVEL, rank=3)
+    run = RunDir(api_run.path)
     cluster = json.loads((features_dir(run) / "metrics.json").read_text())
     assert cluster["world_size"] == 4 and cluster["resumed_from"] == 0
     # The same level in one plain process, on the geometry the cluster's rgb stage wrote.
