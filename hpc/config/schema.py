@@ -54,7 +54,7 @@ class Resources:
 class ClusterSettings:
     """Where jobs go."""
 
-    kind: str = "auto"  # auto | slurm | local | debug; auto = slurm when sbatch answers, else local
+    kind: str = "auto"  # auto | slurm | local | debug | here; auto = slurm when sbatch answers, else local
     partitions: Optional[List[str]] = None  # partitions that exist; None = ask the scheduler once
     setup: List[str] = field(default_factory=list)  # shell lines run before srun (module load ...)
 

@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from hpc.config import schema as hconfig
 from hpc.monitor import status
-from hpc.pipeline import arraytasks
+from hpc.pipeline import arraytasks, here
 from hpc.pipeline import plan as hplan
 from hpc.pipeline.request import Request, Submitted
 from hpc.rundir import codefiles, snapshot
@@ -194,7 +194,8 @@ def start(req: Request) -> Submitted:
     if req.dry_run:
         finished, queued, _ = current_state(pipe, cfg, run, kind)
         notes = [*notes, snapshot_note(cfg, run, kind, code)]
-        print(plan_for(pipe, cfg, run, kind, finished, queued, notes).render(setup=list(cfg.cluster.setup)))
+        plan = plan_for(pipe, cfg, run, kind, finished, queued, notes)
+        print(plan.summary() if kind == here.HERE else plan.render(setup=list(cfg.cluster.setup)))
         return Submitted(run.path, str(kind), {})
     with run.submission_lock(say=lambda line: print(line, file=sys.stderr)):
         finished, queued, never = current_state(pipe, cfg, run, kind)
@@ -210,7 +211,8 @@ def start(req: Request) -> Submitted:
         # pipeline_arg: how to name the pipeline again, for a resubmission from a job (hpc.afterstep)
         run_id = run.start(pipe.name, hconfig.to_yaml(cfg), kind,
                            {**code, "pipeline_arg": req.pipeline, "snapshot": snap and snap.record()})
-        ids = submit_plan(plan, run, list(cfg.cluster.setup), job_code(snap, req.pipeline, module_file), run_id)
+        launch = here.run_plan if kind == here.HERE else submit_plan  # here: srun steps of this salloc
+        ids = launch(plan, run, list(cfg.cluster.setup), job_code(snap, req.pipeline, module_file), run_id)
     print(f"run dir: {run.path}")
     for stage, jids in ids.items():
         print(f"  {stage}: {' '.join(jids)}")
@@ -219,7 +221,10 @@ def start(req: Request) -> Submitted:
 
 def plan_for(pipe: hplan.PipelineDef, cfg: Any, run: RunDir, kind: str, finished: Any, queued: Any,
           notes: Sequence[str], max_array_size: Optional[int] = None) -> hplan.Plan:
-    plan = hplan.make_plan(pipe, cfg, str(run.path), kind, finished, queued, max_array_size)
+    # here: the batch plan (SLURM's ranks per job), then checked against the allocation it runs in
+    plan = hplan.make_plan(pipe, cfg, str(run.path), "slurm" if kind == here.HERE else kind, finished, queued,
+                           max_array_size)
+    plan = here.as_steps(plan, here.current()) if kind == here.HERE else plan
     return dataclasses.replace(plan, notes=plan.notes + tuple(notes))
 
 

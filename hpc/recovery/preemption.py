@@ -39,6 +39,7 @@ from hpc.fs import atomic
 from hpc.recovery import requeue
 from hpc.recovery.stopsignal import (  # noqa: F401
     DEFAULT_TIMEOUT_SIGNAL,
+    INTERACTIVE_ENV,
     PREEMPT_SIGNAL,
     REASON_CODES,
     StopFlag,
@@ -169,6 +170,9 @@ def handle_stop(request: StopRequest, history: str | os.PathLike, job_id: str | 
     job_id = job_id or os.environ.get("SLURM_JOB_ID")
     if not job_id:
         return Decision(False, None, "not running under SLURM; nothing to requeue", request.reason)
+    if os.environ.get(INTERACTIVE_ENV):  # a step of an salloc shell's run: requeuing would end the allocation
+        return Decision(False, None, "stopped by Ctrl-C in an interactive allocation (--cluster here); not "
+                        "requeued. HINT: run the same command again to resume from this checkpoint", "interrupted")
     info = job_info(job_id, shielded(runner))
     state = info.get("JobState", "UNKNOWN")
     restarts = int(os.environ.get("SLURM_RESTART_COUNT", 0) or 0)
