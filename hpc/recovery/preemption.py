@@ -171,8 +171,8 @@ def handle_stop(request: StopRequest, history: str | os.PathLike, job_id: str | 
     if not job_id:
         return Decision(False, None, "not running under SLURM; nothing to requeue", request.reason)
     if os.environ.get(INTERACTIVE_ENV):  # a step of an salloc shell's run: requeuing would end the allocation
-        return Decision(False, None, "stopped by Ctrl-C in an interactive allocation (--cluster here); not "
-                        "requeued. HINT: run the same command again to resume from this checkpoint", "interrupted")
+        return Decision(False, None, "stopped by Ctrl-C (--cluster here). HINT: run the same command again to "
+                        "resume from this checkpoint", "interrupted")
     info = job_info(job_id, shielded(runner))
     state = info.get("JobState", "UNKNOWN")
     restarts = int(os.environ.get("SLURM_RESTART_COUNT", 0) or 0)
