@@ -65,3 +65,10 @@ def test_outside_an_allocation_says_salloc(monkeypatch, capsys):
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     assert submit.main(["langsplat", "--profile", "sandbox", "--cluster", "here", "--dry-run"]) == 2
     assert "SLURM_JOB_ID is not set. HINT: salloc" in capsys.readouterr().err
+
+
+def test_a_sweep_is_refused(tmp_path, capsys):
+    assert submit.main(["langsplat", "--profile", "sandbox", "--cluster", "here", "--run-dir", str(tmp_path / "s"),
+                        "--sweep", "langsplat.trainer.threads=1,2"]) == 2
+    assert "a sweep does not run with --cluster here" in capsys.readouterr().err
+    assert not (tmp_path / "s").exists()

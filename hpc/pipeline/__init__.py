@@ -22,6 +22,8 @@ Parts::
     request.py     Request: one submission, typed, as python -m hpc.submit takes it
     submission.py  start()/submit(): the engine python -m hpc.submit, hpc.submit() and sweeps call
     short.py       define()/stage(): a PipelineDef from plain functions (hpc.define, hpc.stage)
+    here.py        --cluster here: the plan's tasks as srun steps of the current salloc allocation
+    herestep.py    what each rank of such a step runs: the StageTask, and its result file
 
 Everything but executor.py's task imports without torch: --dry-run stays fast.
 """

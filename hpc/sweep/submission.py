@@ -58,6 +58,9 @@ def start(req: Request) -> Submitted:
     (none for a dry run or when all is done or queued). A dry run prints the plan and changes nothing."""
     req, recorded = _recorded(req)
     pipe, base, run, kind, notes = hsubmit.build(req, view=False)
+    if kind == "here":  # hpc.pipeline.here runs one run's stages, not a grid of arrays
+        raise hconfig.ConfigError("a sweep does not run with --cluster here; expected slurm, local or debug. "
+                                  "HINT: run each point on its own (--cluster here key=value), or sbatch the sweep.")
     sweep = SweepDir(run.path)
     grid = _grid(req, recorded, base, pipe.name)
     points = hgrid.points(grid)

@@ -38,10 +38,12 @@ def test_langsplat_in_an_allocation_stops_on_ctrl_c_and_resumes(slurm_cluster, t
     job = salloc()
     run_dir = tmp_path / "run"
     command = [sys.executable, "-m", "hpc.submit", "langsplat", "--profile", "sandbox", "--levels", str(LEVEL),
-               "--cluster", "here", "--run-dir", str(run_dir), *(f"langsplat.trainer.{k}={v}" for k, v in TRAINER.items())]
+               "--cluster", "here", "--run-dir", str(run_dir),
+               *(f"langsplat.trainer.{k}={v}" for k, v in TRAINER.items())]
     env = {**os.environ, "SLURM_JOB_ID": job}
     try:
-        first = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        first = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 text=True)
         checkpoints = run_dir / "features" / f"task-{LEVEL}" / "checkpoints"
         wait_until(lambda: list(checkpoints.glob("step-*/")) or first.poll() is not None, timeout_s=240,
                    what="a first feature checkpoint")
