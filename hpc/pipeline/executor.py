@@ -160,7 +160,7 @@ def submit_array(executor: Any, tasks: Sequence[Any], task_ids: Sequence[int] = 
         pickles[task_id] = _dumps(delayed)
     pattern = str(utils.JobPaths(executor.folder).submitted_pickle)  # %j left in: the task fills it in
     atomic.write_bytes(tasks_file, arraytasks.encode(pickles, pattern))
-    array = submitit.SlurmExecutor(executor.folder, executor.max_num_timeout)
+    array = submitit.SlurmExecutor(executor.folder, executor.max_num_timeout, python=executor.python)
     array.update_parameters(**executor.parameters)
     array.parameters["map_count"] = len(tasks)  # the %A_%a log names; an explicit --array line is ours
     first = array._submit_command(array._submitit_command_str)
@@ -172,12 +172,14 @@ def submit_array(executor: Any, tasks: Sequence[Any], task_ids: Sequence[int] = 
             for t in task_ids]
 
 
-def make_executor(kind: str, folder: str, max_timeouts: int = defaults.MAX_TIMEOUTS) -> Any:
-    """A submitit executor for `kind` (slurm | local | debug)."""
+def make_executor(kind: str, folder: str, max_timeouts: int = defaults.MAX_TIMEOUTS,
+                  python: Optional[str] = None) -> Any:
+    """A submitit executor for `kind` (slurm | local | debug); `python`: the srun line's interpreter text
+    (a container's, hpc.pipeline.container; None: this process's)."""
     import submitit
 
     if kind == "slurm":
-        return submitit.SlurmExecutor(folder=folder, max_num_timeout=max_timeouts)
+        return submitit.SlurmExecutor(folder=folder, max_num_timeout=max_timeouts, python=python)
     if kind == "local":
         return submitit.LocalExecutor(folder=folder)
     if kind == "debug":
