@@ -26,6 +26,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from hpc.config import defaults, resolved
 from hpc.fs import atomic
 from hpc.pipeline import arraytasks
+from hpc.recovery import hostact
 from hpc.rundir import tracking
 from hpc.rundir.run import RunDir, task_key
 from hpc.rundir.snapshot import JobCode
@@ -76,6 +77,8 @@ class StageTask:
             raise RuntimeError(f"{task_key(self.stage, self.item)} did not run: {', '.join(missing)} has no done "
                                f"marker (it failed or was cancelled); expected it finished first. HINT: python -m "
                                f"hpc.status {run.path.parent}, then resubmit the sweep")
+        if hostact.ENV in os.environ:  # under hpc's srun wrapper: its requeues, submitit's too, go to the host
+            hostact.requeue_on_host()
         dist = _local_env() or from_environ()
         if dist.source != "single":
             dist.export()  # RANK/WORLD_SIZE/MASTER_* for torch.distributed and user code

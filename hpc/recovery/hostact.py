@@ -11,6 +11,9 @@ settles it (hpc.recovery.nodeaction.settle_request): reads SLURM, records the de
 history, requeues, gives a node range back. A loop run under a srun of the user's own, without
 the wrapper, has no HPC_HOST_ACTS and settles it in the rank as before.
 
+submitit's own handler of the time-limit signal (a stage with no TrainLoop) would run scontrol
+requeue in the task: requeue_on_host(), called by every stage task under the wrapper, sends it here too.
+
 The file is one per attempt (job id and restart count in its name), written whole (atomic rename),
 and renamed to .done once settled, so an attempt never acts on an earlier attempt's request.
 """
@@ -24,6 +27,7 @@ from typing import Any, Dict, Mapping, Optional
 from hpc.fs import atomic
 
 ENV = "HPC_HOST_ACTS"  # the request file of this attempt; set only by hpc.afterstep (its HOST_ACTS), in srun's environment
+SUBMITIT = "submitit"  # the reason of a request from submitit's own time-limit handler (requeue_on_host)
 FOLDER = ".host"  # under the directory hpc.afterstep is given (a run's, or a sweep's): hpc.afterstep.request_path
 
 
@@ -49,3 +53,15 @@ def done(path: str, outcome: Mapping[str, Any]) -> None:
         os.unlink(path)
     except FileNotFoundError:
         pass
+
+
+def requeue_on_host() -> None:
+    """In a task under hpc's srun wrapper: submitit's own time-limit handler (a stage without a
+    TrainLoop; it has checkpointed and counted the timeouts) asks the host to requeue, not scontrol."""
+    from submitit.slurm import slurm  # already loaded: this process is submitit's task
+
+    def ask_host(env: Any, countdown: int) -> None:
+        ask(os.environ[ENV], {"reason": SUBMITIT, "job_id": env.job_id, "countdown": countdown,
+                              "restart": int(os.environ.get("SLURM_RESTART_COUNT") or 0)})
+
+    slurm.SlurmJobEnvironment._requeue = ask_host

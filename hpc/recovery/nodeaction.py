@@ -89,10 +89,14 @@ def settle_request(path: str, runner: Callable[..., Any] = subprocess.run) -> st
     if request is None:
         return f"no stop request at {path}"
     try:
-        decision = preemption.settle(request["reason"], request["history"], str(request["job_id"]),
-                                     int(request["restart"]), int(request["max_timeouts"]), runner)
+        if request["reason"] == hostact.SUBMITIT:  # submitit counted the timeouts and checkpointed: requeue only
+            refused = preemption.requeue_job(str(request["job_id"]), int(request["restart"]), True, runner)
+            outcome = {"requeue": not refused, "why": refused or "submitit's checkpoint at the time limit"}
+        else:
+            outcome = asdict(preemption.settle(request["reason"], request["history"], str(request["job_id"]),
+                                               int(request["restart"]), int(request["max_timeouts"]), runner))
     except Exception as err:
         hostact.done(path, {"error": f"{type(err).__name__}: {err}"})
         raise
-    hostact.done(path, asdict(decision))
-    return f"rank 0 stopped ({request['reason']}): {decision.why}" + (" (requeued)" if decision.requeue else "")
+    hostact.done(path, outcome)
+    return f"rank 0 stopped ({request['reason']}): {outcome['why']}" + (" (requeued)" if outcome["requeue"] else "")

@@ -199,17 +199,24 @@ def settle(reason: str, history: str | os.PathLike, job_id: str, restarts: int,
                       past.get("hangs", 0))
     _record(Path(history), past, decision, info)
     log.warning("stop at SLURM JobState=%s Reason=%s: %s", state, info.get("Reason"), decision.why)
-    if decision.requeue and decision.by == "hpc":
-        refused = _requeue(job_id, restarts, runner)
+    if decision.requeue:
+        refused = requeue_job(job_id, restarts, decision.by == "hpc", runner)
         if refused:
-            return Decision(False, None, f"{refused} HINT: submit with --requeue and check JobRequeue in "
-                            "slurm.conf", kind)
-    if decision.requeue:  # SLURM pins the node count it last granted: give a node range back (hpc.recovery.requeue)
-        try:
-            requeue.after_requeue(job_id)
-        except RuntimeError as err:  # the batch script's hpc.afterstep tries again
-            log.warning("node range of job %s not restored: %s", job_id, err)
+            return Decision(False, None, refused, kind)
     return decision
+
+
+def requeue_job(job_id: str, restarts: int, ask: bool = True, runner: Callable[..., Any] = subprocess.run) -> str:
+    """Requeue the job (`ask`: with scontrol; else SLURM already did) and give its node range back;
+    '' once it is queued again, else SLURM's words with a HINT."""
+    refused = _requeue(job_id, restarts, runner) if ask else ""
+    if refused:
+        return f"{refused} HINT: submit with --requeue and check JobRequeue in slurm.conf"
+    try:  # SLURM pins the node count it last granted: give a node range back (hpc.recovery.requeue)
+        requeue.after_requeue(job_id)
+    except RuntimeError as err:  # the batch script's hpc.afterstep tries again
+        log.warning("node range of job %s not restored: %s", job_id, err)
+    return ""
 
 
 REQUEUE_TRIES = 3
