@@ -120,6 +120,8 @@ def test_no_container_leaves_the_srun_line_as_it_was(site):
       "cluster.container.mounts=[SITE/data:SITE/run/rgb]"], "would hide the run directory"),
     (["stages.rgb.container.runtime=pyxis"], "stages.rgb.container.image is empty"),
     (["cluster.container.runtime=exec"], "cluster.container.prefix"),
+    (["cluster.container.runtime=exec", "cluster.container.prefix=[env]", "cluster.container.workdir=/w"],
+     "mounts or .workdir set with runtime exec"),
 ])
 def test_bad_container_input_is_refused_before_submission(site, args, seen, monkeypatch, capsys):
     """Refused in one line with a HINT, by the dry run and by the submission alike, before a

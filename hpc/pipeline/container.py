@@ -77,9 +77,9 @@ def resolve(section: Mapping[str, Any], where: str, run_dir: str, cfg: Mapping[s
         if not prefix:
             raise ConfigError(f"{where}.runtime=exec with no {where}.prefix; expected the command the ranks run "
                               f"under. HINT: set {where}.prefix=[bwrap,--bind,/,/] or another wrapper.")
-        if section.get("mounts"):
-            raise ConfigError(f"{where}.mounts={list(section['mounts'])} with runtime exec, which mounts nothing "
-                              f"itself. HINT: put the binds into {where}.prefix.")
+        if section.get("mounts") or section.get("workdir"):
+            raise ConfigError(f"{where}.mounts or .workdir set with runtime exec, which mounts nothing and moves "
+                              f"nowhere itself. HINT: put the binds and the directory (--chdir) into {where}.prefix.")
     elif not image:
         raise ConfigError(f"{where}.image is empty for runtime {runtime}; expected an image. HINT: set "
                           f"{where}.image=/path/to/image.{'sqsh' if runtime == 'pyxis' else 'sif'}.")
