@@ -14,6 +14,9 @@ status. It acts on the job's SIGTERM and on srun's failure:
   acts on the SIGTERM itself, with SIGTERM ignored meanwhile, which its scontrol calls inherit.
 - srun ending with an error on its own (a rank that died, an error in the user's code) is looked
   at once srun has returned; it is retried only when a node of the job has failed.
+- Rank 0's stop decision (a preemption, the time limit, a hang), which ranks never carry out
+  themselves under this wrapper, container or not: it names a request file in srun's environment
+  (HPC_HOST_ACTS, hpc.recovery.hostact), sees it within a wait slice and requeues the job from here.
 What it decides (hpc.recovery.nodeaction), and why, goes to the task's history (hpc.recovery.nodefail,
 shown by hpc.status) and to the job's log. The batch script runs on the job's first node, beside rank 0: if that node is the
 one that fails, nothing of the job is left to act, and SLURM requeues it (--requeue) as it was.
@@ -49,16 +52,38 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"[hpc] this task's pickle is not unpacked, so it cannot run: {err}", file=sys.stderr, flush=True)
             return 1
     points = options.get("--points")
-    return supervise(["srun", *args[2:]], lambda why: act(args[0], why, points))
+    request = request_path(args[0], os.environ)
+    return supervise(["srun", *args[2:]], lambda why: act(args[0], why, points),
+                     lambda: os.path.exists(request) and settle(request), {**os.environ, HOST_ACTS: request})
 
 
 WAIT_SLICE_S = 0.5  # supervise's wait for srun, in slices: see there
+# hpc.recovery.hostact.ENV (the same name, checked by tests/test_hostact.py): where rank 0 writes its
+# stop request for this wrapper to carry out; a literal here, as nothing of hpc is loaded before it acts
+HOST_ACTS = "HPC_HOST_ACTS"
 
 
-def supervise(argv: Sequence[str], on_end: Callable[[str], bool]) -> int:
-    """Run argv to its end; call on_end(why) on each SIGTERM until it returns True (it acted), and
-    once more if argv failed and nothing was done yet. Returns argv's exit status."""
+def request_path(run_dir: str, environ: Mapping[str, str]) -> str:
+    """The stop request file of the attempt running in `environ`: one per job id and restart count."""
+    job, restart = environ.get("SLURM_JOB_ID", "0"), environ.get("SLURM_RESTART_COUNT") or "0"
+    return os.path.join(run_dir, ".host", f"{job}-{restart}.json")
+
+
+def supervise(argv: Sequence[str], on_end: Callable[[str], bool], poll: Optional[Callable[[], bool]] = None,
+              env: Optional[Mapping[str, str]] = None) -> int:
+    """Run argv (in `env`) to its end; call on_end(why) on each SIGTERM until it returns True (it
+    acted), and once more if argv failed and nothing was done yet. `poll()` is called in every wait
+    slice, and once after argv ended, until it returns True (it carried out a rank's request), with
+    SIGTERM ignored meanwhile: it runs before on_end, which then finds the job requeued.
+    Returns argv's exit status."""
     acted = [False]
+
+    def polled() -> bool:
+        held = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        try:
+            return bool(poll and poll())
+        finally:
+            signal.signal(signal.SIGTERM, held)
 
     def on_term(signum: int, frame: Any) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -67,17 +92,19 @@ def supervise(argv: Sequence[str], on_end: Callable[[str], bool]) -> int:
 
     before = signal.signal(signal.SIGTERM, on_term)
     try:
-        proc = subprocess.Popen(list(argv))
+        proc = subprocess.Popen(list(argv), env=None if env is None else dict(env))
         while True:
             # Not one blocking wait: a SIGTERM that the kernel hands to another thread of this
             # process (an embedding with threads of its own) only flags it for the main thread,
             # whose waitpid it does not interrupt; the handler would run once srun ended, after
             # SLURM's SIGKILL. Waiting in short slices runs it within a slice (Popen.wait polls).
+            # A rank's request is carried out at once, not after srun: a hung rank may never end.
             try:
                 code = proc.wait(timeout=WAIT_SLICE_S)
                 break
             except subprocess.TimeoutExpired:
-                continue
+                poll = None if polled() else poll
+        polled()
         if code != 0 and not acted[0]:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             on_end(f"srun exited {code}")
@@ -100,6 +127,19 @@ def act(run_dir: str, why: str, points: Optional[str] = None) -> bool:
     if action is None or action.do != "none":
         print(f"[hpc] {why}: {line}", file=sys.stderr, flush=True)
     return action is not None and action.do != "none"
+
+
+def settle(request: str) -> bool:
+    """Carry out rank 0's stop request (hpc.recovery.hostact), with what was done in the job's log."""
+    try:
+        # here, not at the top: only a stop needs them
+        from hpc.recovery import nodeaction
+
+        line = nodeaction.settle_request(request)
+    except Exception as err:  # a request that cannot be read or carried out is said once, not retried
+        line = f"rank 0's stop request {request} not carried out: {type(err).__name__}: {err}"
+    print(f"[hpc] {line}", file=sys.stderr, flush=True)
+    return True
 
 
 def resubmit_after(job_id: str, run_dir: str, stage: str, exclude: Sequence[str],

@@ -16,7 +16,7 @@ from hpc.cluster import layout as L
 from hpc.cluster.daemons import Daemon, port_open
 
 REQUIRED = ["munged", "mariadbd", "mariadb-install-db", "mariadb", "slurmdbd", "slurmctld", "slurmd",
-            "sacctmgr", "sbatch", "scontrol", "sinfo", "unshare", "mount"]
+            "sacctmgr", "sbatch", "scontrol", "sinfo", "unshare", "mount", "bwrap"]
 SBIN = ["/usr/sbin", "/sbin", "/usr/bin", "/bin"]
 
 

@@ -11,7 +11,8 @@ import subprocess
 from hpc.cluster.daemons import ClusterError
 from hpc.cluster.daemonset import missing_binaries
 
-PACKAGES = ["slurm-wlm", "slurmdbd", "mariadb-server", "mariadb-client", "munge"]
+# bubblewrap: the container-free stand-in for Pyxis and Apptainer in the SLURM tests (runtime exec)
+PACKAGES = ["slurm-wlm", "slurmdbd", "mariadb-server", "mariadb-client", "munge", "bubblewrap"]
 
 
 def install_packages(log=print) -> None:

@@ -29,6 +29,20 @@ if TYPE_CHECKING:
 
 
 @dataclass
+class Container:
+    """Where a stage's ranks run: on the host (runtime ''), or inside an image; the batch script,
+    hpc.afterstep and every SLURM call stay on the host (hpc.pipeline.container, docs/containers.md)."""
+
+    runtime: str = ""  # '' (no container) | pyxis | apptainer | exec (any prefix command, `prefix`)
+    image: str = ""  # pyxis: a .sqsh file or a registry image (nvcr.io#nvidia/pytorch:24.05-py3); apptainer: a .sif or docker://...
+    mounts: List[str] = field(default_factory=list)  # SRC[:DST[:FLAGS]] beyond those hpc adds itself (run dir, logs, cache, data)
+    env: Dict[str, str] = field(default_factory=dict)  # variables set inside the container, over the image's own
+    python: str = "python"  # the interpreter inside the image
+    workdir: Optional[str] = None  # working directory inside; the task then moves into the code snapshot
+    prefix: List[str] = field(default_factory=list)  # exec: the command every rank runs under (bwrap ..., a site wrapper)
+
+
+@dataclass
 class Resources:
     """What one job (or one array task) of a stage asks SLURM for."""
 
@@ -48,6 +62,7 @@ class Resources:
     local_tasks: int = 1  # processes when run by the local executor (CPU, one machine)
     array_parallelism: Optional[int] = None  # array tasks running at once (sbatch --array=0-N%P); None: submitit's 256
     extra: Dict[str, str] = field(default_factory=dict)  # further sbatch options, name -> value
+    container: Container = field(default_factory=Container)  # this stage's image; runtime '': cluster.container's
 
 
 @dataclass
@@ -57,6 +72,7 @@ class ClusterSettings:
     kind: str = "auto"  # auto | slurm | local | debug | here; auto = slurm when sbatch answers, else local
     partitions: Optional[List[str]] = None  # partitions that exist; None = ask the scheduler once
     setup: List[str] = field(default_factory=list)  # shell lines run before srun (module load ...)
+    container: Container = field(default_factory=Container)  # every stage's image, unless the stage names its own
 
 
 @dataclass

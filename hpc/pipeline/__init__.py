@@ -17,6 +17,7 @@ Parts::
     arrays.py      a stage's items as sbatch arrays within MaxArraySize; per-item dependencies (aftercorr at
                    the upstream tasks' ids, --array=3,7,12-20)
     sbatch.py      Resources -> submitit parameters and the sbatch text they produce
+    container.py   a stage's container (pyxis, apptainer, exec): checks, the mounts hpc adds, the srun line
     executor.py    StageTask, what submitit pickles; the executor of each kind
     arraytasks.py  an array's task pickles in one file, each unpacked by its task's batch step
     request.py     Request: one submission, typed, as python -m hpc.submit takes it

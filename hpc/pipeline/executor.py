@@ -26,6 +26,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from hpc.config import defaults, resolved
 from hpc.fs import atomic
 from hpc.pipeline import arraytasks
+from hpc.recovery import hostact
 from hpc.rundir import tracking
 from hpc.rundir.run import RunDir, task_key
 from hpc.rundir.snapshot import JobCode
@@ -76,6 +77,8 @@ class StageTask:
             raise RuntimeError(f"{task_key(self.stage, self.item)} did not run: {', '.join(missing)} has no done "
                                f"marker (it failed or was cancelled); expected it finished first. HINT: python -m "
                                f"hpc.status {run.path.parent}, then resubmit the sweep")
+        if hostact.ENV in os.environ:  # under hpc's srun wrapper: its requeues, submitit's too, go to the host
+            hostact.requeue_on_host()
         dist = _local_env() or from_environ()
         if dist.source != "single":
             dist.export()  # RANK/WORLD_SIZE/MASTER_* for torch.distributed and user code
@@ -160,7 +163,7 @@ def submit_array(executor: Any, tasks: Sequence[Any], task_ids: Sequence[int] = 
         pickles[task_id] = _dumps(delayed)
     pattern = str(utils.JobPaths(executor.folder).submitted_pickle)  # %j left in: the task fills it in
     atomic.write_bytes(tasks_file, arraytasks.encode(pickles, pattern))
-    array = submitit.SlurmExecutor(executor.folder, executor.max_num_timeout)
+    array = submitit.SlurmExecutor(executor.folder, executor.max_num_timeout, python=executor.python)
     array.update_parameters(**executor.parameters)
     array.parameters["map_count"] = len(tasks)  # the %A_%a log names; an explicit --array line is ours
     first = array._submit_command(array._submitit_command_str)
@@ -172,12 +175,14 @@ def submit_array(executor: Any, tasks: Sequence[Any], task_ids: Sequence[int] = 
             for t in task_ids]
 
 
-def make_executor(kind: str, folder: str, max_timeouts: int = defaults.MAX_TIMEOUTS) -> Any:
-    """A submitit executor for `kind` (slurm | local | debug)."""
+def make_executor(kind: str, folder: str, max_timeouts: int = defaults.MAX_TIMEOUTS,
+                  python: Optional[str] = None) -> Any:
+    """A submitit executor for `kind` (slurm | local | debug); `python`: the srun line's interpreter text
+    (a container's, hpc.pipeline.container; None: this process's)."""
     import submitit
 
     if kind == "slurm":
-        return submitit.SlurmExecutor(folder=folder, max_num_timeout=max_timeouts)
+        return submitit.SlurmExecutor(folder=folder, max_num_timeout=max_timeouts, python=python)
     if kind == "local":
         return submitit.LocalExecutor(folder=folder)
     if kind == "debug":

@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Sequ
 
 from hpc.config.checks import ConfigError
 from hpc.config.schema import to_dict
-from hpc.pipeline import arrays, sbatch, worlds
+from hpc.pipeline import arrays, container, sbatch, worlds
 from hpc.rundir.run import task_key
 
 # name -> module path; the module defines PIPELINE. Tests and users may add entries.
@@ -133,7 +133,13 @@ class JobSpec:
         dependency = ",".join([f"{how}:<{s}>" for s in self.after] + [per_item] * bool(per_item)) or None
         size = len(self.items) if self.is_array else None
         params = sbatch.slurm_parameters(self.resources, self.stage, dependency, setup, self.run_dir, self.task_ids)
-        return sbatch.render(params, self.folder, size, python)
+        return sbatch.render(params, self.folder, size, python or self.python)
+
+    @property
+    def python(self) -> Optional[str]:
+        """The interpreter text of the srun line inside a container (hpc.pipeline.container); None: this one's."""
+        box = self.resources.get("container")
+        return container.launch(box, self.resources["gpus_per_node"]).python if box else None
 
 
 @dataclass(frozen=True)
@@ -204,6 +210,7 @@ def make_plan(pipe: PipelineDef, cfg: Any, run_dir: str, kind: str,
         if not todo:
             continue
         res = dict(to_dict(cfg.stages[stage.resources or stage.name]))
+        res["container"] = _container(cfg, stage.resources or stage.name, res, run_dir) if kind == "slurm" else None
         if kind == "slurm" and stage.batch:  # every node count SLURM may grant, not only the ends
             worlds.check_batch(f"stages.{stage.resources or stage.name}.nodes", res, stage.batch[0])
         ranks, note = worlds.worlds(stage.name, res, kind)
@@ -240,6 +247,13 @@ def make_plan(pipe: PipelineDef, cfg: Any, run_dir: str, kind: str,
         notes.append("the local executor has no afterok: stages run one after another, "
                      "and submit waits for each before starting the next")
     return Plan(pipe.name, run_dir, kind, tuple(jobs), tuple(skipped), tuple(notes))
+
+
+def _container(cfg: Any, key: str, res: Mapping[str, Any], run_dir: str) -> Optional[Dict[str, Any]]:
+    """The stage's container section, checked, with hpc's mounts (hpc.pipeline.container); None: the host."""
+    section = container.effective(res.get("container") or {}, to_dict(cfg.cluster).get("container") or {})
+    where = f"stages.{key}.container" if (res.get("container") or {}).get("runtime") else "cluster.container"
+    return container.resolve(section, where, run_dir, to_dict(cfg), key) if section.get("runtime") else None
 
 
 def _check_per_item(stage: StageDef, defined: Mapping[str, StageDef]) -> None:

@@ -119,7 +119,7 @@ def submit_plan(plan: hplan.Plan, run: RunDir, setup: Sequence[str] = (), code: 
             if plan.kind != "slurm" and not wait_ok(previous):
                 print(f"stage {job.stage}: not started, an earlier stage failed (see python -m hpc.status {run.path})")
                 break
-            executor = make_executor(plan.kind, job.folder, job.resources["max_timeouts"])
+            executor = make_executor(plan.kind, job.folder, job.resources["max_timeouts"], job.python)
             waits = upstream(job, ids, run) if plan.kind == "slurm" else []
             per_item, each = job.item_dependency(by_label) if plan.kind == "slurm" else (None, [])
             tasks = [StageTask(str(run.path), job.stage, job.target, item, index, code=code, run_id=run_id)

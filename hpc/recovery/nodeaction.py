@@ -5,14 +5,17 @@
 Read SLURM (the job, the states of its nodes), decide (hpc.recovery.nodefail.decide: was it a node
 or the code, is another attempt worth it), carry it out (requeue with the failed nodes excluded,
 give a node range back, or stop), and record it in the task's history, which hpc.status shows.
-Where SLURM refuses the requeue, a job of the caller's (`resubmit_after`) submits the stage again
+settle_request() carries out a rank's stop request (hpc.recovery.hostact) the same way: ranks never call
+SLURM under the wrapper, which runs on the host (inside a container there is no scontrol). Where SLURM refuses the requeue, a job of the caller's (`resubmit_after`) submits the stage again
 into the run directory once this one has ended: the submission itself belongs to the layers above.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, Mapping, Optional, Sequence
+import subprocess
+from dataclasses import asdict
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
-from hpc.recovery import nodefail, preemption, requeue
+from hpc.recovery import hostact, nodefail, preemption, requeue
 from hpc.rundir import sweepdir
 from hpc.rundir.run import RunDir
 from hpc.slurm import scheduler
@@ -76,3 +79,24 @@ def carry_out(action: nodefail.Action, job_id: str, info: Dict[str, str], alread
 
 def _said(values: Dict[str, str], what: str) -> str:
     return f"{what} with {' '.join(f'{k}={v}' for k, v in values.items())}" if values else what
+
+
+def settle_request(path: str, runner: Callable[..., Any] = subprocess.run) -> str:
+    """Rank 0's stop request at `path` (hpc.recovery.hostact) carried out here, on the host: SLURM
+    read, the decision recorded in the task's history, the job requeued (preemption.settle; `runner`
+    runs its SLURM clients)."""
+    request = hostact.pending(path)
+    if request is None:
+        return f"no stop request at {path}"
+    try:
+        if request["reason"] == hostact.SUBMITIT:  # submitit counted the timeouts and checkpointed: requeue only
+            refused = preemption.requeue_job(str(request["job_id"]), int(request["restart"]), True, runner)
+            outcome = {"requeue": not refused, "why": refused or "submitit's checkpoint at the time limit"}
+        else:
+            outcome = asdict(preemption.settle(request["reason"], request["history"], str(request["job_id"]),
+                                               int(request["restart"]), int(request["max_timeouts"]), runner))
+    except Exception as err:
+        hostact.done(path, {"error": f"{type(err).__name__}: {err}"})
+        raise
+    hostact.done(path, outcome)
+    return f"rank 0 stopped ({request['reason']}): {outcome['why']}" + (" (requeued)" if outcome["requeue"] else "")

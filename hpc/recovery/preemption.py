@@ -36,7 +36,7 @@ from typing import Any, Callable
 
 from hpc.config import defaults
 from hpc.fs import atomic
-from hpc.recovery import requeue
+from hpc.recovery import hostact, requeue
 from hpc.recovery.stopsignal import (  # noqa: F401
     DEFAULT_TIMEOUT_SIGNAL,
     INTERACTIVE_ENV,
@@ -166,36 +166,61 @@ def _record(path: Path, history: dict[str, Any], decision: Decision, info: dict[
 def handle_stop(request: StopRequest, history: str | os.PathLike, job_id: str | None = None,
                 max_timeouts: int = DEFAULT_MAX_TIMEOUTS,
                 runner: Callable[..., Any] = subprocess.run) -> Decision:
-    """On rank 0 only: read SLURM's verdict, record it in `history`, requeue if the table says so."""
+    """On rank 0 only: the stop decision. Under hpc's srun wrapper (hpc.recovery.hostact: every job
+    hpc submits, in a container or not) this rank decides from the signal and the history, writes
+    the request, and the wrapper on the host reads SLURM, records and requeues (settle); without
+    the wrapper this rank settles it itself."""
     job_id = job_id or os.environ.get("SLURM_JOB_ID")
     if not job_id:
         return Decision(False, None, "not running under SLURM; nothing to requeue", request.reason)
     if os.environ.get(INTERACTIVE_ENV):  # a step of an salloc shell's run: requeuing would end the allocation
         return Decision(False, None, "stopped by Ctrl-C (--cluster here). HINT: run the same command again to "
                         "resume from this checkpoint", "interrupted")
+    restarts = int(os.environ.get("SLURM_RESTART_COUNT", 0) or 0)
+    if hostact.ENV in os.environ:
+        past = load_history(Path(history))
+        decision = decide(request.reason, "for the host to read", past["timeouts"], max_timeouts, "host",
+                          past.get("hangs", 0))
+        hostact.ask(os.environ[hostact.ENV], {"reason": request.reason, "history": str(history), "job_id": job_id,
+                                              "restart": restarts, "max_timeouts": max_timeouts})
+        log.warning("stop (%s): %s; the srun wrapper on the host carries it out", request.reason, decision.why)
+        return decision
+    return settle(request.reason, history, job_id, restarts, max_timeouts, runner)
+
+
+def settle(reason: str, history: str | os.PathLike, job_id: str, restarts: int,
+           max_timeouts: int = DEFAULT_MAX_TIMEOUTS, runner: Callable[..., Any] = subprocess.run) -> Decision:
+    """Read SLURM's verdict, record it in `history`, requeue if the table says so: where the SLURM
+    clients are (the host's srun wrapper, hpc.recovery.nodeaction; or the rank, without one)."""
     info = job_info(job_id, shielded(runner))
     state = info.get("JobState", "UNKNOWN")
-    restarts = int(os.environ.get("SLURM_RESTART_COUNT", 0) or 0)
     # A job that exits during GraceTime is not requeued by SLURM, even with PreemptMode=REQUEUE
     # (seen on Slurm 22.05): unless SLURM already queued it again, hpc runs scontrol requeue.
-    kind, by_slurm = classify(info, request.reason, restarts)
+    kind, by_slurm = classify(info, reason, restarts)
     evidence = f"{state}, PreemptTime={info.get('PreemptTime', '?')}"
     past = load_history(Path(history))
     decision = decide(kind, evidence, past["timeouts"], max_timeouts, "slurm" if by_slurm else "hpc",
                       past.get("hangs", 0))
     _record(Path(history), past, decision, info)
     log.warning("stop at SLURM JobState=%s Reason=%s: %s", state, info.get("Reason"), decision.why)
-    if decision.requeue and decision.by == "hpc":
-        refused = _requeue(job_id, restarts, runner)
+    if decision.requeue:
+        refused = requeue_job(job_id, restarts, decision.by == "hpc", runner)
         if refused:
-            return Decision(False, None, f"{refused} HINT: submit with --requeue and check JobRequeue in "
-                            "slurm.conf", kind)
-    if decision.requeue:  # SLURM pins the node count it last granted: give a node range back (hpc.recovery.requeue)
-        try:
-            requeue.after_requeue(job_id)
-        except RuntimeError as err:  # the batch script's hpc.afterstep tries again
-            log.warning("node range of job %s not restored: %s", job_id, err)
+            return Decision(False, None, refused, kind)
     return decision
+
+
+def requeue_job(job_id: str, restarts: int, ask: bool = True, runner: Callable[..., Any] = subprocess.run) -> str:
+    """Requeue the job (`ask`: with scontrol; else SLURM already did) and give its node range back;
+    '' once it is queued again, else SLURM's words with a HINT."""
+    refused = _requeue(job_id, restarts, runner) if ask else ""
+    if refused:
+        return f"{refused} HINT: submit with --requeue and check JobRequeue in slurm.conf"
+    try:  # SLURM pins the node count it last granted: give a node range back (hpc.recovery.requeue)
+        requeue.after_requeue(job_id)
+    except RuntimeError as err:  # the batch script's hpc.afterstep tries again
+        log.warning("node range of job %s not restored: %s", job_id, err)
+    return ""
 
 
 REQUEUE_TRIES = 3

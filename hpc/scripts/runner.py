@@ -6,7 +6,9 @@ the signal it expects, and followed by one stop decision for all ranks.
 SLURM signals every process of the step: the script gets a preemption's SIGTERM itself (and may
 checkpoint). This wrapper passes the time-limit warning on (hpc.recovery.scriptproc), then decides
 once the script has exited, or at the deadline (hpc.recovery.deadline) whatever the script is doing.
-Rank 0 decides and requeues; the other ranks act on its decision (DECISION_FILE).
+Rank 0 decides; under hpc's srun wrapper the host requeues (hpc.recovery.hostact), without it rank 0
+does; the other ranks act on its decision (DECISION_FILE). Without a SLURM client in reach (a
+container), the deadline falls back to deadline.FALLBACK_WINDOW_S after the signal.
 """
 from __future__ import annotations
 
@@ -131,8 +133,8 @@ def _await_own_signal(flag: Any, timeout_s: float = 5.0) -> None:
 def agree_on_stop(ctx: Any, flag: Any, checkpoints: Path, max_timeouts: int) -> Any:
     """The stop decision every rank acts on, or None when rank 0 saw no stop.
 
-    Rank 0 asks SLURM and requeues (a job that ends within GraceTime is not requeued by SLURM
-    22.05), then writes its decision for this attempt to DECISION_FILE, always, even after a
+    Rank 0 decides and has the job requeued (a job that ends within GraceTime is not requeued by
+    SLURM 22.05; hpc.recovery.preemption.handle_stop), then writes its decision for this attempt to DECISION_FILE, always, even after a
     plain end. Other ranks that saw a stop wait for that file: leaving first, with an error,
     would let `--kill-on-bad-exit` end rank 0 before its scontrol calls return. They wait with no
     deadline of their own: rank 0's requeue ends the step, and so does rank 0 dying.

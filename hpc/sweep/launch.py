@@ -53,7 +53,7 @@ def _submit_arrays(plan: hplan.Plan, sweep: SweepDir, defs: Defs, setup: Sequenc
                      for sig, item in job.items]
             upstream = {sig: _upstream(job, manifests[sig], sweep.point(sig)) for sig in sigs} if slurm else {}
             per_item, each = job.item_dependency(by_label) if slurm else (None, [])
-            executor = make_executor(plan.kind, job.folder, job.resources["max_timeouts"])
+            executor = make_executor(plan.kind, job.folder, job.resources["max_timeouts"], job.python)
             packed = arraytasks.path_for(job.folder) if slurm and len(tasks) > 1 else None  # one file, not one each
             if plan.kind != "debug":
                 dependency = ",".join(d for d in (afterany(upstream.values(), by_label), per_item) if d) or None

@@ -1,0 +1,183 @@
+"""Stages whose ranks run inside a container image: Pyxis/enroot, Apptainer, or any prefix command.
+
+    python -m hpc.submit langsplat --profile sandbox --dry-run \\
+        cluster.container.runtime=pyxis cluster.container.image=/images/torch.sqsh   # the srun line shows it
+
+Only the ranks run inside. The batch script, hpc.afterstep (the srun wrapper) and every SLURM call
+stay on the host, where scontrol and sbatch are: a rank that must be requeued writes what it decided
+into the run directory, and the host carries it out (hpc.recovery.hostact).
+
+A stage's `container` section wins when its runtime is set, else `cluster.container` holds for
+every stage. resolve() checks it against the file system and adds the mounts hpc needs itself, each
+at the same path inside as outside: the run directory (the code snapshot and submitit's folder live
+in it; a sweep's point mounts its sweep directory, where the sweep's snapshot is), $HPC_CACHE_DIR,
+the submission directory, and every absolute path in the pipeline's own sections of the config that exists (data, checkouts,
+model files). launch() turns the result into the srun line:
+
+    pyxis      srun ... --container-image=IMG --container-mounts=A:A,... --container-name=hpc-<hash>
+               --no-container-mount-home [--container-workdir=W] [--container-env=K,...] PYTHON -u -m ...
+    apptainer  srun ... apptainer exec [--nv] --bind A:A,... [--pwd W] IMG PYTHON -u -m ...
+    exec       srun ... PREFIX... PYTHON -u -m ...
+
+Pyxis: the container name is one per job (a hash of the run directory, the stage and the image), so
+a requeued job reuses the image its node already unpacked, and a changed image gets a new name; the
+home directory stays out (--no-container-mount-home), as it is on a cluster's login node only.
+Environment: `env` is exported by the batch script and, for pyxis, named in --container-env so that
+it wins over the image's values. The rank variables (RANK, WORLD_SIZE, MASTER_*) that enroot's
+PyTorch hook sets are overwritten in each task from SLURM's (hpc.runtime.envparse: in an srun step
+SLURM's variables win). Apptainer runs without --cleanenv: the tasks need SLURM_*.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from hpc.config.checks import ConfigError
+from hpc.rundir import snapcache
+from hpc.rundir.sweepdir import is_sweep
+
+RUNTIMES = ("pyxis", "apptainer", "exec")
+# config sections that are hpc's own: their paths are not data (the run directory is mounted anyway)
+OWN_SECTIONS = ("run", "cluster", "stages")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What the batch script gets: srun options, the interpreter text before `-u -m ...`, and shell lines."""
+
+    srun_args: Tuple[str, ...]
+    python: str
+    setup: Tuple[str, ...]
+
+
+def effective(stage: Mapping[str, Any], cluster: Mapping[str, Any]) -> Dict[str, Any]:
+    """The section a stage runs with: its own when it names a runtime, else the cluster's."""
+    own = dict(stage or {})
+    return own if own.get("runtime") else dict(cluster or {})
+
+
+def resolve(section: Mapping[str, Any], where: str, run_dir: str, cfg: Mapping[str, Any],
+            stage: str = "") -> Optional[Dict[str, Any]]:
+    """The checked section with every mount hpc adds (`mounts`: SRC:DST[:FLAGS] strings) and the
+    pyxis container name of `stage`'s jobs; None without a runtime. `where`: the config key, for errors."""
+    runtime = section.get("runtime") or ""
+    if not runtime:
+        return None
+    if runtime not in RUNTIMES:
+        raise ConfigError(f"{where}.runtime={runtime!r}; expected one of {list(RUNTIMES)} (or '' for none). "
+                          f"HINT: set {where}.runtime=pyxis, apptainer, or exec with {where}.prefix=[...].")
+    image, prefix = section.get("image") or "", list(section.get("prefix") or [])
+    if runtime == "exec":
+        if not prefix:
+            raise ConfigError(f"{where}.runtime=exec with no {where}.prefix; expected the command the ranks run "
+                              f"under. HINT: set {where}.prefix=[bwrap,--bind,/,/] or another wrapper.")
+        if section.get("mounts") or section.get("workdir"):
+            raise ConfigError(f"{where}.mounts or .workdir set with runtime exec, which mounts nothing and moves "
+                              f"nowhere itself. HINT: put the binds and the directory (--chdir) into {where}.prefix.")
+    elif not image:
+        raise ConfigError(f"{where}.image is empty for runtime {runtime}; expected an image. HINT: set "
+                          f"{where}.image=/path/to/image.{'sqsh' if runtime == 'pyxis' else 'sif'}.")
+    elif _is_path(image) and not os.path.exists(image):
+        raise ConfigError(f"{where}.image={image!r} does not exist on this machine; expected the image "
+                          "file. HINT: fix the path, or import it first (enroot import / apptainer pull).")
+    root = _mount_root(run_dir)
+    # the submission directory too: `run` reads its git-ignored data, and --no-snapshot imports it
+    ours = [root, *[p for p in (str(snapcache.cache_dir()), os.getcwd()) if os.path.isdir(p)], *data_paths(cfg)]
+    users = [_user_mount(m, where, root) for m in section.get("mounts") or []]
+    env = {str(k): str(v) for k, v in (section.get("env") or {}).items()}
+    bad = [k for k in env if not _ENV_NAME.fullmatch(k)]
+    if bad:
+        raise ConfigError(f"{where}.env has name(s) {bad} that are not variable names; expected letters, "
+                          "digits and '_'. HINT: rename them.")
+    mounts = [f"{p}:{p}" for p in _outermost(ours) if not any(_covers(u, p) for u in users)] + \
+        [":".join(u) for u in users]
+    name = "hpc-" + hashlib.sha256(f"{run_dir}\0{stage}\0{image}".encode()).hexdigest()[:12]
+    return {**dict(section), "runtime": runtime, "mounts": mounts, "env": env, "name": name, "prefix": prefix,
+            "python": section.get("python") or "python"}
+
+
+def launch(c: Mapping[str, Any], gpus_per_node: int) -> Launch:
+    """The srun options, interpreter text and export lines of a resolved section (resolve())."""
+    env = dict(c.get("env") or {})
+    setup = tuple(f"export {k}={shlex.quote(v)}" for k, v in env.items())
+    python, workdir, mounts = str(c["python"]), c.get("workdir"), ",".join(c["mounts"])
+    if c["runtime"] == "pyxis":
+        args = [f"--container-image={c['image']}", f"--container-mounts={mounts}", f"--container-name={c['name']}",
+                "--no-container-mount-home"]
+        args += [f"--container-workdir={workdir}"] * bool(workdir) + [f"--container-env={','.join(env)}"] * bool(env)
+        return Launch(tuple(args), python, setup)
+    if c["runtime"] == "apptainer":
+        words = ["apptainer", "exec", *["--nv"] * bool(gpus_per_node), "--bind", mounts,
+                 *(["--pwd", workdir] if workdir else []), c["image"]]
+        return Launch((), f"{shlex.join(words)} {python}", setup)
+    return Launch((), f"{shlex.join(c['prefix'])} {python}", setup)
+
+
+def data_paths(cfg: Mapping[str, Any]) -> List[str]:
+    """Every absolute path that exists among the values of the pipeline's own config sections."""
+    found: List[str] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, Mapping):
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, (list, tuple)):
+            for value in node:
+                walk(value)
+        elif isinstance(node, str) and node.startswith("/") and os.path.exists(node):
+            found.append(os.path.normpath(node))
+    for key, value in cfg.items():
+        if key not in OWN_SECTIONS:
+            walk(value)
+    return found
+
+
+def _is_path(image: str) -> bool:
+    """A file image (not a registry reference such as nvcr.io#nvidia/pytorch:24.05-py3 or docker://...)."""
+    return "://" not in image and "#" not in image and (image.startswith(("/", "./", "../", "~"))
+                                                        or image.endswith((".sqsh", ".sif", ".img")))
+
+
+def _mount_root(run_dir: str) -> str:
+    """The run directory, or its sweep's directory (which holds the sweep's one code snapshot)."""
+    path = os.path.abspath(run_dir)
+    parent = os.path.dirname(path)
+    return parent if is_sweep(parent) else path
+
+
+def _user_mount(text: str, where: str, root: str) -> Tuple[str, ...]:
+    """SRC[:DST[:FLAGS]], checked: the source exists, and the mount hides no part of the run directory."""
+    parts = tuple(str(text).split(":"))
+    if not 1 <= len(parts) <= 3 or not all(parts[:2]) or not parts[0].startswith("/") or "," in text:
+        raise ConfigError(f"{where}.mounts entry {text!r}; expected SRC[:DST[:FLAGS]] with absolute paths and no "
+                          "commas. HINT: write /data/set:/data/set:ro.")
+    src, dst = parts[0], parts[1] if len(parts) > 1 else parts[0]
+    if not os.path.exists(src):
+        raise ConfigError(f"{where}.mounts source {src!r} does not exist on this machine; expected a path to "
+                          "mount. HINT: create it, fix the path, or drop the mount.")
+    src, dst = os.path.normpath(src), os.path.normpath(dst)
+    if (_covers(dst, root) or _covers(root, dst)) and src != dst:
+        raise ConfigError(f"{where}.mounts entry {text!r} would hide the run directory {root} inside the container; "
+                          "expected a mount beside it, or the same path on both sides. HINT: mount it elsewhere, "
+                          "or pass --run-dir outside its destination.")
+    return (src, dst, *parts[2:])
+
+
+def _covers(outer: Any, inner: str) -> bool:
+    outer = outer[1] if isinstance(outer, tuple) else outer
+    return PurePosixPath(inner) == PurePosixPath(outer) or PurePosixPath(outer) in PurePosixPath(inner).parents
+
+
+def _outermost(paths: Sequence[str]) -> List[str]:
+    """The paths without those inside another one, in order, each once."""
+    kept: List[str] = []
+    for p in paths:
+        if not any(_covers(k, p) for k in kept):
+            kept = [k for k in kept if not _covers(p, k)] + [p]
+    return kept

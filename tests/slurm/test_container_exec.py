@@ -1,0 +1,97 @@
+"""A job whose ranks cannot reach SLURM at all (the `exec` runtime under bubblewrap, every SLURM
+client masked) still lives through every stop: hpc's srun wrapper, on the host, carries out what
+rank 0 decides (hpc.recovery.hostact), as it does for every job hpc submits.
+
+    CI=true python -m pytest tests/slurm/test_container_exec.py -q -p no:cacheprovider
+
+Two jobs side by side, one per node (tests/container_pipeline.py): a 1 x 2 TrainLoop job, preempted
+(requeued), then with a hung rank (ended by the watchdog, requeued), then finished, each attempt
+from the checkpoint of the one before; and a one-task job without a TrainLoop at its time limit,
+requeued once (max_timeouts=1) and ended at the second.
+"""
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpc import submit
+from hpc.cluster.preempt import job_field, preempt
+from hpc.pipeline import plan
+from hpc.recovery.hangs import HANGS, REPORT
+from hpc.rundir.run import RunDir
+from tests.container_pipeline import CLIENTS
+from tests.slurm.requeue_helpers import release
+from tests.slurm.test_pipeline import ended, wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slurm
+
+
+@pytest.fixture(autouse=True)
+def box_pipeline(monkeypatch):
+    monkeypatch.setitem(plan.PIPELINES, "box", "tests.container_pipeline")
+    monkeypatch.setitem(plan.PIPELINES, "boxlimit", "tests.container_pipeline:LIMIT")
+    monkeypatch.chdir(ROOT)  # jobs import tests.container_pipeline from the submission directory
+
+
+def box_prefix() -> list:
+    """bwrap over the whole file system, with every SLURM client masked by /dev/null (neither on PATH
+    nor runnable where it is installed): the tasks cannot see SLURM, as in a Pyxis image. SLURM
+    signals every process of a step, bwrap included, which (unlike Apptainer's starter) neither
+    handles nor forwards them: it starts with SIGTERM and SIGUSR2 ignored, so that the rank inside,
+    which installs its own handlers, is the one that acts on them."""
+    clients = sorted({shutil.which(name) for name in (*CLIENTS, "salloc", "sinfo", "sacctmgr", "sstat")} - {None})
+    masks = [word for path in clients for word in ("--ro-bind", "/dev/null", path)]
+    return ["sh", "-c", "trap '' TERM USR2; exec \"$@\"", "sh",
+            "bwrap", "--die-with-parent", "--bind", "/", "/", "--dev-bind", "/dev", "/dev", *masks]
+
+
+def restarts(cluster, job) -> int:
+    return int(job_field(cluster, job, "Restarts") or 0)
+
+
+def submit_boxed(name: str, run_dir: Path) -> tuple:
+    prefix = json.dumps(box_prefix())
+    assert submit.main([name, "--cluster", "slurm", "--run-dir", str(run_dir), "cluster.container.runtime=exec",
+                        f"cluster.container.prefix={prefix}", f"cluster.container.python={sys.executable}"]) == 0
+    run = RunDir(run_dir)
+    ((job, stage),) = [(t["job_id"], t["stage"]) for t in run.tasks()]
+    return run, job, run.task_dir(stage)
+
+
+def test_jobs_without_slurm_in_reach_are_requeued_from_the_host(slurm_cluster, tmp_path):
+    run, job, out = submit_boxed("box", tmp_path / "box")
+    limit_run, limit_job, limit_out = submit_boxed("boxlimit", tmp_path / "limit")
+
+    wait_until(lambda: (out / "start-0-0.json").exists(), timeout_s=120, what="attempt 0 to train")
+    preempt(slurm_cluster, job, release=False)
+    release(slurm_cluster, job)
+    wait_until(lambda: restarts(slurm_cluster, limit_job) == 1, timeout_s=150, what="the time limit's requeue")
+    release(slurm_cluster, limit_job)
+    wait_until(lambda: restarts(slurm_cluster, job) == 2, timeout_s=120, what="the hang's requeue")
+    release(slurm_cluster, job)
+    records = wait_until(lambda: ended(run), timeout_s=120, what="the trained job to end")
+    assert records[job].state == "COMPLETED", records[job]
+    limit = wait_until(lambda: ended(limit_run), timeout_s=150, what="the time-limited job, over its cap, to end")
+    assert limit[limit_job].state == "FAILED", limit[limit_job]  # not requeued a second time
+    assert restarts(slurm_cluster, limit_job) == 1
+
+    seen = [*out.glob("seen-*.json"), *limit_out.glob("seen-*.json")]
+    assert len(seen) == 3 * 2 + 2  # every rank of every attempt, none of which had a SLURM client in reach
+    for path in seen:
+        assert json.loads(path.read_text()) == {"on_path": {}, "scontrol_ran": False}, path
+
+    events = json.loads((out / "checkpoints" / "requeue.json").read_text())["events"]
+    assert [(e["kind"], e["requeue"], e["by"]) for e in events] == [("preempt", True, "hpc"), ("hang", True, "hpc")]
+    for directory, attempts in ((run.path, 2), (limit_run.path, 1)):  # each request carried out by the host
+        settled = sorted(p.name for p in (directory / ".host").glob("*.done"))
+        assert settled == [f"{j}-{n}.json.done" for j in (job if directory == run.path else limit_job,)
+                           for n in range(attempts)], settled
+        assert not list((directory / ".host").glob("*.json"))
+
+    starts = [json.loads((out / f"start-0-{n}.json").read_text())["step"] for n in range(3)]
+    assert not starts[0] and 0 < starts[1] < starts[2], starts  # each attempt resumed further on
+    (report,) = [json.loads(p.read_text()) for p in (out / HANGS).glob(f"*/{REPORT}")]
+    assert report["stuck"] == [1] and report["decision"]["requeue"], report

@@ -1,0 +1,184 @@
+"""Containers (hpc.pipeline.container): the srun line of each runtime, the mounts hpc adds, and the
+input refused before anything is submitted."""
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpc.config import schema as config
+from hpc.pipeline import plan
+from hpc.runtime.envparse import from_environ
+
+ROOT = Path(__file__).resolve().parent.parent
+GOLDEN = Path(__file__).parent / "golden" / "dryrun"
+
+
+@pytest.fixture
+def site(tmp_path):
+    """An image file, a data directory and a cache directory, all under one temporary path."""
+    (tmp_path / "images").mkdir()
+    (tmp_path / "images" / "torch.sqsh").write_bytes(b"")
+    (tmp_path / "images" / "torch.sif").write_bytes(b"")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "cache").mkdir()
+    return tmp_path
+
+
+def dry_run(site, *args, run_dir="/RUN"):
+    cmd = [sys.executable, "-m", "hpc.submit", "langsplat", "--dry-run", "--run-dir", run_dir, "--cluster", "slurm",
+           "--profile", "sandbox", *args]
+    env = {**os.environ, "SLURM_CONF": "/nonexistent", "HPC_CACHE_DIR": str(site / "cache")}
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
+
+
+def srun_lines(text):
+    return [line for line in text.splitlines() if line.startswith("srun ")]
+
+
+CASES = {
+    "container_pyxis": ["cluster.container.runtime=pyxis", "cluster.container.image=SITE/images/torch.sqsh",
+                        "cluster.container.workdir=/workspace", "cluster.container.env={NCCL_DEBUG: INFO}",
+                        "cluster.container.python=/usr/bin/python3", "langsplat.data_path=SITE/data"],
+    "container_apptainer": ["cluster.container.runtime=apptainer", "cluster.container.image=SITE/images/torch.sif",
+                            "cluster.container.mounts=[SITE/data:/data:ro]", "stages.rgb.gpus_per_node=0"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_dry_run_of_a_container_matches_golden(site, name):
+    out = dry_run(site, *[a.replace("SITE", str(site)) for a in CASES[name]])
+    assert out.returncode == 0, out.stderr
+    text = (out.stdout.replace(shlex.quote(sys.executable), "PYTHON").replace(str(site), "SITE")
+            .replace(str(ROOT), "CHECKOUT"))
+    text = re.sub(r"--container-name=hpc-[0-9a-f]{12}", "--container-name=hpc-HASH", text)  # of the image's path
+    path = GOLDEN / f"{name}.txt"
+    if os.environ.get("HPC_UPDATE_GOLDEN"):
+        path.write_text(text)
+    assert text == path.read_text()
+
+
+def test_pyxis_srun_line(site):
+    out = dry_run(site, *[a.replace("SITE", str(site)) for a in CASES["container_pyxis"]])
+    assert out.returncode == 0, out.stderr
+    lines = srun_lines(out.stdout)
+    assert len(lines) == 2  # rgb, features
+    words = [shlex.split(line) for line in lines]
+    for w in words:
+        assert f"--container-image={site}/images/torch.sqsh" in w
+        mounts = next(a for a in w if a.startswith("--container-mounts=")).partition("=")[2].split(",")
+        # the run dir (snapshot and submitit folder inside), the cache, the submission dir, the data
+        assert {"/RUN:/RUN", f"{site}/cache:{site}/cache", f"{ROOT}:{ROOT}", f"{site}/data:{site}/data"} == set(mounts)
+        assert "--no-container-mount-home" in w and "--container-workdir=/workspace" in w
+        assert "--container-env=NCCL_DEBUG" in w
+        assert w[w.index("-u") - 1] == "/usr/bin/python3"  # the interpreter inside the image
+    names = {next(a for a in w if a.startswith("--container-name=")) for w in words}
+    assert len(names) == 2  # one per job, the same on every requeue (a pure function of the run and stage)
+    assert "export NCCL_DEBUG=INFO" in out.stdout
+    assert out.stdout.count("-m hpc.afterstep /RUN") == 2  # the wrapper stays on the host
+
+
+def test_apptainer_srun_line(site):
+    out = dry_run(site, *[a.replace("SITE", str(site)) for a in CASES["container_apptainer"]])
+    assert out.returncode == 0, out.stderr
+    rgb, features = (shlex.split(line) for line in srun_lines(out.stdout))
+    for w, nv in ((rgb, False), (features, True)):
+        at = w.index("apptainer")
+        assert w[at:at + 2] == ["apptainer", "exec"] and "--cleanenv" not in w
+        assert ("--nv" in w) is nv  # GPUs only where the stage asks for them
+        binds = w[w.index("--bind") + 1].split(",")
+        assert f"{site}/data:/data:ro" in binds and "/RUN:/RUN" in binds
+        assert w[w.index("-u") - 2:w.index("-u")] == [f"{site}/images/torch.sif", "python"]
+
+
+def test_exec_prefix_and_a_stage_of_its_own(site):
+    out = dry_run(site, "cluster.container.runtime=exec", "cluster.container.prefix=[bwrap,--bind,/,/]",
+                  "stages.rgb.container.runtime=pyxis", "stages.rgb.container.image=nvcr.io#nvidia/pytorch:24.05-py3")
+    assert out.returncode == 0, out.stderr
+    rgb, features = srun_lines(out.stdout)
+    assert "--container-image=nvcr.io#nvidia/pytorch:24.05-py3" in rgb and "bwrap" not in rgb
+    assert "--kill-on-bad-exit=1 bwrap --bind / / python -u -m submitit.core._submit" in features
+
+
+def test_no_container_leaves_the_srun_line_as_it_was(site):
+    out = dry_run(site)
+    assert out.returncode == 0, out.stderr
+    assert all("container" not in line and "apptainer" not in line for line in srun_lines(out.stdout))
+
+
+@pytest.mark.parametrize("args, seen", [
+    (["cluster.container.runtime=docker"], "cluster.container.runtime='docker'"),
+    (["cluster.container.runtime=pyxis", "cluster.container.image=SITE/images/nope.sqsh"], "does not exist"),
+    (["cluster.container.runtime=apptainer", "cluster.container.image=SITE/images/torch.sif",
+      "cluster.container.mounts=[SITE/nope:/nope]"], "source 'SITE/nope' does not exist"),
+    (["cluster.container.runtime=pyxis", "cluster.container.image=SITE/images/torch.sqsh",
+      "cluster.container.mounts=[SITE/data:/]"], "would hide the run directory"),
+    (["cluster.container.runtime=pyxis", "cluster.container.image=SITE/images/torch.sqsh",
+      "cluster.container.mounts=[SITE/data:SITE/run/rgb]"], "would hide the run directory"),
+    (["stages.rgb.container.runtime=pyxis"], "stages.rgb.container.image is empty"),
+    (["cluster.container.runtime=exec"], "cluster.container.prefix"),
+    (["cluster.container.runtime=exec", "cluster.container.prefix=[env]", "cluster.container.workdir=/w"],
+     "mounts or .workdir set with runtime exec"),
+])
+def test_bad_container_input_is_refused_before_submission(site, args, seen, monkeypatch, capsys):
+    """Refused in one line with a HINT, by the dry run and by the submission alike, before a
+    snapshot is taken or sbatch runs. SLURM's clients here answer the one question asked before the
+    plan (MaxArraySize), and sbatch leaves a mark if it is called."""
+    from hpc import submit
+
+    bin_dir = site / "bin"
+    bin_dir.mkdir()
+    for name, body in (("scontrol", "echo MaxArraySize=1001"), ("sbatch", f"touch {site}/sbatch-called; exit 1"),
+                       ("squeue", "exit 0"), ("sacct", "exit 0")):
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("HPC_CACHE_DIR", str(site / "cache"))
+    monkeypatch.chdir(ROOT)
+    run_dir = site / "run"
+    argv = ["langsplat", "--run-dir", str(run_dir), "--cluster", "slurm", "--profile", "sandbox",
+            *[a.replace("SITE", str(site)) for a in args]]
+    lines = []
+    for dry in (["--dry-run"], []):
+        assert submit.main(argv + dry) == 2
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and "HINT" in err and seen.replace("SITE", str(site)) in err, err
+        lines.append(err)
+    assert lines[0] == lines[1]
+    assert not (site / "sbatch-called").exists() and not (run_dir / "code").exists()
+
+
+def test_a_profile_sets_the_container_of_every_stage(site):
+    """cluster.container from a profile holds for every stage that names none of its own."""
+    from hpc.jobs.langsplat.pipeline import PIPELINE
+
+    (site / "profiles").mkdir()
+    (site / "profiles" / "dgx.yaml").write_text(
+        f"cluster:\n  container:\n    runtime: pyxis\n    image: {site}/images/torch.sqsh\n")
+    templates = Path(plan.__file__).resolve().parents[2] / "templates"
+    for name in PIPELINE.templates:
+        (site / name).write_text((templates / name).read_text() if (templates / name).exists() else "")
+    cfg = config.load(PIPELINE.schema, "langsplat", "dgx", templates=site, extra=PIPELINE.templates, keep=False,
+                      settle=PIPELINE.settle)
+    jobs = plan.make_plan(PIPELINE, cfg, "/RUN", "slurm").jobs
+    assert {j.stage for j in jobs} == {"rgb", "features"}
+    for job in jobs:
+        assert f"--container-image={site}/images/torch.sqsh" in job.sbatch_text()
+
+
+def test_rank_variables_of_enroots_pytorch_hook_lose_to_slurms():
+    """Enroot's PyTorch hook sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT inside the image;
+    in an srun step hpc derives them from SLURM's variables and exports its own over them."""
+    hook = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "localhost", "MASTER_PORT": "29500",
+            "PYTORCH_VERSION": "2.4.0"}
+    slurm = {"SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_NTASKS": "4", "SLURM_NODEID": "1",
+             "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_TASKS_PER_NODE": "2(x2)",
+             "SLURM_STEP_ID": "0", "SLURM_JOB_ID": "42"}
+    env = from_environ({**hook, **slurm})
+    exported = dict(hook)
+    env.export(exported)
+    assert (exported["RANK"], exported["WORLD_SIZE"], exported["LOCAL_RANK"]) == ("3", "4", "1")
+    assert exported["MASTER_ADDR"] == "n1" and exported["MASTER_PORT"] != "29500"
