@@ -52,7 +52,8 @@ def test_the_host_applies_the_cap_that_slurm_and_the_history_give(tmp_path):
     """Over max_timeouts, nothing is requeued; a cancelled job is never requeued whatever the rank asked."""
     history = tmp_path / "h.json"
     history.write_text(json.dumps({"timeouts": 2, "preemptions": 0, "events": []}))
-    for state, reason, why in (("RUNNING", "timeout", "more than max_timeouts=2"), ("CANCELLED", "preempt", "cancelled")):
+    for state, reason, why in (("RUNNING", "timeout", "more than max_timeouts=2"),
+                               ("CANCELLED", "preempt", "cancelled")):
         request = str(tmp_path / f"{state}.json")
         hostact.ask(request, {"reason": reason, "history": str(history), "job_id": "5", "restart": 0,
                               "max_timeouts": 2})

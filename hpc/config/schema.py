@@ -34,12 +34,13 @@ class Container:
     hpc.afterstep and every SLURM call stay on the host (hpc.pipeline.container, docs/containers.md)."""
 
     runtime: str = ""  # '' (no container) | pyxis | apptainer | exec (any prefix command, `prefix`)
-    image: str = ""  # pyxis: a .sqsh file or a registry image (nvcr.io#nvidia/pytorch:24.05-py3); apptainer: a .sif or docker://...
-    mounts: List[str] = field(default_factory=list)  # SRC[:DST[:FLAGS]] beyond those hpc adds itself (run dir, logs, cache, data)
+    # pyxis: a .sqsh file or a registry image (nvcr.io#nvidia/pytorch:24.05-py3); apptainer: a .sif or docker://...
+    image: str = ""
+    mounts: List[str] = field(default_factory=list)  # SRC[:DST[:FLAGS]] beyond hpc's own (run dir, cache, data)
     env: Dict[str, str] = field(default_factory=dict)  # variables set inside the container, over the image's own
     python: str = "python"  # the interpreter inside the image
     workdir: Optional[str] = None  # working directory inside; the task then moves into the code snapshot
-    prefix: List[str] = field(default_factory=list)  # exec: the command every rank runs under (bwrap ..., a site wrapper)
+    prefix: List[str] = field(default_factory=list)  # exec: the command every rank runs under (bwrap, a wrapper)
 
 
 @dataclass

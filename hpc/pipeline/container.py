@@ -11,8 +11,8 @@ A stage's `container` section wins when its runtime is set, else `cluster.contai
 every stage. resolve() checks it against the file system and adds the mounts hpc needs itself, each
 at the same path inside as outside: the run directory (the code snapshot and submitit's folder live
 in it; a sweep's point mounts its sweep directory, where the sweep's snapshot is), $HPC_CACHE_DIR,
-the submission directory, and every absolute path in the pipeline's own sections of the config that exists (data, checkouts,
-model files). launch() turns the result into the srun line:
+the submission directory, and every absolute path in the pipeline's own sections of the config
+that exists (data, checkouts, model files). launch() turns the result into the srun line:
 
     pyxis      srun ... --container-image=IMG --container-mounts=A:A,... --container-name=hpc-<hash>
                --no-container-mount-home [--container-workdir=W] [--container-env=K,...] PYTHON -u -m ...

@@ -26,7 +26,8 @@ from typing import Any, Dict, Mapping, Optional
 
 from hpc.fs import atomic
 
-ENV = "HPC_HOST_ACTS"  # the request file of this attempt; set only by hpc.afterstep (its HOST_ACTS), in srun's environment
+# the request file of this attempt; set only by hpc.afterstep (its HOST_ACTS), in srun's environment
+ENV = "HPC_HOST_ACTS"
 SUBMITIT = "submitit"  # the reason of a request from submitit's own time-limit handler (requeue_on_host)
 FOLDER = ".host"  # under the directory hpc.afterstep is given (a run's, or a sweep's): hpc.afterstep.request_path
 

@@ -5,8 +5,9 @@
 Read SLURM (the job, the states of its nodes), decide (hpc.recovery.nodefail.decide: was it a node
 or the code, is another attempt worth it), carry it out (requeue with the failed nodes excluded,
 give a node range back, or stop), and record it in the task's history, which hpc.status shows.
-settle_request() carries out a rank's stop request (hpc.recovery.hostact) the same way: ranks never call
-SLURM under the wrapper, which runs on the host (inside a container there is no scontrol). Where SLURM refuses the requeue, a job of the caller's (`resubmit_after`) submits the stage again
+settle_request() carries out a rank's stop request (hpc.recovery.hostact) the same way: ranks never
+call SLURM under the wrapper, which runs on the host (inside a container there is no scontrol).
+Where SLURM refuses the requeue, a job of the caller's (`resubmit_after`) submits the stage again
 into the run directory once this one has ended: the submission itself belongs to the layers above.
 """
 from __future__ import annotations
