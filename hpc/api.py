@@ -15,6 +15,7 @@ used) and SubmissionError (the scheduler refused; its own words in the message a
 from __future__ import annotations
 
 import dataclasses
+import sys
 from typing import Any, Iterable, Optional, Union
 
 from hpc.config.checks import ConfigError
@@ -73,14 +74,23 @@ def submit_request(req: Request) -> Submitted:
         from hpc.pipeline import submission  # the engine: loaded only once a request exists
     try:
         return submission.start(req)
-    except (ConfigError, RunDirError, SubmissionError):
-        raise
-    except RuntimeError as err:  # submitit's FailedJobError carries sbatch's stderr; SlurmExit, sinfo's
+    except RuntimeError as err:
+        if not _from_scheduler(err):  # a snapshot, run-dir or config error says its own fix
+            raise
         words = str(err).strip()
         raise SubmissionError(f"the scheduler refused the submission of {req.pipeline}: "
                               f"{words.splitlines()[-1] if words else type(err).__name__}. HINT: change what it "
                               "names (stages.<stage>.*, --profile); --dry-run shows each sbatch script.",
                               words) from err
+
+
+def _from_scheduler(err: BaseException) -> bool:
+    """Whether `err` is a scheduler client's refusal: submitit's FailedJobError (sbatch's stderr) or
+    hpc's SlurmExit (sinfo, scontrol, sbatch called by hpc)."""
+    from hpc.slurm.cli import SlurmExit
+
+    utils = sys.modules.get("submitit.core.utils")  # loaded by then if submitit raised it
+    return isinstance(err, SlurmExit) or (utils is not None and isinstance(err, utils.FailedJobError))
 
 
 def pipeline_name(pipeline: Union[str, PipelineDef]) -> str:
@@ -91,7 +101,6 @@ def pipeline_name(pipeline: Union[str, PipelineDef]) -> str:
     if not isinstance(pipeline, PipelineDef):
         raise ConfigError(f"pipeline {pipeline!r} is a {type(pipeline).__name__}; expected a name, a module path "
                           "or a hpc.pipeline.PipelineDef. HINT: hpc.define(...) builds one.")
-    import sys
 
     # its schema's module first (hpc.define puts the user's there), then every module loaded
     first = [getattr(pipeline.schema, "__module__", ""), getattr(pipeline.stages, "__module__", "")]

@@ -115,3 +115,12 @@ def test_the_readme_example_runs_as_a_script(tmp_path):
     assert "part.txt" in out.stdout and "[hpc] stage merge" in out.stdout
     (run_dir,) = (tmp_path / "runs").iterdir()
     assert json.loads((run_dir / "manifest.json").read_text())["pipeline_arg"] == "demo:PIPE"
+
+
+def test_an_error_of_hpc_s_own_is_raised_as_itself_not_as_the_schedulers(tmp_path, monkeypatch):
+    from hpc.rundir import codefiles
+
+    monkeypatch.setattr(codefiles, "GIT_FILES", ["git", "ls-files", "--no-such-option"])  # git refuses
+    with pytest.raises(codefiles.SnapshotError) as err:  # the local executor snapshots the code first
+        hpc.submit("tests.tiny_pipeline", cluster="local", run_dir=tmp_path / "run", overrides=["tiny.parts=[0]"])
+    assert "scheduler" not in str(err.value) and str(err.value).count("HINT") == 1

@@ -1,6 +1,9 @@
 """`--cluster here` without a cluster: the allocation read from scontrol's fields, and a stage bigger
 than the allocation refused before anything runs (tests/slurm/test_here.py runs it in an salloc).
 pytest tests/test_here.py"""
+import os
+import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -72,3 +75,34 @@ def test_a_sweep_is_refused(tmp_path, capsys):
                         "--sweep", "langsplat.trainer.threads=1,2"]) == 2
     assert "a sweep does not run with --cluster here" in capsys.readouterr().err
     assert not (tmp_path / "s").exists()
+
+
+def test_a_stage_in_a_container_is_refused_not_run_on_the_host():
+    jobs = sandbox_plan("cluster.container.runtime=exec", "cluster.container.prefix=[env]").jobs
+    with pytest.raises(ConfigError, match=r"^stage rgb runs in a container \(exec\), and --cluster here .*HINT: "):
+        here.check_fits(jobs, here.Allocation.from_info("7", INFO))
+
+
+def _session_sleeper() -> "subprocess.Popen[bytes]":
+    return subprocess.Popen(["sleep", "60"], start_new_session=True)
+
+
+def test_steps_do_not_outlive_an_error_of_the_driver():
+    step = here.Step(None, None, "7.h1", _session_sleeper())
+    with pytest.raises(OSError):
+        with here._Reaper([step]):
+            raise OSError(28, "No space left on device")
+    assert step.proc.wait(timeout=10) == -signal.SIGTERM
+
+
+def test_sigterm_and_sighup_stop_gently_and_a_third_signal_kills():
+    step = here.Step(None, None, "7.h1", subprocess.Popen(["sh", "-c", "trap '' TERM; sleep 60"],
+                                                          start_new_session=True))
+    with here._Interrupt() as stop:
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.asked and not stop.forced
+        os.kill(os.getpid(), signal.SIGHUP)
+        os.kill(os.getpid(), signal.SIGINT)
+        assert stop.forced and stop.killed
+        stop.act([step], here.Allocation("7", nodes=1, cpus_per_node=1, gpus_per_node=0))
+    assert step.proc.wait(timeout=10) == -signal.SIGKILL  # a step that ignores SIGTERM still ends

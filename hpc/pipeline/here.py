@@ -90,6 +90,12 @@ def need(job: JobSpec, alloc: Allocation) -> Dict[str, int]:
 def check_fits(jobs: Sequence[JobSpec], alloc: Allocation) -> None:
     """ConfigError naming the first stage one of whose tasks does not fit in the allocation."""
     for job in jobs:
+        box = job.resources.get("container")
+        if box:  # the steps start on the host's interpreter: a stage in an image would run outside it
+            raise ConfigError(
+                f"stage {job.stage} runs in a container ({box.get('runtime')}), and --cluster here starts its "
+                "steps on the host without one. HINT: submit without --cluster here (a batch job runs it in its "
+                "container), or take the container section out of the profile or config for this run.")
         n = need(job, alloc)
         if n["nodes"] > alloc.nodes or n["gpus"] > alloc.gpus_per_node or n["cpus"] > alloc.cpus_per_node:
             raise ConfigError(
@@ -144,13 +150,14 @@ def run_plan(plan: Plan, run: RunDir, setup: Sequence[str] = (), code: Any = Non
     seq = sum(j["executor"] == HERE for t in run.tasks() for j in t["jobs"])
     ids: Dict[str, List[str]] = {}
     failed: List[str] = []
-    with _Interrupt() as stop:
+    running: List[Step] = []
+    with _Interrupt() as stop, _Reaper(running):
         for job in plan.jobs:
             if failed or stop.asked:
                 if failed:
                     print(f"stage {job.stage}: not started, an earlier stage failed (python -m hpc.status {run.path})")
                 break
-            todo, running = list(zip(job.items, job.indices)), []
+            todo = list(zip(job.items, job.indices))
             while todo or running:
                 while todo and len(running) < width(job, alloc) and not stop.asked:
                     (item, index), seq = todo.pop(0), seq + 1
@@ -204,23 +211,45 @@ def _report(step: Step, run: RunDir) -> bool:
     return False
 
 
+class _Reaper:
+    """Steps never outlive this process: they run in sessions of their own, so an exception here
+    (a full disk writing the next task's pickle, say) would leave them running, and the same command
+    run again would start a second copy of a task beside the first."""
+
+    def __init__(self, running: List[Step]) -> None:
+        self.running = running
+
+    def __enter__(self) -> "_Reaper":
+        return self
+
+    def __exit__(self, kind: Any, *exc: Any) -> None:
+        if kind is None:
+            return
+        for step in self.running:
+            if step.proc.poll() is None:
+                os.killpg(step.proc.pid, signal.SIGTERM)  # srun ends its step (slurmstepd kills the tasks)
+
+
 class _Interrupt:
-    """SIGINT -> `asked` (act() then stops the steps gently); a second SIGINT -> `forced` (ends them)."""
+    """SIGINT, SIGTERM or SIGHUP (the terminal closed) -> `asked`: act() stops the steps gently; a second
+    -> `forced`: srun ends them at once; a third -> SIGKILL to srun, for a step that does not end."""
 
     def __init__(self) -> None:
-        self.asked = self.forced = False
+        self.asked = self.forced = self.killed = False
         self.since = 0.0
-        self._before: Any = None
+        self._before: Dict[int, Any] = {}
 
     def __enter__(self) -> "_Interrupt":
-        self._before = signal.signal(signal.SIGINT, self._on_int)
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            self._before[sig] = signal.signal(sig, self._on_int)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        signal.signal(signal.SIGINT, self._before)
+        for sig, before in self._before.items():
+            signal.signal(sig, before)
 
     def _on_int(self, signum: int, frame: Any) -> None:
-        self.forced = self.asked
+        self.killed, self.forced = self.forced, self.asked
         self.asked, self.since = True, self.since or time.monotonic()
         print("\n[hpc] Ctrl-C: stopping the running step(s) at a checkpoint; Ctrl-C again ends them at once",
               file=sys.stderr, flush=True)
@@ -229,23 +258,29 @@ class _Interrupt:
         if self.asked and (self.forced or time.monotonic() - self.since > STOP_WAIT_S):
             for step in running:  # srun ends its step on SIGTERM at once (slurmstepd kills the tasks)
                 if step.proc.poll() is None:
-                    os.killpg(step.proc.pid, signal.SIGTERM)
+                    os.killpg(step.proc.pid, signal.SIGKILL if self.killed else signal.SIGTERM)
             return
         for step in running:
             if self.asked and not step.stopped:
-                step.stopped = _signal_step(step, alloc)
+                reached = _signal_step(step, alloc)
+                step.stopped = reached > 0
+                peers = [other for other in running if other.job.stage == step.job.stage]
+                if reached >= len(peers):  # that scancel per listed step reached every step of this stage
+                    for other in peers:
+                        other.stopped = True
 
 
-def _signal_step(step: Step, alloc: Allocation) -> bool:
-    """SIGTERM to the tasks of `step`, not to srun (which would end the step at once). False while
-    SLURM does not list the step yet (it is starting): asked again at the next slice."""
+def _signal_step(step: Step, alloc: Allocation) -> int:
+    """SIGTERM to the tasks of every listed step of `step`'s stage, not to srun (which would end the
+    step at once): how many were reached. 0 while SLURM does not list the step yet (it is starting):
+    asked again at the next slice."""
     try:
         listed = cli.run(["squeue", "-h", "-s", "-j", alloc.job_id, "-o", "%i|%j"])
     except RuntimeError:
-        return False
+        return 0
     mine = [line.split("|")[0] for line in listed.splitlines() if line.endswith(f"|hpc-{step.job.stage}")]
     if not mine:
-        return step.proc.poll() is not None
+        return int(step.proc.poll() is not None)
     for step_id in mine:  # side by side: every step of the stage (all of them are being stopped)
         subprocess.run(["scancel", "--signal=TERM", step_id], capture_output=True)
-    return True
+    return len(mine)
