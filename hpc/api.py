@@ -87,7 +87,7 @@ def submit_request(req: Request) -> Submitted:
 def _from_scheduler(err: BaseException) -> bool:
     """Whether `err` is a scheduler client's refusal: submitit's FailedJobError (sbatch's stderr) or
     hpc's SlurmExit (sinfo, scontrol, sbatch called by hpc)."""
-    from hpc.slurm.cli import SlurmExit
+    from hpc.slurm.cli import SlurmExit  # here, not above: only a failed submission needs it
 
     utils = sys.modules.get("submitit.core.utils")  # loaded by then if submitit raised it
     return isinstance(err, SlurmExit) or (utils is not None and isinstance(err, utils.FailedJobError))
