@@ -19,8 +19,9 @@ that exists (data, checkouts, model files). launch() turns the result into the s
     apptainer  srun ... apptainer exec [--nv] --bind A:A,... [--pwd W] IMG PYTHON -u -m ...
     exec       srun ... PREFIX... PYTHON -u -m ...
 
-Pyxis: the container name is one per job (a hash of the run directory, the stage and the image), so
-a requeued job reuses the image its node already unpacked, and a changed image gets a new name; the
+Pyxis: the container name is a hash of the run directory, the stage and the image, so every step of
+a job on a node starts from the image unpacked once, and a changed image gets a new name (Pyxis
+removes named containers when the job ends unless the site sets container_scope=global); the
 home directory stays out (--no-container-mount-home), as it is on a cluster's login node only.
 Environment: `env` is exported by the batch script and, for pyxis, named in --container-env so that
 it wins over the image's values. The rank variables (RANK, WORLD_SIZE, MASTER_*) that enroot's
