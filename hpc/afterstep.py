@@ -14,12 +14,16 @@ status. It acts on the job's SIGTERM and on srun's failure:
   acts on the SIGTERM itself, with SIGTERM ignored meanwhile, which its scontrol calls inherit.
 - srun ending with an error on its own (a rank that died, an error in the user's code) is looked
   at once srun has returned; it is retried only when a node of the job has failed.
-- Rank 0's stop decision (a preemption, the time limit, a hang), which ranks never carry out
-  themselves under this wrapper, container or not: it names a request file in srun's environment
-  (HPC_HOST_ACTS, hpc.recovery.hostact), sees it within a wait slice and requeues the job from here.
+- A rank's stop decision (a preemption, the time limit: rank 0; a hang: the rank that decides), which
+  ranks never carry out themselves under this wrapper, container or not: it makes the attempt's
+  folder and names a request file in it in srun's environment (HPC_HOST_ACTS, hpc.recovery.hostact),
+  lists the folder every POLL_S (and for AFTER_SRUN_S once srun has ended: the request of a rank on
+  another node may reach this node's view of the shared disk after srun's end), requeues the job
+  from here and answers the rank with what it did. It also answers a rank's question for the job's
+  EndTime (a `run` stage's deadline) there.
 What it decides (hpc.recovery.nodeaction), and why, goes to the task's history (hpc.recovery.nodefail,
-shown by hpc.status) and to the job's log. The batch script runs on the job's first node, beside rank 0: if that node is the
-one that fails, nothing of the job is left to act, and SLURM requeues it (--requeue) as it was.
+shown by hpc.status) and to the job's log. The batch script runs on the job's first node, beside rank 0:
+if that node is the one that fails, nothing of the job is left to act, and SLURM requeues it (--requeue) as it was.
 """
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
 # Nothing of hpc at the top: this wrapper starts in every batch step of every job, and most of them
@@ -53,30 +58,39 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return 1
     points = options.get("--points")
     request = request_path(args[0], os.environ)
-    return supervise(["srun", *args[2:]], lambda why: act(args[0], why, points),
-                     lambda: os.path.exists(request) and settle(request), {**os.environ, HOST_ACTS: request})
+    try:  # before srun: the ranks write into it, and the host lists it (hpc.recovery.hostact)
+        os.makedirs(os.path.dirname(request), exist_ok=True)
+    except OSError as err:
+        print(f"[hpc] cannot make {os.path.dirname(request)} for the ranks' stop requests: {err}. HINT: the run "
+              "directory must be writable from the batch script's node", file=sys.stderr, flush=True)
+        return 1
+    return supervise(["srun", *args[2:]], lambda why: act(args[0], why, points), lambda: serve(request),
+                     {**os.environ, HOST_ACTS: request})
 
 
 WAIT_SLICE_S = 0.5  # supervise's wait for srun, in slices: see there
-# hpc.recovery.hostact.ENV (the same name, checked by tests/test_hostact.py): where rank 0 writes its
+POLL_S = 1.0  # how often the ranks' folder is listed: hpc.recovery.hostact.POLL_S, a literal here as HOST_ACTS is
+AFTER_SRUN_S = 3.0  # how long it is still listed once srun has ended, before no request is taken for none
+# hpc.recovery.hostact.ENV (the same name, checked by tests/test_hostact.py): where the deciding rank writes its
 # stop request for this wrapper to carry out; a literal here, as nothing of hpc is loaded before it acts
 HOST_ACTS = "HPC_HOST_ACTS"
 
 
 def request_path(run_dir: str, environ: Mapping[str, str]) -> str:
-    """The stop request file of the attempt running in `environ`: one per job id and restart count."""
+    """The stop request file of the attempt running in `environ`, in a folder of its own: one per job
+    id and restart count (hpc.recovery.hostact.FOLDER and REQUEST)."""
     job, restart = environ.get("SLURM_JOB_ID", "0"), environ.get("SLURM_RESTART_COUNT") or "0"
-    return os.path.join(run_dir, ".host", f"{job}-{restart}.json")
+    return os.path.join(run_dir, ".host", f"{job}-{restart}", "request.json")
 
 
 def supervise(argv: Sequence[str], on_end: Callable[[str], bool], poll: Optional[Callable[[], bool]] = None,
               env: Optional[Mapping[str, str]] = None) -> int:
     """Run argv (in `env`) to its end; call on_end(why) on each SIGTERM until it returns True (it
-    acted), and once more if argv failed and nothing was done yet. `poll()` is called in every wait
-    slice, and once after argv ended, until it returns True (it carried out a rank's request), with
-    SIGTERM ignored meanwhile: it runs before on_end, which then finds the job requeued.
+    acted), and once more if argv failed and nothing was done yet. `poll()` is called every POLL_S,
+    and for AFTER_SRUN_S after argv ended, until it returns True (it carried out a rank's request),
+    with SIGTERM ignored meanwhile: it runs before on_end, which then finds the job requeued.
     Returns argv's exit status."""
-    acted = [False]
+    acted, last = [False], [-POLL_S]
 
     def polled() -> bool:
         held = signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -103,8 +117,14 @@ def supervise(argv: Sequence[str], on_end: Callable[[str], bool], poll: Optional
                 code = proc.wait(timeout=WAIT_SLICE_S)
                 break
             except subprocess.TimeoutExpired:
-                poll = None if polled() else poll
-        polled()
+                if time.monotonic() - last[0] >= POLL_S:
+                    last[0] = time.monotonic()
+                    poll = None if polled() else poll
+        # A rank's request written just before srun ended, from another node, may reach this
+        # node's view of the shared disk a little later: srun's end alone does not say "none".
+        until = time.monotonic() + AFTER_SRUN_S
+        while poll is not None and not polled() and time.monotonic() < until:
+            time.sleep(POLL_S)
         if code != 0 and not acted[0]:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             on_end(f"srun exited {code}")
@@ -129,15 +149,38 @@ def act(run_dir: str, why: str, points: Optional[str] = None) -> bool:
     return action is not None and action.do != "none"
 
 
+def serve(request: str) -> bool:
+    """One look at the ranks' folder (a listing, never a stat: hpc.fs.sharedfs): settle a request,
+    True once one was; answer a question for the job's EndTime, which is not one."""
+    from hpc.fs import sharedfs  # here, not at the top: small, and only a job under way polls
+
+    names = sharedfs.listed(os.path.dirname(request))
+    if "end.ask" in names:  # hpc.recovery.hostact.END_ASK
+        answer_end(request)
+    return os.path.basename(request) in names and settle(request)
+
+
+def answer_end(request: str) -> None:
+    """Tell the rank that asked (hpc.recovery.hostact.ask_end) the job's EndTime, read from SLURM here."""
+    try:
+        from hpc.recovery import deadline, hostact, preemption  # here: only a `run` stage's stop asks
+
+        fields = preemption.job_info(os.environ.get("SLURM_JOB_ID", ""), tries=1)
+        hostact.tell_end(request, {**fields, deadline.UNIX_END: deadline.end_time(fields)})
+    except Exception as err:  # the rank keeps its fallback deadline
+        print(f"[hpc] the job's EndTime not told to the ranks: {type(err).__name__}: {err}", file=sys.stderr,
+              flush=True)
+
+
 def settle(request: str) -> bool:
-    """Carry out rank 0's stop request (hpc.recovery.hostact), with what was done in the job's log."""
+    """Carry out a rank's stop request (hpc.recovery.hostact), with what was done in the job's log."""
     try:
         # here, not at the top: only a stop needs them
         from hpc.recovery import nodeaction
 
         line = nodeaction.settle_request(request)
     except Exception as err:  # a request that cannot be read or carried out is said once, not retried
-        line = f"rank 0's stop request {request} not carried out: {type(err).__name__}: {err}"
+        line = f"the ranks' stop request {request} not carried out: {type(err).__name__}: {err}"
     print(f"[hpc] {line}", file=sys.stderr, flush=True)
     return True
 

@@ -5,15 +5,32 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
+from types import SimpleNamespace
+
+import pytest
 
 from hpc import afterstep
 from hpc.recovery import hostact, nodeaction
 from hpc.recovery import preemption as pre
+from hpc.scripts import runner
 
 
 def test_the_wrapper_and_the_rank_use_one_name():
-    assert afterstep.HOST_ACTS == hostact.ENV
+    assert afterstep.HOST_ACTS == hostact.ENV and afterstep.POLL_S == hostact.POLL_S
+    request = afterstep.request_path("/r", {"SLURM_JOB_ID": "5", "SLURM_RESTART_COUNT": "1"})
+    assert request == os.path.join("/r", hostact.FOLDER, "5-1", hostact.REQUEST)  # a folder per attempt
+
+
+def host(request, runner, stop):
+    """The wrapper's side, in a thread: settles the request as hpc.afterstep does, with `runner` for SLURM."""
+    def serve():
+        while not stop.is_set() and nodeaction.settle_request(request, runner).startswith("no stop request"):
+            time.sleep(0.05)
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return thread
 
 
 def slurm_client(calls, state="RUNNING"):
@@ -29,11 +46,12 @@ def test_under_the_wrapper_rank_0_decides_and_calls_no_slurm_client(tmp_path, mo
     request = afterstep.request_path(str(tmp_path), {"SLURM_JOB_ID": "5", "SLURM_RESTART_COUNT": "1"})
     monkeypatch.setenv(hostact.ENV, request)
     monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    monkeypatch.setattr(hostact, "ANSWER_WAIT_S", 0.3)
     calls = []
     d = pre.handle_stop(pre.StopRequest("timeout", "SIGUSR2"), tmp_path / "h.json", job_id="5", max_timeouts=2,
                         runner=slurm_client(calls))
     assert calls == []  # no scontrol in the task: in a container there is none
-    assert d.requeue and d.kind == "timeout"  # the table's answer, which the rank acts on (it exits for a requeue)
+    assert d.requeue and d.kind == "timeout"  # no host answered: the table's answer, which the rank acts on
     asked = json.loads(open(request).read())
     assert asked == {"reason": "timeout", "history": str(tmp_path / "h.json"), "job_id": "5", "restart": 1,
                      "max_timeouts": 2}
@@ -89,3 +107,84 @@ def test_a_request_that_cannot_be_carried_out_is_said_once(tmp_path, capsys):
     assert afterstep.settle(request) is True
     assert "not carried out: KeyError" in capsys.readouterr().err
     assert not os.path.exists(request) and "error" in json.loads(open(request + ".done").read())["outcome"]
+
+
+def test_the_rank_acts_on_what_the_host_did_not_on_its_prediction(tmp_path, monkeypatch):
+    """SLURM refuses the requeue (--no-requeue, JobRequeue=0): the rank learns it from the host and does
+    not exit as if requeued (a hang's other ranks would exit 0, and the step would hold its nodes)."""
+    request = afterstep.request_path(str(tmp_path), {"SLURM_JOB_ID": "5", "SLURM_RESTART_COUNT": "0"})
+    monkeypatch.setenv(hostact.ENV, request)
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    monkeypatch.setattr(hostact, "ANSWER_WAIT_S", 10.0)
+    host_calls = []
+
+    def refusing(cmd, **kw):
+        if cmd[:2] == ["scontrol", "requeue"]:
+            host_calls.append(list(cmd))
+            return subprocess.CompletedProcess(cmd, 1, "", "scontrol: error: Requeue of JobId=5 not allowed")
+        return slurm_client(host_calls)(cmd, **kw)
+
+    stop = threading.Event()
+    thread = host(request, refusing, stop)
+    try:
+        d = pre.handle_stop(pre.StopRequest("hang"), tmp_path / "h.json", job_id="5")
+    finally:
+        stop.set()
+        thread.join()
+    assert not d.requeue and "HINT: submit with --requeue" in d.why, d
+    assert ["scontrol", "requeue", "5"] in host_calls
+    with pytest.raises(pre.JobNotRequeued, match="not allowed"):  # so its process exits non-zero
+        pre.exit_for(d)
+
+    # a host that requeued: its own words, `by` and kind come back
+    request = afterstep.request_path(str(tmp_path), {"SLURM_JOB_ID": "5", "SLURM_RESTART_COUNT": "1"})
+    monkeypatch.setenv(hostact.ENV, request)
+    stop.clear()
+    thread = host(request, slurm_client(host_calls, "PENDING"), stop)  # SLURM requeued it
+    try:
+        d = pre.handle_stop(pre.StopRequest("timeout", "SIGUSR2"), tmp_path / "h.json", job_id="5")
+    finally:
+        stop.set()
+        thread.join()
+    assert d.requeue and d.kind == "preempt" and d.by == "slurm", d  # SLURM's state, not the signal's guess
+
+
+def test_the_wrapper_makes_the_folder_and_sees_a_request_that_comes_after_srun(tmp_path, monkeypatch):
+    """The ranks' folder exists before srun starts; a request that reaches the host just after srun ended
+    (a rank on another node, a shared disk's delay) is still carried out, not taken for none."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(
+        "#!/bin/sh\n"
+        'test -d "$(dirname "$HPC_HOST_ACTS")" || exit 7\n'
+        '(sleep 1; echo \'{"reason": "preempt"}\' > "$HPC_HOST_ACTS.tmp"; mv "$HPC_HOST_ACTS.tmp" "$HPC_HOST_ACTS") &\n'
+        "exit 0\n")
+    (bin_dir / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
+    assert afterstep.main([str(tmp_path / "run"), "--", "true"]) == 0
+    done = tmp_path / "run" / hostact.FOLDER / "77-2" / (hostact.REQUEST + ".done")
+    assert done.exists()  # seen and settled (here it cannot be carried out: no history, no SLURM)
+    assert "error" in json.loads(done.read_text())["outcome"]
+
+
+def test_a_run_stage_learns_its_deadline_from_the_host(tmp_path, monkeypatch):
+    """A `run` stage in a container: rank 0 asks the host for the job's EndTime (no scontrol in the
+    task) and keeps the script alive until shortly before it, not a fixed few seconds after the signal."""
+    request = afterstep.request_path(str(tmp_path), {"SLURM_JOB_ID": "5"})
+    os.makedirs(os.path.dirname(request))
+    monkeypatch.setenv(hostact.ENV, request)
+    monkeypatch.setenv("SLURM_JOB_ID", "5")
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing"))  # no SLURM client in reach
+    end = time.time() + 60
+    text = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(end))
+    asked = []  # who asked SLURM: only the host may (in a container the rank's scontrol answers nothing)
+    monkeypatch.setattr(pre, "job_info", lambda job, *a, **kw: asked.append(job) or {"EndTime": text})
+    flag = SimpleNamespace(received_at=time.time() - 20)  # the signal came 20 s ago: the fallback is past
+    passed = runner._deadline_passed(flag)
+    assert passed() and asked == []  # no answer yet: the fallback deadline holds; the rank asked no SLURM client
+    assert os.path.exists(os.path.join(os.path.dirname(request), hostact.END_ASK))
+    assert afterstep.serve(request) is False  # the host answers; a question is no stop request
+    time.sleep(hostact.POLL_S)
+    assert asked == ["5"] and not passed()  # the job ends in a minute: the script has until a few seconds before

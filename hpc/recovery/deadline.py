@@ -20,8 +20,14 @@ DECIDE_MARGIN_S = 5.0  # scontrol show job + scontrol requeue + ending the scrip
 FALLBACK_WINDOW_S = 10.0
 
 
+UNIX_END = "EndTimeUnix"  # EndTime as a Unix time, as the host tells it to a container (hpc.afterstep.answer_end)
+
+
 def end_time(fields: Mapping[str, str]) -> Optional[float]:
-    """scontrol's EndTime (local time, 2026-11-26T01:50:00) as a Unix time; None when unset or garbled."""
+    """scontrol's EndTime (local time, 2026-11-26T01:50:00) as a Unix time; None when unset or garbled.
+    UNIX_END, where given, wins: a container's local time zone need not be the host's."""
+    if fields.get(UNIX_END) is not None:
+        return float(fields[UNIX_END])
     text = fields.get("EndTime", "")
     try:
         return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))

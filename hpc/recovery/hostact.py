@@ -1,35 +1,48 @@
 """Stop decisions carried out on the host: a rank writes what it decided, hpc's srun wrapper acts.
 
-    python -m hpc.afterstep RUN_DIR -- srun ...    # exports HPC_HOST_ACTS=<RUN_DIR>/.host/<job>-<restart>.json
+    python -m hpc.afterstep RUN_DIR -- srun ...    # exports HPC_HOST_ACTS=<RUN_DIR>/.host/<job>-<restart>/request.json
 
 Inside a container there is no scontrol, sbatch or srun. So in every job hpc submits, container or
 not, the ranks never call SLURM to requeue: the srun wrapper (hpc.afterstep, on the host) names a
-request file in srun's environment; rank 0 decides at a stop (preemption.handle_stop: the requeue
-table over the signal it saw and the task's history) and writes the request there; the wrapper sees
-the file within a wait slice, while srun still runs (a hung rank may never let srun end), and
+request file in srun's environment; the rank that decides a stop (rank 0 at a signal, the rank whose
+watchdog claimed a hang's verdict: preemption.handle_stop) writes the request there; the wrapper
+sees it within a poll (POLL_S), while srun still runs (a hung rank may never let srun end), and
 settles it (hpc.recovery.nodeaction.settle_request): reads SLURM, records the decision in the
-history, requeues, gives a node range back. A loop run under a srun of the user's own, without
-the wrapper, has no HPC_HOST_ACTS and settles it in the rank as before.
+history, requeues, gives a node range back, and answers with what it did (.done), which the rank
+waits for (answer) and acts on: a requeue that SLURM refused is not taken for one. A loop run under
+a srun of the user's own, without the wrapper, has no HPC_HOST_ACTS and settles it in the rank.
+A rank that needs the job's EndTime (a `run` stage's deadline: hpc.recovery.deadline) asks the host
+for it the same way (ask_end, end_fields): no SLURM client in the task.
 
 submitit's own handler of the time-limit signal (a stage with no TrainLoop) would run scontrol
 requeue in the task: requeue_on_host(), called by every stage task under the wrapper, sends it here too.
 
-The file is one per attempt (job id and restart count in its name), written whole (atomic rename),
-and renamed to .done once settled, so an attempt never acts on an earlier attempt's request.
+The folder is one per attempt (job id and restart count in its name), made by the wrapper before
+srun starts; its files are written whole (atomic rename), and the request is renamed to .done once
+settled, so an attempt never acts on an earlier attempt's request. Both sides poll by listing the
+folder (hpc.fs.sharedfs.listed), never by a stat of a name: on NFS a "no such file" answer is cached
+for 30 to 60 s, and the rank that writes may be on another node than the wrapper.
 """
 from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional
 
-from hpc.fs import atomic
+from hpc.fs import atomic, sharedfs
 
 # the request file of this attempt; set only by hpc.afterstep (its HOST_ACTS), in srun's environment
 ENV = "HPC_HOST_ACTS"
 SUBMITIT = "submitit"  # the reason of a request from submitit's own time-limit handler (requeue_on_host)
 FOLDER = ".host"  # under the directory hpc.afterstep is given (a run's, or a sweep's): hpc.afterstep.request_path
+REQUEST = "request.json"  # the request's name in its attempt's folder (hpc.afterstep.request_path)
+END_ASK, END = "end.ask", "end.json"  # a rank's question for the job's EndTime, and the host's answer
+# How often each side lists the folder: one listing a second per task keeps a 1000-task array to
+# 1000 metadata reads a second on the shared filesystem, and the host still answers within seconds.
+POLL_S = 1.0
+ANSWER_WAIT_S = 60.0  # how long a rank waits for the host to carry its request out (answer)
 
 
 def ask(path: str, request: Mapping[str, Any]) -> None:
@@ -52,6 +65,48 @@ def done(path: str, outcome: Mapping[str, Any]) -> None:
     atomic.write_text(Path(path + ".done"), json.dumps(record))
     try:
         os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def answer(path: str, wait_s: Optional[float] = None, poll_s: float = POLL_S) -> Optional[Dict[str, Any]]:
+    """What the host did with the request at `path` (its .done outcome), waited for up to `wait_s`
+    (ANSWER_WAIT_S); None when no answer came (no wrapper reading the folder, or one too busy to)."""
+    folder, name = os.path.split(path)
+    until = time.monotonic() + (ANSWER_WAIT_S if wait_s is None else wait_s)
+    while True:
+        if name + ".done" in sharedfs.listed(folder):
+            try:
+                return dict(json.loads(Path(path + ".done").read_text()).get("outcome") or {})
+            except (OSError, ValueError):  # written whole (atomic rename): only a vanished folder gets here
+                return None
+        if time.monotonic() >= until:
+            return None
+        time.sleep(poll_s)
+
+
+def ask_end(path: str) -> None:
+    """Ask the host for the job's EndTime (rank 0 of a `run` stage, at a stop): see end_fields."""
+    atomic.write_text(Path(path).parent / END_ASK, "")
+
+
+def end_fields(path: str) -> Dict[str, str]:
+    """The host's answer to ask_end (`scontrol show job`'s EndTime, JobState, ...), {} until it came."""
+    folder = Path(path).parent
+    if END not in sharedfs.listed(folder):
+        return {}
+    try:
+        return dict(json.loads((folder / END).read_text()))
+    except (OSError, ValueError):
+        return {}
+
+
+def tell_end(path: str, fields: Mapping[str, str]) -> None:
+    """On the host: answer a rank's ask_end with the job's fields (read from SLURM by the caller)."""
+    folder = Path(path).parent
+    atomic.write_text(folder / END, json.dumps(dict(fields)))
+    try:
+        os.unlink(folder / END_ASK)
     except FileNotFoundError:
         pass
 

@@ -100,4 +100,4 @@ def settle_request(path: str, runner: Callable[..., Any] = subprocess.run) -> st
         hostact.done(path, {"error": f"{type(err).__name__}: {err}"})
         raise
     hostact.done(path, outcome)
-    return f"rank 0 stopped ({request['reason']}): {outcome['why']}" + (" (requeued)" if outcome["requeue"] else "")
+    return f"the ranks stopped ({request['reason']}): {outcome['why']}" + (" (requeued)" if outcome["requeue"] else "")

@@ -166,10 +166,11 @@ def _record(path: Path, history: dict[str, Any], decision: Decision, info: dict[
 def handle_stop(request: StopRequest, history: str | os.PathLike, job_id: str | None = None,
                 max_timeouts: int = DEFAULT_MAX_TIMEOUTS,
                 runner: Callable[..., Any] = subprocess.run) -> Decision:
-    """On rank 0 only: the stop decision. Under hpc's srun wrapper (hpc.recovery.hostact: every job
-    hpc submits, in a container or not) this rank decides from the signal and the history, writes
-    the request, and the wrapper on the host reads SLURM, records and requeues (settle); without
-    the wrapper this rank settles it itself."""
+    """On one rank only (rank 0; a hang's: the rank that decides): the stop decision. Under hpc's
+    srun wrapper (hpc.recovery.hostact: every job hpc submits, in a container or not) this rank
+    writes the request, the wrapper on the host reads SLURM, records and requeues (settle), and this
+    rank returns what the host did (hpc.recovery.hostact.answer; without an answer, what the table
+    predicts from the signal and the history); without the wrapper this rank settles it itself."""
     job_id = job_id or os.environ.get("SLURM_JOB_ID")
     if not job_id:
         return Decision(False, None, "not running under SLURM; nothing to requeue", request.reason)
@@ -183,8 +184,14 @@ def handle_stop(request: StopRequest, history: str | os.PathLike, job_id: str | 
                           past.get("hangs", 0))
         hostact.ask(os.environ[hostact.ENV], {"reason": request.reason, "history": str(history), "job_id": job_id,
                                               "restart": restarts, "max_timeouts": max_timeouts})
-        log.warning("stop (%s): %s; the srun wrapper on the host carries it out", request.reason, decision.why)
-        return decision
+        done = hostact.answer(os.environ[hostact.ENV])
+        if done is None:
+            log.warning("stop (%s): no answer from the srun wrapper on the host in %g s; acting on the table's "
+                        "%s", request.reason, hostact.ANSWER_WAIT_S, decision.why)
+            return decision
+        if "error" in done:
+            return Decision(False, None, f"the host could not carry the stop out: {done['error']}", request.reason)
+        return Decision(bool(done["requeue"]), done.get("by"), str(done["why"]), done.get("kind", request.reason))
     return settle(request.reason, history, job_id, restarts, max_timeouts, runner)
 
 

@@ -7,8 +7,9 @@ SLURM signals every process of the step: the script gets a preemption's SIGTERM 
 checkpoint). This wrapper passes the time-limit warning on (hpc.recovery.scriptproc), then decides
 once the script has exited, or at the deadline (hpc.recovery.deadline) whatever the script is doing.
 Rank 0 decides; under hpc's srun wrapper the host requeues (hpc.recovery.hostact), without it rank 0
-does; the other ranks act on its decision (DECISION_FILE). Without a SLURM client in reach (a
-container), the deadline falls back to deadline.FALLBACK_WINDOW_S after the signal.
+does; the other ranks act on its decision (DECISION_FILE). The deadline comes from the job's EndTime,
+which under the wrapper the host reads for rank 0 (hpc.recovery.hostact.ask_end): no SLURM client in
+the task. Until it is known, it falls back to half of deadline.FALLBACK_WINDOW_S after the signal.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, List, Mapping, Optional
 
 from hpc.fs import atomic
-from hpc.recovery import deadline, preemption, scriptproc
+from hpc.recovery import deadline, hostact, preemption, scriptproc
 
 # Rank 0's stop decision for the attempt that wrote it, in the task's checkpoint directory.
 DECISION_FILE = "stop-decision.json"
@@ -81,14 +82,25 @@ def run_argv(ctx: Any, argv: List[str], max_timeouts: int, launch: bool = True,
 
 
 def _deadline_passed(flag: Any) -> Any:
-    """Rank 0's deadline test: asks SLURM once, at the first stop, when the job will be ended."""
+    """Rank 0's deadline test: learns once, at the first stop, when the job will be ended. Under hpc's
+    srun wrapper the host tells it (hpc.recovery.hostact.ask_end; a container has no scontrol), and
+    until its answer has come the fallback deadline holds; without the wrapper it asks SLURM."""
     due: List[float] = []
+    host = os.environ.get(hostact.ENV)
+    told = _every(hostact.POLL_S / 2, lambda: bool(host and hostact.end_fields(host)))
 
     def passed() -> bool:
         if not due:
-            fields = preemption.job_info(os.environ.get("SLURM_JOB_ID", ""), preemption.shielded(subprocess.run),
-                                         tries=1) if os.environ.get("SLURM_JOB_ID") else {}
-            due.append(deadline.decide_by(fields, flag.received_at or time.time()))
+            received = flag.received_at or time.time()
+            if host:
+                hostact.ask_end(host)
+                fields = {}
+            else:
+                fields = preemption.job_info(os.environ.get("SLURM_JOB_ID", ""), preemption.shielded(
+                    subprocess.run), tries=1) if os.environ.get("SLURM_JOB_ID") else {}
+            due[:] = [deadline.decide_by(fields, received), received]
+        elif len(due) == 2 and told():  # the host's answer: once
+            due[:] = [deadline.decide_by(hostact.end_fields(host or ""), due[1])]
         return time.time() >= due[0]
     return passed
 

@@ -86,10 +86,10 @@ def test_jobs_without_slurm_in_reach_are_requeued_from_the_host(slurm_cluster, t
     events = json.loads((out / "checkpoints" / "requeue.json").read_text())["events"]
     assert [(e["kind"], e["requeue"], e["by"]) for e in events] == [("preempt", True, "hpc"), ("hang", True, "hpc")]
     for directory, attempts in ((run.path, 2), (limit_run.path, 1)):  # each request carried out by the host
-        settled = sorted(p.name for p in (directory / ".host").glob("*.done"))
-        assert settled == [f"{j}-{n}.json.done" for j in (job if directory == run.path else limit_job,)
+        settled = sorted(p.parent.name + "/" + p.name for p in (directory / ".host").glob("*/*.done"))
+        assert settled == [f"{j}-{n}/request.json.done" for j in (job if directory == run.path else limit_job,)
                            for n in range(attempts)], settled
-        assert not list((directory / ".host").glob("*.json"))
+        assert not list((directory / ".host").glob("*/request.json"))
 
     starts = [json.loads((out / f"start-0-{n}.json").read_text())["step"] for n in range(3)]
     assert not starts[0] and 0 < starts[1] < starts[2], starts  # each attempt resumed further on
