@@ -111,6 +111,10 @@ def earlier_rows(report: Path) -> Dict[str, List[str]]:
         if line.startswith("| ") and len(cols) == 5 and cols[0] not in ("faults", "**total**"):
             rows[cols[0]] = cols
     produced = next((ln for ln in lines if ln.startswith("Produced by")), "")
+    # rows that report carried over itself keep the date of the run that measured them
+    carried = next((ln for ln in lines if "carried over from the earlier report (produced by" in ln), "")
+    if carried:
+        produced = "Produced by" + carried.split("(produced by", 1)[1].split("):", 1)[0]
     return {**rows, "": [produced]} if rows else {}
 
 
