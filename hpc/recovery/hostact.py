@@ -75,14 +75,23 @@ def answer(path: str, wait_s: Optional[float] = None, poll_s: float = POLL_S) ->
     folder, name = os.path.split(path)
     until = time.monotonic() + (ANSWER_WAIT_S if wait_s is None else wait_s)
     while True:
-        if name + ".done" in sharedfs.listed(folder):
-            try:
-                return dict(json.loads(Path(path + ".done").read_text()).get("outcome") or {})
-            except (OSError, ValueError):  # written whole (atomic rename): only a vanished folder gets here
-                return None
+        record = _listed_json(Path(folder), name + ".done")
+        if record is not None:
+            return dict(record.get("outcome") or {})
         if time.monotonic() >= until:
             return None
         time.sleep(poll_s)
+
+
+def _listed_json(folder: Path, name: str) -> Optional[Dict[str, Any]]:
+    """The JSON file `name` once a listing of `folder` shows it (never a stat: see above), else None.
+    Written whole (atomic rename): only a vanished folder fails the read."""
+    if name not in sharedfs.listed(folder):
+        return None
+    try:
+        return dict(json.loads((folder / name).read_text()))
+    except (OSError, ValueError):
+        return None
 
 
 def ask_end(path: str) -> None:
@@ -92,13 +101,7 @@ def ask_end(path: str) -> None:
 
 def end_fields(path: str) -> Dict[str, str]:
     """The host's answer to ask_end (`scontrol show job`'s EndTime, JobState, ...), {} until it came."""
-    folder = Path(path).parent
-    if END not in sharedfs.listed(folder):
-        return {}
-    try:
-        return dict(json.loads((folder / END).read_text()))
-    except (OSError, ValueError):
-        return {}
+    return _listed_json(Path(path).parent, END) or {}
 
 
 def tell_end(path: str, fields: Mapping[str, str]) -> None:

@@ -87,7 +87,12 @@ def _deadline_passed(flag: Any) -> Any:
     until its answer has come the fallback deadline holds; without the wrapper it asks SLURM."""
     due: List[float] = []
     host = os.environ.get(hostact.ENV)
-    told = _every(hostact.POLL_S / 2, lambda: bool(host and hostact.end_fields(host)))
+    answer: List[Mapping[str, str]] = [{}]  # the host's fields, kept from the read that found them
+
+    def heard() -> bool:
+        answer[0] = hostact.end_fields(host) if host else {}
+        return bool(answer[0])
+    told = _every(hostact.POLL_S / 2, heard)
 
     def passed() -> bool:
         if not due:
@@ -100,7 +105,7 @@ def _deadline_passed(flag: Any) -> Any:
                     subprocess.run), tries=1) if os.environ.get("SLURM_JOB_ID") else {}
             due[:] = [deadline.decide_by(fields, received), received]
         elif len(due) == 2 and told():  # the host's answer: once
-            due[:] = [deadline.decide_by(hostact.end_fields(host or ""), due[1])]
+            due[:] = [deadline.decide_by(answer[0], due[1])]
         return time.time() >= due[0]
     return passed
 
