@@ -120,7 +120,7 @@ class Sweep:
 
     def status(self) -> List[Dict[str, Any]]:
         """One dict per point: what python -m hpc.status --json prints for a sweep."""
-        return json.loads(json.dumps([asdict(r) for r in sweeps.collect(sweepdir.SweepDir(self.path))], default=str))
+        return sweeps.json_rows(sweeps.collect(sweepdir.SweepDir(self.path)))
 
     def wait(self, timeout: Optional[float] = None, poll_s: float = POLL_S) -> List[Dict[str, Any]]:
         return _wait(self.status, timeout, poll_s, f"sweep {self.path}")

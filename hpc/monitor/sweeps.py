@@ -80,10 +80,15 @@ def format_table(rows: List[PointStatus]) -> str:
     return "\n".join([status.by_state([r.state for r in rows], "point"), *lines])
 
 
+def json_rows(rows: List[PointStatus]) -> List[Dict[str, Any]]:
+    """The rows as `hpc.status --json` prints them for a sweep (hpc.Sweep.status returns the same)."""
+    return json.loads(json.dumps([asdict(r) for r in rows], default=str))
+
+
 def show(path: str, as_json: bool) -> int:
     """hpc.status on a sweep directory."""
     rows = collect(SweepDir(path))
-    print(json.dumps([asdict(r) for r in rows], indent=1, default=str) if as_json else format_table(rows))
+    print(json.dumps(json_rows(rows), indent=1) if as_json else format_table(rows))
     return 0
 
 

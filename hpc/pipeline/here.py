@@ -34,7 +34,7 @@ from hpc.config.checks import ConfigError
 from hpc.pipeline.plan import JobSpec, Plan
 from hpc.recovery.stopsignal import INTERACTIVE_ENV
 from hpc.rundir.run import RunDir, task_key
-from hpc.runtime.distenv import PORT_BASE, PORT_SPAN
+from hpc.runtime.distenv import master_port_for
 from hpc.slurm import cli, noderange, scheduler
 
 HERE = "here"  # the executor kind, in the config (cluster.kind) and in the manifest
@@ -191,7 +191,7 @@ def _launch(job: JobSpec, item: Any, task_id: str, pickled: bytes, run: RunDir, 
     seq = int(task_id.rpartition(".h")[2])
     # a port per step: steps side by side on one node must not share a rendezvous port
     env = {**os.environ, INTERACTIVE_ENV: "1",
-           "HPC_MASTER_PORT": str(PORT_BASE + (int(alloc.job_id) * 64 + seq) % PORT_SPAN)}
+           "HPC_MASTER_PORT": str(master_port_for(str(int(alloc.job_id) * 64 + seq)))}
     print(f"stage {task_key(job.stage, item)}: {task_id} on allocation {alloc.job_id}",
           flush=True)
     # its own session: the terminal's Ctrl-C reaches this process only, which stops the step gently
