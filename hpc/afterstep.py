@@ -228,7 +228,7 @@ def resubmit(run_dir: str, stage: str, nodes: Sequence[str]) -> None:
     exclude = sorted(set(hostlist.expand(before) if before else []) | set(nodes))
     overrides = [f"stages.{key}.extra.exclude={','.join(exclude)}"] if exclude else []
     # the same code as the job it replaces: the run's snapshot, never what the live tree holds now
-    submission.submit(submission.Request(spec, tuple(overrides), run_dir=run_dir, same_snapshot=True))
+    submission.start(submission.Request(spec, tuple(overrides), run_dir=run_dir, same_snapshot=True))
 
 
 if __name__ == "__main__":

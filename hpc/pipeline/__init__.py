@@ -21,7 +21,7 @@ Parts::
     executor.py    StageTask, what submitit pickles; the executor of each kind
     arraytasks.py  an array's task pickles in one file, each unpacked by its task's batch step
     request.py     Request: one submission, typed, as python -m hpc.submit takes it
-    submission.py  start()/submit(): the engine python -m hpc.submit, hpc.submit() and sweeps call
+    submission.py  start(): the engine python -m hpc.submit, hpc.submit() and sweeps call
     short.py       define()/stage(): a PipelineDef from plain functions (hpc.define, hpc.stage)
     here.py        --cluster here: the plan's tasks as srun steps of the current salloc allocation
     herestep.py    what each rank of such a step runs: the StageTask, and its result file

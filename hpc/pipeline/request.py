@@ -1,4 +1,4 @@
-"""One submission as `python -m hpc.submit` takes it, typed: what hpc.pipeline.submission.submit() runs.
+"""One submission as `python -m hpc.submit` takes it, typed: what hpc.pipeline.submission.start() runs.
 
     Request("langsplat", levels=(0, 1, 2), cluster="local", wait=True)
     Request("run", nodes="1", tasks_per_node=2, command=("python", "train.py"))

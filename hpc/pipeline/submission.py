@@ -174,15 +174,6 @@ def wait_ok(jobs: List[Any]) -> bool:
     return ok
 
 
-def submit(req: Request) -> int:
-    """Plan and submit one run (start()); returns 0, or with `wait` (and on the local executor) 0
-    when every task completed."""
-    done = start(req)
-    if done.jobs and (req.wait or done.kind != "slurm"):
-        return status.follow(RunDir(done.path))
-    return 0
-
-
 def start(req: Request) -> Submitted:
     """Plan and submit one run; returns where it went and the jobs submitted now (none for a dry run,
     or when every task is done or queued). The run dir's lock is held from reading its state to the

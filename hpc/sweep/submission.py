@@ -32,7 +32,7 @@ from typing import Any, Dict, List, Mapping, Sequence, Tuple
 from hpc.config import layers
 from hpc.config import schema as hconfig
 from hpc.fs import atomic
-from hpc.monitor import status, sweeps
+from hpc.monitor import status
 from hpc.pipeline import arrays
 from hpc.pipeline import plan as hplan
 from hpc.pipeline import submission as hsubmit
@@ -44,13 +44,6 @@ from hpc.sweep import grid as hgrid
 from hpc.sweep import launch
 from hpc.sweep import points as sweepconfig
 from hpc.sweep.points import Defs
-
-
-def submit(req: Request) -> int:
-    """Plan and submit every point of the grid (start()); with `wait` (and on the local executor)
-    follow them: 0 when every point in the grid completed."""
-    done = start(req)
-    return sweeps.follow(SweepDir(done.path)) if done.jobs and (req.wait or done.kind != "slurm") else 0
 
 
 def start(req: Request) -> Submitted:
