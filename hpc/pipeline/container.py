@@ -19,6 +19,10 @@ that exists (data, checkouts, model files). launch() turns the result into the s
     apptainer  srun ... apptainer exec [--nv] --bind A:A,... [--pwd W] IMG PYTHON -u -m ...
     exec       srun ... PREFIX... PYTHON -u -m ...
 
+With container.hpc=carry (the default), PYTHON there is `sh -c 'export PYTHONPATH=<copy>...; exec "$0"
+"$@"' PYTHON`: the ranks import hpc and its pure-Python requirements from the copy that prepare() makes
+at submission (hpc.pipeline.carry), so an image with torch alone runs them; `image`: the image's own hpc.
+
 Pyxis: the container name is a hash of the run directory, the stage and the image, so every step of
 a job on a node starts from the image unpacked once, and a changed image gets a new name (Pyxis
 removes named containers when the job ends unless the site sets container_scope=global); the
@@ -39,10 +43,12 @@ from pathlib import PurePosixPath
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from hpc.config.checks import ConfigError
+from hpc.pipeline import carry
 from hpc.rundir import snapcache
 from hpc.rundir.sweepdir import is_sweep
 
 RUNTIMES = ("pyxis", "apptainer", "exec")
+HPC_FROM = ("carry", "image")  # container.hpc: a copy hpc carries in (hpc.pipeline.carry), or the image's own
 # config sections that are hpc's own: their paths are not data (the run directory is mounted anyway)
 OWN_SECTIONS = ("run", "cluster", "stages")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -87,9 +93,16 @@ def resolve(section: Mapping[str, Any], where: str, run_dir: str, cfg: Mapping[s
     elif _is_path(image) and not os.path.exists(image):
         raise ConfigError(f"{where}.image={image!r} does not exist on this machine; expected the image "
                           "file. HINT: fix the path, or import it first (enroot import / apptainer pull).")
-    root = _mount_root(run_dir)
-    # the submission directory too: `run` reads its git-ignored data, and --no-snapshot imports it
-    ours = [root, *[p for p in (str(snapcache.cache_dir()), os.getcwd()) if os.path.isdir(p)], *data_paths(cfg)]
+    hpc_from = section.get("hpc") or "carry"
+    if hpc_from not in HPC_FROM:
+        raise ConfigError(f"{where}.hpc={hpc_from!r}; expected one of {list(HPC_FROM)}. HINT: set {where}.hpc=carry "
+                          "(hpc brings itself into the image), or image when the image has hpc installed.")
+    carried = carry.folder() if hpc_from == "carry" else ""
+    root, cache = _mount_root(run_dir), str(snapcache.cache_dir())
+    # the submission directory too: `run` reads its git-ignored data, and --no-snapshot imports it; the
+    # cache holds hpc's carried copy, made at submission (prepare) where this dry run finds no cache yet
+    ours = [root, *[p for p in (cache, os.getcwd()) if os.path.isdir(p) or (p == cache and carried)],
+            *data_paths(cfg)]
     users = [_user_mount(m, where, root) for m in section.get("mounts") or []]
     env = {str(k): str(v) for k, v in (section.get("env") or {}).items()}
     bad = [k for k in env if not _ENV_NAME.fullmatch(k)]
@@ -100,7 +113,22 @@ def resolve(section: Mapping[str, Any], where: str, run_dir: str, cfg: Mapping[s
         [":".join(u) for u in users]
     name = "hpc-" + hashlib.sha256(f"{run_dir}\0{stage}\0{image}".encode()).hexdigest()[:12]
     return {**dict(section), "runtime": runtime, "mounts": mounts, "env": env, "name": name, "prefix": prefix,
-            "python": section.get("python") or "python"}
+            "python": section.get("python") or "python", "hpc": hpc_from, "carry": carried}
+
+
+def prepare(jobs: Sequence[Any]) -> List[str]:
+    """Before sbatch: the copy of hpc that the srun lines of `jobs` name is made (hpc.pipeline.carry);
+    what it cost, in words, once per copy."""
+    wanted = {(j.resources.get("container") or {}).get("carry") for j in jobs} - {None, ""}
+    return [carry.ensure(where).summary() for where in sorted(wanted)]
+
+
+def notes(jobs: Sequence[Any]) -> List[str]:
+    """The plan's note on where the containers' ranks import hpc from."""
+    wanted = sorted({(j.resources.get("container") or {}).get("carry") for j in jobs} - {None, ""})
+    return [f"hpc in the containers: a copy of hpc and its pure-Python requirements at {w}, first on PYTHONPATH "
+            "inside, made at submission unless an earlier one made it (container.hpc=carry; image: the image's "
+            "own hpc)" for w in wanted]
 
 
 def launch(c: Mapping[str, Any], gpus_per_node: int) -> Launch:
@@ -108,6 +136,8 @@ def launch(c: Mapping[str, Any], gpus_per_node: int) -> Launch:
     env = dict(c.get("env") or {})
     setup = tuple(f"export {k}={shlex.quote(v)}" for k, v in env.items())
     python, workdir, mounts = str(c["python"]), c.get("workdir"), ",".join(c["mounts"])
+    if c.get("carry"):  # hpc's copy first on PYTHONPATH inside the image
+        python = carry.wrap(c["carry"], python)
     if c["runtime"] == "pyxis":
         args = [f"--container-image={c['image']}", f"--container-mounts={mounts}", f"--container-name={c['name']}",
                 "--no-container-mount-home"]
