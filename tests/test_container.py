@@ -43,6 +43,9 @@ CASES = {
     "container_pyxis": ["cluster.container.runtime=pyxis", "cluster.container.image=SITE/images/torch.sqsh",
                         "cluster.container.workdir=/workspace", "cluster.container.env={NCCL_DEBUG: INFO}",
                         "cluster.container.python=/usr/bin/python3", "langsplat.data_path=SITE/data"],
+    "container_pyxis_squash": ["cluster.container.runtime=pyxis",
+                               "cluster.container.image=nvcr.io#nvidia/pytorch:24.05-py3",
+                               "cluster.container.squash=SITE/images/pytorch.sqsh", "cluster.container.hpc=image"],
     "container_apptainer": ["cluster.container.runtime=apptainer", "cluster.container.image=SITE/images/torch.sif",
                             "cluster.container.mounts=[SITE/data:/data:ro]", "stages.rgb.gpus_per_node=0"],
 }

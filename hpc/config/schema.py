@@ -44,6 +44,8 @@ class Container:
     # carry: hpc copies itself and its pure-Python requirements into the container (hpc.pipeline.carry);
     # image: the image has hpc installed
     hpc: str = "carry"
+    # pyxis: a shared .sqsh file a registry `image` is imported to once, at submission (hpc.pipeline.squash)
+    squash: str = ""
 
 
 @dataclass

@@ -23,7 +23,8 @@ With container.hpc=carry (the default), PYTHON there is `sh -c 'export PYTHONPAT
 "$@"' PYTHON`: the ranks import hpc and its pure-Python requirements from the copy that prepare() makes
 at submission (hpc.pipeline.carry), so an image with torch alone runs them; `image`: the image's own hpc.
 
-Pyxis: the container name is a hash of the run directory, the stage and the image, so every step of
+Pyxis: `squash` names a shared .sqsh file that prepare() imports a registry image to once, at
+submission (hpc.pipeline.squash); the srun lines then name the file. The container name is a hash of the run directory, the stage and the image, so every step of
 a job on a node starts from the image unpacked once, and a changed image gets a new name (Pyxis
 removes named containers when the job ends unless the site sets container_scope=global); the
 home directory stays out (--no-container-mount-home), as it is on a cluster's login node only.
@@ -43,7 +44,7 @@ from pathlib import PurePosixPath
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from hpc.config.checks import ConfigError
-from hpc.pipeline import carry
+from hpc.pipeline import carry, squash
 from hpc.rundir import snapcache
 from hpc.rundir.sweepdir import is_sweep
 
@@ -93,6 +94,9 @@ def resolve(section: Mapping[str, Any], where: str, run_dir: str, cfg: Mapping[s
     elif _is_path(image) and not os.path.exists(image):
         raise ConfigError(f"{where}.image={image!r} does not exist on this machine; expected the image "
                           "file. HINT: fix the path, or import it first (enroot import / apptainer pull).")
+    pull = str(section.get("squash") or "")
+    if pull:  # pyxis: the registry image imported once to this file, at submission (prepare)
+        squash.check(pull, image, runtime, where)
     hpc_from = section.get("hpc") or "carry"
     if hpc_from not in HPC_FROM:
         raise ConfigError(f"{where}.hpc={hpc_from!r}; expected one of {list(HPC_FROM)}. HINT: set {where}.hpc=carry "
@@ -113,22 +117,29 @@ def resolve(section: Mapping[str, Any], where: str, run_dir: str, cfg: Mapping[s
         [":".join(u) for u in users]
     name = "hpc-" + hashlib.sha256(f"{run_dir}\0{stage}\0{image}".encode()).hexdigest()[:12]
     return {**dict(section), "runtime": runtime, "mounts": mounts, "env": env, "name": name, "prefix": prefix,
-            "python": section.get("python") or "python", "hpc": hpc_from, "carry": carried}
+            "python": section.get("python") or "python", "hpc": hpc_from, "carry": carried,
+            "image": pull or image, "pull": image if pull else ""}
 
 
 def prepare(jobs: Sequence[Any]) -> List[str]:
-    """Before sbatch: the copy of hpc that the srun lines of `jobs` name is made (hpc.pipeline.carry);
-    what it cost, in words, once per copy."""
-    wanted = {(j.resources.get("container") or {}).get("carry") for j in jobs} - {None, ""}
-    return [carry.ensure(where).summary() for where in sorted(wanted)]
+    """Before sbatch: what the srun lines of `jobs` name is made: the copy of hpc (hpc.pipeline.carry)
+    and a Pyxis image's .sqsh file (hpc.pipeline.squash); what each cost, in words, once each."""
+    boxes = [j.resources.get("container") or {} for j in jobs]
+    pulls = {b["image"]: b["pull"] for b in boxes if b.get("pull")}
+    return [*(carry.ensure(where).summary() for where in sorted({b.get("carry") for b in boxes} - {None, ""})),
+            *(squash.ensure(path, image) for path, image in sorted(pulls.items()))]
 
 
 def notes(jobs: Sequence[Any]) -> List[str]:
-    """The plan's note on where the containers' ranks import hpc from."""
-    wanted = sorted({(j.resources.get("container") or {}).get("carry") for j in jobs} - {None, ""})
+    """The plan's notes on what a submission makes for the containers: where their ranks import hpc
+    from, and a Pyxis image imported to a file."""
+    boxes = [j.resources.get("container") or {} for j in jobs]
+    pulls = {b["image"]: b["pull"] for b in boxes if b.get("pull")}
     return [f"hpc in the containers: a copy of hpc and its pure-Python requirements at {w}, first on PYTHONPATH "
             "inside, made at submission unless an earlier one made it (container.hpc=carry; image: the image's "
-            "own hpc)" for w in wanted]
+            "own hpc)" for w in sorted({b.get("carry") for b in boxes} - {None, ""})] + \
+        [f"image: {image} is imported to {path} at submission unless it is there (enroot import, once, under a "
+         "lock); the jobs run that file" for path, image in sorted(pulls.items())]
 
 
 def launch(c: Mapping[str, Any], gpus_per_node: int) -> Launch:
