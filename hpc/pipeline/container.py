@@ -24,14 +24,15 @@ With container.hpc=carry (the default), PYTHON there is `sh -c 'export PYTHONPAT
 at submission (hpc.pipeline.carry), so an image with torch alone runs them; `image`: the image's own hpc.
 
 Pyxis: `squash` names a shared .sqsh file that prepare() imports a registry image to once, at
-submission (hpc.pipeline.squash); the srun lines then name the file. The container name is a hash of the run directory, the stage and the image, so every step of
-a job on a node starts from the image unpacked once, and a changed image gets a new name (Pyxis
-removes named containers when the job ends unless the site sets container_scope=global); the
-home directory stays out (--no-container-mount-home), as it is on a cluster's login node only.
-Environment: `env` is exported by the batch script and, for pyxis, named in --container-env so that
-it wins over the image's values. The rank variables (RANK, WORLD_SIZE, MASTER_*) that enroot's
-PyTorch hook sets are overwritten in each task from SLURM's (hpc.runtime.envparse: in an srun step
-SLURM's variables win). Apptainer runs without --cleanenv: the tasks need SLURM_*.
+submission (hpc.pipeline.squash); the srun lines then name the file. The container name is a hash of
+the run directory, the stage and the image, so every step of a job on a node starts from the image
+unpacked once, and a changed image gets a new name (Pyxis removes named containers when the job ends
+unless the site sets container_scope=global); the home directory stays out
+(--no-container-mount-home), as it is on a cluster's login node only. Environment: `env` is exported
+by the batch script and, for pyxis, named in --container-env so that it wins over the image's
+values. The rank variables (RANK, WORLD_SIZE, MASTER_*) that enroot's PyTorch hook sets are
+overwritten in each task from SLURM's (hpc.runtime.envparse: in an srun step SLURM's variables win).
+Apptainer runs without --cleanenv: the tasks need SLURM_*.
 """
 from __future__ import annotations
 
