@@ -8,8 +8,8 @@ bubblewrap: tests/slurm/test_container_exec.py), and live through every stop:
 watchdog of the other rank turns into a requeue, 2 trains to box.steps and ends. `LIMIT`: a one-task
 stage without a TrainLoop, at SLURM's shortest time limit: submitit's own handler of the time-limit
 signal checkpoints it and asks for a requeue, once (max_timeouts=1); at the second, over the cap,
-the job ends. Each rank writes what it sees of SLURM (seen-R-A.json) and where each attempt started
-(start-R-A.json).
+the job ends. Each rank writes what it sees of SLURM and where it imported hpc from (seen-R-A.json),
+and where each attempt started (start-R-A.json).
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, List
@@ -71,6 +72,13 @@ def slurm_seen() -> dict:
     return {"on_path": {k: v for k, v in found.items() if v}, "scontrol_ran": ran}
 
 
+def seen() -> dict:
+    """What this rank reaches of SLURM, and where it imported hpc and its pure-Python requirements from."""
+    tops = ("hpc", "submitit", "cloudpickle", "omegaconf", "antlr4", "yaml", "tqdm")
+    return {"slurm": slurm_seen(), "imported": {n: getattr(sys.modules[n], "__file__", None) or "?" for n in tops
+                                                if n in sys.modules}}
+
+
 def train(ctx: Any) -> dict:
     import torch
 
@@ -80,7 +88,7 @@ def train(ctx: Any) -> dict:
     cfg, out = ctx.cfg["box"], ctx.stage_dir
     with ddp.session(timeout_s=60, train_timeout_s=30) as s:
         attempt = s.env.restart_count
-        (out / f"seen-{s.rank}-{attempt}.json").write_text(json.dumps(slurm_seen()))
+        (out / f"seen-{s.rank}-{attempt}.json").write_text(json.dumps(seen()))
         torch.manual_seed(0)
         model = s.wrap(torch.nn.Linear(4, 1))
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -104,7 +112,7 @@ def train(ctx: Any) -> dict:
 def wait(ctx: Any) -> None:
     """Sleeps into its time limit, each attempt; StageTask.checkpoint() resubmits it (a requeue)."""
     attempt, out = os.environ.get("SLURM_RESTART_COUNT", "0"), ctx.stage_dir
-    (out / f"seen-0-{attempt}.json").write_text(json.dumps(slurm_seen()))
+    (out / f"seen-0-{attempt}.json").write_text(json.dumps(seen()))
     (out / f"start-0-{attempt}.json").write_text(json.dumps({"time": time.time()}))
     time.sleep(3600)
 

@@ -43,6 +43,9 @@ CASES = {
     "container_pyxis": ["cluster.container.runtime=pyxis", "cluster.container.image=SITE/images/torch.sqsh",
                         "cluster.container.workdir=/workspace", "cluster.container.env={NCCL_DEBUG: INFO}",
                         "cluster.container.python=/usr/bin/python3", "langsplat.data_path=SITE/data"],
+    "container_pyxis_squash": ["cluster.container.runtime=pyxis",
+                               "cluster.container.image=nvcr.io#nvidia/pytorch:24.05-py3",
+                               "cluster.container.squash=SITE/images/pytorch.sqsh", "cluster.container.hpc=image"],
     "container_apptainer": ["cluster.container.runtime=apptainer", "cluster.container.image=SITE/images/torch.sif",
                             "cluster.container.mounts=[SITE/data:/data:ro]", "stages.rgb.gpus_per_node=0"],
 }
@@ -55,6 +58,7 @@ def test_dry_run_of_a_container_matches_golden(site, name):
     text = (out.stdout.replace(shlex.quote(sys.executable), "PYTHON").replace(str(site), "SITE")
             .replace(str(ROOT), "CHECKOUT"))
     text = re.sub(r"--container-name=hpc-[0-9a-f]{12}", "--container-name=hpc-HASH", text)  # of the image's path
+    text = re.sub(r"/carry/[0-9a-f]{16}", "/carry/KEY", text)  # of hpc's files (hpc.pipeline.carry)
     path = GOLDEN / f"{name}.txt"
     if os.environ.get("HPC_UPDATE_GOLDEN"):
         path.write_text(text)
@@ -91,7 +95,8 @@ def test_apptainer_srun_line(site):
         assert ("--nv" in w) is nv  # GPUs only where the stage asks for them
         binds = w[w.index("--bind") + 1].split(",")
         assert f"{site}/data:/data:ro" in binds and "/RUN:/RUN" in binds
-        assert w[w.index("-u") - 2:w.index("-u")] == [f"{site}/images/torch.sif", "python"]
+        at = w.index(f"{site}/images/torch.sif")  # the image, then the interpreter (hpc carried: sh -c ...)
+        assert w[at + 1:at + 3] == ["sh", "-c"] and w[at + 4:at + 6] == ["python", "-u"]
 
 
 def test_exec_prefix_and_a_stage_of_its_own(site):
@@ -100,7 +105,36 @@ def test_exec_prefix_and_a_stage_of_its_own(site):
     assert out.returncode == 0, out.stderr
     rgb, features = srun_lines(out.stdout)
     assert "--container-image=nvcr.io#nvidia/pytorch:24.05-py3" in rgb and "bwrap" not in rgb
-    assert "--kill-on-bad-exit=1 bwrap --bind / / python -u -m submitit.core._submit" in features
+    assert "--kill-on-bad-exit=1 bwrap --bind / / sh -c " in features
+    assert features.endswith(" python -u -m submitit.core._submit /RUN/features/logs/%j")
+
+
+def test_hpc_is_carried_into_the_image_unless_the_image_has_it(site):
+    """container.hpc=carry (the default): every rank's interpreter starts with hpc's copy first on
+    PYTHONPATH, in front of the image's own; the note says where. hpc=image: the srun line as it was."""
+    out = dry_run(site, "cluster.container.runtime=exec", "cluster.container.prefix=[env]")
+    assert out.returncode == 0, out.stderr
+    (note,) = [line for line in out.stdout.splitlines() if "note: hpc in the containers" in line]
+    carried = re.search(rf"{re.escape(str(site))}/cache/carry/[0-9a-f]{{16}}", note).group(0)
+    assert not os.path.exists(carried)  # a dry run makes nothing
+    for line in srun_lines(out.stdout):
+        words = shlex.split(line)
+        at = words.index("env")
+        assert words[at + 1:at + 3] == ["sh", "-c"] and words[at + 4] == "python"
+        script = words[at + 3]
+        env = {**os.environ, "PYTHONPATH": "/image/site"}  # the image's own stays behind the copy
+        echo = ["sh", "-c", script, "sh", "-c", 'echo "$PYTHONPATH"']
+        shown = subprocess.run(echo, env=env, capture_output=True, text=True).stdout.strip()
+        assert shown == f"{carried}:/image/site"
+        alone = subprocess.run(echo, env={"PATH": os.environ["PATH"]}, capture_output=True, text=True).stdout.strip()
+        assert alone == carried  # no empty entry (the working directory) after it
+    out = dry_run(site, "cluster.container.runtime=exec", "cluster.container.prefix=[env]",
+                  "cluster.container.hpc=image")
+    assert out.returncode == 0, out.stderr
+    assert "/carry/" not in out.stdout
+    assert all(line.endswith(("env python -u -m submitit.core._submit /RUN/rgb/logs/%j",
+                              "env python -u -m submitit.core._submit /RUN/features/logs/%j"))
+               for line in srun_lines(out.stdout))
 
 
 def test_no_container_leaves_the_srun_line_as_it_was(site):
@@ -120,6 +154,8 @@ def test_no_container_leaves_the_srun_line_as_it_was(site):
       "cluster.container.mounts=[SITE/data:SITE/run/rgb]"], "would hide the run directory"),
     (["stages.rgb.container.runtime=pyxis"], "stages.rgb.container.image is empty"),
     (["cluster.container.runtime=exec"], "cluster.container.prefix"),
+    (["cluster.container.runtime=exec", "cluster.container.prefix=[env]", "cluster.container.hpc=pip"],
+     "cluster.container.hpc='pip'"),
     (["cluster.container.runtime=exec", "cluster.container.prefix=[env]", "cluster.container.workdir=/w"],
      "mounts or .workdir set with runtime exec"),
 ])

@@ -72,6 +72,14 @@ def test_single_process_session_needs_no_process_group(tmp_path):
         assert first != [b.tolist() for b in loader] and len(first) == 2
 
 
+def test_a_rank_without_tensorboard_is_told_what_to_do(tmp_path, monkeypatch):
+    """In a container image without tensorboard (hpc carries only pure-Python packages in: docs/containers.md)."""
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # as if not installed
+    s = hpc.ddp.Session(from_environ({}), torch.device("cpu"))
+    with pytest.raises(ImportError, match="HINT: install tensorboard in the container image, or pass tensorboard="):
+        s.writer(tmp_path / "tb")
+
+
 def test_other_ranks_get_a_writer_that_does_nothing(tmp_path):
     env = from_environ({"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "x",
                         "MASTER_PORT": "29999"})

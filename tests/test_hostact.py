@@ -3,6 +3,7 @@ calls no SLURM client; it writes its request, and the wrapper carries it out, wh
 The same on a real cluster, with the SLURM clients out of the tasks' reach: tests/slurm/test_container_exec.py."""
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -188,3 +189,68 @@ def test_a_run_stage_learns_its_deadline_from_the_host(tmp_path, monkeypatch):
     assert afterstep.serve(request) is False  # the host answers; a question is no stop request
     time.sleep(hostact.POLL_S)
     assert asked == ["5"] and not passed()  # the job ends in a minute: the script has until a few seconds before
+
+
+def submitits_handler(tmp_path, monkeypatch):
+    """submitit's own time-limit handler of a stage without a TrainLoop (hpc.pipeline.executor.StageTask),
+    as it runs in rank 0 of job 5 under hpc's srun wrapper, at SLURM's shortest limit: its timeout counted."""
+    from submitit.core import job_environment, utils
+    from submitit.slurm import slurm
+
+    from hpc.pipeline.executor import StageTask
+
+    monkeypatch.setattr(slurm.SlurmJobEnvironment, "_requeue", slurm.SlurmJobEnvironment._requeue)  # restored after
+    for name, value in (("SLURM_JOB_ID", "5"), ("SLURM_PROCID", "0"), ("SLURM_RESTART_COUNT", "0")):
+        monkeypatch.setenv(name, value)
+    request = afterstep.request_path(str(tmp_path), os.environ)
+    os.makedirs(os.path.dirname(request))
+    monkeypatch.setenv(hostact.ENV, request)
+    monkeypatch.setattr(hostact, "ANSWER_WAIT_S", 20.0)
+    hostact.requeue_on_host()  # what StageTask does first under the wrapper
+    delayed = utils.DelayedSubmission(StageTask(str(tmp_path), "wait", "tests.container_pipeline:wait"))
+    delayed.set_timeout(1, 1)
+    paths = utils.JobPaths(tmp_path / "logs", job_id="5")
+    paths.folder.mkdir(parents=True)
+    return job_environment.SignalHandler(slurm.SlurmJobEnvironment(), paths, delayed), request
+
+
+def late_host(request, runner, stop, after_s=0.5):
+    """The wrapper's side, settling the request only `after_s` after it came (a busy host, a slow disk)."""
+    def serve():
+        while not stop.is_set() and not os.path.exists(request):
+            time.sleep(0.02)
+        time.sleep(after_s)
+        nodeaction.settle_request(request, runner)
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return thread
+
+
+def refusing_slurm(calls):
+    def run(cmd, **kw):
+        if cmd[:2] == ["scontrol", "requeue"]:
+            calls.append(list(cmd))
+            return subprocess.CompletedProcess(cmd, 1, "", "scontrol: error: Requeue of JobId=5 not allowed")
+        return slurm_client(calls)(cmd, **kw)
+    return run
+
+
+@pytest.mark.parametrize("requeued", [False, True])
+def test_submitits_time_limit_handler_acts_on_what_the_host_did(tmp_path, monkeypatch, requeued):
+    """Refused by SLURM (--no-requeue, JobRequeue=0), the job ends with the reason as its error, not as
+    if requeued; requeued, it exits for the rerun only once the host has answered."""
+    handler, request = submitits_handler(tmp_path, monkeypatch)
+    calls, stop = [], threading.Event()
+    thread = late_host(request, slurm_client(calls) if requeued else refusing_slurm(calls), stop)
+    try:
+        with pytest.raises(SystemExit if requeued else pre.JobNotRequeued) as caught:
+            handler.checkpoint_and_try_requeue(signal.SIGUSR2)
+        answered = os.path.exists(request + ".done")
+    finally:
+        stop.set()
+        thread.join()
+    assert answered  # it waited for the host's answer before acting
+    assert ["scontrol", "requeue", "5"] in calls  # on the host; none in the task
+    assert (tmp_path / "logs" / "5_submitted.pkl").exists()  # submitit's checkpoint of the task, for the rerun
+    if not requeued:
+        assert "not allowed" in str(caught.value) and "HINT: submit with --requeue" in str(caught.value)

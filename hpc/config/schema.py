@@ -41,6 +41,11 @@ class Container:
     python: str = "python"  # the interpreter inside the image
     workdir: Optional[str] = None  # working directory inside; the task then moves into the code snapshot
     prefix: List[str] = field(default_factory=list)  # exec: the command every rank runs under (bwrap, a wrapper)
+    # carry: hpc copies itself and its pure-Python requirements into the container (hpc.pipeline.carry);
+    # image: the image has hpc installed
+    hpc: str = "carry"
+    # pyxis: a shared .sqsh file a registry `image` is imported to once, at submission (hpc.pipeline.squash)
+    squash: str = ""
 
 
 @dataclass

@@ -19,14 +19,20 @@ that exists (data, checkouts, model files). launch() turns the result into the s
     apptainer  srun ... apptainer exec [--nv] --bind A:A,... [--pwd W] IMG PYTHON -u -m ...
     exec       srun ... PREFIX... PYTHON -u -m ...
 
-Pyxis: the container name is a hash of the run directory, the stage and the image, so every step of
-a job on a node starts from the image unpacked once, and a changed image gets a new name (Pyxis
-removes named containers when the job ends unless the site sets container_scope=global); the
-home directory stays out (--no-container-mount-home), as it is on a cluster's login node only.
-Environment: `env` is exported by the batch script and, for pyxis, named in --container-env so that
-it wins over the image's values. The rank variables (RANK, WORLD_SIZE, MASTER_*) that enroot's
-PyTorch hook sets are overwritten in each task from SLURM's (hpc.runtime.envparse: in an srun step
-SLURM's variables win). Apptainer runs without --cleanenv: the tasks need SLURM_*.
+With container.hpc=carry (the default), PYTHON there is `sh -c 'export PYTHONPATH=<copy>...; exec "$0"
+"$@"' PYTHON`: the ranks import hpc and its pure-Python requirements from the copy that prepare() makes
+at submission (hpc.pipeline.carry), so an image with torch alone runs them; `image`: the image's own hpc.
+
+Pyxis: `squash` names a shared .sqsh file that prepare() imports a registry image to once, at
+submission (hpc.pipeline.squash); the srun lines then name the file. The container name is a hash of
+the run directory, the stage and the image, so every step of a job on a node starts from the image
+unpacked once, and a changed image gets a new name (Pyxis removes named containers when the job ends
+unless the site sets container_scope=global); the home directory stays out
+(--no-container-mount-home), as it is on a cluster's login node only. Environment: `env` is exported
+by the batch script and, for pyxis, named in --container-env so that it wins over the image's
+values. The rank variables (RANK, WORLD_SIZE, MASTER_*) that enroot's PyTorch hook sets are
+overwritten in each task from SLURM's (hpc.runtime.envparse: in an srun step SLURM's variables win).
+Apptainer runs without --cleanenv: the tasks need SLURM_*.
 """
 from __future__ import annotations
 
@@ -39,10 +45,12 @@ from pathlib import PurePosixPath
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from hpc.config.checks import ConfigError
+from hpc.pipeline import carry, squash
 from hpc.rundir import snapcache
 from hpc.rundir.sweepdir import is_sweep
 
 RUNTIMES = ("pyxis", "apptainer", "exec")
+HPC_FROM = ("carry", "image")  # container.hpc: a copy hpc carries in (hpc.pipeline.carry), or the image's own
 # config sections that are hpc's own: their paths are not data (the run directory is mounted anyway)
 OWN_SECTIONS = ("run", "cluster", "stages")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -87,9 +95,19 @@ def resolve(section: Mapping[str, Any], where: str, run_dir: str, cfg: Mapping[s
     elif _is_path(image) and not os.path.exists(image):
         raise ConfigError(f"{where}.image={image!r} does not exist on this machine; expected the image "
                           "file. HINT: fix the path, or import it first (enroot import / apptainer pull).")
-    root = _mount_root(run_dir)
-    # the submission directory too: `run` reads its git-ignored data, and --no-snapshot imports it
-    ours = [root, *[p for p in (str(snapcache.cache_dir()), os.getcwd()) if os.path.isdir(p)], *data_paths(cfg)]
+    pull = str(section.get("squash") or "")
+    if pull:  # pyxis: the registry image imported once to this file, at submission (prepare)
+        squash.check(pull, image, runtime, where)
+    hpc_from = section.get("hpc") or "carry"
+    if hpc_from not in HPC_FROM:
+        raise ConfigError(f"{where}.hpc={hpc_from!r}; expected one of {list(HPC_FROM)}. HINT: set {where}.hpc=carry "
+                          "(hpc brings itself into the image), or image when the image has hpc installed.")
+    carried = carry.folder() if hpc_from == "carry" else ""
+    root, cache = _mount_root(run_dir), str(snapcache.cache_dir())
+    # the submission directory too: `run` reads its git-ignored data, and --no-snapshot imports it; the
+    # cache holds hpc's carried copy, made at submission (prepare) where this dry run finds no cache yet
+    ours = [root, *[p for p in (cache, os.getcwd()) if os.path.isdir(p) or (p == cache and carried)],
+            *data_paths(cfg)]
     users = [_user_mount(m, where, root) for m in section.get("mounts") or []]
     env = {str(k): str(v) for k, v in (section.get("env") or {}).items()}
     bad = [k for k in env if not _ENV_NAME.fullmatch(k)]
@@ -100,7 +118,29 @@ def resolve(section: Mapping[str, Any], where: str, run_dir: str, cfg: Mapping[s
         [":".join(u) for u in users]
     name = "hpc-" + hashlib.sha256(f"{run_dir}\0{stage}\0{image}".encode()).hexdigest()[:12]
     return {**dict(section), "runtime": runtime, "mounts": mounts, "env": env, "name": name, "prefix": prefix,
-            "python": section.get("python") or "python"}
+            "python": section.get("python") or "python", "hpc": hpc_from, "carry": carried,
+            "image": pull or image, "pull": image if pull else ""}
+
+
+def prepare(jobs: Sequence[Any]) -> List[str]:
+    """Before sbatch: what the srun lines of `jobs` name is made: the copy of hpc (hpc.pipeline.carry)
+    and a Pyxis image's .sqsh file (hpc.pipeline.squash); what each cost, in words, once each."""
+    boxes = [j.resources.get("container") or {} for j in jobs]
+    pulls = {b["image"]: b["pull"] for b in boxes if b.get("pull")}
+    return [*(carry.ensure(where).summary() for where in sorted({b.get("carry") for b in boxes} - {None, ""})),
+            *(squash.ensure(path, image) for path, image in sorted(pulls.items()))]
+
+
+def notes(jobs: Sequence[Any]) -> List[str]:
+    """The plan's notes on what a submission makes for the containers: where their ranks import hpc
+    from, and a Pyxis image imported to a file."""
+    boxes = [j.resources.get("container") or {} for j in jobs]
+    pulls = {b["image"]: b["pull"] for b in boxes if b.get("pull")}
+    return [f"hpc in the containers: a copy of hpc and its pure-Python requirements at {w}, first on PYTHONPATH "
+            "inside, made at submission unless an earlier one made it (container.hpc=carry; image: the image's "
+            "own hpc)" for w in sorted({b.get("carry") for b in boxes} - {None, ""})] + \
+        [f"image: {image} is imported to {path} at submission unless it is there (enroot import, once, under a "
+         "lock); the jobs run that file" for path, image in sorted(pulls.items())]
 
 
 def launch(c: Mapping[str, Any], gpus_per_node: int) -> Launch:
@@ -108,6 +148,8 @@ def launch(c: Mapping[str, Any], gpus_per_node: int) -> Launch:
     env = dict(c.get("env") or {})
     setup = tuple(f"export {k}={shlex.quote(v)}" for k, v in env.items())
     python, workdir, mounts = str(c["python"]), c.get("workdir"), ",".join(c["mounts"])
+    if c.get("carry"):  # hpc's copy first on PYTHONPATH inside the image
+        python = carry.wrap(c["carry"], python)
     if c["runtime"] == "pyxis":
         args = [f"--container-image={c['image']}", f"--container-mounts={mounts}", f"--container-name={c['name']}",
                 "--no-container-mount-home"]

@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from hpc.config import schema as hconfig
 from hpc.monitor import status
-from hpc.pipeline import arraytasks, here
+from hpc.pipeline import arraytasks, container, here
 from hpc.pipeline import plan as hplan
 from hpc.pipeline.request import Request, Submitted
 from hpc.rundir import codefiles, snapshot
@@ -114,6 +114,8 @@ def submit_plan(plan: hplan.Plan, run: RunDir, setup: Sequence[str] = (), code: 
     ids: Dict[str, List[str]] = {}
     by_label: Dict[str, List[str]] = {}  # JobSpec.label -> its job ids, for aftercorr
     previous: List[Any] = []
+    for line in container.prepare(plan.jobs):  # the copy of hpc the containers' srun lines name
+        print(line)
     with submission_env():
         for job in plan.jobs:
             if plan.kind != "slurm" and not wait_ok(previous):
@@ -216,7 +218,7 @@ def plan_for(pipe: hplan.PipelineDef, cfg: Any, run: RunDir, kind: str, finished
     plan = hplan.make_plan(pipe, cfg, str(run.path), "slurm" if kind == here.HERE else kind, finished, queued,
                            max_array_size)
     plan = here.as_steps(plan, here.current()) if kind == here.HERE else plan
-    return dataclasses.replace(plan, notes=plan.notes + tuple(notes))
+    return dataclasses.replace(plan, notes=plan.notes + tuple(notes) + tuple(container.notes(plan.jobs)))
 
 
 def pipeline_module(pipeline: str) -> str:

@@ -15,7 +15,8 @@ A rank that needs the job's EndTime (a `run` stage's deadline: hpc.recovery.dead
 for it the same way (ask_end, end_fields): no SLURM client in the task.
 
 submitit's own handler of the time-limit signal (a stage with no TrainLoop) would run scontrol
-requeue in the task: requeue_on_host(), called by every stage task under the wrapper, sends it here too.
+requeue in the task: requeue_on_host(), called by every stage task under the wrapper, sends it here too,
+and waits for the answer and acts on it as a TrainLoop's stop does.
 
 The folder is one per attempt (job id and restart count in its name), made by the wrapper before
 srun starts; its files are written whole (atomic rename), and the request is renamed to .done once
@@ -26,6 +27,7 @@ for 30 to 60 s, and the rank that writes may be on another node than the wrapper
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from pathlib import Path
@@ -43,6 +45,7 @@ END_ASK, END = "end.ask", "end.json"  # a rank's question for the job's EndTime,
 # 1000 metadata reads a second on the shared filesystem, and the host still answers within seconds.
 POLL_S = 1.0
 ANSWER_WAIT_S = 60.0  # how long a rank waits for the host to carry its request out (answer)
+log = logging.getLogger(__name__)
 
 
 def ask(path: str, request: Mapping[str, Any]) -> None:
@@ -114,13 +117,32 @@ def tell_end(path: str, fields: Mapping[str, str]) -> None:
         pass
 
 
+class JobNotRequeued(RuntimeError):
+    """The job stopped early and will not run again; the message says why."""
+
+
 def requeue_on_host() -> None:
     """In a task under hpc's srun wrapper: submitit's own time-limit handler (a stage without a
-    TrainLoop; it has checkpointed and counted the timeouts) asks the host to requeue, not scontrol."""
+    TrainLoop; it has checkpointed and counted the timeouts) asks the host to requeue, not scontrol,
+    and acts on the host's answer as a TrainLoop's stop does (hpc.recovery.preemption.handle_stop):
+    requeued, submitit exits for the rerun; refused, or not carried out, the job ends with the reason
+    (JobNotRequeued: its error result), not as if requeued; no answer in ANSWER_WAIT_S, it exits as
+    submitit does after a requeue, and says so."""
     from submitit.slurm import slurm  # already loaded: this process is submitit's task
 
     def ask_host(env: Any, countdown: int) -> None:
-        ask(os.environ[ENV], {"reason": SUBMITIT, "job_id": env.job_id, "countdown": countdown,
-                              "restart": int(os.environ.get("SLURM_RESTART_COUNT") or 0)})
+        path = os.environ[ENV]
+        ask(path, {"reason": SUBMITIT, "job_id": env.job_id, "countdown": countdown,
+                   "restart": int(os.environ.get("SLURM_RESTART_COUNT") or 0)})
+        outcome = answer(path)
+        if outcome is None:
+            log.warning("time limit: no answer from the srun wrapper on the host in %g s; exiting for the "
+                        "requeue it was asked for", ANSWER_WAIT_S)
+        elif "error" in outcome:
+            raise JobNotRequeued(f"job stopped and not requeued: the host could not requeue it: {outcome['error']}")
+        elif not outcome.get("requeue"):
+            raise JobNotRequeued(f"job stopped and not requeued: {outcome.get('why')}")
+        else:
+            log.warning("time limit: %s (%d timeouts left); exiting for the rerun", outcome.get("why"), countdown)
 
     slurm.SlurmJobEnvironment._requeue = ask_host

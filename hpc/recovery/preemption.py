@@ -276,8 +276,7 @@ def _taken(job_id: str, restarts: int, runner: Callable[..., Any]) -> bool:
     return classify(job_info(job_id, shielded(runner)), "", restarts)[1]
 
 
-class JobNotRequeued(RuntimeError):
-    """The job stopped early and will not run again; the message says why."""
+JobNotRequeued = hostact.JobNotRequeued  # beside the host's answer, which submitit's time-limit path acts on too
 
 
 def exit_for(decision: Decision) -> None:

@@ -203,7 +203,12 @@ class Session:
         """TensorBoard SummaryWriter on rank 0, a NullWriter elsewhere."""
         if not self.is_main:
             return NullWriter()
-        from torch.utils.tensorboard import SummaryWriter
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as err:  # a container image without it: hpc cannot carry it in (hpc.pipeline.carry)
+            raise ImportError(f"TensorBoard logging on rank 0, but tensorboard does not import here ({err}); "
+                              "expected it installed where the ranks run. HINT: install tensorboard in the container "
+                              "image, or pass tensorboard=False to the TrainLoop") from err
 
         return SummaryWriter(log_dir=str(logdir), **writer_kwargs)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
-from hpc.pipeline import arraytasks
+from hpc.pipeline import arraytasks, container
 from hpc.pipeline import plan as hplan
 from hpc.pipeline import submission as hsubmit
 from hpc.rundir.run import RunDir, add_jobs
@@ -41,6 +41,8 @@ def _submit_arrays(plan: hplan.Plan, sweep: SweepDir, defs: Defs, setup: Sequenc
 
     by_label: Dict[str, List[str]] = {}
     slurm = plan.kind == "slurm"
+    for line in container.prepare(plan.jobs):  # the copy of hpc the containers' srun lines name
+        print(line)
     with submission_env():
         for job in plan.jobs:
             sigs = list(dict.fromkeys(sig for sig, _ in job.items))

@@ -1,6 +1,8 @@
 """A job whose ranks cannot reach SLURM at all (the `exec` runtime under bubblewrap, every SLURM
-client masked) still lives through every stop: hpc's srun wrapper, on the host, carries out what
-rank 0 decides (hpc.recovery.hostact), as it does for every job hpc submits.
+client masked: tests/box.py) still lives through every stop: hpc's srun wrapper, on the host, carries
+out what rank 0 decides (hpc.recovery.hostact), as it does for every job hpc submits. The box also
+hides the host's hpc, submitit and the rest of hpc's pure-Python requirements: the ranks import them
+from the copy hpc carries in (hpc.pipeline.carry), as in an image with torch alone.
 
     CI=true python -m pytest tests/slurm/test_container_exec.py -q -p no:cacheprovider
 
@@ -10,18 +12,17 @@ from the checkpoint of the one before; and a one-task job without a TrainLoop at
 requeued once (max_timeouts=1) and ended at the second.
 """
 import json
-import shutil
-import sys
+import os
 from pathlib import Path
 
 import pytest
 
 from hpc import submit
 from hpc.cluster.preempt import job_field, preempt
-from hpc.pipeline import plan
+from hpc.pipeline import carry, plan
 from hpc.recovery.hangs import HANGS, REPORT
 from hpc.rundir.run import RunDir
-from tests.container_pipeline import CLIENTS
+from tests.box import boxed
 from tests.slurm.requeue_helpers import release
 from tests.slurm.test_pipeline import ended, wait_until
 
@@ -36,26 +37,12 @@ def box_pipeline(monkeypatch):
     monkeypatch.chdir(ROOT)  # jobs import tests.container_pipeline from the submission directory
 
 
-def box_prefix() -> list:
-    """bwrap over the whole file system, with every SLURM client masked by /dev/null (neither on PATH
-    nor runnable where it is installed): the tasks cannot see SLURM, as in a Pyxis image. SLURM
-    signals every process of a step, bwrap included, which (unlike Apptainer's starter) neither
-    handles nor forwards them: it starts with SIGTERM and SIGUSR2 ignored, so that the rank inside,
-    which installs its own handlers, is the one that acts on them."""
-    clients = sorted({shutil.which(name) for name in (*CLIENTS, "salloc", "sinfo", "sacctmgr", "sstat")} - {None})
-    masks = [word for path in clients for word in ("--ro-bind", "/dev/null", path)]
-    return ["sh", "-c", "trap '' TERM USR2; exec \"$@\"", "sh",
-            "bwrap", "--die-with-parent", "--bind", "/", "/", "--dev-bind", "/dev", "/dev", *masks]
-
-
 def restarts(cluster, job) -> int:
     return int(job_field(cluster, job, "Restarts") or 0)
 
 
 def submit_boxed(name: str, run_dir: Path) -> tuple:
-    prefix = json.dumps(box_prefix())
-    assert submit.main([name, "--cluster", "slurm", "--run-dir", str(run_dir), "cluster.container.runtime=exec",
-                        f"cluster.container.prefix={prefix}", f"cluster.container.python={sys.executable}"]) == 0
+    assert submit.main([name, "--cluster", "slurm", "--run-dir", str(run_dir), *boxed()]) == 0
     run = RunDir(run_dir)
     ((job, stage),) = [(t["job_id"], t["stage"]) for t in run.tasks()]
     return run, job, run.task_dir(stage)
@@ -80,8 +67,12 @@ def test_jobs_without_slurm_in_reach_are_requeued_from_the_host(slurm_cluster, t
 
     seen = [*out.glob("seen-*.json"), *limit_out.glob("seen-*.json")]
     assert len(seen) == 3 * 2 + 2  # every rank of every attempt, none of which had a SLURM client in reach
+    copy = carry.folder() + os.sep  # nor the host's hpc, submitit, ...: the copy hpc carried in
     for path in seen:
-        assert json.loads(path.read_text()) == {"on_path": {}, "scontrol_ran": False}, path
+        record = json.loads(path.read_text())
+        assert record["slurm"] == {"on_path": {}, "scontrol_ran": False}, path
+        assert {"hpc", "submitit", "cloudpickle"} <= set(record["imported"]), record
+        assert all(f.startswith(copy) for f in record["imported"].values()), record
 
     events = json.loads((out / "checkpoints" / "requeue.json").read_text())["events"]
     assert [(e["kind"], e["requeue"], e["by"]) for e in events] == [("preempt", True, "hpc"), ("hang", True, "hpc")]
@@ -90,6 +81,9 @@ def test_jobs_without_slurm_in_reach_are_requeued_from_the_host(slurm_cluster, t
         assert settled == [f"{j}-{n}/request.json.done" for j in (job if directory == run.path else limit_job,)
                            for n in range(attempts)], settled
         assert not list((directory / ".host").glob("*/request.json"))
+    # submitit's time-limit handler waited for the host's answer and acted on it (hostact.requeue_on_host)
+    log = (limit_run.path / "wait" / "logs" / limit_job / f"{limit_job}_0_log.err").read_text()
+    assert log.count("exiting for the rerun") == 1, log[-3000:]
 
     starts = [json.loads((out / f"start-0-{n}.json").read_text())["step"] for n in range(3)]
     assert not starts[0] and 0 < starts[1] < starts[2], starts  # each attempt resumed further on

@@ -4,7 +4,8 @@
 
 A miniature scene keeps each run to seconds: 4 ranks on 2 nodes train the same model as 1 process,
 and a feature task preempted by SLURM (SIGTERM, GraceTime, requeue) resumes from its checkpoint and
-ends bitwise identical to a run that was never interrupted.
+ends bitwise identical to a run that was never interrupted; the preempted run's ranks run in a
+container (tests/box.py: no SLURM client, and no hpc but the copy hpc carries in), the reference's not.
 """
 import json
 import subprocess
@@ -16,6 +17,7 @@ import torch
 from hpc.slurm import scheduler
 from hpc import submit
 from hpc.rundir.run import RunDir
+from tests.box import boxed
 from tests.slurm.test_pipeline import ended, job_ids, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -113,17 +115,23 @@ def test_four_ranks_on_two_nodes_match_one_process(slurm_cluster, tmp_path, caps
 
 
 def test_preempted_feature_task_resumes_bitwise(slurm_cluster, tmp_path):
+    """The preempted run in a container (the `exec` runtime in tests/box.py's box): its ranks reach no
+    SLURM client, so the host requeues it, and import hpc from the carried copy; it ends as the
+    uninterrupted run on the host did, bit for bit."""
     from hpc.cluster.preempt import preempt
 
     reference = submit_langsplat(tmp_path / "reference", LONG, ONE_NODE)
     finished(reference)  # first, alone: the preemptor takes every CPU of the node
-    run = submit_langsplat(tmp_path / "preempted", LONG, ONE_NODE)
+    run = submit_langsplat(tmp_path / "preempted", LONG, ONE_NODE, *boxed())
     job_id = job_ids(run)[("features", LEVEL)]
     checkpoints = features_dir(run) / "checkpoints"
     wait_until(lambda: list(checkpoints.glob("step-*/")), timeout_s=180, what="a first feature checkpoint")
     preempt(slurm_cluster, job_id)
     records = finished(run)
     assert records[job_id].restarts >= 1
+    scripts = [p.read_text() for p in (run.path / "features" / "logs").rglob("*_submission.sh")]
+    assert scripts and all(" bwrap --die-with-parent " in t and "/carry/" in t for t in scripts)  # boxed, carried
+    assert len(list((run.path / ".host").glob("*/request.json.done"))) == 1  # the preemption, requeued by the host
     metrics = json.loads((features_dir(run) / "metrics.json").read_text())
     assert 0 < metrics["resumed_from"] < LONG["feature_iterations"], metrics  # resumed mid-training
     assert torch.equal(load_features(features_dir(run)), load_features(features_dir(reference)))

@@ -22,7 +22,7 @@ from hpc.pipeline import plan
 from hpc import submit
 from hpc.cluster.preempt import job_field, release_hold
 from hpc.rundir.run import DONE, RunDir
-from tests.slurm.test_container_exec import box_prefix
+from tests.box import boxed
 from tests.slurm.test_pipeline import ended, job_ids, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,12 +55,10 @@ def status_text(run):
 
 
 def test_a_node_failure_requeues_the_job_without_the_node_from_its_checkpoint(slurm_cluster, failing_node, tmp_path):
-    """Its ranks run with no SLURM client in reach (tests/slurm/test_container_exec.py's box): the
-    host's srun wrapper does all of it."""
-    boxed = ["cluster.container.runtime=exec", f"cluster.container.prefix={json.dumps(box_prefix())}",
-             f"cluster.container.python={sys.executable}"]
+    """Its ranks run with no SLURM client in reach (tests/box.py): the host's srun wrapper does all of it."""
     assert submit.main(["elastic", "--cluster", "slurm", "--run-dir", str(tmp_path / "run"), "stages.train.nodes=1-2",
-                        f"elastic.steps={STEPS}", f"elastic.hold_at={HOLD_AT}", "elastic.hold_once=true", *boxed]) == 0
+                        f"elastic.steps={STEPS}", f"elastic.hold_at={HOLD_AT}", "elastic.hold_once=true",
+                        *boxed()]) == 0
     run = RunDir(tmp_path / "run")
     out, job = run.task_dir("train"), job_ids(run)[("train", None)]
     assert " bwrap --die-with-parent " in (out / "logs" / job / f"{job}_submission.sh").read_text()
