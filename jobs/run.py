@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List
 
-from hpc.config.schema import ConfigError, PipelineConfig, Resources
+from hpc.config.schema import ConfigError, PipelineConfig, Resources, to_dict
+from hpc.pipeline import container
 from hpc.pipeline.plan import PipelineDef, StageDef
 from hpc.recovery import scriptproc
 from hpc.scripts import accelerate_cfg, checks, presets, resume
@@ -75,7 +76,8 @@ def validate(cfg: Any) -> None:
                           f"{', '.join(presets.FRAMEWORKS)}. HINT: --framework auto (the default) reads the "
                           "script's imports")
     preset = presets.choose(cfg.script.framework, list(cfg.script.command), Path.cwd())
-    checks.check_importable(preset, list(cfg.script.command))
+    if not in_container(cfg):  # in an image the script's interpreter is the image's, not this machine's
+        checks.check_importable(preset, list(cfg.script.command))
     checks.check_world_sizes(preset, list(cfg.script.command), noderange.bounds(cfg.stages.main.nodes),
                              cfg.stages.main.tasks_per_node)
 
@@ -97,9 +99,18 @@ def settle(cfg: Any) -> bool:
     return False
 
 
+def in_container(cfg: Any) -> str:
+    """The runtime of the container the script's ranks run in ('': this machine's interpreter)."""
+    return str(container.effective(to_dict(cfg.stages.main.container), to_dict(cfg.cluster.container))
+               .get("runtime") or "")
+
+
 def notes(cfg: Any) -> List[str]:
     script = cfg.script
     lines = [f"framework preset: {script.framework} (hpc.scripts.presets); the script runs in <run>/main/work"]
+    if in_container(cfg) and presets.choose(script.framework, list(script.command), Path.cwd()).packages:
+        lines.append(f"framework preset {script.framework}: whether the image's interpreter imports it is not "
+                     "checked here (the script runs in the container); the job's log says if it cannot")
     if script.env:
         lines.append(f"script environment: {', '.join(f'{k}={v}' for k, v in sorted(script.env.items()))}")
     if script.resume_if:
