@@ -1,7 +1,9 @@
-"""`--cluster here` without a cluster: the allocation read from scontrol's fields, and a stage bigger
-than the allocation refused before anything runs (tests/slurm/test_here.py runs it in an salloc).
+"""`--cluster here` without a cluster: the allocation read from scontrol's fields, a stage bigger
+than the allocation refused before anything runs, a container stage's step command, and what the
+ranks ask the host answered (tests/slurm/test_here.py runs it in an salloc).
 pytest tests/test_here.py"""
 import os
+import shlex
 import signal
 import subprocess
 from pathlib import Path
@@ -10,9 +12,10 @@ import pytest
 
 from hpc import submit
 from hpc.config.checks import ConfigError
-from hpc.pipeline import here, submission
+from hpc.pipeline import here, herestop, submission
 from hpc.pipeline.plan import make_plan
 from hpc.pipeline.request import Request
+from hpc.recovery import deadline, hostact
 
 ROOT = Path(__file__).resolve().parents[1]
 # `scontrol -o show job` of `salloc -N 2 --ntasks-per-node=2 --gres=gpu:2` on the sandbox
@@ -77,10 +80,44 @@ def test_a_sweep_is_refused(tmp_path, capsys):
     assert not (tmp_path / "s").exists()
 
 
-def test_a_stage_in_a_container_is_refused_not_run_on_the_host():
-    jobs = sandbox_plan("cluster.container.runtime=exec", "cluster.container.prefix=[env]").jobs
-    with pytest.raises(ConfigError, match=r"^stage rgb runs in a container \(exec\), and --cluster here .*HINT: "):
-        here.check_fits(jobs, here.Allocation.from_info("7", INFO))
+@pytest.mark.parametrize("box", [
+    ["cluster.container.runtime=exec", "cluster.container.prefix=[env]", "cluster.container.env={FOO: bar}"],
+    ["cluster.container.runtime=pyxis", "cluster.container.image=nvcr.io#nvidia/pytorch:24.05-py3"],
+    ["cluster.container.runtime=apptainer", "cluster.container.image=docker://nvcr.io/nvidia/pytorch:24.05-py3"],
+])
+def test_a_stage_in_a_container_runs_its_steps_in_it_as_a_batch_job_does(box):
+    """Each step's ranks get the batch srun line's container words (the carried hpc included), and its
+    shell lines run on the host before srun, then cluster.setup, as in the batch script."""
+    alloc = here.Allocation.from_info("7", INFO)
+    plan = here.as_steps(sandbox_plan(*box), alloc)
+    for job in plan.jobs:
+        argv = here.step_argv(job, alloc, "/L/7.h1", "/L/7.h1_task.pkl", ["module load cuda"])
+        assert argv[:2] == ["bash", "-c"] and argv[3:5] == ["bash", "srun"]
+        assert argv[2] == "export FOO=bar; " * any("env=" in b for b in box) + 'module load cuda; exec "$@"'
+        srun = argv[4:]
+        at = len(here.srun_argv(job, alloc, "/L/7.h1"))
+        batch = shlex.split(next(line for line in job.sbatch_text().splitlines() if line.startswith("srun ")))
+        inside = batch[batch.index("--kill-on-bad-exit=1") + 1:batch.index("submitit.core._submit") - 2]
+        assert srun[at:] == [*inside, "-u", "-m", "hpc.pipeline.herestep", "/L/7.h1_task.pkl"]
+        assert any("/carry/" in w for w in inside) and any(w.startswith(("--container-image", "apptainer", "env"))
+                                                           for w in inside)
+        assert shlex.join(here.step_argv(job, alloc, "<logs>", "<task.pkl>")) in "\n".join(plan.notes)
+
+
+def test_what_the_ranks_ask_the_host_is_answered(tmp_path, monkeypatch):
+    """The allocation's EndTime, for a `run` stage's stop deadline (scontrol is the driver's, never the
+    rank's), and a stop request, answered with no requeue: a step is resumed by the same command."""
+    monkeypatch.setattr(here.scheduler, "job_info", lambda job: {"JobId": job, "EndTime": "2026-11-26T18:00:00"})
+    step = here.Step(None, None, "7.h1", None, host=str(tmp_path / ".host" / "7.h1-0" / hostact.REQUEST))
+    os.makedirs(os.path.dirname(step.host))
+    alloc = here.Allocation("7", nodes=1, cpus_per_node=1, gpus_per_node=0)
+    hostact.ask_end(step.host)
+    hostact.ask(step.host, {"reason": "preempt"})
+    here.serve(step, alloc)
+    told = hostact.end_fields(step.host)
+    assert told["JobId"] == "7" and told[deadline.UNIX_END] == deadline.end_time({"EndTime": "2026-11-26T18:00:00"})
+    outcome = hostact.answer(step.host, wait_s=0)
+    assert outcome["requeue"] is False and "HINT: run the same command again" in outcome["why"]
 
 
 def _session_sleeper() -> "subprocess.Popen[bytes]":
@@ -90,7 +127,7 @@ def _session_sleeper() -> "subprocess.Popen[bytes]":
 def test_steps_do_not_outlive_an_error_of_the_driver():
     step = here.Step(None, None, "7.h1", _session_sleeper())
     with pytest.raises(OSError):
-        with here._Reaper([step]):
+        with herestop.Reaper([step]):
             raise OSError(28, "No space left on device")
     assert step.proc.wait(timeout=10) == -signal.SIGTERM
 
@@ -98,7 +135,7 @@ def test_steps_do_not_outlive_an_error_of_the_driver():
 def test_sigterm_and_sighup_stop_gently_and_a_third_signal_kills():
     step = here.Step(None, None, "7.h1", subprocess.Popen(["sh", "-c", "trap '' TERM; sleep 60"],
                                                           start_new_session=True))
-    with here._Interrupt() as stop:
+    with herestop.Interrupt() as stop:
         os.kill(os.getpid(), signal.SIGTERM)
         assert stop.asked and not stop.forced
         os.kill(os.getpid(), signal.SIGHUP)

@@ -26,6 +26,7 @@ Parts::
     short.py       define()/stage(): a PipelineDef from plain functions (hpc.define, hpc.stage)
     here.py        --cluster here: the plan's tasks as srun steps of the current salloc allocation
     herestep.py    what each rank of such a step runs: the StageTask, and its result file
+    herestop.py    Ctrl-C there: the running steps stopped at a checkpoint, then ended; never left behind
 
 Everything but executor.py's task imports without torch: --dry-run stays fast.
 """

@@ -14,15 +14,21 @@ the running steps' tasks with `scancel --signal=TERM JOB.STEP`, as a preemption 
 saves its checkpoint and stops, never requeued (stopsignal.INTERACTIVE_ENV, read by
 hpc.recovery.preemption), and this process raises KeyboardInterrupt. The same command again skips
 the tasks with a done marker and resumes the interrupted one from its checkpoint. A second Ctrl-C
-ends the steps at once. A stage asking for more nodes, GPUs or CPUs per node than the allocation has
-is refused before anything runs (check_fits), with both sets of numbers.
+ends the steps at once (hpc.pipeline.herestop). A stage asking for more nodes, GPUs or CPUs per node than
+the allocation has is refused before anything runs (check_fits), with both sets of numbers.
+
+A stage with a container section runs its ranks in the image as a batch job's do: step_argv adds
+container.launch()'s srun options and interpreter (hpc carried in included), and its shell lines run on
+the host, before srun. What a rank asks the host (hpc.recovery.hostact: HPC_HOST_ACTS names a folder per
+step) this process answers while the step runs (serve): the allocation's EndTime, a `run` stage's stop
+deadline; a stop request, which is never a requeue here. So a rank inside or outside an image needs no
+SLURM client, and stops and resumes the same way.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
 import shlex
-import signal
 import subprocess
 import sys
 import time
@@ -31,14 +37,17 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from hpc.config.checks import ConfigError
+from hpc.fs import sharedfs
+from hpc.pipeline import container
+from hpc.pipeline.herestop import Interrupt, Reaper
 from hpc.pipeline.plan import JobSpec, Plan
+from hpc.recovery import deadline, hostact
 from hpc.recovery.stopsignal import INTERACTIVE_ENV
 from hpc.rundir.run import RunDir, task_key
 from hpc.runtime.distenv import master_port_for
-from hpc.slurm import cli, noderange, scheduler
+from hpc.slurm import noderange, scheduler
 
 HERE = "here"  # the executor kind, in the config (cluster.kind) and in the manifest
-STOP_WAIT_S = 300.0  # after Ctrl-C, how long the steps get to checkpoint before they are ended
 WAIT_SLICE_S = 0.2  # polls of the running steps: a Ctrl-C is acted on within one slice
 
 
@@ -90,12 +99,6 @@ def need(job: JobSpec, alloc: Allocation) -> Dict[str, int]:
 def check_fits(jobs: Sequence[JobSpec], alloc: Allocation) -> None:
     """ConfigError naming the first stage one of whose tasks does not fit in the allocation."""
     for job in jobs:
-        box = job.resources.get("container")
-        if box:  # the steps start on the host's interpreter: a stage in an image would run outside it
-            raise ConfigError(
-                f"stage {job.stage} runs in a container ({box.get('runtime')}), and --cluster here starts its "
-                "steps on the host without one. HINT: submit without --cluster here (a batch job runs it in its "
-                "container), or take the container section out of the profile or config for this run.")
         n = need(job, alloc)
         if n["nodes"] > alloc.nodes or n["gpus"] > alloc.gpus_per_node or n["cpus"] > alloc.cpus_per_node:
             raise ConfigError(
@@ -110,7 +113,7 @@ def as_steps(plan: Plan, alloc: Allocation) -> Plan:
     check_fits(plan.jobs, alloc)
     lines = [f"every stage runs as srun steps of allocation {alloc.job_id} ({alloc.show()}), one stage "
              "after another; Ctrl-C checkpoints and stops, the same command resumes"]
-    lines += [f"stage {job.label}: {shlex.join(srun_argv(job, alloc, '<logs>'))} ... "
+    lines += [f"stage {job.label}: {shlex.join(step_argv(job, alloc, '<logs>', '<task.pkl>'))} "
               f"({min(width(job, alloc), len(job.items))} task(s) side by side)" for job in plan.jobs]
     return dataclasses.replace(plan, kind=HERE, notes=plan.notes + tuple(lines))
 
@@ -131,6 +134,24 @@ def srun_argv(job: JobSpec, alloc: Allocation, logs: str) -> List[str]:
     return argv
 
 
+def step_argv(job: JobSpec, alloc: Allocation, logs: str, pickle: str, setup: Sequence[str] = ()) -> List[str]:
+    """The whole command of one task's step: srun and what each rank runs (hpc.pipeline.herestep), in
+    the stage's container as its batch job's srun line has it (container.launch: one builder for both).
+    `setup` (cluster.setup) runs in each rank before the task, or, with a container, on the host
+    before srun as in a batch script, after the container's own lines (its `env`)."""
+    box = job.resources.get("container")
+    task = ["-u", "-m", "hpc.pipeline.herestep", pickle]
+    if not box:
+        rank = [sys.executable, *task]
+        if setup:  # what a batch script runs before srun, here in each rank before the task
+            rank = ["bash", "-c", "; ".join(setup) + '; exec "$@"', "bash", *rank]
+        return srun_argv(job, alloc, logs) + rank
+    inside = container.launch(box, job.resources["gpus_per_node"])
+    argv = srun_argv(job, alloc, logs) + list(inside.srun_args) + shlex.split(inside.python) + task
+    lines = [*inside.setup, *setup]
+    return ["bash", "-c", "; ".join(lines) + '; exec "$@"', "bash", *argv] if lines else argv
+
+
 @dataclass
 class Step:
     job: JobSpec
@@ -138,6 +159,7 @@ class Step:
     task_id: str  # the manifest's job id of this task: <allocation>.h<n>
     proc: "subprocess.Popen[bytes]"
     stopped: bool = False
+    host: str = ""  # the request file its ranks write to (hpc.recovery.hostact.ENV), answered by serve()
 
 
 def run_plan(plan: Plan, run: RunDir, setup: Sequence[str] = (), code: Any = None, run_id: str = "",
@@ -151,7 +173,10 @@ def run_plan(plan: Plan, run: RunDir, setup: Sequence[str] = (), code: Any = Non
     ids: Dict[str, List[str]] = {}
     failed: List[str] = []
     running: List[Step] = []
-    with _Interrupt() as stop, _Reaper(running):
+    for line in container.prepare(plan.jobs):  # the copy of hpc the containers' srun lines name
+        print(line, flush=True)
+    served = 0.0
+    with Interrupt() as stop, Reaper(running):
         for job in plan.jobs:
             if failed or stop.asked:
                 if failed:
@@ -168,6 +193,10 @@ def run_plan(plan: Plan, run: RunDir, setup: Sequence[str] = (), code: Any = Non
                 todo = [] if stop.asked else todo
                 time.sleep(WAIT_SLICE_S)
                 stop.act(running, alloc)
+                if time.monotonic() - served >= hostact.POLL_S:  # one listing a second per step, as hpc.afterstep
+                    served = time.monotonic()
+                    for step in running:
+                        serve(step, alloc)
                 for step in [s for s in running if s.proc.poll() is not None]:
                     running.remove(step)
                     failed += [] if _report(step, run) else [step.task_id]
@@ -185,19 +214,34 @@ def _launch(job: JobSpec, item: Any, task_id: str, pickled: bytes, run: RunDir, 
     pickle_path = folder / f"{task_id}_task.pkl"
     pickle_path.write_bytes(pickled)
     run.record_all(job.stage, [(item, task_id)], HERE, code=code.hash if code else None)
-    command = [sys.executable, "-u", "-m", "hpc.pipeline.herestep", str(pickle_path)]
-    if setup:  # what a batch script runs before srun (cluster.setup), here in each rank before the task
-        command = ["bash", "-c", "; ".join(setup) + '; exec "$@"', "bash", *command]
     seq = int(task_id.rpartition(".h")[2])
+    host = run.path / hostact.FOLDER / f"{task_id}-0" / hostact.REQUEST  # hpc.afterstep.request_path's layout
+    host.parent.mkdir(parents=True, exist_ok=True)  # before srun: the ranks write into it
     # a port per step: steps side by side on one node must not share a rendezvous port
-    env = {**os.environ, INTERACTIVE_ENV: "1",
+    env = {**os.environ, INTERACTIVE_ENV: "1", hostact.ENV: str(host),
            "HPC_MASTER_PORT": str(master_port_for(str(int(alloc.job_id) * 64 + seq)))}
     print(f"stage {task_key(job.stage, item)}: {task_id} on allocation {alloc.job_id}",
           flush=True)
     # its own session: the terminal's Ctrl-C reaches this process only, which stops the step gently
-    proc = subprocess.Popen(srun_argv(job, alloc, str(folder / task_id)) + command, env=env,
+    proc = subprocess.Popen(step_argv(job, alloc, str(folder / task_id), str(pickle_path), setup), env=env,
                             start_new_session=True)
-    return Step(job, item, task_id, proc)
+    return Step(job, item, task_id, proc, host=str(host))
+
+
+def serve(step: Step, alloc: Allocation) -> None:
+    """Answer what the ranks of `step` asked the host (hpc.recovery.hostact), as hpc.afterstep does for a
+    batch job: one listing of their folder (never a stat of a name: hpc.fs.sharedfs)."""
+    names = sharedfs.listed(os.path.dirname(step.host))
+    if hostact.END_ASK in names:  # a `run` stage's rank 0 at a stop: its deadline is the allocation's end
+        try:
+            fields = scheduler.job_info(alloc.job_id)
+        except RuntimeError:  # the rank keeps its fallback deadline
+            fields = {}
+        hostact.tell_end(step.host, {**fields, deadline.UNIX_END: deadline.end_time(fields)})
+    if hostact.REQUEST in names:  # a step is never requeued: the same command resumes it
+        hostact.done(step.host, {"requeue": False, "kind": "interrupted",
+                                 "why": "stopped by Ctrl-C (--cluster here). HINT: run the same command again "
+                                        "to resume from this checkpoint"})
 
 
 def _report(step: Step, run: RunDir) -> bool:
@@ -211,76 +255,3 @@ def _report(step: Step, run: RunDir) -> bool:
     return False
 
 
-class _Reaper:
-    """Steps never outlive this process: they run in sessions of their own, so an exception here
-    (a full disk writing the next task's pickle, say) would leave them running, and the same command
-    run again would start a second copy of a task beside the first."""
-
-    def __init__(self, running: List[Step]) -> None:
-        self.running = running
-
-    def __enter__(self) -> "_Reaper":
-        return self
-
-    def __exit__(self, kind: Any, *exc: Any) -> None:
-        if kind is None:
-            return
-        for step in self.running:
-            if step.proc.poll() is None:
-                os.killpg(step.proc.pid, signal.SIGTERM)  # srun ends its step (slurmstepd kills the tasks)
-
-
-class _Interrupt:
-    """SIGINT, SIGTERM or SIGHUP (the terminal closed) -> `asked`: act() stops the steps gently; a second
-    -> `forced`: srun ends them at once; a third -> SIGKILL to srun, for a step that does not end."""
-
-    def __init__(self) -> None:
-        self.asked = self.forced = self.killed = False
-        self.since = 0.0
-        self._before: Dict[int, Any] = {}
-
-    def __enter__(self) -> "_Interrupt":
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            self._before[sig] = signal.signal(sig, self._on_int)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for sig, before in self._before.items():
-            signal.signal(sig, before)
-
-    def _on_int(self, signum: int, frame: Any) -> None:
-        self.killed, self.forced = self.forced, self.asked
-        self.asked, self.since = True, self.since or time.monotonic()
-        print("\n[hpc] Ctrl-C: stopping the running step(s) at a checkpoint; Ctrl-C again ends them at once",
-              file=sys.stderr, flush=True)
-
-    def act(self, running: Sequence[Step], alloc: Allocation) -> None:
-        if self.asked and (self.forced or time.monotonic() - self.since > STOP_WAIT_S):
-            for step in running:  # srun ends its step on SIGTERM at once (slurmstepd kills the tasks)
-                if step.proc.poll() is None:
-                    os.killpg(step.proc.pid, signal.SIGKILL if self.killed else signal.SIGTERM)
-            return
-        for step in running:
-            if self.asked and not step.stopped:
-                reached = _signal_step(step, alloc)
-                step.stopped = reached > 0
-                peers = [other for other in running if other.job.stage == step.job.stage]
-                if reached >= len(peers):  # that scancel per listed step reached every step of this stage
-                    for other in peers:
-                        other.stopped = True
-
-
-def _signal_step(step: Step, alloc: Allocation) -> int:
-    """SIGTERM to the tasks of every listed step of `step`'s stage, not to srun (which would end the
-    step at once): how many were reached. 0 while SLURM does not list the step yet (it is starting):
-    asked again at the next slice."""
-    try:
-        listed = cli.run(["squeue", "-h", "-s", "-j", alloc.job_id, "-o", "%i|%j"])
-    except RuntimeError:
-        return 0
-    mine = [line.split("|")[0] for line in listed.splitlines() if line.endswith(f"|hpc-{step.job.stage}")]
-    if not mine:
-        return int(step.proc.poll() is not None)
-    for step_id in mine:  # side by side: every step of the stage (all of them are being stopped)
-        subprocess.run(["scancel", "--signal=TERM", step_id], capture_output=True)
-    return len(mine)

@@ -1,6 +1,8 @@
 """`--cluster here` on the real local SLURM cluster: LangSplat's sandbox run as srun steps of one
 `salloc -N 2 --ntasks-per-node=2 --gres=gpu:2`, interrupted with Ctrl-C (SIGINT) mid-features and run
-again. python -m pytest tests/slurm/test_here.py -m slurm
+again, every rank in the container stand-in of tests/box.py (the `exec` runtime under bubblewrap: no
+SLURM client, and no hpc but the copy hpc carries in), so the same run shows that a stage in a container
+stops and resumes in an allocation. python -m pytest tests/slurm/test_here.py -m slurm
 """
 import json
 import os
@@ -15,6 +17,7 @@ import pytest
 
 import hpc
 from hpc.rundir.run import RunDir
+from tests.box import boxed
 from tests.slurm.test_langsplat import LEVEL, MINI
 from tests.slurm.test_pipeline import wait_until
 
@@ -39,7 +42,7 @@ def test_langsplat_in_an_allocation_stops_on_ctrl_c_and_resumes(slurm_cluster, t
     run_dir = tmp_path / "run"
     command = [sys.executable, "-m", "hpc.submit", "langsplat", "--profile", "sandbox", "--levels", str(LEVEL),
                "--cluster", "here", "--run-dir", str(run_dir),
-               *(f"langsplat.trainer.{k}={v}" for k, v in TRAINER.items())]
+               *(f"langsplat.trainer.{k}={v}" for k, v in TRAINER.items()), *boxed()]
     env = {**os.environ, "SLURM_JOB_ID": job}
     try:
         first = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -51,6 +54,9 @@ def test_langsplat_in_an_allocation_stops_on_ctrl_c_and_resumes(slurm_cluster, t
         said = first.communicate(timeout=180)[0]
         assert first.returncode == 130, said
         assert "interrupted: the stopped tasks saved their checkpoints" in said and "stage rgb: done" in said
+        steps = [line for line in said.splitlines() if re.match(r"\s+note: stage (rgb|features#?\d*): ", line)]
+        assert len(steps) == 2 and all(" bwrap --die-with-parent " in t and "/carry/" in t for t in steps), said
+        assert "hpc for the containers: " in said  # boxed, with hpc carried in
         run = RunDir(run_dir)
         assert run.is_done("rgb") and not run.is_done("features", LEVEL)
         stopped = hpc.Run.attach(run_dir).status()
