@@ -1,13 +1,19 @@
 """Containers for `run` scripts and sweeps: their dry runs show the container srun line of every
 runtime (image, mounts with the run or sweep directory and the carried hpc, container name), and a
-script's framework is not looked up in this machine's interpreter when an image runs it.
+script's framework is not looked up in this machine's interpreter when an image runs it, nor does the
+script import hpc's carried copies of its requirements over the image's own.
 pytest tests/test_container_scripts.py"""
+import os
 import re
 import shlex
+import subprocess
+import sys
 
 import pytest
 
 from hpc import submit
+from hpc.pipeline import carry
+from hpc.scripts import hooks, presets
 
 IMAGES = {"pyxis": "nvcr.io#nvidia/pytorch:24.05-py3", "apptainer": "docker://nvcr.io/nvidia/pytorch:24.05-py3"}
 BOX = {
@@ -89,3 +95,19 @@ def test_framework_is_not_looked_up_on_this_machine_for_an_image(proj, capsys):
         in capsys.readouterr().err
     text = dry_run(capsys, *BOX["pyxis"], *command)
     assert "note: framework preset lightning: whether the image's interpreter imports it is not checked here" in text
+
+
+def test_a_script_in_an_image_imports_the_images_packages_not_hpcs_carried_copy(tmp_path):
+    """The carried copy is first on PYTHONPATH in the container (hpc.pipeline.carry.wrap); in the script
+    hpc's sitecustomize moves it behind the image's packages, and hpc is still found there."""
+    copy = tmp_path / "carry" / "0123456789abcdef"
+    (copy / "hpcmark").mkdir(parents=True)
+    (copy / carry.LISTING).write_text("{}")
+    (copy / "tqdm.py").write_text("WHERE = 'carried'\n")  # shadows the installed (the image's) tqdm
+    (copy / "hpcmark" / "__init__.py").write_text("")  # what only the copy has (hpc, in an image with torch alone)
+    inside = f"{copy}:{os.environ.get('PYTHONPATH', '')}"  # as carry.wrap leaves it in the container
+    env = {**os.environ, **hooks.environ(presets.PRESETS["none"], tmp_path, inside)}
+    script = "import tqdm, hpcmark, sys; print(getattr(tqdm, 'WHERE', 'image'), hpcmark.__file__, sys.path[-1])"
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["image", str(copy / "hpcmark" / "__init__.py"), str(copy)]
