@@ -232,16 +232,19 @@ def serve(step: Step, alloc: Allocation) -> None:
     """Answer what the ranks of `step` asked the host (hpc.recovery.hostact), as hpc.afterstep does for a
     batch job: one listing of their folder (never a stat of a name: hpc.fs.sharedfs)."""
     names = sharedfs.listed(os.path.dirname(step.host))
-    if hostact.END_ASK in names:  # a `run` stage's rank 0 at a stop: its deadline is the allocation's end
-        try:
-            fields = scheduler.job_info(alloc.job_id)
-        except RuntimeError:  # the rank keeps its fallback deadline
-            fields = {}
-        hostact.tell_end(step.host, {**fields, deadline.UNIX_END: deadline.end_time(fields)})
-    if hostact.REQUEST in names:  # a step is never requeued: the same command resumes it
-        hostact.done(step.host, {"requeue": False, "kind": "interrupted",
-                                 "why": "stopped by Ctrl-C (--cluster here). HINT: run the same command again "
-                                        "to resume from this checkpoint"})
+    try:  # an answer not written leaves the rank to its fallback (hpc.recovery.hostact), never ends the run
+        if hostact.END_ASK in names:  # a `run` stage's rank 0 at a stop: its deadline is the allocation's end
+            try:
+                fields = scheduler.job_info(alloc.job_id)
+            except RuntimeError:  # the rank keeps its fallback deadline
+                fields = {}
+            hostact.tell_end(step.host, {**fields, deadline.UNIX_END: deadline.end_time(fields)})
+        if hostact.REQUEST in names:  # a step is never requeued: the same command resumes it
+            hostact.done(step.host, {"requeue": False, "kind": "interrupted",
+                                     "why": "stopped by Ctrl-C (--cluster here). HINT: run the same command "
+                                            "again to resume from this checkpoint"})
+    except OSError as err:
+        print(f"[hpc] step {step.task_id}: its ranks' question not answered: {err}", file=sys.stderr, flush=True)
 
 
 def _report(step: Step, run: RunDir) -> bool:
