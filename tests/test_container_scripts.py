@@ -111,3 +111,12 @@ def test_a_script_in_an_image_imports_the_images_packages_not_hpcs_carried_copy(
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["image", str(copy / "hpcmark" / "__init__.py"), str(copy)]
+
+
+def test_the_local_executor_says_it_runs_outside_the_container(proj, capsys):
+    """Without SLURM the stages run on this machine, and the plan says that the container is not used."""
+    for args in ([], ["--sweep", "script.warn_signal=TERM,USR1"]):
+        text = dry_run(capsys, "--run-dir", str(proj / "runs" / f"l{len(args)}"), *BOX["exec"], "--cluster", "local",
+                       *args, "--", "python", "train.py")
+        assert "note: the local executor runs stage(s) main on this machine, outside their container: " in text
+        assert "note: hpc in the containers" not in text

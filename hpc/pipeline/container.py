@@ -45,11 +45,13 @@ from pathlib import PurePosixPath
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from hpc.config.checks import ConfigError
+from hpc.config.schema import to_dict
 from hpc.pipeline import carry, squash
 from hpc.rundir import snapcache
 from hpc.rundir.sweepdir import is_sweep
 
 RUNTIMES = ("pyxis", "apptainer", "exec")
+IN_IMAGE = ("slurm", "here")  # the plan kinds whose ranks run in the image; the local executor's run on the host
 HPC_FROM = ("carry", "image")  # container.hpc: a copy hpc carries in (hpc.pipeline.carry), or the image's own
 # config sections that are hpc's own: their paths are not data (the run directory is mounted anyway)
 OWN_SECTIONS = ("run", "cluster", "stages")
@@ -131,9 +133,17 @@ def prepare(jobs: Sequence[Any]) -> List[str]:
             *(squash.ensure(path, image) for path, image in sorted(pulls.items()))]
 
 
-def notes(jobs: Sequence[Any]) -> List[str]:
+def notes(jobs: Sequence[Any], kind: str = "slurm", cfg: Any = None) -> List[str]:
     """The plan's notes on what a submission makes for the containers: where their ranks import hpc
-    from, and a Pyxis image imported to a file."""
+    from, and a Pyxis image imported to a file; for the local executor (`kind`), that the container
+    sections of `cfg` (the run's config) are not used."""
+    if kind not in IN_IMAGE:
+        stages, cluster = (to_dict(cfg.stages), to_dict(cfg.cluster)) if cfg is not None else ({}, {})
+        names = sorted({j.stage for j in jobs if effective((stages.get(j.stage) or {}).get("container") or {},
+                                                           cluster.get("container") or {}).get("runtime")})
+        return [f"the {kind} executor runs stage(s) {', '.join(names)} on this machine, outside their container: "
+                "only SLURM's steps run in an image. HINT: --cluster slurm, or --cluster here in an salloc shell"
+                ] * bool(names)
     boxes = [j.resources.get("container") or {} for j in jobs]
     pulls = {b["image"]: b["pull"] for b in boxes if b.get("pull")}
     return [f"hpc in the containers: a copy of hpc and its pure-Python requirements at {w}, first on PYTHONPATH "

@@ -218,7 +218,8 @@ def plan_for(pipe: hplan.PipelineDef, cfg: Any, run: RunDir, kind: str, finished
     plan = hplan.make_plan(pipe, cfg, str(run.path), "slurm" if kind == here.HERE else kind, finished, queued,
                            max_array_size)
     plan = here.as_steps(plan, here.current()) if kind == here.HERE else plan
-    return dataclasses.replace(plan, notes=plan.notes + tuple(notes) + tuple(container.notes(plan.jobs)))
+    boxes = container.notes(plan.jobs, plan.kind, cfg)
+    return dataclasses.replace(plan, notes=plan.notes + tuple(notes) + tuple(boxes))
 
 
 def pipeline_module(pipeline: str) -> str:

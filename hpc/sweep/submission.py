@@ -201,7 +201,7 @@ def _plan(pipe: hplan.PipelineDef, base: Any, defs: Defs, sweep: SweepDir, kind:
     virtual = hplan.PipelineDef(pipe.name, pipe.schema, lambda cfg: merged, notes=pipe.notes)
     plan = hplan.make_plan(virtual, base, str(sweep.path), kind, frozenset(finished), queued, max_size)
     # where the containers' ranks import hpc from, as a single run's plan says (hpc.pipeline.submission)
-    plan = dataclasses.replace(plan, notes=plan.notes + tuple(container.notes(plan.jobs)))
+    plan = dataclasses.replace(plan, notes=plan.notes + tuple(container.notes(plan.jobs, plan.kind, base)))
     return plan, states, sorted(never)
 
 
