@@ -126,12 +126,21 @@ class Zygote:
         self.proc.wait()
 
 
-def start(argv: list[str], envs: list[dict[str, str]], stderr=None, cwd: str | Path | None = None) -> list[Rank]:
-    """One rank per environment in `envs`, each running `argv`, forked from this process's zygote."""
+def popen(args: list[str], env: dict[str, str], stderr=None, text: bool = True, **kw) -> Rank:
+    """subprocess.Popen([sys.executable, script, ...], env=env, ...) for a rank: forked from this
+    process's zygote (started on first use). stderr, when piped, reads as text."""
     global _shared
+    if args[0] != sys.executable or not text:
+        raise ValueError(f"ranklaunch runs `{sys.executable} SCRIPT ...` in text mode, not {args[:2]}. "
+                         "HINT: use subprocess.Popen for anything else")
     if _shared is None or _shared.proc.poll() is not None:
         _shared = Zygote()
-    return [_shared.fork(argv, env, cwd=cwd, stderr=stderr) for env in envs]
+    return _shared.fork(args, env, stderr=stderr, **kw)
+
+
+def start(argv: list[str], envs: list[dict[str, str]], stderr=None, cwd: str | Path | None = None) -> list[Rank]:
+    """One rank per environment in `envs`, each running `argv`."""
+    return [popen(argv, env, stderr=stderr, cwd=cwd) for env in envs]
 
 
 def _exit_code(code) -> int:
