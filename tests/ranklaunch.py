@@ -20,6 +20,7 @@ are the zygote's; the hash seed is shared.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import select
@@ -122,8 +123,12 @@ class Zygote:
         return Rank(request["argv"], json.loads(reply)["pid"], status_read, err_read)
 
     def close(self) -> None:
+        """End the zygote once it has reaped its ended ranks, so their CPU time counts as this process's."""
         self._sock.close()
-        self.proc.wait()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
 
 
 def popen(args: list[str], env: dict[str, str], stderr=None, text: bool = True, **kw) -> Rank:
@@ -135,6 +140,7 @@ def popen(args: list[str], env: dict[str, str], stderr=None, text: bool = True, 
                          "HINT: use subprocess.Popen for anything else")
     if _shared is None or _shared.proc.poll() is not None:
         _shared = Zygote()
+        atexit.register(_shared.close)
     return _shared.fork(args, env, stderr=stderr, **kw)
 
 
@@ -155,7 +161,6 @@ def _exit_code(code) -> int:
 
 def _run_rank(request: dict, fds: list[int], inherited: list[int], base_path: list[str]) -> None:
     """In the forked child: become the rank the request describes, run its script, never return."""
-    import atexit
     import runpy
     import threading
     import traceback
@@ -172,7 +177,6 @@ def _run_rank(request: dict, fds: list[int], inherited: list[int], base_path: li
             os.close(fd)
         if request["session"]:
             os.setsid()
-        atexit._clear()  # the zygote's exit handlers are not the rank's
         os.environ.clear()
         os.environ.update(request["env"])
         os.chdir(request["cwd"])
@@ -194,7 +198,9 @@ def _run_rank(request: dict, fds: list[int], inherited: list[int], base_path: li
         except BaseException:
             traceback.print_exc()
             code = 1
-        threading._shutdown()  # as the interpreter does at exit: join non-daemon threads, then atexit
+        # as the interpreter does at exit: join non-daemon threads, then the exit handlers, which
+        # include those that torch's modules registered when the zygote imported them
+        threading._shutdown()
         atexit._run_exitfuncs()
     except BaseException:
         traceback.print_exc()
@@ -226,7 +232,8 @@ def serve(sock: socket.socket) -> None:
             _reap(status)
         if sock in ready:
             msg, fds, _, _ = socket.recv_fds(sock, 1 << 20, FDS)
-            if not msg:  # the test process is gone
+            if not msg:  # the test process is done with us
+                _reap(status)
                 return
             sys.stdout.flush()
             sys.stderr.flush()
