@@ -188,6 +188,13 @@ def _run_rank(request: dict, fds: list[int], inherited: list[int], base_path: li
 
         if request["env"].get("OMP_NUM_THREADS", "").isdigit():  # libgomp read the zygote's at load
             torch.set_num_threads(int(request["env"]["OMP_NUM_THREADS"]))
+        for hook in ("sitecustomize", "usercustomize"):  # what site.py imports at start, from the rank's path
+            if hook not in sys.modules:
+                try:
+                    __import__(hook)
+                except ImportError as missing:
+                    if missing.name != hook:
+                        raise
         if "numpy" in sys.modules:  # a fresh interpreter seeds numpy's global generator on its own
             sys.modules["numpy"].random.seed()
         try:

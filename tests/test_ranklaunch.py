@@ -21,7 +21,8 @@ import json, os, sys, threading
 print("rank", os.environ["RANK"], "speaks", file=sys.stderr)
 out = {"env": dict(os.environ), "argv": sys.argv, "cwd": os.getcwd(), "path0": sys.path[0],
        "main": __name__, "file": __file__, "tasks": len(os.listdir("/proc/self/task")),
-       "threads": threading.active_count(), "sid": os.getsid(0) == os.getpid()}
+       "threads": threading.active_count(), "sid": os.getsid(0) == os.getpid(), "path1": sys.path[1],
+       "site": "sitecustomize" in sys.modules and sys.modules["sitecustomize"].__file__}
 with open(os.path.join(os.environ["OUT"], "rank-" + os.environ["RANK"] + ".json"), "w") as fh:
     json.dump(out, fh)
 how = os.environ.get("END", "0")
@@ -47,8 +48,11 @@ def zygote():
 def launch(zygote, tmp_path, ends, **kw):
     script = tmp_path / "probe.py"
     script.write_text(SCRIPT)
-    envs = [{"PATH": "/usr/bin:/bin", "RANK": str(r), "OUT": str(tmp_path), f"ONLY_RANK_{r}": str(r), "END": end}
-            for r, end in enumerate(ends)]
+    site = tmp_path / "site"  # on the ranks' PYTHONPATH: imported at start, as site.py would
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text("")
+    envs = [{"PATH": "/usr/bin:/bin", "RANK": str(r), "OUT": str(tmp_path), f"ONLY_RANK_{r}": str(r), "END": end,
+             "PYTHONPATH": str(site)} for r, end in enumerate(ends)]
     procs = [zygote.fork([sys.executable, str(script), "a", str(r)], env, cwd=tmp_path, stderr=subprocess.PIPE, **kw)
              for r, env in enumerate(envs)]
     return procs, envs
@@ -66,6 +70,7 @@ def test_each_rank_sees_exactly_its_own_environment(zygote, tmp_path):
         assert seen["env"] == env  # not the zygote's ZYGOTE_ONLY, not the other rank's ONLY_RANK_*
         assert seen["argv"] == [str(tmp_path / "probe.py"), "a", str(rank)]
         assert (seen["cwd"], seen["path0"], seen["main"]) == (str(tmp_path), str(tmp_path), "__main__")
+        assert seen["path1"] == str(tmp_path / "site") and seen["site"] == str(tmp_path / "site" / "sitecustomize.py")
         assert (seen["tasks"], seen["threads"], seen["sid"]) == (1, 1, False)  # nothing started before the fork
 
 
