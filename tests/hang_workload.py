@@ -78,6 +78,7 @@ def launch(kind: str, world: int, out: Path, cfg: dict) -> list:
     """`world` processes of `kind` on this machine, with the variables torchrun sets."""
     import subprocess
 
+    import ranklaunch
     from test_ddp_session import free_port
 
     port = str(free_port())
@@ -86,7 +87,7 @@ def launch(kind: str, world: int, out: Path, cfg: dict) -> list:
         env = {"PATH": os.environ["PATH"], "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
                "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
                "OMP_NUM_THREADS": "1", "HPC_WATCHDOG_S": ""}
-        procs.append(subprocess.Popen([sys.executable, __file__, kind, str(out), json.dumps(cfg)],
+        procs.append(ranklaunch.popen([sys.executable, __file__, kind, str(out), json.dumps(cfg)],
                                       env=env, stderr=subprocess.PIPE, text=True))
     return procs
 

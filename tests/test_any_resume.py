@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+import ranklaunch
 from test_ddp_session import free_port
 from test_fsdp import REPO, load, max_difference
 
@@ -33,7 +34,7 @@ def launch(world: int, *args: str, workload: Path = WORKLOAD) -> None:
                "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
                "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
                "HPC_WATCHDOG_S": "0"}
-        procs.append(subprocess.Popen([sys.executable, str(workload), *args], env=env,
+        procs.append(ranklaunch.popen([sys.executable, str(workload), *args], env=env,
                                       stderr=subprocess.PIPE, text=True))
     errors = [p.communicate(timeout=300)[1] for p in procs]
     assert [p.returncode for p in procs] == [0] * world, "\n".join(errors)

@@ -19,6 +19,8 @@ from hpc.runtime import ports
 from hpc.runtime.distenv import EnvError
 from hpc.runtime.envparse import from_environ
 
+import ranklaunch
+
 WORKLOAD = Path(__file__).with_name("ddp_workload.py")
 
 
@@ -38,7 +40,7 @@ def start_local(workload, world, out, *extra, stderr=subprocess.PIPE):
                "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "OMP_NUM_THREADS": "1"}
         cmd = [sys.executable, str(WORKLOAD), workload, str(out), *extra]
-        procs.append(subprocess.Popen(cmd, env=env, stderr=stderr, text=True))
+        procs.append(ranklaunch.popen(cmd, env=env, stderr=stderr, text=True))
     return procs
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+import ranklaunch
 from test_ddp_session import free_port
 from test_fsdp import ATOL, REPO, load, max_difference
 
@@ -35,7 +36,7 @@ def run(world: int, out: Path, *args) -> list[str]:
                "OMP_NUM_THREADS": "1", "RANK": str(rank), "LOCAL_RANK": str(rank),
                "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
-        procs.append(subprocess.Popen([sys.executable, str(WORKLOAD), str(out), *map(str, args)],
+        procs.append(ranklaunch.popen([sys.executable, str(WORKLOAD), str(out), *map(str, args)],
                                       env=env, stderr=subprocess.PIPE, text=True))
     errors = [p.communicate(timeout=120)[1] for p in procs]
     return errors

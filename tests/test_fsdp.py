@@ -23,6 +23,7 @@ import hpc.ddp
 from hpc.runtime.envparse import from_environ
 from hpc.runtime.fsdp import default_units, shard
 from fsdp_workload import Net
+import ranklaunch
 from test_ddp_session import free_port
 
 WORKLOAD = Path(__file__).with_name("fsdp_workload.py")
@@ -38,7 +39,7 @@ def run_ranks(world: int, *args: str, timeout: float = 120) -> None:
         env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
                "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
                "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
-        procs.append(subprocess.Popen([sys.executable, str(WORKLOAD), *map(str, args)], env=env,
+        procs.append(ranklaunch.popen([sys.executable, str(WORKLOAD), *map(str, args)], env=env,
                                       stderr=subprocess.PIPE, text=True))
     codes = [p.wait(timeout=timeout) for p in procs]
     errors = [p.stderr.read() for p in procs]

@@ -22,6 +22,7 @@ import torch
 import hpc.ddp
 from hpc.runtime.envparse import from_environ
 from meta_workload import Deep
+import ranklaunch
 from test_ddp_session import free_port
 from test_fsdp import REPO
 
@@ -49,7 +50,7 @@ def run_meta(world: int, out: Path, *args: str) -> list[dict]:
         env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{REPO}:{REPO / 'tests'}", "OMP_NUM_THREADS": "1",
                "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
                "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
-        procs.append(subprocess.Popen([sys.executable, str(WORKLOAD), str(out), *args], env=env,
+        procs.append(ranklaunch.popen([sys.executable, str(WORKLOAD), str(out), *args], env=env,
                                       stderr=subprocess.PIPE, text=True))
     errors = [p.communicate(timeout=300)[1] for p in procs]
     assert [p.returncode for p in procs] == [0] * world, "\n".join(errors)

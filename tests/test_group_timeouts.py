@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import ranklaunch
 from test_ddp_session import free_port
 
 WORKLOAD = Path(__file__).with_name("timeout_workload.py")
@@ -29,7 +30,7 @@ def start_pair(out: Path, mode: str, port: int) -> list[subprocess.Popen]:
         env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
                "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-        procs.append(subprocess.Popen([sys.executable, str(WORKLOAD), str(out), mode, str(TIMEOUT_S)],
+        procs.append(ranklaunch.popen([sys.executable, str(WORKLOAD), str(out), mode, str(TIMEOUT_S)],
                                       env=env, stderr=subprocess.PIPE, text=True))
     return procs
 

@@ -21,6 +21,7 @@ import torch.cuda.amp.common
 import hpc.ddp
 from hpc.runtime.envparse import from_environ
 from hpc.runtime.session import Session
+import ranklaunch
 from test_ddp_session import free_port
 
 WORKLOAD = Path(__file__).with_name("precision_workload.py")
@@ -35,7 +36,7 @@ def test_fsdp_computes_in_bf16_for_a_cuda_session_that_asks_and_reduces_gradient
         env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
                "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
-        procs.append(subprocess.Popen([sys.executable, str(WORKLOAD), str(tmp_path)], env=env,
+        procs.append(ranklaunch.popen([sys.executable, str(WORKLOAD), str(tmp_path)], env=env,
                                       stderr=subprocess.PIPE, text=True))
     errors = [p.communicate(timeout=120)[1] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], "\n".join(errors)
