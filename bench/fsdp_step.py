@@ -164,7 +164,8 @@ def run(ctx: Context) -> Section:
         + ("both pairs in turn in one launch" if ctx.quick else f"{launches} launches per pair")
         + ", B first (and built first) in every other launch (bench.interleave, as the DDP section, whose "
         "control pair shows the method's resolution); hand-written data comes from DistributedSampler, hpc's "
-        "from s.loader (its resumable loader); a target counts as met only when the whole 95% interval is at or below it",
+        "from s.loader (its resumable loader); a target counts as met only when the whole 95% interval is at "
+        "or below it",
         PROFILE_NOTE] + repeated_note(repeated)
     return sec
 
