@@ -122,6 +122,24 @@ def test_preprocess_without_clip_cache_fails_offline(world):
     assert out.returncode == 1 and "couldn't connect" in out.stderr
 
 
+def test_runner_imports_torch_only_with_the_script_and_still_allows_numpy_scalars(tmp_path):
+    """Real processes (not warm ones: those have torch already). The allowance is added when the
+    script imports torch, before its first torch.load."""
+    import subprocess
+    import sys
+
+    bare = tmp_path / "bare.py"
+    bare.write_text("import sys\nprint('torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, es.RUNNER, bare], capture_output=True, text=True, env=env())
+    assert (out.returncode, out.stdout) == (0, "False\n"), out.stderr
+    loads = tmp_path / "loads.py"
+    loads.write_text("import sys, numpy, torch\ntorch.save((numpy.float64(1.5),), sys.argv[1])\n"
+                     "print(torch.load(sys.argv[1])[0])\n")  # the default weights_only=True
+    out = subprocess.run([sys.executable, es.RUNNER, loads, tmp_path / "c.pth"], capture_output=True, text=True,
+                         env=env())
+    assert (out.returncode, out.stdout) == (0, "1.5\n"), out.stderr
+
+
 def test_checkpoint_iterations_are_a_cadence_plus_the_last():
     assert es.checkpoint_iterations(30000, 7000) == [7000, 14000, 21000, 28000, 30000]
     assert es.checkpoint_iterations(60000, 10000) == [10000, 20000, 40000, 50000, 60000]  # 30000 is render's
