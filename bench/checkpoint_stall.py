@@ -162,7 +162,7 @@ def run(ctx: Context) -> Section:
                            "segment: hpc", "segment: DCP", "segment: sync", "background write", "peak RSS"])
     choice, one_writer = [], []
     for size in sizes:
-        saves = 3 if size >= 1000 else 5 if size >= 100 else 15  # small sizes: cheap, noisier
+        saves = 3 if size >= 1000 else 5 if size >= 100 or ctx.quick else 15  # small sizes: cheap, noisier
         d = ctx.scratch(f"checkpoint-{size}")
         r = run_child("checkpoint_stall", ["--size-mb", str(size), "--dir", str(d), "--saves", str(saves)])
         ratio = r["stall_bg_s"] / r["stall_sync_s"]

@@ -3,15 +3,16 @@ save (DCP shards under FSDP, the store's background writer under DDP) and preemp
 (SIGTERM -> checkpoint committed), for the same model on 2 gloo ranks.
 
     python -m bench --only fsdp-checkpoint
-    RANK=0 ... python -m bench.fsdp_checkpoint --strategy fsdp --variant async --out DIR  # one rank
+    RANK=0 ... python -m bench.fsdp_checkpoint --mode stall --runs fsdp/async --out DIR  # one rank
 
-Stall: per strategy two launches: TrainLoop saving every SAVE_EVERY steps in the background (its
-normal periodic save), and TrainLoop with a blocking save (loop.save(blocking=True)) at the same
-steps, the reference a save is compared with. The stall is the time spent inside the save call,
-as in bench.checkpoint_stall. Beside it, the extra time of a step that ends in a save: a step's
-time runs from the top of one iteration to the top of the next, so a save lands in its step, and
-the extra is its median minus the median of the same launch's steps without a save (the drift
-between launches of a shared machine, larger than the stall, cancels out).
+Stall: per strategy two launches (--quick: the four runs in turn in one launch): TrainLoop saving
+every SAVE_EVERY steps in the background (its normal periodic save), and TrainLoop with a blocking
+save (loop.save(blocking=True)) at the same steps, the reference a save is compared with. The
+stall is the time spent inside the save call, as in bench.checkpoint_stall. Beside it, the extra
+time of a step that ends in a save: a step's time runs from the top of one iteration to the top
+of the next, so a save lands in its step, and the extra is its median minus the median of the
+same run's steps without a save (the drift between launches of a shared machine, larger than
+the stall, cancels out).
 
 Preemption: the ranks train in a TrainLoop that saves nothing periodically; once rank 0 has
 trained a step both ranks get SIGTERM (as SLURM signals every task); rank 0 reports when the stop
@@ -33,8 +34,8 @@ from typing import Dict, List
 from bench.common import Context, emit, fmt_s, fsync_write_seconds, median
 from bench.ddp_overhead import WARMUP, _sgd, _steps
 from bench.fsdp_step import BATCH, model_and_data
-from bench.ranks import rank0_result, repeated_note, run_ranks, start_ranks
 from bench.preempt_safe import settled_probe
+from bench.ranks import rank0_result, repeated_note, run_ranks, start_ranks
 from bench.report import Section
 
 STRATEGIES = ("ddp", "fsdp")
@@ -51,32 +52,38 @@ def _build(s, strategy: str, blocks: int):
     return model, opt, s.loader(data, batch_size=BATCH, seed=0)
 
 
-def stall(strategy: str, variant: str, steps: int, out: str, blocks: int = BLOCKS) -> Dict:
+def stalls(runs: List[str], steps: int, out: str, blocks: int = BLOCKS) -> Dict[str, Dict]:
+    """Each "strategy/variant" of `runs` in turn, in one session, each TrainLoop in out/<strategy>-<variant>."""
     import hpc.ddp
-    from hpc.trainloop import TrainLoop
 
     with hpc.ddp.session(timeout_s=120) as s:
-        model, opt, loader = _build(s, strategy, blocks)
-        every = SAVE_EVERY if variant == "async" else 10**9
-        total = steps + WARMUP
-        with TrainLoop(s, out, save_every=every, keep=2, tensorboard=False) as loop:
-            loop.resume({"model": model, "optimizer": opt, "data": loader})
+        return {run: stall(s, *run.split("/"), steps, str(Path(out) / run.replace("/", "-")), blocks) for run in runs}
 
-            blocked, save = [], loop.save
 
-            def timed_save(*args, **kwargs) -> None:  # loop.steps calls it through the instance
-                t0 = time.perf_counter()
-                save(*args, **kwargs)
-                if WARMUP < loop.current < total:  # the first save also allocates staging buffers
-                    blocked.append(time.perf_counter() - t0)
+def stall(s, strategy: str, variant: str, steps: int, out: str, blocks: int = BLOCKS) -> Dict:
+    from hpc.trainloop import TrainLoop
 
-            def blocking(step: int) -> None:
-                if variant == "blocking" and step % SAVE_EVERY == 0 and step < total:
-                    loop.save(blocking=True)  # the state of step - 1: the body of `step` is done
+    model, opt, loader = _build(s, strategy, blocks)
+    every = SAVE_EVERY if variant == "async" else 10**9
+    total = steps + WARMUP
+    with TrainLoop(s, out, save_every=every, keep=2, tensorboard=False) as loop:
+        loop.resume({"model": model, "optimizer": opt, "data": loader})
 
-            loop.save = timed_save
-            times = _steps(model, opt, loader, s.all_reduce_mean, loop.steps(total), blocking)
-            del loop.save  # the final checkpoint is not a periodic one
+        blocked, save = [], loop.save
+
+        def timed_save(*args, **kwargs) -> None:  # loop.steps calls it through the instance
+            t0 = time.perf_counter()
+            save(*args, **kwargs)
+            if WARMUP < loop.current < total:  # the first save also allocates staging buffers
+                blocked.append(time.perf_counter() - t0)
+
+        def blocking(step: int) -> None:
+            if variant == "blocking" and step % SAVE_EVERY == 0 and step < total:
+                loop.save(blocking=True)  # the state of step - 1: the body of `step` is done
+
+        loop.save = timed_save
+        times = _steps(model, opt, loader, s.all_reduce_mean, loop.steps(total), blocking)
+        del loop.save  # the final checkpoint is not a periodic one
     return {"step_s": times, "first_step": WARMUP + 1, "total": total, "blocked_s": blocked}
 
 
@@ -159,13 +166,14 @@ def run(ctx: Context) -> Section:
                            "bound (2x write + 0.5 s + 2 steps)"])
     results: Dict[str, Dict[str, Dict]] = {s: {} for s in STRATEGIES}
     repeated: List[str] = []
-    for strategy in STRATEGIES:  # alternating launches of one strategy's variants
-        for v in VARIANTS:
-            out = ctx.scratch(f"fsdp-stall-{strategy}-{v}")
-            args = ["--mode", "stall", "--strategy", strategy, "--variant", v, "--steps", str(steps),
-                    "--out", str(out), "--blocks", str(blocks)]
-            results[strategy][v] = run_ranks("fsdp_checkpoint", args, out, f"{strategy} {v} saves",
-                                                  repeated)
+    runs = [f"{strategy}/{v}" for strategy in STRATEGIES for v in VARIANTS]  # one strategy's variants in turn
+    # a launch per run; a quick run, a smoke test, measures them all in one launch (one start-up)
+    for launch in ([runs] if ctx.quick else [[r] for r in runs]):
+        out = ctx.scratch("fsdp-stall-" + "-".join(r.replace("/", "-") for r in launch))
+        args = ["--mode", "stall", "--runs", *launch, "--steps", str(steps), "--out", str(out), "--blocks", str(blocks)]
+        for run, result in run_ranks("fsdp_checkpoint", args, out, f"{' '.join(launch)} saves", repeated).items():
+            strategy, v = run.split("/")
+            results[strategy][v] = result
     for strategy in STRATEGIES:
         r = results[strategy]
         extra = {v: _extra(r[v]) for v in VARIANTS}
@@ -191,8 +199,9 @@ def run(ctx: Context) -> Section:
         "writes, in hpc's kept buffers), and every rank its RNG and data position through "
         "the store's writer. This is why section 2's DDP figure differs: there the store's own writer saves "
         "one process's state, and from 256 MiB forks instead of copying",
-        f"saves every {SAVE_EVERY} steps, {steps} steps measured per launch after {WARMUP} warm-up steps, one "
-        "launch per strategy and variant; blocked/save = median time inside TrainLoop's save call (state "
+        f"saves every {SAVE_EVERY} steps, {steps} steps measured per run after {WARMUP} warm-up steps, "
+        + ("the four runs in turn in one launch" if ctx.quick else "one launch per strategy and variant")
+        + "; blocked/save = median time inside TrainLoop's save call (state "
         "copied or staged, the previous write waited for if still running; the blocking one writes and "
         "commits); extra at save step = median step that ends in a save minus the median of the same "
         "launch's other steps ('step (no save)' is the asynchronous launch's): it also shows the writer "
@@ -207,8 +216,9 @@ def run(ctx: Context) -> Section:
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m bench.fsdp_checkpoint")
     p.add_argument("--mode", choices=["stall", "preempt"], required=True)
-    p.add_argument("--strategy", choices=STRATEGIES, required=True)
-    p.add_argument("--variant", choices=VARIANTS, default="async")
+    p.add_argument("--strategy", choices=STRATEGIES, help="preempt: the strategy")
+    p.add_argument("--runs", nargs="+", choices=[f"{s}/{v}" for s in STRATEGIES for v in VARIANTS],
+                   help="stall: the strategy/variant runs, in turn")
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--out", required=True, help="TrainLoop's directory")
     p.add_argument("--blocks", type=int, default=BLOCKS, help="the model's size (--quick: 2)")
@@ -217,7 +227,7 @@ def main() -> None:
 
     torch.set_num_threads(1)
     if a.mode == "stall":
-        emit(stall(a.strategy, a.variant, a.steps, a.out, a.blocks))
+        emit(stalls(a.runs, a.steps, a.out, a.blocks))
     else:
         preempt(a.strategy, a.out, a.blocks)
 

@@ -19,7 +19,7 @@ from typing import List
 from bench.common import Context, emit
 from bench.ddp_overhead import HEADERS, PROFILE_NOTE, _sgd, batches_by_hand, init_by_hand, measure, rows, stepper
 from bench.interleave import Arm, built_in_order, paired_ratio, pooled, run_blocks
-from bench.ranks import WORLD, repeated_note
+from bench.ranks import WORLD, repeated_note, run_ranks
 from bench.report import Section
 
 TARGET = 1.02
@@ -98,7 +98,8 @@ def with_hpc(s, stack, out: str, trainloop: bool, total: int) -> Arm:
     return Arm("hpc", stepper(model, opt, loader.batches(), s.all_reduce_mean, ticks=ticks))
 
 
-def child(pair: str, blocks: int, size: int, out: str, b_first: bool, only: str = "") -> dict:
+def child(pairs: List[str], blocks: int, size: int, out: str, b_first: bool, only: str = "") -> dict:
+    """The block times of one pair; of several (a quick run's), {pair: times}, the pairs in turn."""
     import contextlib
 
     import torch.distributed as dist
@@ -110,17 +111,20 @@ def child(pair: str, blocks: int, size: int, out: str, b_first: bool, only: str 
         with contextlib.ExitStack() as stack:
             s = stack.enter_context(hpc.ddp.session(timeout_s=120))  # finds the group made above
 
-            def build_b() -> Arm:
+            def build_b(pair: str) -> Arm:
                 if pair == "control":  # hand-written against a second copy of itself
                     return Arm("hpc", hand_written(world).step)
-                return with_hpc(s, stack, out, pair == "trainloop", total=(blocks + 1) * size + 1)
+                return with_hpc(s, stack, f"{out}/{pair}" if len(pairs) > 1 else out, pair == "trainloop",
+                                total=(blocks + 1) * size + 1)
 
-            a, b = built_in_order(lambda: hand_written(world), build_b, b_first)
-            times = run_blocks(a, b, blocks, size, b_first, only)
+            times = {}
+            for pair in pairs:
+                a, b = built_in_order(lambda: hand_written(world), lambda: build_b(pair), b_first)
+                times[pair] = run_blocks(a, b, blocks, size, b_first, only)
         # Tearing gloo down while the peer is still in its last collectives aborted a rank at
         # exit here ("terminate called without an active exception"): leave together.
         dist.barrier()
-        return times
+        return times if len(pairs) > 1 else times[pairs[0]]
     finally:
         dist.destroy_process_group()
 
@@ -134,7 +138,12 @@ def run(ctx: Context) -> Section:
     repeated: List[str] = []
     # The control pair tells how wide an interval around 1.000x this load makes; a quick run skips it.
     pairs = {"hpc": None, "trainloop": None, **({} if ctx.quick else {"control": None})}
-    runs = measure(ctx, "fsdp_step", pairs, launches, blocks, size, repeated)
+    if ctx.quick:  # a smoke test: both pairs in turn in one launch (one start-up)
+        out = ctx.scratch("fsdp_step-quick")
+        args = ["--pair", *pairs, "--blocks", str(blocks), "--block-steps", str(size), "--out", str(out)]
+        runs = {p: [times] for p, times in run_ranks("fsdp_step", args, out, "fsdp_step quick", repeated).items()}
+    else:
+        runs = measure(ctx, "fsdp_step", pairs, launches, blocks, size, repeated)
     for pair in ("hpc", "trainloop"):
         rows(sec, {"torch": VARIANTS["torch"], "hpc": VARIANTS[pair]}, runs[pair], "median", TARGET)
     if "control" in runs:
@@ -151,17 +160,20 @@ def run(ctx: Context) -> Section:
         f"ModuleList's elements) then a 10-way head; batch {BATCH} per rank, SGD with momentum, loss averaged "
         f"over ranks every step; {WORLD} local processes with one thread each, gloo over 127.0.0.1",
         f"hand-written FSDP2 and one hpc variant train in the same two processes, in alternating blocks of "
-        f"{size} steps, {blocks} block pairs per launch, {launches} launches per pair, B first (and built "
-        "first) in every other launch (bench.interleave, as the DDP section, whose control pair shows the "
-        "method's resolution); hand-written data comes from DistributedSampler, hpc's from s.loader (its "
-        "resumable loader); a target counts as met only when the whole 95% interval is at or below it",
+        f"{size} steps, {blocks} block pairs per launch, "
+        + ("both pairs in turn in one launch" if ctx.quick else f"{launches} launches per pair")
+        + ", B first (and built first) in every other launch (bench.interleave, as the DDP section, whose "
+        "control pair shows the method's resolution); hand-written data comes from DistributedSampler, hpc's "
+        "from s.loader (its resumable loader); a target counts as met only when the whole 95% interval is at "
+        "or below it",
         PROFILE_NOTE] + repeated_note(repeated)
     return sec
 
 
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m bench.fsdp_step")
-    p.add_argument("--pair", choices=("hpc", "trainloop", "control"), required=True)
+    p.add_argument("--pair", nargs="+", choices=("hpc", "trainloop", "control"), required=True,
+                   help="several (--quick): each in turn, one result per pair")
     p.add_argument("--blocks", type=int, default=BLOCKS)
     p.add_argument("--block-steps", type=int, default=BLOCK_STEPS)
     p.add_argument("--b-first", action="store_true", help="hpc's block first in each pair")

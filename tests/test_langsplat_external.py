@@ -3,17 +3,17 @@ pytest tests/test_langsplat_external.py"""
 import json
 import os
 import socket
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from hpc.config import schema as config
-from hpc.pipeline import plan
 from hpc import submit
+from hpc.config import schema as config
 from hpc.jobs.langsplat import external_stages as es
 from hpc.jobs.langsplat import pipeline as lp
+from hpc.pipeline import plan
 from hpc.rundir.run import RunDir
+from tests.langsplat_standins import warm
 from tests.langsplat_standins.checkout import make_checkout, make_dim3, make_env, make_scene, make_weights
 
 
@@ -36,12 +36,13 @@ def env(**extra):
 
 def run(argv, cwd=None, python=None, runner=False, **extra):
     """A stand-in script of a `world` under `python` (default: the world's LangSplat environment, or
-    graphdeco's for gs/train.py), through hpc's script runner when `runner`, as the stages run it."""
+    graphdeco's for gs/train.py), through hpc's script runner when `runner`, as the stages run it;
+    forked from a warm interpreter of `python` (tests.langsplat_standins.warm: torch imported once)."""
     script = Path(argv[0])
     root = next(p for p in script.parents if (p / "envs").is_dir())
     python = python or root / "envs" / ("3dgs" if script.parent.name == "gs" else "langsplat") / "bin" / "python"
     argv = [es.RUNNER, *argv] if runner else argv
-    return subprocess.run([str(python), *map(str, argv)], capture_output=True, text=True, cwd=cwd, env=env(**extra))
+    return warm.run([python, *argv], cwd=cwd, env=env(**extra))
 
 
 def rgb_checkpoint(world, iterations=4):
@@ -119,6 +120,24 @@ def test_preprocess_without_clip_cache_fails_offline(world):
     out = run([world["root"] / "upstream" / "preprocess.py", "--dataset_path", world["data"],
                "--sam_ckpt_path", world["sam"]], HF_HOME=str(world["root"] / "empty"))
     assert out.returncode == 1 and "couldn't connect" in out.stderr
+
+
+def test_runner_imports_torch_only_with_the_script_and_still_allows_numpy_scalars(tmp_path):
+    """Real processes (not warm ones: those have torch already). The allowance is added when the
+    script imports torch, before its first torch.load."""
+    import subprocess
+    import sys
+
+    bare = tmp_path / "bare.py"
+    bare.write_text("import sys\nprint('torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, es.RUNNER, bare], capture_output=True, text=True, env=env())
+    assert (out.returncode, out.stdout) == (0, "False\n"), out.stderr
+    loads = tmp_path / "loads.py"
+    loads.write_text("import sys, numpy, torch\ntorch.save((numpy.float64(1.5),), sys.argv[1])\n"
+                     "print(torch.load(sys.argv[1])[0])\n")  # the default weights_only=True
+    out = subprocess.run([sys.executable, es.RUNNER, loads, tmp_path / "c.pth"], capture_output=True, text=True,
+                         env=env())
+    assert (out.returncode, out.stdout) == (0, "1.5\n"), out.stderr
 
 
 def test_checkpoint_iterations_are_a_cadence_plus_the_last():
@@ -218,15 +237,17 @@ def test_stages_with_outputs_in_the_dataset_are_skipped_and_say_why(world):
     assert "skip eval: no LERF labels" in summary(load(*overrides(world)))
 
 
-def test_whole_graph_on_the_local_executor_fork(world, monkeypatch):
+def test_fork_graph_on_the_local_executor(world, monkeypatch):
+    """Every stage but eval, two levels at once, each on 2 ranks of this machine. Eval reads all three
+    levels: the whole graph, eval included, runs on SLURM (tests/slurm/test_langsplat_external.py)."""
     monkeypatch.delenv("SLURM_CONF", raising=False)
     run_dir = world["root"] / "run"
     code = submit.main(["langsplat", "--cluster", "local", "--run-dir", str(run_dir), *overrides(world),
-                        "external.iterations=12", "external.checkpoint_every=4", "external.ae_epochs=97",
-                        "external.dist_backend=gloo"])
+                        "langsplat.levels=[1,2]", "external.iterations=12", "external.checkpoint_every=4",
+                        "external.ae_epochs=97", "external.dist_backend=gloo"])
     assert code == 0
     out = run_dir / "output"
-    for level in (1, 2, 3):
+    for level in (1, 2):
         assert RunDir(run_dir).is_done("render", level)
         assert len(list((out / f"scene_{level}" / "train" / "ours_None" / "renders_npy").glob("*.npy"))) == 6
         first = json.loads((out / f"scene_{level}" / "standin.jsonl").read_text().splitlines()[0])
@@ -235,7 +256,7 @@ def test_whole_graph_on_the_local_executor_fork(world, monkeypatch):
         assert first["omp_num_threads"] == "1"  # as torchrun sets it for 2 processes on a node
         assert os.readlink(out / f"scene_{level}" / "chkpnt30000.pth") == "chkpnt6.pth"
     assert (out / "scene_-1" / "chkpnt12.pth").is_file()  # fork train.py --no_include_feature: -m + _-1
-    assert list((run_dir / "eval" / "scene").glob("*.log"))
+    assert not (out / "scene_3").exists() and not (run_dir / "eval").exists()
     assert (run_dir / "autoencoder" / "ckpt" / "scene" / "best_ckpt.pth").is_file()  # the fork's eval layout
 
 

@@ -74,7 +74,9 @@ def tree(path):
 
 @pytest.mark.parametrize("rgb", ["trained", "skipped"])
 def test_nothing_is_written_into_the_dataset(world, monkeypatch, rgb):
-    """As root, chmod does not stop writes: the test compares the dataset's tree before and after."""
+    """As root, chmod does not stop writes: the test compares the dataset's tree before and after.
+    Each stage kind runs (rgb when trained, features, render); with the RGB model in the dataset,
+    two levels' tasks start at once on the same dataset."""
     monkeypatch.delenv("SLURM_CONF", raising=False)
     make_dim3(world["data"])
     if rgb == "skipped":  # every level's task would convert points3D at once
@@ -84,12 +86,14 @@ def test_nothing_is_written_into_the_dataset(world, monkeypatch, rgb):
         (world["data"] / "sparse" / "0" / "points3D.ply").unlink()  # that run converted it in place
     before = tree(world["data"])
     run_dir = world["root"] / "run"
+    levels = [1] if rgb == "trained" else [1, 2]
     code = submit.main(["langsplat", "--cluster", "local", "--run-dir", str(run_dir), *overrides(world, "upstream"),
-                        "external.iterations=3", f"external.label_dir={world['root'] / 'no-labels'}"])
+                        f"langsplat.levels={levels}", "external.iterations=3",
+                        f"external.label_dir={world['root'] / 'no-labels'}"])
     assert code == 0
     assert tree(world["data"]) == before
     assert fetch_ply(run_dir / "scene" / "scene" / "sparse" / "0" / "points3D.ply") == 8
-    assert RunDir(run_dir).is_done("render", 3)
+    assert all(RunDir(run_dir).is_done("render", level) for level in levels)
 
 
 def test_requeue_on_fewer_ranks_past_the_final_iteration_links_the_checkpoint(world, monkeypatch, tmp_path):

@@ -11,9 +11,32 @@ On torch before 2.4 (no add_safe_globals, weights_only off by default) it change
 
 It runs in the checkout's interpreter, which need not have hpc: standard library, numpy and torch only.
 """
+import importlib.util
 import os
 import runpy
 import sys
+
+
+class _OnTorchLoad:
+    """Import hook: allow_numpy_scalars() right after torch.serialization is first imported (by
+    `import torch`). The runner itself does not import torch: it costs seconds of CPU, and a script
+    that never imports it (preprocess.py's stand-in, a conversion script) loads no checkpoint."""
+
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if name != "torch.serialization":
+            return None
+        sys.meta_path.remove(cls)
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.loader is not None:
+            exec_module = spec.loader.exec_module
+
+            def exec_then_allow(module) -> None:
+                exec_module(module)
+                allow_numpy_scalars()
+
+            spec.loader.exec_module = exec_then_allow
+        return spec
 
 
 def allow_numpy_scalars() -> None:
@@ -35,7 +58,10 @@ def main() -> None:
     script = os.path.abspath(sys.argv[1])
     sys.argv = [sys.argv[1], *sys.argv[2:]]
     sys.path[0] = os.path.dirname(script)  # as `python SCRIPT` sets it (not this file's folder)
-    allow_numpy_scalars()
+    if "torch.serialization" in sys.modules:
+        allow_numpy_scalars()
+    else:
+        sys.meta_path.insert(0, _OnTorchLoad)
     runpy.run_path(script, run_name="__main__")
 
 
