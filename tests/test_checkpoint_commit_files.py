@@ -108,6 +108,9 @@ def test_a_kill_while_the_commit_deletes_leaves_the_previous_checkpoint(tmp_path
         _save(tmp_path, 2, 2.0)
     assert len(gone) == deleted and not (tmp_path / "step-2").exists()
     _loads(tmp_path, 1)  # the old state, whole
-    _save(tmp_path, 2, 2.0)  # the requeued job saves step 2 again
+    # The requeued job saves step 2 again, as the next attempt: another generation, so the killed
+    # attempt's report left in the temporary directory is not taken for this one's.
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    _save(tmp_path, 2, 2.0)
     assert sorted(p.name for p in (tmp_path / "step-2").iterdir()) == COMMITTED
     _loads(tmp_path, 2)
