@@ -42,9 +42,10 @@ class BoxSection:
 class BoxStages:
     train: Resources = field(default_factory=lambda: Resources(nodes=1, tasks_per_node=2, cpus_per_task=1, time_min=5,
                                                                partition="low", extra={"nodelist": "n1"}))
-    # the shortest limit SLURM has, its warning 40 s before: a USR2 between 20 s and 50 s in
+    # the shortest limit SLURM has, its warning 55 s before: the controller looks at time limits about
+    # every 30 s, later on a busy machine, so a warning window of 40 s could pass with no look at all
     wait: Resources = field(default_factory=lambda: Resources(
-        cpus_per_task=1, time_min=1, signal_delay_s=40, max_timeouts=1, partition="low", extra={"nodelist": "n2"}))
+        cpus_per_task=1, time_min=1, signal_delay_s=55, max_timeouts=1, partition="low", extra={"nodelist": "n2"}))
 
 
 @dataclass
