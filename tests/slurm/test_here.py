@@ -81,8 +81,10 @@ def test_langsplat_in_an_allocation_stops_on_ctrl_c_and_resumes(slurm_cluster, t
             return sorted(line.split("|")[1] for line in out.splitlines() if re.match(rf"{job}\.\d+\|", line))
         assert wait_until(lambda: len(steps()) == 3 and steps(), what="sacct to list the steps") == [
             "hpc-features", "hpc-features", "hpc-rgb"]
-        jobs = subprocess.run(["sacct", "-n", "-P", "-X", "-a", "-S", since, "-o", "JobID"], capture_output=True,
-                              text=True, check=True).stdout.split()
+        # sacct -S also lists an earlier test's job that was still ending then: only those submitted since count
+        listed = subprocess.run(["sacct", "-n", "-P", "-X", "-a", "-S", since, "-o", "JobID,Submit"],
+                                capture_output=True, text=True, check=True).stdout.split()
+        jobs = [jid for jid, submitted in (row.split("|") for row in listed) if submitted >= since]
         assert jobs == [job]
     finally:
         subprocess.run(["scancel", job], check=False)
