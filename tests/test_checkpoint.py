@@ -290,3 +290,19 @@ def test_each_checkpoint_module_stays_small():
     package = Path(hpc.checkpoint.__file__).parent
     sizes = {p.name: len(p.read_text().splitlines()) for p in package.glob("*.py")}
     assert len(sizes) > 5 and max(sizes.values()) <= 300, sizes
+
+
+def test_a_store_without_sharded_state_never_imports_dcp(tmp_path):
+    """torch.distributed.checkpoint costs about 1 s of CPU per process to import: a store that saves
+    and loads plain state (every users'-script hook, a stage without a model) must not pay it."""
+    code = textwrap.dedent(f"""
+        import sys
+        from hpc.checkpoint import CheckpointStore
+        store = CheckpointStore({str(tmp_path)!r}, keep=2)
+        store.save(1, {{"x": 1}}, blocking=True)
+        assert store.load()["x"] == 1
+        store.close()
+        loaded = [m for m in sys.modules if m.startswith("torch.distributed.checkpoint")]
+        assert not loaded, loaded
+    """)
+    subprocess.run([sys.executable, "-c", code], check=True)

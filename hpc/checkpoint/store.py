@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc.checkpoint import background_writer as background
-from hpc.checkpoint import dcp_claim, dcp_engine, layout, read_lease, reports
+from hpc.checkpoint import dcp_claim, layout, read_lease, reports
 from hpc.checkpoint.files import file_info, nbytes, space_error, write_atomic
 from hpc.checkpoint.layout import DCP_METADATA, MARKER, SHARED
 from hpc.checkpoint.reader import PER_RANK_KEY, StoreReader, warn_user
@@ -164,6 +164,8 @@ class CheckpointStore(StoreReader):
             tmp.mkdir(exist_ok=True)
             report: dict[str, Any] = {"generation": generation}
             if shards is not None:
+                # torch.distributed.checkpoint costs about 1 s of CPU to import: only a sharded save loads it
+                from hpc.checkpoint import dcp_engine
                 shards()  # this rank's shards on disk, with DCP's index of them (or, with
                 # DCP's collectives, its .metadata on rank 0)
                 report["shards"] = dcp_engine.own_shards(tmp, self.rank)
