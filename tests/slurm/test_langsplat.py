@@ -146,7 +146,7 @@ def test_preempted_rgb_stage_resumes_bitwise(slurm_cluster, tmp_path):
     from hpc.cluster.preempt import preempt
     from hpc.jobs.langsplat.stages import train_rgb
 
-    run = submit_langsplat(tmp_path / "preempted", LONG_RGB)
+    run = submit_langsplat(tmp_path / "preempted", LONG_RGB, ONE_NODE)  # stage 2 only has to end
     job_id = job_ids(run)[("rgb", None)]
     checkpoints = run.task_dir("rgb") / "checkpoints"
     wait_until(lambda: list(checkpoints.glob("step-*/")), timeout_s=120, what="a first rgb checkpoint")
