@@ -103,7 +103,8 @@ def test_time_limit_signal_requeues_until_max_timeouts(slurm_cluster, tmp_path):
     jobs = {}
     for name, out in dirs.items():
         out.mkdir()
-        jobs[name] = executor(tmp_path / f"{name}-logs", nodes=1).submit(
+        # B only counts its timeouts: one rank does
+        jobs[name] = executor(tmp_path / f"{name}-logs", nodes=1, tasks=2 if name == "A" else 1).submit(
             workload.train, str(out), total=TOTAL, step_s=0.1, max_timeouts=1)
     for name, job in jobs.items():  # both get the signal while they train
         wait_for(lambda: progress(dirs[name])["step"] >= 5, f"job {name} at step 5")
