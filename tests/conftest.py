@@ -13,7 +13,7 @@ Tests that need the cluster carry `@pytest.mark.slurm`. Outside CI they are skip
 when the SLURM programs are missing; in CI (CI=true) a missing SLURM fails them instead, so they
 can never be skipped silently there.
 
-In parallel (pytest-xdist, `-n 3 --dist loadfile` in pyproject.toml) each test file runs on one
+In parallel (pytest-xdist, `-n 4 --dist loadfile` in pyproject.toml) each test file runs on one
 worker, longest files first (FILE_SECONDS below), and every worker that runs a SLURM test brings up
 its own cluster (its own directory and port block, and with it its own job ids, so DDP jobs of two
 clusters never share a MASTER_PORT: hpc.cluster.layout.JOB_ID_STRIDE); each test starts on that cluster's empty queue with every node idle. Most of a SLURM test's time is waiting on the
@@ -40,7 +40,7 @@ from hpc.cluster.portclaims import free_port_block
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
-# Three workers and their jobs share the machine's cores, so torch's idle OpenMP threads must sleep,
+# Four workers and their jobs share the machine's cores, so torch's idle OpenMP threads must sleep,
 # not spin: a spinning pool costs about 3x the CPU of the same training on a busy 2-core machine
 # (LangSplat's default scene: 52 s against 17 s), with the same numbers. Set here, before any test
 # imports torch, it reaches every process the tests start: the xdist workers, the subprocesses and
