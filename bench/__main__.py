@@ -49,6 +49,9 @@ BENCHMARKS = {
     "rank-costs": ("bench.rank_costs", "One rank's work at resume and rank 0's commit, at 64 and 512 ranks",
                    "filesystem calls of one rank's resume at 512 ranks <= 1.25 x at 64; rank 0's commit "
                    "at 512 ranks <= 1 s"),
+    "fsdp-job": ("bench.fsdp_job", "One FSDP job at world size 2, 8 and 32 (gloo, local processes)",
+                 "rank 0's CPU in a commit at 32 ranks <= 1.5 x at 2; at resume each rank reads <= 1.25 x its "
+                 "share + the metadata it opens, and opens no other rank's shard file"),
     "resume-reads": ("bench.resume_reads", "Bytes read per rank at resume, by case (gloo, local processes)",
                      "FSDP resumed on the world size that saved it: <= 1.1 x the rank's share + metadata; "
                      "the other cases measured against the same bound, which they are not held to"),

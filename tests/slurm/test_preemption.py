@@ -106,9 +106,14 @@ def test_time_limit_signal_requeues_until_max_timeouts(slurm_cluster, tmp_path):
         # B only counts its timeouts: one rank does
         jobs[name] = executor(tmp_path / f"{name}-logs", nodes=1, tasks=2 if name == "A" else 1).submit(
             workload.train, str(out), total=TOTAL, step_s=0.1, max_timeouts=1)
-    for name, job in jobs.items():  # both get the signal while they train
-        wait_for(lambda: progress(dirs[name])["step"] >= 5, f"job {name} at step 5")
-        time_limit_signal(job.job_id)
+    # Each gets the signal as soon as it is past step 5, while it trains: watched side by side, since
+    # one may start long after the other on a busy machine and B, one rank, trains in about 7 s.
+    waiting = dict(jobs)
+    while waiting:
+        wait_for(lambda: any(progress(dirs[n])["step"] >= 5 for n in waiting), f"job {sorted(waiting)} at step 5")
+        for name in [n for n in waiting if progress(dirs[n])["step"] >= 5]:
+            time_limit_signal(waiting.pop(name).job_id)
+            assert progress(dirs[name])["step"] < TOTAL, f"job {name} ended before its signal: signalled too late"
     for name, job in jobs.items():
         wait_for(lambda: int(job_field(slurm_cluster, job.job_id, "Restarts") or 0) == 1,
                  f"job {name} requeued")
