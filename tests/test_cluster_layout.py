@@ -93,6 +93,7 @@ def test_variants_round_trip_and_a_too_short_min_job_age_is_refused(tmp_path):
 
 def test_max_array_size_is_rendered_and_checked():
     assert "\nMaxArraySize=4\n" in L.render_slurm_conf(fixed_layout(max_array_size=4))
+    assert "\nMaxJobCount=100000\n" in L.render_slurm_conf(fixed_layout())  # 10,000 held tasks fit
     with pytest.raises(ValueError, match="--max-array-size 0: expected 1 to 4000001.*HINT"):
         L.ClusterLayout.create("/tmp/cluster-a", max_array_size=0)
 

@@ -232,6 +232,9 @@ SlurmdTimeout=300
 SchedulerParameters=sched_interval=1
 JobRequeue=1
 MaxArraySize={c.max_array_size}
+# SLURM's default MaxJobCount (10,000) counts each task of a held array: past it sbatch blocks, retrying,
+# so the sandbox could not queue the 10,000-task arrays and sweeps hpc is measured with.
+MaxJobCount=100000
 {f"FirstJobId={c.job_id_start}{chr(10)}" if c.job_id_start != 1 else ""}{_accounting(c) + _configless(c)}# A job in `low` that a `high` job needs the nodes of gets SIGTERM, GraceTime seconds, then requeue.
 PreemptType=preempt/partition_prio
 PreemptMode=REQUEUE
