@@ -101,8 +101,10 @@ def io(out: Path, blocks: int) -> None:
             loop.resume({"model": model})
             report["resume"] = _delta(t0)
         report["share"] = (step / f"__{s.rank}_0.distcp").stat().st_size
-        report["metadata"] = sum((step / n).stat().st_size for n in (".metadata", "COMPLETE.json", "shared.pt",
-                                                                     f"rank-{s.rank}.pt"))
+        # DCP's index: the rank's own part and rank 0's (a commit without DCP's collectives), or the
+        # merged .metadata of a checkpoint saved with them
+        names = (".metadata", f"__{s.rank}.metadata", "__0.metadata", "COMPLETE.json", "shared.pt", f"rank-{s.rank}.pt")
+        report["metadata"] = sum((step / n).stat().st_size for n in dict.fromkeys(names) if (step / n).exists())
         reports: List[Dict] = [{}] * s.world_size
         dist.all_gather_object(reports, report)
         if s.is_main:
@@ -231,8 +233,8 @@ def run(ctx: Context) -> Section:
     sec.notes += [
         f"io: {WORLD_IO} ranks, a model of {blocks} Linear({WIDTH}, {WIDTH}) built on the meta device, "
         "FSDP, saved by TrainLoop through DCP without an optimizer (the checkpoint is the model); "
-        "'share' = the rank's own .distcp file; metadata = DCP's .metadata, the marker, shared.pt and the "
-        "rank's rank-R.pt. rchar counts every read call (page cache included), read_bytes the disk; the "
+        "'share' = the rank's own .distcp file; metadata = DCP's index (the rank's own part and rank 0's), "
+        "the marker, shared.pt and the rank's rank-R.pt. rchar counts every read call (page cache included), read_bytes the disk; the "
         "checkpoint's pages are dropped from the cache before the resume",
         f"commit: a Linear(8, 8) under DDP, {SAVES} blocking saves through TrainLoop after a first one, "
         "each followed by torch's own dcp.save of the same state into a new directory (the collective "
