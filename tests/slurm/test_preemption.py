@@ -63,8 +63,8 @@ def reference_weights(slurm_cluster, tmp_path_factory) -> Path:
 
 def test_preempted_twice_ends_bitwise_identical(slurm_cluster, reference_weights, tmp_path):
     """Both writers in one job: rank 0 has a small state, written by the store's writer thread; rank 1
-    carries 64 MB more, with the fork threshold below it (preemption_workload), so every background
-    save of its forks a writer. One node of 2 ranks: a preemption of 2 x 2 ranks is
+    carries 64 MB more, with the fork threshold below it (preemption_workload), so each of its
+    background saves forks a writer. One node of 2 ranks: a preemption of 2 x 2 ranks is
     test_elastic_cluster.py's, and the two ranks halve the CPU of the four runs this test makes."""
     cut_dir = tmp_path / "preempted"
     cut_dir.mkdir()
