@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import socket
 import subprocess
 import sys
@@ -106,6 +108,22 @@ def _hold(port: int) -> socket.socket:
     return held
 
 
+@contextlib.contextmanager
+def _in_use(port: int):
+    """`port` in use inside the block: held here, or already held by another (a parallel worker's cluster)."""
+    held = socket.socket()
+    try:
+        held.bind(("127.0.0.1", port))
+        held.listen()
+    except OSError as err:
+        if err.errno != errno.EADDRINUSE:
+            raise
+    try:
+        yield
+    finally:
+        held.close()
+
+
 def test_a_named_port_block_in_use_is_refused_with_the_fix(tmp_path):
     base = free_port_block(default_port_base(str(tmp_path)))
     with _hold(base + 1):
@@ -119,7 +137,7 @@ def test_second_cluster_does_not_collide_and_down_leaves_nothing(slurm_cluster, 
     default = default_port_base(str(tmp_path / "second"))
     other = LocalCluster(tmp_path / "second", nodes=1, gpus_per_node=0, cpus_per_node=2)
     said = []
-    with _hold(default):
+    with _in_use(default):
         other.up(log=said.append)
     assert other.layout.port_base != default and any("in use: this cluster takes ports" in m for m in said), said
     assert not set(other.layout.all_ports()) & set(slurm_cluster.layout.all_ports())
