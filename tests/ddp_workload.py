@@ -53,7 +53,7 @@ def train(s, args):
     if s.is_main:
         weights = getattr(model, "module", model).state_dict()
         torch.save(weights, Path(args.out) / "weights.pt")
-    return {"micro_batch": plan.micro_batch, "accum_steps": plan.accum_steps, **allreduce(s, args)}
+    return {"micro_batch": plan.micro_batch, "accum_steps": plan.accum_steps}
 
 
 def fail(s, args):

@@ -68,38 +68,32 @@ def workload(name: str, out: Path, *args: str) -> str:
     return f"{sys.executable} {WORKLOAD} {name} {out} {' '.join(args)}"
 
 
-@pytest.fixture(scope="module")
-def worlds(slurm_cluster, tmp_path_factory) -> Path:
-    """The same training at world 4 (2 nodes x 2 tasks), 2 and 1, submitted at once: they fit side
-    by side on the two nodes. Each rank also all-reduces its rank (ddp_workload.train), so the world-4
-    job is the 2 x 2 all-reduce test too, without a job of its own."""
-    base = tmp_path_factory.mktemp("worlds")
-    layouts = {4: TWO_BY_TWO, 2: ("--nodes=2", "--ntasks-per-node=1", "--gres=gpu:1"),
-               1: ("--nodes=1", "--ntasks=1", "--gres=gpu:1")}
-    jobs = {}
-    for world, options in layouts.items():
-        out = base / f"world{world}"
-        cmd = "srun " + workload("train", out, "--global-batch", "16", "--per-device-max", "4")
-        jobs[world] = submit(out, *options, command=cmd)
-    for world, job in jobs.items():
-        state, _ = wait_end(job, timeout=240)
-        assert state == "COMPLETED", job_log(base / f"world{world}", job)
-    return base
-
-
-def test_two_nodes_two_tasks_agree_on_all_reduce(worlds):
-    rows = rank_results(worlds / "world4", 4)
+def test_two_nodes_two_tasks_agree_on_all_reduce(slurm_cluster, tmp_path):
+    job, state, _ = sbatch_wait(tmp_path, *TWO_BY_TWO, command="srun " + workload("allreduce", tmp_path))
+    assert state == "COMPLETED", job_log(tmp_path, job)
+    rows = rank_results(tmp_path, 4)
     assert [r["sum"] for r in rows] == [10.0] * 4 and all(r["mean"] == [1.5, 1.0] for r in rows)
     assert [(r["host"], r["local_rank"]) for r in rows] == [("n1", 0), ("n1", 1), ("n2", 0), ("n2", 1)]
     assert {r["source"] for r in rows} == {"slurm"} and len({r["master"] for r in rows}) == 1
     assert rows[0]["master"].startswith("n1:")
 
 
-def test_accumulation_equals_more_devices(worlds):
+def test_accumulation_equals_more_devices(slurm_cluster, tmp_path):
     """world 4 x accum 1 == world 2 x accum 2 == world 1 x accum 4 on the same global batch."""
-    weights = {w: torch.load(worlds / f"world{w}/weights.pt", weights_only=True) for w in (1, 2, 4)}
+    layouts = {4: TWO_BY_TWO, 2: ("--nodes=2", "--ntasks-per-node=1", "--gres=gpu:1"),
+               1: ("--nodes=1", "--ntasks=1", "--gres=gpu:1")}
+    # Submit all three at once: they fit side by side on the two nodes.
+    jobs = {}
+    for world, options in layouts.items():
+        out = tmp_path / f"world{world}"
+        cmd = "srun " + workload("train", out, "--global-batch", "16", "--per-device-max", "4")
+        jobs[world] = submit(out, *options, command=cmd)
+    for world, job in jobs.items():
+        state, _ = wait_end(job, timeout=240)
+        assert state == "COMPLETED", job_log(tmp_path / f"world{world}", job)
+    weights = {w: torch.load(tmp_path / f"world{w}/weights.pt", weights_only=True) for w in layouts}
     for world in (2, 4):
-        assert rank_results(worlds / f"world{world}", world)[0]["accum_steps"] == 4 // world
+        assert rank_results(tmp_path / f"world{world}", world)[0]["accum_steps"] == 4 // world
         for name, tensor in weights[1].items():
             diff = (tensor - weights[world][name]).abs().max().item()
             assert diff < 1e-6, (world, name, diff)
