@@ -2,7 +2,7 @@
 0's own CPU in a commit, and the bytes and files each rank opens at resume.
 
     python -m bench --only fsdp-job [--quick]
-    RANK=0 ... BENCH_T0=$(date +%s.%N) python -m bench.fsdp_job --out DIR   # one rank of a launch
+    RANK=0 ... python -m bench.fsdp_job --out DIR --t0 $(date +%s.%N)   # one rank of a launch
 
 Each launch is one job: every rank imports torch and hpc, opens the session, wraps BLOCKS
 Linear(WIDTH, WIDTH) under FSDP with AdamW and trains one step (start-up: from the launcher's
@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
-from bench.common import Context, emit, fmt_mib, fmt_s, median
+from bench.common import Context, emit, fmt_mib, fmt_s, median, proc_io
 from bench.ranks import rank0_result, repeated_note, start_ranks
 from bench.report import Section
 
@@ -36,11 +36,6 @@ CPU_BOUND = 1.5  # rank 0's CPU in a commit at the largest world <= 1.5 x at the
 SHARD = re.compile(r"__(\d+)_\d+\.distcp$")
 
 
-def _rchar() -> int:
-    fields = dict(line.split(": ") for line in Path("/proc/self/io").read_text().splitlines())
-    return int(fields["rchar"])
-
-
 def _objects(s):
     import torch
 
@@ -50,18 +45,20 @@ def _objects(s):
     return model, torch.optim.AdamW(model.parameters(), lr=0.01)
 
 
-def _opened_files(rank: int, where: Path, opened: List[str]) -> Dict[str, int]:
+def _opened_files(rank: int, where: Path, opened: List[str]) -> Dict:
     """The checkpoint files a rank opened, by kind: its own shard file, other ranks' shard files,
-    and the rest (marker, index parts, shared.pt, rank-R.pt)."""
-    names = {Path(p).name for p in opened if Path(p).parent == where}
+    and the rest (marker, index parts, shared.pt, rank-R.pt), with the bytes of the rest."""
+    inside = [Path(p).resolve() for p in opened]
+    inside = [p for p in inside if p.parent == where]
+    names = {p.name for p in inside}
     shards = {n: int(m.group(1)) for n in names if (m := SHARD.match(n))}
     return {"own": sum(r == rank for r in shards.values()), "other": sum(r != rank for r in shards.values()),
-            "metadata": len(names) - len(shards), "opens": sum(Path(p).parent == where for p in opened),
-            "other_names": sorted(n for n, r in shards.items() if r != rank)}
+            "metadata": len(names) - len(shards), "opens": len(inside),
+            "other_names": sorted(n for n, r in shards.items() if r != rank),
+            "metadata_bytes": sum((where / n).stat().st_size for n in names if n not in shards)}
 
 
-def job(out: Path, saves: int) -> None:
-    t0_launch = float(os.environ["BENCH_T0"])
+def job(out: Path, saves: int, t0_launch: float) -> None:
     import torch
     import torch.distributed as dist
 
@@ -99,19 +96,16 @@ def job(out: Path, saves: int) -> None:
             model, opt = _objects(s)
             with TrainLoop(s, out, tensorboard=False) as loop:
                 opened.clear()
-                before = _rchar()
+                before = proc_io()["rchar"]
                 recording[0] = True
                 step = loop.resume({"model": model, "optimizer": opt})
                 recording[0] = False
-                read = _rchar() - before
+                read = proc_io()["rchar"] - before
         where = (Path(out) / "checkpoints" / f"step-{step}").resolve()
-        opened = [str(Path(p).resolve()) for p in opened]
         tensors = sum(p.stat().st_size for p in where.glob("*.distcp"))
+        files = _opened_files(s.rank, where, opened)
         mine = {"startup_s": startup, "commit_s": median(wall), "commit_cpu_s": median(cpu), "read": read,
-                "share": tensors / s.world_size, "files": _opened_files(s.rank, where, opened), "step": step,
-                "metadata": sum((where / n).stat().st_size for n in {Path(p).name for p in opened
-                                                                     if Path(p).parent == where}
-                                if not SHARD.match(n))}
+                "share": tensors / s.world_size, "files": files, "step": step, "metadata": files["metadata_bytes"]}
         reports: List[Dict] = [{}] * s.world_size
         dist.all_gather_object(reports, mine)
         if s.is_main:
@@ -132,8 +126,7 @@ def run(ctx: Context) -> Section:
     results: Dict[int, List[Dict]] = {}
     for world in worlds:
         out = ctx.scratch(f"fsdp-job-{world}")
-        args = ["--out", str(out), "--saves", str(saves)]
-        os.environ["BENCH_T0"] = repr(time.time())  # read by every rank: its start-up clock
+        args = ["--out", str(out), "--saves", str(saves), "--t0", repr(time.time())]  # the ranks' start-up clock
         try:
             ranks = rank0_result(start_ranks("fsdp_job", args, world), f"fsdp job at {world}", timeout=1200)["ranks"]
         except RuntimeError as err:
@@ -178,12 +171,13 @@ def main() -> None:
     p = argparse.ArgumentParser(prog="python -m bench.fsdp_job")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--saves", type=int, default=SAVES)
+    p.add_argument("--t0", type=float, required=True, help="the launcher's time.time() as it started the ranks")
     a = p.parse_args()
     import torch
 
     torch.set_num_threads(1)
     os.environ.setdefault("HPC_WATCHDOG_S", "0")
-    job(a.out, a.saves)
+    job(a.out, a.saves, a.t0)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import os
 from pathlib import Path
 from typing import Dict, List
 
-from bench.common import Context, emit, fmt_mib
+from bench.common import Context, emit, fmt_mib, proc_io
 from bench.ranks import repeated_note, run_ranks
 from bench.report import Section
 
@@ -34,11 +34,6 @@ CASES = [("FSDP, same world", ("fsdp", 2), ("fsdp", 2)),
          ("FSDP, resharded 4 -> 2", ("fsdp", 4), ("fsdp", 2)),
          ("DDP, same world", ("ddp", 2), ("ddp", 2)),
          ("DDP, same world", ("ddp", 4), ("ddp", 4))]
-
-
-def _rchar() -> int:
-    fields = dict(line.split(": ") for line in Path("/proc/self/io").read_text().splitlines())
-    return int(fields["rchar"])
 
 
 def _objects(s, strategy: str, blocks: int):
@@ -78,9 +73,9 @@ def resume(ckpt: Path, strategy: str, blocks: int) -> None:
         for attempt in range(2):  # the first imports DCP's modules: their reads are no checkpoint's
             model, opt = _objects(s, strategy, blocks)
             with TrainLoop(s, ckpt, tensorboard=False) as loop:
-                before = _rchar()
+                before = proc_io()["rchar"]
                 step = loop.resume({"model": model, "optimizer": opt})
-                read = _rchar() - before
+                read = proc_io()["rchar"] - before
         where = Path(ckpt) / "checkpoints" / f"step-{step}"
         tensors = sum(p.stat().st_size for p in where.glob("*.distcp"))
         metadata = sum((where / n).stat().st_size for n in (".metadata", "COMPLETE.json", "shared.pt",

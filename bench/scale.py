@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
-from bench.common import Context, emit, fmt_mib, fmt_s, median
+from bench.common import Context, emit, fmt_mib, fmt_s, median, proc_io
 from bench.ranks import repeated_note, run_ranks
 from bench.report import Section
 
@@ -41,8 +41,8 @@ OVERHEAD = 64 * 2**20  # the fixed part of the memory target: allocator slack, F
 
 
 def _io() -> Dict[str, int]:
-    fields = dict(line.split(": ") for line in Path("/proc/self/io").read_text().splitlines())
-    return {"rchar": int(fields["rchar"]), "read_bytes": int(fields["read_bytes"])}
+    fields = proc_io()
+    return {"rchar": fields["rchar"], "read_bytes": fields["read_bytes"]}
 
 
 def _delta(before: Dict[str, int]) -> Dict[str, int]:
@@ -103,7 +103,8 @@ def io(out: Path, blocks: int) -> None:
         report["share"] = (step / f"__{s.rank}_0.distcp").stat().st_size
         # DCP's index: the rank's own part and rank 0's (a commit without DCP's collectives), or the
         # merged .metadata of a checkpoint saved with them
-        names = (".metadata", f"__{s.rank}.metadata", "__0.metadata", "COMPLETE.json", "shared.pt", f"rank-{s.rank}.pt")
+        names = (".metadata", f"__{s.rank}.metadata", "__0.metadata", "COMPLETE.json", "shared.pt",
+                 f"rank-{s.rank}.pt")
         report["metadata"] = sum((step / n).stat().st_size for n in dict.fromkeys(names) if (step / n).exists())
         reports: List[Dict] = [{}] * s.world_size
         dist.all_gather_object(reports, report)
@@ -234,15 +235,15 @@ def run(ctx: Context) -> Section:
         f"io: {WORLD_IO} ranks, a model of {blocks} Linear({WIDTH}, {WIDTH}) built on the meta device, "
         "FSDP, saved by TrainLoop through DCP without an optimizer (the checkpoint is the model); "
         "'share' = the rank's own .distcp file; metadata = DCP's index (the rank's own part and rank 0's), "
-        "the marker, shared.pt and the rank's rank-R.pt. rchar counts every read call (page cache included), read_bytes the disk; the "
-        "checkpoint's pages are dropped from the cache before the resume",
+        "the marker, shared.pt and the rank's rank-R.pt. rchar counts every read call (page cache included), "
+        "read_bytes the disk; the checkpoint's pages are dropped from the cache before the resume",
         f"commit: a Linear(8, 8) under DDP, {SAVES} blocking saves through TrainLoop after a first one, "
         "each followed by torch's own dcp.save of the same state into a new directory (the collective "
         "save alone: DCP's plan gather and scatter, its metadata gather, no hpc code); medians, hpc's "
         "part as the median of the paired differences. hpc's save runs DCP without those collectives "
         "(each rank plans its own part and writes DCP's index of it, committed as it is; rank 0 reads none "
-        "of them and checks the ranks' claims), so hpc's part is below zero where the collectives cost more than all of hpc's own "
-        "work. The target is on hpc's part (each rank's "
+        "of them and checks the ranks' claims), so hpc's part is below zero where the collectives cost "
+        "more than all of hpc's own work. The target is on hpc's part (each rank's "
         "checksums, rank file and report; rank 0's check of the ranks' claims, shared.pt, marker and renames), less the part of "
         "it that sharing the cores explains (hpc's extra CPU of all ranks, its save's CPU less "
         "dcp.save's, divided by the cores; with a core per rank this part is zero and the wall time "

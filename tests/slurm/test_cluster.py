@@ -111,17 +111,14 @@ def _hold(port: int) -> socket.socket:
 @contextlib.contextmanager
 def _in_use(port: int):
     """`port` in use inside the block: held here, or already held by another (a parallel worker's cluster)."""
-    held = socket.socket()
     try:
-        held.bind(("127.0.0.1", port))
-        held.listen()
+        held = _hold(port)
     except OSError as err:
         if err.errno != errno.EADDRINUSE:
             raise
-    try:
+        held = contextlib.nullcontext()
+    with held:
         yield
-    finally:
-        held.close()
 
 
 def test_a_named_port_block_in_use_is_refused_with_the_fix(tmp_path):
