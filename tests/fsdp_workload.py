@@ -87,7 +87,7 @@ def train(s, a) -> None:
     model, opt = build(s, a.strategy)
     x, y = data(a.steps)
     early = False
-    staged = state_bytes = None
+    staged = state_bytes = plain_bytes = None
     with DcpEngine(s) as engine:
         for step in range(a.steps):
             early |= train_step(s, model, opt, x, y, step, a.accum)
@@ -97,11 +97,14 @@ def train(s, a) -> None:
                 engine.save(a.out / "ckpt", model, opt, blocking=a.blocking,
                             collectives=not a.no_collectives)
                 staged = engine.staged_bytes
-                state_bytes = sorted(t.numel() * t.element_size() for t in tensors_in(state_dicts(model, opt)))
+                tensors = list(tensors_in(state_dicts(model, opt)))
+                state_bytes = sorted(t.numel() * t.element_size() for t in tensors)
+                plain_bytes = sum(t.numel() * t.element_size() for t in tensors if not hasattr(t, "to_local"))
     dump(s, model, opt, a.out / "final.pt")
     local = sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in model.parameters())
     report = {"local_numel": local, "numel": sum(p.numel() for p in model.parameters()),
-              "grads_before_last_micro_batch": early, "staged_bytes": staged, "state_bytes": state_bytes}
+              "grads_before_last_micro_batch": early, "staged_bytes": staged, "state_bytes": state_bytes,
+              "plain_bytes": plain_bytes}
     (a.out / f"rank-{s.rank}.json").write_text(json.dumps(report))
 
 

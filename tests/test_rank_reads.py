@@ -6,7 +6,7 @@ Two gloo ranks run tests/rankreads_workload.py. At a commit, rank 0 makes the ma
 checksums the ranks report, and no rank reads a shard back, its own included, nor another rank's
 DCP index part; at a resume, a rank reads what its
 load needs (its own shards at the same world size) once, checking each tensor's bytes against the
-marker as they load: within 1.1x its share, metadata included, never the other rank's. A corrupt
+marker as they load: within 1.1x its share, metadata included, never the other rank's files. A corrupt
 shard that only its own rank reads still makes both
 ranks resume from the older checkpoint (one all-reduce of a validity flag).
 """
@@ -67,23 +67,24 @@ def test_a_resume_reads_only_what_the_rank_loads(run, rank):
 
 
 @pytest.mark.parametrize("rank", [0, 1])
-def test_a_resume_opens_no_other_ranks_shard_but_rank_0s(run, rank):
-    """FSDP: a rank opens its own shard file, and rank 0's for the replicated values (AdamW's
-    `step` scalars, hyperparameters), never a third rank's: spread over the ranks, those made
-    every rank open every rank's file (O(W) files per rank at resume)."""
+def test_a_resume_opens_no_other_ranks_shard(run, rank):
+    """FSDP: a rank opens its own shard file only; it holds the rank's copy of the replicated
+    values too (AdamW's `step` scalars, hyperparameters). Spread over the ranks, those made every
+    rank open every rank's file (O(W) files per rank at resume); all in rank 0's, every rank
+    opened that one besides its own."""
     _, results, _ = run
     shards = {name for name in results[rank]["opened"] if name.endswith(".distcp")}
-    assert shards <= {f"__{rank}_0.distcp", "__0_0.distcp"}, shards
+    assert shards == {f"__{rank}_0.distcp"}, shards
 
 
 @pytest.mark.parametrize("rank", [0, 1])
 def test_a_resume_reads_each_metadata_file_once(run, rank):
-    """DCP's index parts the load needs (the rank's own and rank 0's, on the layout that saved) are
-    checked against the marker as they are read, and the marker the store read is what the
-    shards are checked against: none is read twice, no other rank's part at all."""
+    """DCP's index part the load needs (the rank's own, on the layout that saved) is checked
+    against the marker as it is read, and the marker the store read is what the shards are
+    checked against: neither is read twice, no other rank's part at all."""
     _, results, _ = run
     opened = results[rank]["opened"]
-    wanted = {"COMPLETE.json", rank_metadata(rank), rank_metadata(0)}
+    wanted = {"COMPLETE.json", rank_metadata(rank)}
     assert {n: opened.count(n) for n in wanted} == dict.fromkeys(wanted, 1), opened
     assert not [n for n in opened if n.endswith(METADATA) and n not in wanted], opened
 

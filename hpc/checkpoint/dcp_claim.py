@@ -20,7 +20,8 @@ in different entries cancel with a chance of about one in 2^61. A missing piece 
 second copy of another piece of the same tensor, the same size, would cancel, as they did in the
 merge's check (elements covered against the tensor's); a load checks that the chunks it reads cover
 what it loads (dcp_index.uncovered). A DTensor piece that several ranks hold (replicated over a mesh
-dimension) counts for one: the rank at coordinate 0 of each dimension it is not sharded over. On a
+dimension) counts for one: the rank at coordinate 0 of each dimension it is not sharded over; a
+replicated value every rank writes a copy of (beside sharded state) counts for rank 0's. On a
 mismatch rank 0 merges the parts after all, to name what is missing: a failed commit may be slow.
 """
 
@@ -56,8 +57,10 @@ def _counts_once(obj: Any) -> bool:
     return all(c == 0 for c, p in zip(coordinate, placements) if not p.is_shard())
 
 
-def counts(state: dict[str, Any], items: list) -> dict[str, int]:
-    """The claim of a rank whose flattened state is `state` and which writes DCP's WriteItems `items`."""
+def counts(state: dict[str, Any], items: list, rank: int = 0, copies: bool = False) -> dict[str, int]:
+    """The claim of `rank`, whose flattened state is `state` and which writes DCP's WriteItems
+    `items`. copies: every rank writes its own copy of the replicated entries (the plain tensors
+    and the values beside sharded state, hpc.checkpoint.replicas): rank 0's copy is the one counted."""
     import torch
     from torch.distributed.checkpoint.planner import WriteItemType
 
@@ -66,6 +69,8 @@ def counts(state: dict[str, Any], items: list) -> dict[str, int]:
     written = 0
     for item in items:
         fqn = item.index.fqn
+        if copies and rank != 0 and item.type != WriteItemType.SHARD:
+            continue
         if item.type == WriteItemType.BYTE_IO:
             written += weight(fqn)
         elif _counts_once(state.get(fqn)):

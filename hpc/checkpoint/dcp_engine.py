@@ -33,7 +33,7 @@ the ranks already agree on who writes what (hpc.checkpoint.replicas), so each ra
 writes its part on its own, with DCP's index of that part beside it; the commit keeps every part
 and checks, from each rank's claim of what it wrote, that together they cover the state
 (hpc.checkpoint.dcp_claim, hpc.checkpoint.store), and a load reads the parts it needs
-(hpc.checkpoint.dcp_index, dcp_reader): on the layout that saved, its own and rank 0's. A DCP
+(hpc.checkpoint.dcp_index, dcp_reader): under FSDP on the layout that saved, its own only. A DCP
 save's collectives are a gather of every rank's plan to rank 0, a scatter back, and a gather of
 every rank's write results: per save, 4 object collectives and rank 0 handling every rank's plan
 while the others wait (bench.index_merge), and a rank that dies leaves the others waiting in the

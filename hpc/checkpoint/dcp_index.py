@@ -11,7 +11,7 @@ of CPU at 512 ranks and 300 tensors, BENCHMARKS.md). A save without collectives 
 rank's part of that index in its own file, the marker lists every part (hpc.checkpoint.store),
 and the commit merges nothing: what the coordinator's plan validation checks is checked from
 counts each rank reports (hpc.checkpoint.dcp_claim). A load reads the parts that hold what its
-layout needs (dcp_reader): on the layout that saved, its own and rank 0's (the replicated values).
+layout needs (dcp_reader): under FSDP on the layout that saved, its own (shards and replicated values).
 """
 
 from __future__ import annotations

@@ -12,9 +12,11 @@ with torch.load(weights_only=False): either runs code a crafted checkpoint names
 loads the index through hpc.checkpoint.dcp_pickle, the planner the values with weights_only=True.
 
 A checkpoint saved without DCP's collectives has no merged index: each rank's part (__R.metadata)
-is listed in the marker (hpc.checkpoint.dcp_index). select() reads this rank's own part and rank
-0's (the replicated values, FSDP's replicated tensors) and uses them when they cover every piece
-of the load state: the layout that saved, whatever the world size, reads 2 parts. Otherwise (DDP,
+is listed in the marker (hpc.checkpoint.dcp_index). select() reads this rank's own part and uses
+it when it covers every piece of the load state: under FSDP, on the layout that saved, whatever
+the world size, each rank wrote its shards and its own copy of the replicated values
+(hpc.checkpoint.replicas), so it reads 1 part and its own shard file. A checkpoint whose
+replicated values only rank 0 wrote is covered by rank 0's part beside it. Otherwise (DDP,
 whose ranks each read the whole state; a resharded FSDP load) it merges every part, as DCP's
 coordinator would have at the save: O(ranks x tensors) CPU and ranks opens on each loading rank,
 the cost a merged .metadata had at every load. Older checkpoints, and saves through DCP's
@@ -103,12 +105,19 @@ def reader(directory: str | os.PathLike, files: dict | None, rank: int = 0) -> A
             from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 
             flat = flatten_state_dict(state)[0]
-            near = sorted({r for r in (rank, 0) if r in parts})
-            index = dcp_index.merge(self._index(rank_metadata(r)) for r in near)
-            gaps = dcp_index.uncovered(index, flat)
-            if any(gaps) and len(near) < len(parts):
-                index = dcp_index.merge(self._index(rank_metadata(r)) for r in parts)
+            # Widest last: the rank's own part (FSDP on the layout that saved: its shards and its
+            # copy of the replicated values), with rank 0's (a checkpoint whose replicated values
+            # only rank 0 wrote), then every part (DDP, a resharded load).
+            tried: list[int] = []
+            for ranks in ([rank], sorted({rank, 0}), parts):
+                ranks = [r for r in ranks if r in parts]
+                if not ranks or ranks == tried:
+                    continue
+                tried = ranks
+                index = dcp_index.merge(self._index(rank_metadata(r)) for r in ranks)
                 gaps = dcp_index.uncovered(index, flat)
+                if not any(gaps):
+                    break
             short = gaps[1]
             if short:  # a missing name is DCP's to report, as for any index
                 raise ShardCorrupt(f"the index parts in {directory} do not cover {len(short)} tensors of this "

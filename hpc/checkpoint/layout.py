@@ -113,7 +113,7 @@ def check(path: Path, crc: Any = None, rank: int | None = None) -> tuple[str, di
     names whose checksums are verified too (None: all). `rank`: only the shared files and that
     rank's own are looked at; the other ranks' files are not even stat'ed (at 512 ranks that
     was a thousand metadata operations per rank at every resume, half a million per restart).
-    Those a rank's load reads (shards of a resharded load, rank 0's replicated values) are
+    Those a rank's load reads (shards of a resharded load, other ranks' parts under DDP) are
     checked against the marker as they are read (dcp_reader), a missing one fails that load;
     the ranks then agree in one collective, so a corrupt file makes all ranks skip the
     checkpoint alike (TrainLoop.resume).

@@ -28,7 +28,7 @@ from torch.distributed.checkpoint.planner import SavePlan, WriteItemType
 from hpc.checkpoint import dcp_claim
 from hpc.checkpoint.staging import Staging, is_dtensor, tensors_in
 
-__all__ = ["split", "share", "ShareStager", "SharePlanner"]
+__all__ = ["split", "share", "copies_everywhere", "ShareStager", "SharePlanner"]
 
 
 def _local(t: Any) -> Any:
@@ -52,17 +52,25 @@ def split(sizes: list[int], world: int) -> list[int]:
 def share(tensors: list[Any], rank: int, world: int) -> set[int]:
     """ids of the tensors among `tensors` (a state's, in walk order) that `rank` writes: its own
     DTensor shards, and its part of the plain (replicated) tensors. Beside sharded state (FSDP)
-    the plain ones (AdamW's per-parameter `step`, buffers) are all rank 0's: every rank reads
-    them whole at a load, and spread by `split` they would make each rank open every other
-    rank's file (O(W) per rank, O(W^2) in all); in rank 0's file a rank opens one besides its
-    own. Without DTensors (DDP: every tensor replicated) they are spread by `split`, so that no
-    rank writes the whole state."""
+    every rank writes its own copy of the plain ones (AdamW's per-parameter `step`, buffers):
+    every rank reads them whole at a load, and from its own file it opens no other rank's. Spread
+    by `split` they made each rank open every other rank's file (O(W) per rank, O(W^2) in all);
+    all in rank 0's file, every rank opened that one besides its own. The copies are what each
+    rank reads at a load anyway, so its write grows by its read; the ranks together store W
+    copies of values that are small beside the shards. Without DTensors (DDP: every tensor
+    replicated) they are spread by `split`, so that no rank writes the whole state."""
     shards = {id(t) for t in tensors if is_dtensor(t)}  # a DTensor's shard is this rank's own
     replicas = [t for t in tensors if id(t) not in shards]
     if shards:
-        return shards | ({id(t) for t in replicas} if rank == 0 else set())
+        return shards | {id(t) for t in replicas}
     owners = split([t.numel() * t.element_size() for t in replicas], world)
     return shards | {id(t) for t, owner in zip(replicas, owners) if owner == rank}
+
+
+def copies_everywhere(state: dict) -> bool:
+    """Whether every rank writes its own copy of the replicated values of `state` (flattened):
+    beside sharded state, as `share` decides."""
+    return any(is_dtensor(v) for v in state.values())
 
 
 class ShareStager:
@@ -95,11 +103,11 @@ class SharePlanner(DefaultSavePlanner):
     of those it does (ShareStager.staged, or `share` of a live state). Non-tensor values
     (optimizer hyperparameters, from get_state_dict's fresh dictionaries) are the same on every
     rank. By default every rank plans them and DCP's collectives keep one copy; for a save
-    without those collectives, `split_values=(rank, world)` gives them all to rank 0, so each
-    is written once, and a load (every rank reads every value) opens rank 0's file for them,
-    not every rank's: they are a few kB of hyperparameters, a small part of rank 0's write.
-    `claim_as=(directory, rank)`: what this rank writes of the whole, for the commit's check
-    without DCP's collectives (hpc.checkpoint.dcp_claim)."""
+    without those collectives, `split_values=(rank, world)` has each written where a load reads
+    it: beside sharded state by every rank (each reads its own copy, as of the plain tensors),
+    else by rank 0 only (under DDP a load reads every rank's file anyway). They are a few kB of
+    hyperparameters. `claim_as=(directory, rank)`: what this rank writes of the whole, for the
+    commit's check without DCP's collectives (hpc.checkpoint.dcp_claim)."""
 
     def __init__(self, keep: set[int], split_values: tuple[int, int] | None = None,
                  claim_as: tuple[Any, int] | None = None) -> None:
@@ -109,7 +117,8 @@ class SharePlanner(DefaultSavePlanner):
     def create_local_plan(self) -> SavePlan:
         plan = super().create_local_plan()
         values = sorted(item.index.fqn for item in plan.items if item.type == WriteItemType.BYTE_IO)
-        if self.split_values is not None and self.split_values[0] != 0:
+        copies = copies_everywhere(self.state_dict)
+        if self.split_values is not None and self.split_values[0] != 0 and not copies:
             values = []
         mine = set(values)
         keep = [item for item in plan.items
@@ -117,5 +126,5 @@ class SharePlanner(DefaultSavePlanner):
                     else id(self.state_dict[item.index.fqn]) in self.keep)]
         self.plan = dataclasses.replace(plan, items=keep)
         if self.claim_as is not None:
-            dcp_claim.record(*self.claim_as, dcp_claim.counts(self.state_dict, keep))
+            dcp_claim.record(*self.claim_as, dcp_claim.counts(self.state_dict, keep, self.claim_as[1], copies))
         return self.plan
