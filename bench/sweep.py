@@ -115,10 +115,11 @@ def run(ctx: Context) -> Section:
         "CPU is the user and system time of the command and its children (sbatch included): on a machine "
         "shared with other work, the wall time waits for a core and the CPU time does not",
         "CPU per point: the difference between the largest and the smallest sweep's CPU, over the difference "
-        "in points; what stays per point is mostly the file system's: the point's directory with its config.yaml "
-        "and manifest.json (each written once, atomically) and a log folder per task, which SLURM opens the "
-        "task's logs in and does not create; an array's task pickles are one file (hpc.pipeline.arraytasks), and "
-        "a point's links to its stages' logs are made by its tasks when they start",
+        "in points, which includes the extra arrays of the larger sweep (one sbatch each past MaxArraySize); "
+        "what stays per point is mostly the file system's: the point's directory with its config.yaml "
+        "and manifest.json (each written once, atomically); an array's tasks share one log folder "
+        "(hpc.rundir.logdirs: SLURM opens the logs in it and does not create it) and their pickles are one file "
+        "(hpc.pipeline.arraytasks), and a point's links to its stages' logs are made by its tasks when they start",
         f"hpc sweep writes a run directory per point (config.yaml, manifest.json), per array a file naming each "
         f"task's point and one of its tasks' pickles, and the sweep's sweep.json; "
         f"stage `second` has {PARTS.split('=')[1]} items per point, each waiting on its own point's `first` task "

@@ -106,7 +106,7 @@ def test_exec_prefix_and_a_stage_of_its_own(site):
     rgb, features = srun_lines(out.stdout)
     assert "--container-image=nvcr.io#nvidia/pytorch:24.05-py3" in rgb and "bwrap" not in rgb
     assert "--kill-on-bad-exit=1 bwrap --bind / / sh -c " in features
-    assert features.endswith(" python -u -m submitit.core._submit /RUN/features/logs/%j")
+    assert features.endswith(" python -u -m submitit.core._submit /RUN/features/logs/%A")
 
 
 def test_hpc_is_carried_into_the_image_unless_the_image_has_it(site):
@@ -133,7 +133,7 @@ def test_hpc_is_carried_into_the_image_unless_the_image_has_it(site):
     assert out.returncode == 0, out.stderr
     assert "/carry/" not in out.stdout
     assert all(line.endswith(("env python -u -m submitit.core._submit /RUN/rgb/logs/%j",
-                              "env python -u -m submitit.core._submit /RUN/features/logs/%j"))
+                              "env python -u -m submitit.core._submit /RUN/features/logs/%A"))
                for line in srun_lines(out.stdout))
 
 

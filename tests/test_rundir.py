@@ -64,6 +64,9 @@ def test_logs_select_by_stage_task_rank_and_names_choices(tmp_path):
     run.start("langsplat", "", "slurm")
     run.record("rgb", None, "7", "slurm")
     run.record("features", 2, "8_2", "slurm")
+    # an array task's logs are in its array's folder; a run submitted before kept one per task
+    assert logs.select(run, "features", "2", 3, "out") == [tmp_path / "features/logs/8/8_2_3_log.out"]
+    (tmp_path / "features/logs/8_2").mkdir(parents=True)
     assert logs.select(run, "features", "2", 3, "out") == [tmp_path / "features/logs/8_2/8_2_3_log.out"]
     assert len(logs.select(run, None, None, 0, "err")) == 2
     with pytest.raises(ValueError, match=r"expected one of \['features', 'rgb'\]"):

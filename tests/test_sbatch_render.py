@@ -64,11 +64,12 @@ def check_script(text, job, run, setup, expected):
     assert lines[i:i + 2 + len(setup)] == ["", "# setup", *setup], text
     i += 2 + len(setup)
     assert lines[i:i + 3] == ["", "# command", "export SUBMITIT_EXECUTOR=slurm"] and lines[i + 4:] == [""], text
-    out = f"{run.path}/{job.stage}/logs/" + ("%A_%a/%A_%a" if job.is_array else "%j/%j")
+    shared = job.is_array and len(job.items) > 1  # a SLURM array's tasks share one folder
+    out = f"{run.path}/{job.stage}/logs/" + ("%A/%A_%a" if shared else "%A_%a/%A_%a" if job.is_array else "%j/%j")
     assert shlex.split(lines[i + 3]) == [
         "srun", "--unbuffered", "--output", f"{out}_%t_log.out", "--error", f"{out}_%t_log.err",
         "--kill-on-bad-exit=1", sys.executable, "-u", "-m", "submitit.core._submit",
-        f"{run.path}/{job.stage}/logs/%j"], lines[i + 3]
+        f"{run.path}/{job.stage}/logs/" + ("%A" if shared else "%j")], lines[i + 3]
 
 
 # The property and its check run in one process, in this order, also under pytest-xdist (one file, one
@@ -106,7 +107,8 @@ def test_every_accepted_config_renders_exactly_the_expected_lines(partition, qos
 
 def base_flags(job, run):
     """The #SBATCH options of a tiny-pipeline job with default resources."""
-    out = f"{run.path}/{job.stage}/logs/" + ("%A_%a/%A_%a" if job.is_array else "%j/%j")
+    shared = job.is_array and len(job.items) > 1  # a SLURM array's tasks share one folder
+    out = f"{run.path}/{job.stage}/logs/" + ("%A/%A_%a" if shared else "%A_%a/%A_%a" if job.is_array else "%j/%j")
     return {"job-name": job.stage, "nodes": "1", "ntasks-per-node": "1", "cpus-per-task": "1", "time": "5",
             "signal": "USR2@120", "open-mode": "append", "wckey": "submitit", "requeue": True,
             "output": f"{out}_0_log.out", "error": f"{out}_0_log.err"}

@@ -30,6 +30,7 @@ from hpc.checkpoint import complete
 from hpc.fs.sharedfs import listed
 from hpc.monitor.logs import last_match, last_progress, tqdm_progress
 from hpc.recovery import hangs, nodefail
+from hpc.rundir import logdirs
 from hpc.rundir.run import DONE, RunDir, task_key
 from hpc.rundir.sweepdir import is_sweep
 from hpc.slurm import scheduler
@@ -67,24 +68,26 @@ class TaskStatus:
 def collect(run: RunDir, answer: Optional[Tuple[scheduler.Answer, Dict[str, Any]]] = None) -> List[TaskStatus]:
     """`answer`: query_run()'s, when one call asked for several runs (a sweep's points). The
     manifest is read once; each task costs a listing of its directory and one of its job's log
-    folder, and reads only the files those show (a done marker, a log, a hang report)."""
+    folder (an array's tasks share one, listed once), and reads only the files those show (a done marker, a log, a hang report)."""
     run = run.pin()
     records, never = answer or query_run(run)
     in_sweep = functools.lru_cache(maxsize=None)(lambda: is_sweep(str(run.path.parent)))  # asked once, if ever
-    rows = [_row(run, t, records, in_sweep) for t in run.tasks()]
+    folders: Dict[Path, Set[str]] = {}  # log folder -> its names: an array's tasks share one, listed once
+    rows = [_row(run, t, records, in_sweep, folders) for t in run.tasks()]
     _explain(rows, records, never, run.job_tasks())
     return rows
 
 
-def _row(run: RunDir, t: Dict[str, Any], records: scheduler.Answer, in_sweep: Callable[[], bool]) -> TaskStatus:
+def _row(run: RunDir, t: Dict[str, Any], records: scheduler.Answer, in_sweep: Callable[[], bool],
+         folders: Dict[Path, Set[str]]) -> TaskStatus:
     jid, stage, item = t["job_id"], t["stage"], t["item"]
     rec = records.get(jid)
     task_dir = run.task_dir(stage, item)
     here, logs = listed(task_dir), run.log_path(stage, jid).parent
-    logged = set() if rec and rec.state == "PENDING" and not rec.restarts else listed(logs)  # not started: none
+    logged = set() if rec and rec.state == "PENDING" and not rec.restarts else _listed(logs, folders)  # not started
     if not logged and rec and rec.state != "PENDING" and in_sweep():  # a sweep's task that failed before
-        logs = run.path.parent / stage / "logs" / jid  # it linked its point's logs (hpc.rundir.sweepdir)
-        logged = listed(logs)
+        logs = logdirs.folder(run.path.parent / stage / "logs", jid)  # it linked its point's logs (hpc.rundir.sweepdir)
+        logged = _listed(logs, folders)
     info = _read_done(task_dir) if DONE in here else {}
     result = logs / f"{jid}_0_result.pkl" if f"{jid}_0_result.pkl" in logged else None
     state = task_state(t, records, lambda: _left(DONE in here, result))
@@ -147,6 +150,12 @@ def world(run: RunDir, stage: str, item: Any, job_id: str) -> Tuple[Optional[int
     return _world(done_info(run, stage, item), run.log_path(stage, job_id))
 
 
+def _listed(folder: Path, folders: Dict[Path, Set[str]]) -> Set[str]:
+    if folder not in folders:
+        folders[folder] = listed(folder)
+    return folders[folder]
+
+
 def _world(info: Dict[str, Any], log: Optional[Path]) -> Tuple[Optional[int], Optional[int]]:
     if isinstance(info.get("world_size"), int):
         return info["world_size"], info.get("nodes") if isinstance(info.get("nodes"), int) else None
@@ -156,7 +165,7 @@ def _world(info: Dict[str, Any], log: Optional[Path]) -> Tuple[Optional[int], Op
 
 def left_behind(run: RunDir, stage: str, item: Any, job_id: str) -> str:
     """The state an ended job's files tell: its done marker, else rank 0's submitit result file."""
-    result = run.path / stage / "logs" / job_id / f"{job_id}_0_result.pkl"
+    result = logdirs.folder(run.path / stage / "logs", job_id) / f"{job_id}_0_result.pkl"
     return _left(run.is_done(stage, item), result if result.exists() else None)
 
 

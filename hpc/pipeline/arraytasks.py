@@ -2,7 +2,7 @@
 
     PYTHON -u -m hpc.afterstep RUN_DIR --tasks <stage>/logs/tasks-<id>.bin -- srun ...   # every task's batch step
 
-submitit writes one pickle per task at submission (<stage>/logs/J_k/J_k_submitted.pkl): a file
+submitit writes one pickle per task at submission (<stage>/logs/J/J_k_submitted.pkl): a file
 created and renamed per task, the most of a large sweep's submission. hpc.pipeline.executor.submit_array
 writes one file per array instead (encode()): each task's pickle, the bytes submitit would have
 written, behind an index by array task id. hpc.afterstep, in the task's batch step before srun,
@@ -14,7 +14,8 @@ existed has no --tasks and reads the pickle submitit wrote for it.
 
 Layout:
     hpc-tasks 1\\n
-    PATTERN\\n                  where submitit's runner reads a task's pickle, %j for "<array job>_<task id>"
+    PATTERN\\n                  where submitit's runner reads a task's pickle, %j for "<array job>_<task id>",
+                                %A for "<array job>" (hpc.rundir.logdirs)
     SIZE records (offset, length), 16 bytes each, one per array task id 0..SIZE-1; (0, 0): no such task
     the pickles, one after another
 """
@@ -33,14 +34,14 @@ class TasksFileError(RuntimeError):
 
 
 def path_for(folder: str) -> str:
-    """A new tasks file for an array whose submitit folder is `folder` ('<run>/<stage>/logs/%j'):
+    """A new tasks file for an array whose submitit folder is `folder` ('<run>/<stage>/logs/%A'):
     beside its tasks' folders, under a name of its own."""
     return f"{folder.rsplit('/', 1)[0]}/tasks-{os.urandom(6).hex()}.bin"
 
 
 def encode(pickles: Mapping[int, bytes], pattern: str) -> bytes:
     """The file holding `pickles` (array task id -> pickle bytes); `pattern` is submitit's path of a
-    task's pickle with %j standing for the task's job id."""
+    task's pickle with %j standing for the task's job id, %A for its array's."""
     assert pickles and "\n" not in pattern and min(pickles) >= 0, (sorted(pickles)[:3], pattern)
     head = MAGIC + pattern.encode() + b"\n"
     size = max(pickles) + 1
@@ -82,7 +83,7 @@ def unpack(path: str, environ: Mapping[str, str]) -> str:
                              f"SLURM_ARRAY_TASK_ID={task!r}); expected both set by SLURM. HINT: only an array's "
                              "batch script passes --tasks to hpc.afterstep.")
     pattern, data = read(path, int(task))
-    target = pattern.replace("%j", f"{job}_{task}")
+    target = pattern.replace("%j", f"{job}_{task}").replace("%A", job)  # submitit's tags (hpc.rundir.logdirs)
     if os.path.exists(target):  # written at an earlier start, or by checkpoint(): the task's latest
         return target
     os.makedirs(os.path.dirname(target), exist_ok=True)

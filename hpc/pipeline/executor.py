@@ -27,7 +27,7 @@ from hpc.config import defaults, resolved
 from hpc.fs import atomic
 from hpc.pipeline import arraytasks
 from hpc.recovery import hostact
-from hpc.rundir import tracking
+from hpc.rundir import logdirs, tracking
 from hpc.rundir.run import RunDir, task_key
 from hpc.rundir.snapshot import JobCode
 from hpc.rundir.sweepdir import SweepDir, is_sweep
@@ -36,9 +36,9 @@ from hpc.runtime.envparse import from_environ
 
 
 def drop_unexpanded_folder(folder: str) -> None:
-    """submitit's local controller creates its folder ('.../logs/%j') before expanding %j, leaving an
-    empty directory literally named %j; remove it once the job has ended (rmdir: only if empty)."""
-    if "%j" in folder:
+    """submitit's local controller creates its folder ('.../logs/%j') before expanding %j (or %A),
+    leaving an empty directory literally named so; remove it once the job has ended (rmdir: only if empty)."""
+    if logdirs.JOB in folder or logdirs.ARRAY in folder:
         with contextlib.suppress(OSError):
             os.rmdir(folder)
 
@@ -144,8 +144,9 @@ def submit_array(executor: Any, tasks: Sequence[Any], task_ids: Sequence[int] = 
     (() : k; executor's parameters carry the matching --array, hpc.pipeline.sbatch). With
     `tasks_file` (a SLURM array of 2 tasks or more, whose batch script passes it to hpc.afterstep:
     JobSpec.executor_parameters) every task's pickle goes into that one file
-    (hpc.pipeline.arraytasks), not one file each; after sbatch each task gets only its folder, where
-    SLURM opens its logs. Without it, submitit's executor.batch() pickles each task itself."""
+    (hpc.pipeline.arraytasks), not one file each; after sbatch the array gets its folder, where
+    SLURM opens its tasks' logs (one for all of them: hpc.rundir.logdirs). Without it, submitit's
+    executor.batch() pickles each task itself."""
     if tasks_file is None:
         assert not task_ids or list(task_ids) == list(range(len(tasks))) or len(tasks) < 2, task_ids
         with executor.batch():  # one sbatch --array for an array stage
@@ -168,9 +169,11 @@ def submit_array(executor: Any, tasks: Sequence[Any], task_ids: Sequence[int] = 
     array.parameters["map_count"] = len(tasks)  # the %A_%a log names; an explicit --array line is ours
     first = array._submit_command(array._submitit_command_str)
     folder = str(executor.folder)
-    for task_id in task_ids:  # SLURM opens a task's logs in its folder, and does not create it
+    # SLURM opens a task's logs in its folder, and does not create it: one folder for the array
+    # (a folder pattern of %A), one per task for a pattern of %j.
+    for path in dict.fromkeys(logdirs.expand(folder, f"{first.job_id}_{t}") for t in task_ids):
         with contextlib.suppress(FileExistsError):
-            os.mkdir(folder.replace("%j", f"{first.job_id}_{task_id}"))
+            os.mkdir(path)
     return [submitit.SlurmJob(folder=executor.folder, job_id=f"{first.job_id}_{t}", tasks=list(range(first.num_tasks)))
             for t in task_ids]
 

@@ -43,6 +43,7 @@ from hpc.pipeline.herestop import Interrupt, Reaper
 from hpc.pipeline.plan import JobSpec, Plan
 from hpc.recovery import deadline, hostact
 from hpc.recovery.stopsignal import INTERACTIVE_ENV
+from hpc.rundir import logdirs
 from hpc.rundir.run import RunDir, task_key
 from hpc.runtime.distenv import master_port_for
 from hpc.slurm import noderange, scheduler
@@ -209,7 +210,7 @@ def run_plan(plan: Plan, run: RunDir, setup: Sequence[str] = (), code: Any = Non
 
 def _launch(job: JobSpec, item: Any, task_id: str, pickled: bytes, run: RunDir, alloc: Allocation,
             setup: Sequence[str], code: Any) -> Step:
-    folder = Path(job.folder.replace("%j", task_id))
+    folder = Path(logdirs.expand(job.folder, task_id))
     folder.mkdir(parents=True, exist_ok=True)
     pickle_path = folder / f"{task_id}_task.pkl"
     pickle_path.write_bytes(pickled)

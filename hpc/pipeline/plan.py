@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Sequ
 from hpc.config.checks import ConfigError
 from hpc.config.schema import to_dict
 from hpc.pipeline import arrays, container, sbatch, worlds
+from hpc.rundir import logdirs
 from hpc.rundir.run import task_key
 
 # name -> module path; the module defines PIPELINE. Tests and users may add entries.
@@ -91,7 +92,7 @@ class JobSpec:
     is_array: bool
     resources: Dict[str, Any] = field(hash=False)
     after: Tuple[str, ...]
-    folder: str  # submitit folder (logs, pickles); %j is the job id
+    folder: str  # submitit folder (logs, pickles): %j the job's id, %A an array's (hpc.rundir.logdirs)
     kind: str  # slurm | local | debug
     ranks: int  # processes per job (array task) as it will actually run; the fewest under a node range
     describe: str = ""  # what each task runs
@@ -125,7 +126,7 @@ class JobSpec:
 
     @property
     def run_dir(self) -> str:
-        return self.folder.rsplit("/", 3)[0]  # the folder is <run_dir>/<stage>/logs/%j (make_plan)
+        return self.folder.rsplit("/", 3)[0]  # the folder is <run_dir>/<stage>/logs/%j or %A (make_plan)
 
     def sbatch_text(self, python: Optional[str] = None, setup: Sequence[str] = (), how: str = "afterok") -> str:
         """`how`: the dependency type on the `after` stages (a sweep's arrays wait afterany)."""
@@ -235,7 +236,8 @@ def make_plan(pipe: PipelineDef, cfg: Any, run_dir: str, kind: str,
         for k, part in enumerate(split, 1):
             job = JobSpec(stage=stage.name, target=stage.target, items=part.items, is_array=bool(stage.items),
                           indices=tuple(position[i] if stage.items else None for i in part.items),
-                          resources=res, after=after, folder=f"{run_dir}/{stage.name}/logs/%j",
+                          resources=res, after=after,
+                          folder=logdirs.pattern(f"{run_dir}/{stage.name}/logs", kind == "slurm" and len(part.items) > 1),
                           kind=kind, ranks=ranks[0], describe=stage.describe or stage.target,
                           worlds=ranks, batch=tuple(stage.batch), item_after=item_after,
                           waits=part.waits if any(w is not None for w in part.waits) else (),

@@ -10,7 +10,8 @@ Layout:
     <run>/config.yaml          the resolved config
     <run>/code/<hash>/         the code snapshot the jobs import (hpc.rundir.snapshot); <hash>.json lists its files
     <run>/.submit.lock         held (flock) by the submission that is reading state and writing the manifest
-    <run>/<stage>/logs/<jobid>/<jobid>_<rank>_log.{out,err}   submitit's per-rank logs
+    <run>/<stage>/logs/<jobid>/<jobid>_<rank>_log.{out,err}   submitit's per-rank logs; an array task's
+                               in its array's folder, <array>/<array>_<task>_<rank>_log.* (hpc.rundir.logdirs)
     <run>/<stage>/logs/tasks-<id>.bin   an array's task pickles, one file (hpc.pipeline.arraytasks)
     <run>/<stage>/[task-<item>/]  done, checkpoints/, tensorboard/, outputs
 """
@@ -29,6 +30,7 @@ from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Optional, Seq
 from hpc import __version__
 from hpc.fs import atomic
 from hpc.fs.sharedfs import local_locks, lock_error
+from hpc.rundir import logdirs
 from hpc.rundir.tracking import new_run_id
 
 DONE = "done"
@@ -218,7 +220,7 @@ class RunDir:
 
     # ---- logs
     def log_path(self, stage: str, job_id: str, rank: int = 0, stream: str = "out") -> Path:
-        return self.path / stage / "logs" / job_id / f"{job_id}_{rank}_log.{stream}"
+        return logdirs.folder(self.path / stage / "logs", job_id) / f"{job_id}_{rank}_log.{stream}"
 
 
 def _try_lock(fd: int, path: Path) -> bool:

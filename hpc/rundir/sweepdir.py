@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from hpc.fs import atomic
+from hpc.rundir import logdirs
 from hpc.rundir.run import MANIFEST, RunDir, RunDirError
 
 RECORD = "sweep.json"
@@ -149,8 +150,9 @@ def run_for(path: Any, job_id: str, points: Optional[str] = None) -> RunDir:
 def shared_logs(run: RunDir, stage: str, job_id: str) -> Optional[Path]:
     """Where a sweep point's task keeps its logs before its <point>/<stage>/logs link exists (its
     task makes it when it starts: hpc.pipeline.executor.StageTask; one that failed before that has
-    none): the sweep's <stage>/logs/<job_id>. None for a run that is no sweep's point."""
-    folder = run.path.parent / stage / "logs" / job_id
+    none): the sweep's <stage>/logs/<job_id> (an array task's: its array's, hpc.rundir.logdirs). None
+    for a run that is no sweep's point."""
+    folder = logdirs.folder(run.path.parent / stage / "logs", job_id)
     return folder if is_sweep(str(run.path.parent)) and folder.is_dir() else None
 
 

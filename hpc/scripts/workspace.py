@@ -20,7 +20,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from hpc.fs import atomic
 from hpc.recovery import hangs
-from hpc.rundir import workdir
+from hpc.rundir import logdirs, workdir
 from hpc.scripts import resume, scriptwatch
 
 WORK = "work"
@@ -97,10 +97,10 @@ def map_paths(argv: List[str], work: Path, live: Path, code: Optional[Path]) -> 
 
 def log_files(ctx: Any, rank: int = 0) -> List[Path]:
     """A rank's task logs, as submitit names them: <stage>/logs/<job>/<job>_<rank>_log.{out,err}
-    (an array task's job is <array id>_<index>)."""
+    (an array task's job is <array id>_<index>, in its array's folder: hpc.rundir.logdirs)."""
     array, index = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
     job = f"{array}_{index}" if array and index else str(ctx.env.job_id)
-    folder = Path(ctx.run_dir) / ctx.stage / "logs" / job
+    folder = logdirs.folder(Path(ctx.run_dir) / ctx.stage / "logs", job)
     return [folder / f"{job}_{rank}_log.{stream}" for stream in ("out", "err")]
 
 

@@ -71,6 +71,14 @@ def test_stage2_array_tasks_start_after_stage1_ends(slurm_cluster, tmp_path):
     rows = status.collect(run)
     assert [r.state for r in rows] == ["COMPLETED"] * 4
     assert all(r.outputs for r in rows)
+    # SLURM opens a task's logs in a folder it does not create: the array's tasks share one, made
+    # once after sbatch, not one per task; each task's logs are found in it
+    array = ids[("second", 0)].split("_")[0]
+    folders = sorted(p.name for p in (run.path / "second" / "logs").iterdir() if p.is_dir())
+    assert folders == [array], folders
+    for item in (0, 1, 2):
+        log = run.log_path("second", ids[("second", item)])
+        assert log.parent.name == array and f"stage second item {item} rank 0/" in log.read_text(), log
 
 
 def counting_path(tmp_path):
