@@ -124,7 +124,9 @@ def run(ctx: Context) -> Section:
         f"task's point and one of its tasks' pickles, and the sweep's sweep.json; "
         f"stage `second` has {PARTS.split('=')[1]} items per point, each waiting on its own point's `first` task "
         "(aftercorr): item k of every point is one array, at the task ids of the points' `first` tasks",
-        "the sbatch loop (one sbatch per point and stage) is measured at 100 points"]
+        "the sbatch loop (one sbatch per point and stage) is measured at 100 points",
+        f"cluster: {len(cluster.nodes)} slurmd nodes, MaxArraySize {most} (the scale sandbox: python -m hpc.cluster "
+        "up --nodes 16 --max-array-size 300, then python -m bench --only sweep --cluster-dir DIR)"]
     return sec
 
 
