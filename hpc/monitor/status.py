@@ -83,8 +83,12 @@ def _row(run: RunDir, t: Dict[str, Any], records: scheduler.Answer, in_sweep: Ca
     jid, stage, item = t["job_id"], t["stage"], t["item"]
     rec = records.get(jid)
     task_dir = run.task_dir(stage, item)
-    here, logs = listed(task_dir), run.log_path(stage, jid).parent
-    logged = set() if rec and rec.state == "PENDING" and not rec.restarts else _listed(logs, folders)  # not started
+    here, stage_logs = listed(task_dir), run.path / stage / "logs"
+    if rec and rec.state == "PENDING" and not rec.restarts:  # not started: no logs yet
+        logs, logged = stage_logs / jid, set()
+    else:  # the stage's listing, and an array's folder, listed once for all its tasks
+        logs = logdirs.folder(stage_logs, jid, _listed(stage_logs, folders))
+        logged = _listed(logs, folders)
     if not logged and rec and rec.state != "PENDING" and in_sweep():  # a sweep's task that failed before
         logs = logdirs.folder(run.path.parent / stage / "logs", jid)  # it linked its point's logs (hpc.rundir.sweepdir)
         logged = _listed(logs, folders)

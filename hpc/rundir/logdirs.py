@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Collection
 
 __all__ = ["pattern", "expand", "folder"]
 
@@ -33,11 +34,12 @@ def expand(folder_pattern: str, job_id: str) -> str:
     return folder_pattern.replace(JOB, job_id).replace(ARRAY, job_id.partition("_")[0])
 
 
-def folder(logs: str | os.PathLike, job_id: str) -> Path:
+def folder(logs: str | os.PathLike, job_id: str, names: Collection[str] | None = None) -> Path:
     """The folder of job `job_id`'s files under a stage's `logs`: an array task's is its array's,
-    unless the task has one of its own (a run submitted before arrays shared one)."""
+    unless the task has one of its own (a run submitted before arrays shared one). `names`: the
+    listing of `logs`, when the caller has it (one listing for many tasks, not a lookup each)."""
     logs = Path(logs)
     array, sep, _ = job_id.partition("_")
-    if sep and not (logs / job_id).is_dir():
+    if sep and not (job_id in names if names is not None else (logs / job_id).is_dir()):
         return logs / array
     return logs / job_id
