@@ -41,14 +41,14 @@ def dry_run(capsys, *args):
     return out.out
 
 
-def check_srun_line(text, runtime, root, tmp):
+def check_srun_line(text, runtime, root, tmp, folder="%j"):
     """The one srun line: the runtime's words, every mount hpc adds, the carried hpc before the runner."""
     (line,) = [s for s in text.splitlines() if s.startswith("srun ")]
     words = shlex.split(line)
     carried = re.search(rf"{re.escape(str(tmp))}/cache/carry/[0-9a-f]{{16}}", text).group(0)
     at = words.index("sh")
     assert words[at + 1] == "-c" and f"export PYTHONPATH={carried}" in words[at + 2]
-    assert words[at + 3:] == ["python", "-u", "-m", "submitit.core._submit", f"{root}/main/logs/%j"]
+    assert words[at + 3:] == ["python", "-u", "-m", "submitit.core._submit", f"{root}/main/logs/{folder}"]
     assert f"note: hpc in the containers: a copy of hpc and its pure-Python requirements at {carried}" in text
     if runtime == "exec":
         assert words[at - 4:at] == ["bwrap", "--bind", "/", "/"]
@@ -79,7 +79,8 @@ def test_sweep_dry_run_shows_the_container(proj, capsys, runtime):
     text = dry_run(capsys, "--run-dir", str(root), *BOX[runtime], "--sweep", "script.warn_signal=TERM,USR1",
                    "--", "python", "train.py")
     assert text.startswith(f"sweep: pipeline run, 2 point(s) -> {root}")
-    check_srun_line(text, runtime, root, proj)  # the sweep directory: it holds the sweep's one snapshot
+    # the sweep directory: it holds the sweep's one snapshot; the points' tasks are one array, one log folder
+    check_srun_line(text, runtime, root, proj, folder="%A")
 
 
 def test_framework_is_not_looked_up_on_this_machine_for_an_image(proj, capsys):
