@@ -12,7 +12,7 @@ with torch.load(weights_only=False): either runs code a crafted checkpoint names
 loads the index through hpc.checkpoint.dcp_pickle, the planner the values with weights_only=True.
 
 A checkpoint saved without DCP's collectives has no merged index: each rank's part (__R.metadata)
-is listed in the marker (hpc.checkpoint.dcp_index). select() reads this rank's own part and uses
+is listed with that rank's files (hpc.checkpoint.dcp_index, rank_lists). select() reads this rank's own part and uses
 it when it covers every piece of the load state: under FSDP, on the layout that saved, whatever
 the world size, each rank wrote its shards and its own copy of the replicated values
 (hpc.checkpoint.replicas), so it reads 1 part and its own shard file. A checkpoint whose
@@ -56,9 +56,11 @@ def holds_optimizer_state(reader: Any) -> bool:
 
 def reader(directory: str | os.PathLike, files: dict | None, rank: int = 0) -> Any:
     """A FileSystemReader that reads DCP's index once however often it is asked for it, and, with
-    `files` (the marker's checksums), checks each stored tensor's bytes against the marker's crc32
-    as it reads them: a rank reads its share once, verification included, never a whole file or
-    another rank's shards (the marker lists one crc32 per (offset, length) range, see own_shards).
+    `files` (the marker's checksums, with its ranks' lists read in so far), checks each stored
+    tensor's bytes against the crc32 listed for it as it reads them: a rank reads its share once,
+    verification included, never a whole file or another rank's shards (a rank's list holds one
+    crc32 per (offset, length) range, see own_shards; another rank's list is read, once, when the
+    load first needs one of that rank's files).
     `rank`: the loading rank, whose own index part select() reads first."""
     import io
     import zlib
