@@ -12,10 +12,10 @@ with torch.load(weights_only=False): either runs code a crafted checkpoint names
 loads the index through hpc.checkpoint.dcp_pickle, the planner the values with weights_only=True.
 
 A checkpoint saved without DCP's collectives has no merged index: each rank's part (__R.metadata)
-is listed with that rank's files (hpc.checkpoint.dcp_index, rank_lists). select() reads this rank's own part and uses
-it when it covers every piece of the load state: under FSDP, on the layout that saved, whatever
-the world size, each rank wrote its shards and its own copy of the replicated values
-(hpc.checkpoint.replicas), so it reads 1 part and its own shard file. A checkpoint whose
+is listed with that rank's files (hpc.checkpoint.dcp_index, rank_lists). select() reads this
+rank's own part and uses it when it covers every piece of the load state: under FSDP, on the
+layout that saved, whatever the world size, each rank wrote its shards and its own copy of the
+replicated values (hpc.checkpoint.replicas), so it reads 1 part and its own shard file. A checkpoint whose
 replicated values only rank 0 wrote is covered by rank 0's part beside it. Otherwise (DDP,
 whose ranks each read the whole state; a resharded FSDP load) it merges every part, as DCP's
 coordinator would have at the save: O(ranks x tensors) CPU and ranks opens on each loading rank,

@@ -129,8 +129,8 @@ def check(path: Path, crc: Any = None, rank: int | None = None) -> tuple[str, di
         if problem:
             return problem, {}
     for n, expected in list(files.items()):
-        if rank is not None and rank_of(n) not in (None, rank) or rank_lists.rank_of_list(n) in files.lists_read:
-            continue
+        if (rank is not None and rank_of(n) not in (None, rank)) or rank_lists.rank_of_list(n) in files.lists_read:
+            continue  # another rank's file (its load checks it), or a list checked as it was read
         problem = verify(path / n, expected) if crc is None or n in crc else sized(path / n, expected)
         if problem:
             return problem, {}
