@@ -191,8 +191,8 @@ def run(ctx: Context) -> Section:
                          f"save with collectives, on rank 0 while the others wait: {fmt_s(m['dcp_s'])} (.metadata "
                          f"{m['merged_bytes'] / 1e6:.1f} MB)"])
     sec.notes += [
-        "ops: a rank checks the shared files (the marker, shared.pt) and its own (rank-R.pt, its shard's and "
-        "its DCP index part's sizes); the other ranks' files are checked by the load that reads them, "
+        "ops: a rank checks the shared files (the marker, shared.pt), its list and its own files (rank-R.pt, "
+        "its shard's and its DCP index part's sizes); the other ranks' files are checked by the load that reads them, "
         "as DCP reads them (hpc.checkpoint.dcp_reader)",
         "commit: each rank's DCP index part is committed as it is; rank 0 checks that the parts cover the "
         "state from two numbers per rank (hpc.checkpoint.dcp_claim) instead of merging tensors x ranks "
