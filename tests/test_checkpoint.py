@@ -127,21 +127,23 @@ def _save_two_ranks(directory, step):
 def test_per_rank_state_two_ranks(tmp_path):
     stores, _ = _save_two_ranks(tmp_path, 7)
     assert sorted(p.name for p in (tmp_path / "step-7").iterdir()) == [
-        "COMPLETE.json", "rank-0.pt", "rank-1.pt", "shared.pt"]  # rank 1's report to rank 0 is gone
+        "COMPLETE.json", "files-0.json", "files-1.json", "rank-0.pt", "rank-1.pt",
+        "shared.pt"]  # rank 1's report to rank 0 is gone; each rank's list of its files is committed
     assert [s.load()["per_rank"] for s in stores] == [{"rank": 0}, {"rank": 1}]
     assert torch.equal(stores[1].load()["model"], torch.ones(3))
 
 
 def test_a_rank_fsyncs_only_its_own_file_per_save(tmp_path, monkeypatch):
     """Each fsync waits for the disk's journal, and at hundreds of ranks they queue behind one
-    another: a rank > 0 fsyncs only the data it wrote; its report to rank 0 is a message that the
-    fsynced marker repeats. Rank 0 does not report to itself through a file."""
+    another: a rank > 0 fsyncs only the data it wrote (its state and the list of its files that
+    the marker names); its report to rank 0 is a message that the fsynced marker repeats. Rank 0
+    does not report to itself through a file."""
     import os
     calls = []
     real = os.fsync
     monkeypatch.setattr(os, "fsync", lambda fd: (calls.append(threading.current_thread()), real(fd))[1])
     stores, idents = _save_two_ranks(tmp_path, 3)
-    assert calls.count(idents[1]) == 1  # rank-1.pt
+    assert calls.count(idents[1]) == 2  # rank-1.pt, files-1.json
     assert not (tmp_path / "step-3" / "rank-0.done").exists()
     assert [s.load()["per_rank"] for s in stores] == [{"rank": 0}, {"rank": 1}]
 
@@ -206,8 +208,10 @@ def test_marker_of_the_sha256_format_still_loads(tmp_path):
     store.save(1, _state(1), blocking=True)
     marker_path = tmp_path / "step-1" / "COMPLETE.json"
     marker = json.loads(marker_path.read_text())
-    marker["files"] = {n: hashlib.sha256((tmp_path / "step-1" / n).read_bytes()).hexdigest()
-                       for n in marker["files"]}
+    step_dir = tmp_path / "step-1"
+    (step_dir / "files-0.json").unlink()  # a marker of that format lists every file itself
+    marker["files"] = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in step_dir.iterdir()
+                       if p.name != "COMPLETE.json"}
     marker_path.write_text(json.dumps(marker))
     assert store.load()["step"] == 1
     marker["files"]["shared.pt"] = "0" * 64

@@ -5,8 +5,8 @@ deletes the rest leaves the previous checkpoint the newest valid one.
 
 Two ranks (threads of one process, each with its own store and DCP engine, the engine told its
 rank in a world of 2) save through DCP without collectives, as TrainLoop does: each rank writes
-its shards, DCP's index of them (__R.metadata, committed as it is) and its rank-R.pt; rank 1
-reports to rank 0 in rank-1.done. A kill is a BaseException that stops rank 0 where it is, with none of its cleanup.
+its shards, DCP's index of them (__R.metadata, committed as it is), its rank-R.pt and the list
+of them (files-R.json); rank 1 reports to rank 0 in rank-1.done. A kill is a BaseException that stops rank 0 where it is, with none of its cleanup.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from hpc.checkpoint import store as store_module
 from hpc.checkpoint.dcp_engine import DcpEngine
 from hpc.checkpoint.layout import MARKER
 
-COMMITTED = ["COMPLETE.json", "__0.metadata", "__0_0.distcp", "__1.metadata", "__1_0.distcp", "rank-0.pt",
-             "rank-1.pt", "shared.pt"]
+COMMITTED = ["COMPLETE.json", "__0.metadata", "__0_0.distcp", "__1.metadata", "__1_0.distcp", "files-0.json",
+             "files-1.json", "rank-0.pt", "rank-1.pt", "shared.pt"]
 DELETED = ["rank-1.done"]  # what the commit alone reads
 
 
@@ -77,9 +77,9 @@ def _loads(directory, step: int) -> None:
     assert bool((target.weight == step).all()) and bool((target.bias == step).all())
 
 
-def test_a_committed_checkpoint_holds_three_files_per_rank_and_two_more(tmp_path):
+def test_a_committed_checkpoint_holds_four_files_per_rank_and_two_more(tmp_path):
     _save(tmp_path, 1, 1.0)
-    assert sorted(p.name for p in (tmp_path / "step-1").iterdir()) == COMMITTED  # 3 x 2 ranks + 2
+    assert sorted(p.name for p in (tmp_path / "step-1").iterdir()) == COMMITTED  # 4 x 2 ranks + 2
     _loads(tmp_path, 1)
 
 

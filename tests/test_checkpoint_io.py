@@ -172,7 +172,8 @@ def test_every_name_given_to_a_ranks_file_is_read_back_as_that_ranks(rank):
     from hpc.checkpoint import layout
     from hpc.checkpoint.dcp_index import rank_metadata
 
-    for name in (layout.rank_state(rank), layout.rank_report(rank), rank_metadata(rank), f"__{rank}_7.distcp"):
+    for name in (layout.rank_state(rank), layout.rank_report(rank), layout.rank_list(rank), rank_metadata(rank),
+                 f"__{rank}_7.distcp"):
         assert layout.rank_of(name) == rank, name
     for shared in (layout.SHARED, layout.MARKER, layout.DCP_METADATA, f"rank-{rank}.pt.tmp", f"__{rank}_x.distcp"):
         assert layout.rank_of(shared) is None, shared

@@ -104,8 +104,8 @@ def test_rank_0_commits_without_reading_any_ranks_index_part(tmp_path):
     opened = _save(tmp_path, world, model)
     others = [n for n in opened if layout.rank_of(n) not in (None, 0) and not n.endswith(".done")]
     assert not others, others
-    marker = json.loads((tmp_path / "step-1" / layout.MARKER).read_text())
-    assert {rank_metadata(r) for r in range(world)} <= set(marker["files"]) and METADATA not in marker["files"]
+    listed = layout.check(tmp_path / "step-1", crc=())[1]  # the marker's files, and its ranks' lists'
+    assert {rank_metadata(r) for r in range(world)} <= set(listed) and METADATA not in listed
     fresh, read = _load(tmp_path, rank=5, world=world)  # DDP: every rank loads the whole state
     assert _same(fresh, model)
     assert read.count(rank_metadata(5)) == 1 and read.count(rank_metadata(0)) == 1
@@ -127,14 +127,17 @@ def test_a_commit_whose_ranks_saved_different_models_is_refused(tmp_path):
 
 def test_a_checkpoint_with_a_merged_index_still_loads(tmp_path):
     """What the commit wrote before the parts were kept: their merge as .metadata, listed in the
-    marker, the parts deleted. It loads from .metadata alone, as before."""
+    marker with every rank's files (before the ranks' lists), the parts deleted. It loads from
+    .metadata alone, as before."""
     model, step = _model(), tmp_path / "step-1"
     _save(tmp_path, 2, model)
     merge_metadata(step, 2)
     marker = json.loads((step / layout.MARKER).read_text())
+    marker["files"] = {n: info for n, info in layout.check(step, crc=())[1].items()
+                       if n not in {layout.rank_list(0), layout.rank_list(1), rank_metadata(0), rank_metadata(1)}}
     for r in range(2):
         (step / rank_metadata(r)).unlink()
-        del marker["files"][rank_metadata(r)]
+        (step / layout.rank_list(r)).unlink(missing_ok=True)
     marker["files"][METADATA] = file_info(step / METADATA)
     (step / layout.MARKER).write_text(json.dumps(marker))
     for rank in (0, 1):

@@ -18,10 +18,11 @@ import sys
 from pathlib import Path
 
 import pytest
-
 import ranklaunch
 from test_ddp_session import free_port
 from test_fsdp import ATOL, REPO, load, max_difference
+
+from hpc.checkpoint import layout
 
 WORKLOAD = Path(__file__).with_name("elastic_workload.py")
 STEPS, STOP_AT = 6, 2
@@ -106,7 +107,9 @@ def test_an_fsdp_checkpoint_holds_dcp_shards_under_its_marker(stopped, tmp_path)
     out = stopped("fsdp", tmp_path / "run")
     (step_dir,) = (out / "checkpoints").glob("step-*")
     marker = json.loads((step_dir / "COMPLETE.json").read_text())
-    assert {"__0.metadata", "__1.metadata", "__0_0.distcp", "__1_0.distcp", "shared.pt"} <= set(marker["files"])
+    assert set(marker["files"]) == {"files-0.json", "files-1.json", "shared.pt"}  # each rank's list of its files
+    listed = layout.check(step_dir, crc=())[1]  # the marker's files, the ranks' lists read in
+    assert {"__0.metadata", "__1.metadata", "__0_0.distcp", "__1_0.distcp", "shared.pt"} <= set(listed)
     assert marker["world_size"] == 2
 
 

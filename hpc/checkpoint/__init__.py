@@ -12,20 +12,22 @@ Layout of one checkpoint (every rank calls ``save``; rank 0 commits)::
 
     step-120/shared.pt        state minus "per_rank", written by rank 0
     step-120/rank-R.pt        state["per_rank"] of rank R (RNG, sampler position, ...)
-    step-120/COMPLETE.json    marker: step, files with their crc32 and size; written last
+    step-120/COMPLETE.json    marker: step, shared files and each rank's list, with crc32 and size; written last
+    step-120/files-R.json     rank R's list of its files, with their crc32s (per tensor for shards)
     step-120/__R_0.distcp     with save(..., sharded=): model and optimizer shards (dcp_engine)
     step-120/__R.metadata     DCP's index of rank R's shards (TrainLoop saves without DCP's
                               collectives; a load reads the parts it needs, dcp_index), or
     step-120/.metadata        DCP's index of all shards (a save with DCP's collectives, or older)
 
 While it is written, .step-120.tmp/ also holds each rank's report to rank 0 (rank-R.done): the
-commit deletes them before it writes the marker, so a committed checkpoint holds 3 files per
-rank (its shards, its index part and rank-R.pt) and 2 shared ones.
+commit deletes them before it writes the marker, so a committed checkpoint holds 4 files per
+rank (its shards, its index part, rank-R.pt and files-R.json) and 2 shared ones.
 
 Files are written into ``.step-N.tmp/`` (temporary name, fsync, rename), then rank 0 writes the
-marker and renames the directory, from the checksums each rank reported for its own files (rank 0
-reads no other rank's data). A directory counts only with a marker whose sizes match (a rank of
-a job looks at the shared files and its own), and a load verifies the checksums of what it
+marker and renames the directory, from the checksum each rank reported for its list of its files
+(rank 0 reads no other rank's data, nor its list: the marker grows with the ranks, not with ranks x
+tensors; rank_lists). A directory counts only with a marker whose sizes match (a rank of a job
+looks at the shared files, its list and its own files), and a load verifies the checksums of what it
 reads, so a process killed mid-write leaves the previous checkpoint as the newest valid one.
 Loading never runs pickled code: the store's files go through ``torch.load(weights_only=True)``,
 DCP's index through an unpickler that admits only the types DCP writes, and DCP's non-tensor
@@ -48,6 +50,7 @@ Parts (one concept each)::
     background_writer.py  the forked or threaded writer of one background save
     writer_lock.py        one writing job per store
     reports.py            each rank's report of what it wrote, which rank 0 commits from
+    rank_lists.py         each rank's list of its files and their checksums, which the marker names
     dcp_engine.py         model and optimizer through torch.distributed.checkpoint (FSDP)
     dcp_index.py          DCP's index in the ranks' parts (saves without collectives), merged where a load needs it
     dcp_claim.py          what each rank wrote in two numbers: the commit checks the parts cover the state

@@ -275,7 +275,7 @@ def own_shards(directory: Path, rank: int) -> dict[str, dict]:
     group), one crc32 per tensor stored (from DCP's index: this rank's own after a save without
     collectives, else .metadata), read right after they were written, while the page cache
     still holds them; after a save without collectives, that index part's checksum too (the
-    marker lists it: a load reads it)."""
+    rank's list names it: a load reads it)."""
     own = Path(directory) / rank_metadata(rank)
     path = own if own.exists() else Path(directory) / METADATA
     data = path.read_bytes()

@@ -8,7 +8,7 @@
 DCP's coordinator builds `.metadata` from every rank's plan and write results, gathered to rank
 0 at each save: ranks x tensors chunks, which rank 0 unpickles, merges and pickles again (11 s
 of CPU at 512 ranks and 300 tensors, BENCHMARKS.md). A save without collectives leaves each
-rank's part of that index in its own file, the marker lists every part (hpc.checkpoint.store),
+rank's part of that index in its own file, listed with the rank's files (hpc.checkpoint.rank_lists),
 and the commit merges nothing: what the coordinator's plan validation checks is checked from
 counts each rank reports (hpc.checkpoint.dcp_claim). A load reads the parts that hold what its
 layout needs (dcp_reader): under FSDP on the layout that saved, its own (shards and replicated values).

@@ -12,10 +12,10 @@ with torch.load(weights_only=False): either runs code a crafted checkpoint names
 loads the index through hpc.checkpoint.dcp_pickle, the planner the values with weights_only=True.
 
 A checkpoint saved without DCP's collectives has no merged index: each rank's part (__R.metadata)
-is listed in the marker (hpc.checkpoint.dcp_index). select() reads this rank's own part and uses
-it when it covers every piece of the load state: under FSDP, on the layout that saved, whatever
-the world size, each rank wrote its shards and its own copy of the replicated values
-(hpc.checkpoint.replicas), so it reads 1 part and its own shard file. A checkpoint whose
+is listed with that rank's files (hpc.checkpoint.dcp_index, rank_lists). select() reads this
+rank's own part and uses it when it covers every piece of the load state: under FSDP, on the
+layout that saved, whatever the world size, each rank wrote its shards and its own copy of the
+replicated values (hpc.checkpoint.replicas), so it reads 1 part and its own shard file. A checkpoint whose
 replicated values only rank 0 wrote is covered by rank 0's part beside it. Otherwise (DDP,
 whose ranks each read the whole state; a resharded FSDP load) it merges every part, as DCP's
 coordinator would have at the save: O(ranks x tensors) CPU and ranks opens on each loading rank,
@@ -31,9 +31,10 @@ import pickle
 from pathlib import Path
 from typing import Any
 
-from hpc.checkpoint import dcp_index, dcp_pickle, optim_state
+from hpc.checkpoint import dcp_index, dcp_pickle, optim_state, rank_lists
 from hpc.checkpoint.dcp_index import METADATA, rank_metadata
-from hpc.checkpoint.files import verify
+from hpc.checkpoint.files import matches, verify
+from hpc.checkpoint.layout import rank_of
 
 __all__ = ["ShardCorrupt", "reader", "planner", "holds_optimizer_state"]
 
@@ -55,25 +56,37 @@ def holds_optimizer_state(reader: Any) -> bool:
 
 def reader(directory: str | os.PathLike, files: dict | None, rank: int = 0) -> Any:
     """A FileSystemReader that reads DCP's index once however often it is asked for it, and, with
-    `files` (the marker's checksums), checks each stored tensor's bytes against the marker's crc32
-    as it reads them: a rank reads its share once, verification included, never a whole file or
-    another rank's shards (the marker lists one crc32 per (offset, length) range, see own_shards).
+    `files` (the marker's checksums, with its ranks' lists read in so far), checks each stored
+    tensor's bytes against the crc32 listed for it as it reads them: a rank reads its share once,
+    verification included, never a whole file or another rank's shards (a rank's list holds one
+    crc32 per (offset, length) range, see own_shards; another rank's list is read, once, when the
+    load first needs one of that rank's files).
     `rank`: the loading rank, whose own index part select() reads first."""
     import io
     import zlib
 
     from torch.distributed.checkpoint import FileSystemReader
 
-    known = {(name, off, length): crc for name, info in (files or {}).items() if isinstance(info, dict)
-             for off, length, crc in info.get("items") or ()}
-
+    known: dict[str, dict] = {}  # shard file -> {(offset, length): crc32}, from its entry's items
     whole: dict[str, str] = {}  # files whose marker entry has no per-tensor items: checked whole, once
     indexes: dict[str, Any] = {}  # file name -> DCP's Metadata in it
     refused: list[dcp_pickle.UnsafeCheckpoint] = []  # DCP turns these into a missing index
     if files is not None:
-        parts = [] if METADATA in files else dcp_index.parts_in(files)
+        # A marker naming the ranks' lists (rank_lists): a rank's files are known once its list is
+        # read, and each rank with a list wrote an index part (a save without DCP's collectives).
+        files = rank_lists.Files(directory, files, rank_of)
+        parts = [] if METADATA in files else sorted(set(dcp_index.parts_in(files)) | set(files.ranks()))
     else:
         parts = [] if (Path(directory) / METADATA).exists() else dcp_index.parts_in(os.listdir(directory))
+
+    def entry(name: str) -> Any:
+        """The checksum info of `name`: the marker's, or its rank's list's, that list read on the
+        first need of one of the rank's files (a rank on the layout that saved reads only its own)."""
+        if name not in files and rank_of(name) is not None:
+            problem = files.add(rank_of(name))
+            if problem:
+                raise ShardCorrupt(problem)
+        return files.get(name)
 
     class CheckedReader(FileSystemReader):
         chosen: Any = None  # the index this load uses: the merged one, or select()'s parts
@@ -84,7 +97,7 @@ def reader(directory: str | os.PathLike, files: dict | None, rank: int = 0) -> A
                 with self.fs.create_stream(path, "rb") as fh:
                     data = fh.read()
                 if files is not None:
-                    _check_index(path, data, files)
+                    _check_index(path, data, entry(name))
                 try:
                     indexes[name] = dcp_pickle.load(io.BytesIO(data), path)
                 except dcp_pickle.UnsafeCheckpoint as err:
@@ -148,18 +161,21 @@ def reader(directory: str | os.PathLike, files: dict | None, rank: int = 0) -> A
             if files is None:
                 return super()._slice_file(file, sinfo)
             name = sinfo.relative_path
-            where = (name, sinfo.offset, sinfo.length)
-            if name not in files:
+            info = entry(name)
+            if info is None:
                 raise ShardCorrupt(f"{name} is not in the completion marker")
-            if not isinstance(files[name], dict) or "items" not in files[name]:
+            if not isinstance(info, dict) or "items" not in info:
                 if name not in whole:
-                    whole[name] = verify(Path(directory) / name, files[name])
+                    whole[name] = verify(Path(directory) / name, info)
                 if whole[name]:
                     raise ShardCorrupt(whole[name])
                 return super()._slice_file(file, sinfo)
+            if name not in known:
+                known[name] = {(off, length): crc for off, length, crc in info["items"] or ()}
             file.seek(sinfo.offset)
             data = file.read(sinfo.length)
-            if len(data) != sinfo.length or known.get(where) != f"{zlib.crc32(data):08x}":
+            crc = known[name].get((sinfo.offset, sinfo.length))
+            if len(data) != sinfo.length or crc != f"{zlib.crc32(data):08x}":
                 raise ShardCorrupt(f"{sinfo.relative_path} does not match its crc32 checksum at offset "
                                    f"{sinfo.offset} ({'truncated' if len(data) != sinfo.length else 'corrupted'})")
             return io.BytesIO(data)
@@ -167,21 +183,14 @@ def reader(directory: str | os.PathLike, files: dict | None, rank: int = 0) -> A
     return CheckedReader(str(directory))
 
 
-def _check_index(path: Path, data: bytes, files: dict) -> None:
-    """DCP's index against the marker's checksum, on the bytes read to load it: the store checks
-    no more than its size, so a rank reads it once (ShardCorrupt when it does not match)."""
-    import zlib
-
-    info = files.get(path.name)
+def _check_index(path: Path, data: bytes, info: Any) -> None:
+    """DCP's index against the marker's checksum (`info`, None where it lists none), on the bytes
+    read to load it: the store checks no more than its size, so a rank reads it once (ShardCorrupt
+    when it does not match)."""
     if info is None:
         raise ShardCorrupt(f"{path.name} is not in the completion marker")
-    if isinstance(info, str):  # a legacy sha256 entry: checked by reading the file
-        problem = verify(path, info)
-    elif len(data) != info.get("bytes"):
-        problem = f"{path.name} has {len(data)} bytes, the marker says {info.get('bytes')} (truncated)"
-    else:
-        problem = "" if f"{zlib.crc32(data):08x}" == info.get("crc32") else \
-            f"{path.name} does not match its crc32 checksum (corrupted)"
+    # a legacy sha256 entry: checked by reading the file
+    problem = verify(path, info) if isinstance(info, str) else matches(path.name, data, info)
     if problem:
         raise ShardCorrupt(problem)
 

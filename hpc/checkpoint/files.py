@@ -184,6 +184,16 @@ def verify(path: Path, expected: Any) -> str:
     return ""
 
 
+def matches(name: str, data: bytes, expected: dict[str, Any]) -> str:
+    """verify() on the bytes already read of the file `name` (a small file read whole to be used:
+    an index, a rank's file list): checked as read, never read twice."""
+    if len(data) != expected.get("bytes"):
+        return f"{name} has {len(data)} bytes, the marker says {expected.get('bytes')} (truncated)"
+    if f"{zlib.crc32(data):08x}" != expected.get("crc32"):
+        return f"{name} does not match its crc32 checksum (corrupted)"
+    return ""
+
+
 def file_info(path: Path) -> dict[str, Any]:
     """write_atomic's info ({"crc32", "bytes"}) of a file another writer made (DCP's metadata)."""
     crc, size, buf = 0, 0, bytearray(CHUNK)

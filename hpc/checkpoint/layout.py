@@ -24,6 +24,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from hpc.checkpoint import rank_lists
 from hpc.checkpoint.files import verify
 
 MARKER = "COMPLETE.json"
@@ -107,7 +108,8 @@ def _marker_problem(marker: object, path: Path) -> str:
 
 def check(path: Path, crc: Any = None, rank: int | None = None) -> tuple[str, dict[str, Any]]:
     """('', the marker's files: name -> checksum info) when the entry at `path` is complete and
-    intact, else (problem, {}).
+    intact, else (problem, {}). Where the marker names the ranks' lists of their files
+    (hpc.checkpoint.rank_lists), those read in (`rank`'s, or all) are part of it and of the check.
 
     Every listed file must exist with the size the marker gives (a stat, nothing read). `crc`:
     names whose checksums are verified too (None: all). `rank`: only the shared files and that
@@ -121,13 +123,18 @@ def check(path: Path, crc: Any = None, rank: int | None = None) -> tuple[str, di
     problem, marker = read_marker(path)
     if problem:
         return problem, {}
-    for n, expected in marker["files"].items():
-        if rank is not None and rank_of(n) not in (None, rank):
-            continue
+    files = rank_lists.Files(path, marker["files"], rank_of)
+    for r in files.ranks() if rank is None else [rank]:  # a list is checked as it is read
+        problem = files.add(r)
+        if problem:
+            return problem, {}
+    for n, expected in list(files.items()):
+        if (rank is not None and rank_of(n) not in (None, rank)) or rank_lists.rank_of_list(n) in files.lists_read:
+            continue  # another rank's file (its load checks it), or a list checked as it was read
         problem = verify(path / n, expected) if crc is None or n in crc else sized(path / n, expected)
         if problem:
             return problem, {}
-    return "", dict(marker["files"])
+    return "", files
 
 
 def sized(path: Path, expected: Any) -> str:
@@ -179,11 +186,14 @@ def set_aside(path: Path, step: int) -> Path:
     return target
 
 
-# One rank's files in a checkpoint's directory: its state, its report to rank 0, and what DCP writes
-# under its name in a save without collectives (data files __R_K.distcp, its index __R.metadata,
-# dcp_index.rank_metadata). Every name a rank's file is given is formatted here or by DCP, and
-# rank_of reads them all back: tests check it against the names a real save writes.
-_RANK_FILE = re.compile(r"^(?:__(\d+)(?:_\d+\.distcp|\.metadata)|rank-(\d+)\.(?:pt|done))$")
+# One rank's files in a checkpoint's directory: its state, the list of its files (rank_lists), its
+# report to rank 0, and what DCP writes under its name in a save without collectives (data files
+# __R_K.distcp, its index __R.metadata, dcp_index.rank_metadata). Every name a rank's file is given
+# is formatted here or by DCP, and rank_of reads them all back: tests check it against the names a
+# real save writes.
+_RANK_FILE = re.compile(r"^(?:__(\d+)(?:_\d+\.distcp|\.metadata)|rank-(\d+)\.(?:pt|done)"
+                        r"|files-(\d+)\.json)$")
+rank_list = rank_lists.name  # the list of the rank's files, its crc32s included: the marker names it
 
 
 def rank_state(rank: int) -> str:
@@ -199,11 +209,13 @@ def rank_report(rank: int) -> str:
 def rank_of(file_name: str) -> int | None:
     """The rank a file of a checkpoint's directory belongs to; None for shared files and others."""
     m = _RANK_FILE.match(file_name)
-    return int(m.group(1) or m.group(2)) if m else None
+    return int(m.group(1) or m.group(2) or m.group(3)) if m else None
 
 
 def drop_unlisted(directory: Path, listed: Any) -> None:
-    """Delete the ranks' files in a checkpoint being committed that its marker does not list.
+    """Delete the ranks' files in a checkpoint being committed that its marker does not list,
+    itself or in a rank's list (a rank whose list `listed` names keeps its files: rank 0 commits
+    without reading the lists).
 
     One kind is the commit's alone: each rank's report to rank 0 (rank_report). Kept, it would be
     a file per rank that nothing reads, on filesystems where the metadata server is what runs out
@@ -216,5 +228,8 @@ def drop_unlisted(directory: Path, listed: Any) -> None:
     writes it again."""
     with os.scandir(directory) as entries:
         for entry in entries:
-            if rank_of(entry.name) is not None and entry.name not in listed:
+            rank = rank_of(entry.name)
+            if rank is None or entry.name in listed:
+                continue
+            if rank_list(rank) not in listed or entry.name == rank_report(rank):
                 discard(Path(entry.path))

@@ -19,8 +19,8 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterator
 
-from hpc.checkpoint import layout, read_lease
-from hpc.checkpoint.dcp_index import rank_metadata
+from hpc.checkpoint import layout, rank_lists, read_lease
+from hpc.checkpoint.dcp_index import parts_in
 from hpc.checkpoint.files import load_file
 from hpc.checkpoint.layout import DCP_METADATA, MARKER, SHARED
 
@@ -169,7 +169,16 @@ class StoreReader:
             return f"{SHARED} holds a {type(state).__name__}, not a checkpoint's dict"
         own = layout.rank_state(self.rank)
         state[PER_RANK_KEY] = load_file(path / own, map_location) if own in names else None
-        if DCP_METADATA in names or rank_metadata(0) in names:  # merged, or in the ranks' parts
+        sharded = DCP_METADATA in names or bool(parts_in(names))  # merged, or in the ranks' parts
+        lists = names.ranks() if isinstance(names, rank_lists.Files) else []
+        if not sharded and lists and self.rank not in names.lists_read:
+            # A rank the save had not (a resume on more ranks) learns whether DCP's index is in the
+            # ranks' parts from the first rank's list, which its load reads first (dcp_reader).
+            problem = names.add(lists[0])
+            if problem:
+                return problem
+            sharded = bool(parts_in(names))
+        if sharded:
             state[SHARDED_KEY], state[FILES_KEY] = path, names
         return state
 

@@ -1,10 +1,11 @@
 """How the ranks tell rank 0 what they wrote into a checkpoint: one small report file each.
 
-    send(tmp, rank, {"generation": g, "file": info, "shards": {...}, "claim": {...}})   # ranks > 0
-    files = collect(tmp, world_size, generation, wait_s, claims)          # rank 0
+    send(tmp, rank, {"generation": g, "list": info, "claim": {...}})   # ranks > 0
+    files = collect(tmp, world_size, generation, wait_s, claims)      # rank 0: {"files-R.json": info}
 
-A report names the rank's files and their checksums, so rank 0 commits without reading any other
-rank's data. Files, not a collective: a forked writer holds no process group, and a rank that died
+A report gives the checksum info of the rank's list of its files (hpc.checkpoint.rank_lists), so
+rank 0 commits without reading any other rank's data, nor their crc32s per tensor: the marker
+names each rank's list. Files, not a collective: a forked writer holds no process group, and a rank that died
 or failed must cost rank 0 a timeout with the rank's name in it, never a hang in a collective. A
 report is written atomically but not fsynced: it is a message, and the marker that repeats it is
 fsynced; a crash before the marker leaves an uncommitted directory whatever the reports' state.
@@ -17,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hpc.checkpoint.layout import rank_report, rank_state
+from hpc.checkpoint.layout import rank_list, rank_report, rank_state
 from hpc.fs.atomic import write_bytes
 from hpc.fs.sharedfs import listed
 
@@ -41,8 +42,12 @@ def send_error(tmp: Path, rank: int, generation: str, err: BaseException) -> Non
 
 
 def files_of(report: dict[str, Any], rank: int) -> dict[str, Any]:
-    """name -> checksum info of the files a report lists: the rank's file, its DCP shards."""
-    files = {rank_state(rank): report["file"]} if "file" in report else {}
+    """name -> checksum info of what a report names for the marker: the rank's list. A report
+    of the form before the lists (the rank's file, its DCP shards) has them committed in the
+    marker itself, as then; a load reads either."""
+    files = {rank_list(rank): report["list"]} if "list" in report else {}
+    if "file" in report:
+        files[rank_state(rank)] = report["file"]
     files.update(report.get("shards", {}))
     return files
 

@@ -3,11 +3,12 @@
     dcp.save(state, checkpoint_id=d, storage_writer=shardcrc.writer(d))
     runs = shardcrc.written(d / "__0_0.distcp")    # {(offset, length): "crc32"}, or None
 
-The marker lists one crc32 per stored item of a rank's data file (hpc.checkpoint.files.ranges_info).
-DCP's file writer asks the stream's position before and after each item it writes, so the bytes
-between two such questions are exactly one item: the stream here keeps the crc32 of each of those
-runs as the bytes go by. Reading the file back for them instead would read the rank's whole share
-again at every commit: at 500 GB over 64 ranks, about 8 GB per rank per save.
+The rank's list of its files (rank_lists) holds one crc32 per stored item of its data file
+(hpc.checkpoint.files.ranges_info). DCP's file writer asks the stream's position before and after
+each item it writes, so the bytes between two such questions are exactly one item: the stream
+here keeps the crc32 of each of those runs as the bytes go by. Reading the file back for them
+instead would read the rank's whole share again at every commit: at 500 GB over 64 ranks, about
+8 GB per rank per save.
 
 Nothing depends on DCP asking in that order: a range the stream did not see as one run (a DCP that
 writes differently, a seek, a short write) is read back and checksummed as before, and so is every
