@@ -3,54 +3,26 @@ parts that leave the state short; loads read the parts, and checkpoints with a m
 
     python -m pytest -q tests/test_commit_claims.py
 
-The ranks of a DDP job are played in one process: each rank's DcpEngine is told its place (rank r
-of W), saves its share of the replicated tensors into the checkpoint's temporary directory and
-reports to rank 0 as the store does (hpc.checkpoint.reports); then rank 0's store saves and commits.
+The ranks of a DDP job are played in one process (tests/playranks.py): each rank's DcpEngine is
+told its place (rank r of W), saves its share of the replicated tensors into the checkpoint's
+temporary directory and reports to rank 0 as the store does; then rank 0's store saves and commits.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import pickle
-import sys
 from pathlib import Path
 
+import playranks
 import pytest
 import torch
+from playranks import no_slurm_job, recording  # noqa: F401  (an autouse fixture: the played ranks are no SLURM job's)
 
-from hpc.checkpoint import SHARDED_KEY, CheckpointStore, StoreReader, dcp_claim, layout, reports
-from hpc.checkpoint.dcp_engine import DcpEngine, ShardCorrupt, own_shards
+from hpc.checkpoint import SHARDED_KEY, StoreReader, layout
+from hpc.checkpoint.dcp_engine import ShardCorrupt
 from hpc.checkpoint.dcp_index import METADATA, merge_metadata, rank_metadata
 from hpc.checkpoint.files import file_info
-from hpc.checkpoint.writer_lock import generation
-
-OPENED: list[str] | None = None  # names of the files opened while it is a list
-
-
-def _audit(event: str, args: tuple) -> None:
-    if event == "open" and OPENED is not None and isinstance(args[0], (str, os.PathLike)):
-        OPENED.append(Path(args[0]).name)
-
-
-sys.addaudithook(_audit)  # cannot be removed: it records only while OPENED is a list
-
-
-@pytest.fixture(autouse=True)
-def _no_slurm_job(monkeypatch):
-    for name in ("SLURM_JOB_ID", "SLURM_RESTART_COUNT", "TORCHELASTIC_RUN_ID"):
-        monkeypatch.delenv(name, raising=False)
-
-
-def _model(layers: int = 6) -> torch.nn.Module:
-    torch.manual_seed(0)
-    return torch.nn.Sequential(*(torch.nn.Linear(4, 4) for _ in range(layers)))
-
-
-def _engine(rank: int, world: int) -> DcpEngine:
-    engine = DcpEngine()
-    engine._rank_world = lambda: (rank, world)  # its place among the ranks, without a process group
-    return engine
 
 
 def _save(root: Path, world: int, model: torch.nn.Module, as_world: dict | None = None,
@@ -58,38 +30,15 @@ def _save(root: Path, world: int, model: torch.nn.Module, as_world: dict | None 
     """Ranks 1..world-1 save and report step 1, then rank 0 saves and commits it; the names of
     the files rank 0 opened meanwhile. `as_world`: ranks that think the world has another size;
     `models`: ranks that save another model."""
-    global OPENED
-    tmp = root / layout.name("tmp", 1)
-    tmp.mkdir(parents=True, exist_ok=True)
-    for r in range(1, world):
-        _engine(r, (as_world or {}).get(r, world)).save(tmp, (models or {}).get(r, model), blocking=True,
-                                                         collectives=False)
-        reports.send(tmp, r, {"generation": generation(), "shards": own_shards(tmp, r),
-                              "claim": dcp_claim.take(tmp, r)})
-    store, engine = CheckpointStore(root, rank=0, world_size=world), _engine(0, world)
-
-    def shards(directory, blocking):
-        engine.save(directory, model, blocking=True, collectives=False)
-        return engine.wait
-    OPENED = []
-    try:
-        store.save(1, {"step": 1}, blocking=True, sharded=shards)
-    finally:
-        opened, OPENED = OPENED, None
-        store.close()
-    return opened
+    return playranks.save_step(root, 1, world, model, as_world=as_world, models=models)
 
 
 def _load(root: Path, rank: int = 0, world: int = 1) -> tuple[torch.nn.Module, list[str]]:
     """A fresh model loaded from the newest checkpoint as `rank`, and the files the load opened."""
-    global OPENED
     fresh = torch.nn.Sequential(*(torch.nn.Linear(4, 4) for _ in range(6)))
     state = StoreReader(root).load()
-    OPENED = []
-    try:
-        _engine(rank, world).load(state[SHARDED_KEY], fresh, files=state["marker_files"])
-    finally:
-        opened, OPENED = OPENED, None
+    with recording() as opened:
+        playranks.engine(rank, world).load(state[SHARDED_KEY], fresh, files=state["marker_files"])
     return fresh, opened
 
 
@@ -100,7 +49,7 @@ def _same(a: torch.nn.Module, b: torch.nn.Module) -> bool:
 def test_rank_0_commits_without_reading_any_ranks_index_part(tmp_path):
     """The merge this replaces read every rank's part at the commit (O(ranks x tensors): 11 s of
     CPU at 512 ranks); the parts are committed as they are, listed in the marker."""
-    model, world = _model(), 8
+    model, world = playranks.model(), 8
     opened = _save(tmp_path, world, model)
     others = [n for n in opened if layout.rank_of(n) not in (None, 0) and not n.endswith(".done")]
     assert not others, others
@@ -115,13 +64,13 @@ def test_a_commit_whose_ranks_split_the_state_differently_is_refused(tmp_path):
     """Rank 2 thinks the world has 3 ranks: the ranks' parts leave some tensors unwritten (and
     write others twice). The claims do not add up, and rank 0 names what is missing."""
     with pytest.raises(ValueError, match=r"values unwritten .*HINT: every rank must save the same model"):
-        _save(tmp_path, 4, _model(), as_world={2: 3})
+        _save(tmp_path, 4, playranks.model(), as_world={2: 3})
     assert not (tmp_path / "step-1").exists()
 
 
 def test_a_commit_whose_ranks_saved_different_models_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"rank 3 saved a different state from rank 0's .*HINT"):
-        _save(tmp_path, 4, _model(), models={3: _model(7)})
+        _save(tmp_path, 4, playranks.model(), models={3: playranks.model(7)})
     assert not (tmp_path / "step-1").exists()
 
 
@@ -129,7 +78,7 @@ def test_a_checkpoint_with_a_merged_index_still_loads(tmp_path):
     """What the commit wrote before the parts were kept: their merge as .metadata, listed in the
     marker with every rank's files (before the ranks' lists), the parts deleted. It loads from
     .metadata alone, as before."""
-    model, step = _model(), tmp_path / "step-1"
+    model, step = playranks.model(), tmp_path / "step-1"
     _save(tmp_path, 2, model)
     merge_metadata(step, 2)
     marker = json.loads((step / layout.MARKER).read_text())
@@ -149,7 +98,7 @@ def test_a_checkpoint_with_a_merged_index_still_loads(tmp_path):
 def test_a_load_refuses_index_parts_that_do_not_cover_its_tensors(tmp_path):
     """The commit's check counts elements; a load checks that the chunks it reads cover each piece
     it loads, where DCP would leave the rest of the tensor as it was."""
-    _save(tmp_path, 1, _model())
+    _save(tmp_path, 1, playranks.model())
     step = tmp_path / "step-1"
     part = pickle.loads((step / rank_metadata(0)).read_bytes())
     part.state_dict_metadata["model.0.weight"].chunks[0].sizes = torch.Size([2, 4])

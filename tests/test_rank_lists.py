@@ -3,86 +3,35 @@ do not grow with ranks x tensors, and a rank's load reads its own list, no other
 
     python -m pytest -q tests/test_rank_lists.py
 
-The ranks are played in one process, as in test_commit_claims: ranks 1..W-1 run the store's own
-write of a rank > 0 (its files, its list, its report to rank 0), then rank 0 saves and commits.
+The ranks are played in one process (tests/playranks.py): ranks 1..W-1 run the store's own write
+of a rank > 0 (its files, its list, its report to rank 0), then rank 0 saves and commits.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import sys
 from pathlib import Path
 
+import playranks
 import pytest
 import torch
+from playranks import no_slurm_job, recording  # noqa: F401  (an autouse fixture: the played ranks are no SLURM job's)
 
 from hpc.checkpoint import SHARDED_KEY, CheckpointStore, layout
-from hpc.checkpoint.dcp_engine import DcpEngine, ShardCorrupt
+from hpc.checkpoint.dcp_engine import ShardCorrupt
 from hpc.checkpoint.dcp_index import rank_metadata
-from hpc.checkpoint.writer_lock import generation
-
-OPENED: list[str] | None = None  # names of the files opened while it is a list
-
-
-def _audit(event: str, args: tuple) -> None:
-    if event == "open" and OPENED is not None and isinstance(args[0], (str, os.PathLike)):
-        OPENED.append(Path(args[0]).name)
-
-
-sys.addaudithook(_audit)  # cannot be removed: it records only while OPENED is a list
-
-
-@pytest.fixture(autouse=True)
-def _no_slurm_job(monkeypatch):
-    for name in ("SLURM_JOB_ID", "SLURM_RESTART_COUNT", "TORCHELASTIC_RUN_ID"):
-        monkeypatch.delenv(name, raising=False)
-
-
-def _model(layers: int = 3) -> torch.nn.Module:
-    torch.manual_seed(0)
-    return torch.nn.Sequential(*(torch.nn.Linear(4, 4) for _ in range(layers)))
-
-
-def _engine(rank: int, world: int) -> DcpEngine:
-    engine = DcpEngine()
-    engine._rank_world = lambda: (rank, world)  # its place among the ranks, without a process group
-    return engine
 
 
 def _save(root: Path, step: int, world: int, model: torch.nn.Module) -> list[str]:
     """Ranks 1..world-1 write `step` as the store writes a rank > 0's part, then rank 0 saves and
     commits it; the names of the files rank 0 opened meanwhile."""
-    global OPENED
-    tmp = root / layout.name("tmp", step)
-    tmp.mkdir(parents=True, exist_ok=True)
-    for r in range(1, world):
-        engine = _engine(r, world)
-        engine.save(tmp, model, blocking=True, collectives=False)
-        CheckpointStore(root, rank=r, world_size=world)._write(step, None, {"rank": r}, generation(),
-                                                               shards=engine.wait)
-    store, engine = CheckpointStore(root, rank=0, world_size=world), _engine(0, world)
-
-    def shards(directory, blocking):
-        engine.save(directory, model, blocking=True, collectives=False)
-        return engine.wait
-    OPENED = []
-    try:
-        store.save(step, {"step": step, "per_rank": {"rank": 0}}, blocking=True, sharded=shards)
-    finally:
-        opened, OPENED = OPENED, None
-        store.close()
-    return opened
+    return playranks.save_step(root, step, world, model, per_rank=True)
 
 
 def _opening(fn):
     """fn()'s result and the names of the files it opened."""
-    global OPENED
-    OPENED = []
-    try:
-        return fn(), OPENED
-    finally:
-        OPENED = None
+    with recording() as opened:
+        return fn(), opened
 
 
 def _marker(root: Path, step: int = 1) -> dict:
@@ -96,7 +45,7 @@ def test_the_marker_names_one_list_per_rank_and_no_checksum_per_tensor(tmp_path)
     world, sizes = 6, {}
     for layers in (1, 12):
         root = tmp_path / str(layers)
-        opened = _save(root, 1, world, _model(layers))
+        opened = _save(root, 1, world, playranks.model(layers))
         assert not [n for n in opened if n.startswith("files-") and not n.startswith(layout.rank_list(0))], opened
         marker = _marker(root)
         assert set(marker["files"]) == {layout.SHARED} | {layout.rank_list(r) for r in range(world)}
@@ -111,7 +60,7 @@ def test_the_marker_names_one_list_per_rank_and_no_checksum_per_tensor(tmp_path)
 
 @pytest.mark.parametrize("rank", [0, 3])
 def test_a_ranks_load_opens_its_own_list_and_no_other(tmp_path, rank):
-    model, world = _model(), 4
+    model, world = playranks.model(3), 4
     _save(tmp_path, 1, world, model)
     state, opened = _opening(lambda: CheckpointStore(tmp_path, rank=rank, world_size=world).load())
     assert state["per_rank"] == {"rank": rank} and state[SHARDED_KEY] == tmp_path / "step-1"
@@ -121,11 +70,11 @@ def test_a_ranks_load_opens_its_own_list_and_no_other(tmp_path, rank):
 def test_a_load_that_reads_other_ranks_files_reads_each_of_their_lists_once(tmp_path):
     """Played without FSDP, the ranks split the replicated tensors between them (a DDP save): a
     rank's load reads every rank's shard, so it reads their lists, each once, when it first needs them."""
-    model, world = _model(), 4
+    model, world = playranks.model(3), 4
     _save(tmp_path, 1, world, model)
     state = CheckpointStore(tmp_path, rank=2, world_size=world).load()
     fresh = torch.nn.Sequential(*(torch.nn.Linear(4, 4) for _ in range(3)))
-    _, opened = _opening(lambda: _engine(2, world).load(state[SHARDED_KEY], fresh, files=state["marker_files"]))
+    _, opened = _opening(lambda: playranks.engine(2, world).load(state[SHARDED_KEY], fresh, files=state["marker_files"]))
     assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), model.state_dict().values()))
     lists = sorted(n for n in opened if n.startswith("files-"))
     assert lists == sorted(layout.rank_list(r) for r in range(world) if r != 2), opened
@@ -133,7 +82,7 @@ def test_a_load_that_reads_other_ranks_files_reads_each_of_their_lists_once(tmp_
 
 def test_a_rank_the_save_had_not_finds_the_shards_through_the_first_ranks_list(tmp_path):
     """A resume on more ranks: rank 5 of 8 has no list in a checkpoint of 4 ranks."""
-    _save(tmp_path, 1, 4, _model())
+    _save(tmp_path, 1, 4, playranks.model(3))
     state, opened = _opening(lambda: CheckpointStore(tmp_path, rank=5, world_size=8).load())
     assert state[SHARDED_KEY] == tmp_path / "step-1" and state["per_rank"] is None
     assert [n for n in opened if n.startswith("files-")] == [layout.rank_list(0)], opened
@@ -141,7 +90,7 @@ def test_a_rank_the_save_had_not_finds_the_shards_through_the_first_ranks_list(t
 
 @pytest.mark.parametrize("fault", ["corrupted", "truncated", "missing"])
 def test_a_broken_list_makes_its_ranks_load_fall_back_to_the_older_checkpoint(tmp_path, fault):
-    model, world = _model(), 3
+    model, world = playranks.model(3), 3
     for step in (1, 2):
         _save(tmp_path, step, world, model)
     path = tmp_path / "step-2" / layout.rank_list(1)
@@ -159,12 +108,12 @@ def test_a_broken_list_makes_its_ranks_load_fall_back_to_the_older_checkpoint(tm
     assert CheckpointStore(tmp_path, rank=2, world_size=world).load()["step"] == 2  # rank 1's list unread
     state = CheckpointStore(tmp_path, rank=0, world_size=world).load()
     with pytest.raises(ShardCorrupt, match=r"files-1\.json"):  # a load that reads rank 1's shards
-        _engine(0, world).load(state[SHARDED_KEY], _model(), files=state["marker_files"])
+        playranks.engine(0, world).load(state[SHARDED_KEY], playranks.model(3), files=state["marker_files"])
 
 
 def test_a_checkpoint_whose_marker_lists_every_file_still_loads_and_verifies(tmp_path):
     """Checkpoints committed before the lists: the marker names every rank's files itself."""
-    model, world = _model(), 3
+    model, world = playranks.model(3), 3
     _save(tmp_path, 1, world, model)
     step, marker = tmp_path / "step-1", _marker(tmp_path)
     marker["files"] = dict(layout.check(step, crc=())[1])
@@ -174,14 +123,14 @@ def test_a_checkpoint_whose_marker_lists_every_file_still_loads_and_verifies(tmp
     (step / layout.MARKER).write_text(json.dumps(marker))
     state = CheckpointStore(tmp_path, rank=1, world_size=world).load()
     fresh = torch.nn.Sequential(*(torch.nn.Linear(4, 4) for _ in range(3)))
-    _engine(1, world).load(state[SHARDED_KEY], fresh, files=state["marker_files"])
+    playranks.engine(1, world).load(state[SHARDED_KEY], fresh, files=state["marker_files"])
     assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), model.state_dict().values()))
     shard = step / "__2_0.distcp"
     data = bytearray(shard.read_bytes())
     data[0] ^= 0x01
     shard.write_bytes(bytes(data))
     with pytest.raises(ShardCorrupt, match=r"__2_0\.distcp does not match"):
-        _engine(1, world).load(state[SHARDED_KEY], fresh, files=state["marker_files"])
+        playranks.engine(1, world).load(state[SHARDED_KEY], fresh, files=state["marker_files"])
 
 
 def test_a_commit_drops_the_files_of_ranks_beyond_the_world_and_keeps_the_listed_ones(tmp_path):
@@ -191,7 +140,7 @@ def test_a_commit_drops_the_files_of_ranks_beyond_the_world_and_keeps_the_listed
     tmp.mkdir()
     for name in (layout.rank_list(7), layout.rank_state(7), "__7_0.distcp"):
         (tmp / name).write_bytes(b"left by a killed save")
-    _save(tmp_path, 1, 2, _model())
+    _save(tmp_path, 1, 2, playranks.model(3))
     names = sorted(p.name for p in (tmp_path / "step-1").iterdir())
     assert names == ["COMPLETE.json", "__0.metadata", "__0_0.distcp", "__1.metadata", "__1_0.distcp",
                      "files-0.json", "files-1.json", "rank-0.pt", "rank-1.pt", "shared.pt"], names

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hpc.checkpoint.layout import rank_list, rank_report, rank_state
+from hpc.checkpoint.layout import rank_list, rank_report
 from hpc.fs.atomic import write_bytes
 from hpc.fs.sharedfs import listed
 
@@ -42,14 +42,9 @@ def send_error(tmp: Path, rank: int, generation: str, err: BaseException) -> Non
 
 
 def files_of(report: dict[str, Any], rank: int) -> dict[str, Any]:
-    """name -> checksum info of what a report names for the marker: the rank's list. A report
-    of the form before the lists (the rank's file, its DCP shards) has them committed in the
-    marker itself, as then; a load reads either."""
-    files = {rank_list(rank): report["list"]} if "list" in report else {}
-    if "file" in report:
-        files[rank_state(rank)] = report["file"]
-    files.update(report.get("shards", {}))
-    return files
+    """name -> checksum info of what a report names for the marker: the rank's list of its files
+    (every rank of one job runs the same code, so a report never comes in an older form)."""
+    return {rank_list(rank): report["list"]} if "list" in report else {}
 
 
 def collect(tmp: Path, world_size: int, generation: str, wait_s: float,
