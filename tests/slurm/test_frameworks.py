@@ -53,8 +53,8 @@ def progress(run_dir: Path) -> dict:
         return {}
 
 
-def submit_script(run_dir: Path, script: str, options: list, *overrides: str) -> str:
-    assert submit.main(["run", "--cluster", "slurm", "--run-dir", str(run_dir), "--tasks-per-node", "2",
+def submit_script(run_dir: Path, script: str, options: list, *overrides: str, tasks: int = 2) -> str:
+    assert submit.main(["run", "--cluster", "slurm", "--run-dir", str(run_dir), "--tasks-per-node", str(tasks),
                         "stages.main.cpus_per_task=1", "stages.main.partition=low", *overrides, *options,
                         "--", sys.executable, script]) == 0
     return RunDir(run_dir).tasks()[-1]["job_id"]
@@ -124,7 +124,9 @@ def test_an_hf_run_killed_mid_save_resumes_from_the_checkpoint_before(slurm_clus
     monkeypatch.setenv("MAX_STEPS", str(KILL_STEPS))
     monkeypatch.delenv("HOLD_AT")  # no gate: it is killed as it runs
     run_dir = tmp_path / "run-hf-kill"
-    job = submit_script(run_dir, "train_hf.py", [])
+    # one rank: what a kill leaves and the resume that follows are rank 0's checkpoints; the 2-rank
+    # HF run is preempted and resumed above, and each rank imports transformers at about 9 s of CPU
+    job = submit_script(run_dir, "train_hf.py", [], tasks=1)
     out = run_dir / "main" / "work" / "out"
     wait_for(lambda: (out / "checkpoint-10" / "trainer_state.json").exists(), "two checkpoints", timeout=240)
     subprocess.run(["scancel", "--signal=KILL", "--full", job], check=True)  # kill -9, every process of the job
@@ -138,7 +140,7 @@ def test_an_hf_run_killed_mid_save_resumes_from_the_checkpoint_before(slurm_clus
     cut.mkdir(exist_ok=True)  # the kill itself may have left it half written
     weights = (last / "model.safetensors").read_bytes()
     (cut / "model.safetensors").write_bytes(weights[: len(weights) // 2])
-    again = submit_script(run_dir, "train_hf.py", [])
+    again = submit_script(run_dir, "train_hf.py", [], tasks=1)
     wait_for(lambda: job_field(slurm_cluster, again, "JobState") in {"COMPLETED", "FAILED"}, "the next attempt",
              timeout=300)
     err = (run_dir / "main" / "logs" / again / f"{again}_0_log.err").read_text()
