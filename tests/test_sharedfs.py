@@ -188,6 +188,6 @@ def test_rank_0_sees_a_peer_file_that_appeared_after_its_first_look(monkeypatch,
         looker = threading.Thread(target=lambda: result.update(files=reports.collect(tmp, 2, "g", 20.0)))
         looker.start()
         time.sleep(0.3)  # rank 0 has looked at least once
-        (tmp / "rank-1.done").write_bytes(json.dumps({"generation": "g", "file": {"bytes": 2}}).encode())
+        (tmp / "rank-1.done").write_bytes(json.dumps({"generation": "g", "list": {"bytes": 2}}).encode())
         looker.join(timeout=30)
-    assert result.get("files") == {"rank-1.pt": {"bytes": 2}}, cache.misses
+    assert result.get("files") == {"files-1.json": {"bytes": 2}}, cache.misses
