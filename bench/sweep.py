@@ -31,10 +31,12 @@ QUICK_SIZES = (4, 8)
 PARTS = "tiny.parts=[0,1]"  # items of stage `second` per point
 
 
-def axes_for(points: int) -> List[str]:
+def axes_for(points: int, more: float = 0.0) -> List[str]:
+    """The grid of `points` points; with `more`, that share of new points beside the same ones."""
     scores = min(points, 10)
+    sleeps = points // scores
     return ["tiny.score=" + ",".join(map(str, range(scores))),
-            "tiny.sleep_s=" + ",".join(map(str, range(points // scores)))]
+            "tiny.sleep_s=" + ",".join(map(str, range(sleeps + round(sleeps * more))))]
 
 
 def _cancel_all(cluster) -> None:
@@ -79,10 +81,11 @@ def run(ctx: Context) -> Section:
     labels = {
         "hpc sweep": f"`python -m hpc.submit tiny {PARTS} --sweep tiny.score=... tiny.sleep_s=...`",
         "hpc resubmit": "the same command again while every job is queued (submits nothing)",
+        "hpc +10% points": "the grid grown by 10% (tiny.sleep_s), every earlier point still queued",
         "hpc status": "`python -m hpc.status SWEEP` (scheduler calls in the sbatch column)",
         "sbatch loop": "`bash -c 'for p in ...; do sbatch first; sbatch --array second; done'`",
     }
-    for points, (times, cpu, calls) in results.items():
+    for points, (times, cpu, calls, _) in results.items():
         for name, label in labels.items():
             if times[name]:
                 sec.rows.append([str(points), name, label, fmt_s(median(times[name])), fmt_s(median(cpu[name])),
@@ -98,13 +101,19 @@ def run(ctx: Context) -> Section:
                          f"points (target {TARGET_MS_PER_POINT:g} ms)",
                          median(big[1]["hpc sweep"]) <= TARGET_CPU_S and per_point <= TARGET_MS_PER_POINT))
     most = _max_array_size(cluster)
-    for points, (times, cpu, calls) in results.items():
+    for points, (times, cpu, calls, grew) in results.items():
         # MaxArraySize splits an array: one sbatch per stage per chunk; stage `second`'s 2 items per point
         # each wait on their point's `first` task (aftercorr pairs one task id with one): one array per item
         expected = 3 * -(-points // most)
         sec.verdicts.append((f"{points} points: {max(calls['hpc sweep'])} sbatch call(s) (target {expected}, "
                              f"MaxArraySize {most}); resubmission while queued: {max(calls['hpc resubmit'])}",
                              max(calls["hpc sweep"]) == expected and max(calls["hpc resubmit"]) == 0))
+        if points in grew:
+            new, wanted = grew[points], points // 10
+            sec.verdicts.append((f"{points} points grown by 10%: {new} new point(s) submitted (target {wanted}), "
+                                 f"{max(calls['hpc +10% points'])} sbatch call(s) (target {3 * -(-wanted // most)}), "
+                                 "every earlier point's jobs kept", new == wanted
+                                 and max(calls["hpc +10% points"]) == 3 * -(-wanted // most)))
     status_s = median(big[0]["hpc status"])
     sec.verdicts.append((f"hpc.status on {sizes[-1]} points ({3 * sizes[-1]} tasks): {fmt_s(status_s)}, "
                          f"{max(big[2]['hpc status'])} scheduler call(s) (target {TARGET_STATUS_S:g} s, 1 call)",
@@ -125,6 +134,9 @@ def run(ctx: Context) -> Section:
         f"stage `second` has {PARTS.split('=')[1]} items per point, each waiting on its own point's `first` task "
         "(aftercorr): item k of every point is one array, at the task ids of the points' `first` tasks",
         "the sbatch loop (one sbatch per point and stage) is measured at 100 points",
+        "per-point dependencies: after every submission each point's `second` tasks are checked to wait on "
+        "their own point's `first` task alone, recorded so in the point's manifest and paired with it by array "
+        "task id (what aftercorr holds SLURM to); a point that waits on anything else stops the section",
         f"cluster: {len(cluster.nodes)} slurmd nodes, MaxArraySize {most} (the scale sandbox: python -m hpc.cluster "
         "up --nodes 16 --max-array-size 300, then python -m bench --only sweep --cluster-dir DIR)"]
     return sec
@@ -138,10 +150,11 @@ def _max_array_size(cluster) -> int:
 
 def _measure(base: Path, env: Dict[str, str], log: Path, cluster, axes: List[str], points: int,
              repeats: int, loop: bool):
-    names = ("hpc sweep", "hpc resubmit", "hpc status", "sbatch loop")
+    names = ("hpc sweep", "hpc resubmit", "hpc +10% points", "hpc status", "sbatch loop")
     times: Dict[str, List[float]] = {k: [] for k in names}
     cpu: Dict[str, List[float]] = {k: [] for k in names}
     calls: Dict[str, List[int]] = {k: [] for k in names}
+    grew: Dict[int, int] = {}  # points -> the points a grown grid's resubmission added
 
     def measure(name: str, argv: List[str], counted: str = "sbatch") -> None:
         log.unlink(missing_ok=True)
@@ -159,22 +172,44 @@ def _measure(base: Path, env: Dict[str, str], log: Path, cluster, axes: List[str
         measure("hpc sweep", sweep)
         measure("hpc resubmit", sweep)
         measure("hpc status", [sys.executable, "-m", "hpc.status", str(base / f"sweep-{i}")], counted="")
-        _check(base / f"sweep-{i}", points)
+        jobs = _check(base / f"sweep-{i}", points)
+        if i == 0 and points >= 100:  # the grid grown by 10%: only the new points are submitted
+            grown = sweep[:-len(axes)] + axes_for(points, more=0.1)
+            measure("hpc +10% points", grown)
+            grew[points] = len(_check(base / f"sweep-{i}", points + points // 10, keep=jobs)) - len(jobs)
         if loop:
             folder = base / f"loop-{i}"
             folder.mkdir()
             measure("sbatch loop", ["bash", "-c", loop_script(folder, points, 2)])
         _cancel_all(cluster)
-    return times, cpu, calls
+    return times, cpu, calls, grew
 
 
-def _check(sweep: Path, points: int) -> None:
-    """Every point must have recorded its 3 tasks, or the timing measured a failure."""
+def _check(sweep: Path, points: int, keep: Dict[str, Dict[str, str]] | None = None) -> Dict[str, Dict[str, str]]:
+    """Every point's task -> job id, once each point has recorded its 3 tasks and each of its
+    `second` tasks waits on its own point's `first` task: recorded so, and paired by array task id,
+    which is what aftercorr holds SLURM to. `keep`: points whose jobs must be the ones recorded
+    before (a resubmission submits none of them again). RuntimeError otherwise: the timing would
+    have measured a failure."""
     record = json.loads((sweep / "sweep.json").read_text())
-    counts = [len(json.loads((sweep / sig / "manifest.json").read_text())["tasks"]) for sig in record["points"]]
-    if len(counts) != points or set(counts) != {3}:
-        raise RuntimeError(f"the sweep in {sweep} recorded {len(counts)} point(s) with {sorted(set(counts))} "
+    jobs: Dict[str, Dict[str, str]] = {}
+    for sig in record["points"]:
+        tasks = json.loads((sweep / sig / "manifest.json").read_text())["tasks"]
+        jobs[sig] = {key: t["job_id"] for key, t in tasks.items()}
+        first = tasks.get("first", {}).get("job_id", "")
+        for key, t in tasks.items():
+            if t["stage"] == "second" and (t["jobs"][-1].get("after") != [first]
+                                           or t["job_id"].partition("_")[2] != first.partition("_")[2]):
+                raise RuntimeError(f"point {sig} of {sweep}: {key} ({t['job_id']}) waits on "
+                                   f"{t['jobs'][-1].get('after')}, not on its point's first task {first} alone")
+    counts = {len(tasks) for tasks in jobs.values()}
+    if len(jobs) != points or counts != {3}:
+        raise RuntimeError(f"the sweep in {sweep} recorded {len(jobs)} point(s) with {sorted(counts)} "
                            f"task(s) each, expected {points} with 3")
+    changed = [sig for sig in keep or {} if jobs.get(sig) != keep[sig]]
+    if changed:
+        raise RuntimeError(f"a resubmission of {sweep} submitted {len(changed)} point(s) again ({changed[0]})")
+    return jobs
 
 
 if __name__ == "__main__":
