@@ -168,30 +168,48 @@ def verify(path: Path, expected: Any) -> str:
                 digest.update(view) if legacy else None
                 crc = crc if legacy else zlib.crc32(view, crc)
                 size += n
-    except FileNotFoundError:
-        return f"{path.name} is missing"
-    except IsADirectoryError:
-        return f"{path.name} is a directory, not a file"
     except OSError as err:
-        return f"{path.name} is unreadable ({err.strerror})"
+        return _unreadable(path, err)
     if legacy:
         return "" if digest.hexdigest() == expected else \
             f"{path.name} does not match its sha256 checksum (corrupted)"
-    if size != expected.get("bytes"):
-        return f"{path.name} has {size} bytes, the marker says {expected.get('bytes')} (truncated)"
-    if f"{crc:08x}" != expected.get("crc32"):
-        return f"{path.name} does not match its crc32 checksum (corrupted)"
-    return ""
+    return _compared(path.name, size, crc, expected)
 
 
 def matches(name: str, data: bytes, expected: dict[str, Any]) -> str:
     """verify() on the bytes already read of the file `name` (a small file read whole to be used:
     an index, a rank's file list): checked as read, never read twice."""
-    if len(data) != expected.get("bytes"):
-        return f"{name} has {len(data)} bytes, the marker says {expected.get('bytes')} (truncated)"
-    if f"{zlib.crc32(data):08x}" != expected.get("crc32"):
+    return _compared(name, len(data), zlib.crc32(data), expected)
+
+
+def read_checked(path: Path, expected: dict[str, Any]) -> tuple[bytes, str]:
+    """(the bytes of the small file `path`, '' or what is wrong with them against `expected`)."""
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        return b"", _unreadable(path, err)
+    return data, matches(path.name, data, expected)
+
+
+def checksum_info(info: Any) -> bool:
+    """Whether `info` has the form of write_atomic's checksum info ({"crc32": str, "bytes": int})."""
+    return isinstance(info, dict) and isinstance(info.get("bytes"), int) and isinstance(info.get("crc32"), str)
+
+
+def _compared(name: str, size: int, crc: int, expected: dict[str, Any]) -> str:
+    if size != expected.get("bytes"):
+        return f"{name} has {size} bytes, the marker says {expected.get('bytes')} (truncated)"
+    if f"{crc:08x}" != expected.get("crc32"):
         return f"{name} does not match its crc32 checksum (corrupted)"
     return ""
+
+
+def _unreadable(path: Path, err: OSError) -> str:
+    if isinstance(err, FileNotFoundError):
+        return f"{path.name} is missing"
+    if isinstance(err, IsADirectoryError):
+        return f"{path.name} is a directory, not a file"
+    return f"{path.name} is unreadable ({err.strerror})"
 
 
 def file_info(path: Path) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc.checkpoint import rank_lists
-from hpc.checkpoint.files import verify
+from hpc.checkpoint.files import checksum_info, verify
 
 MARKER = "COMPLETE.json"
 SHARED = "shared.pt"
@@ -97,8 +97,7 @@ def _marker_problem(marker: object, path: Path) -> str:
     for n, info in files.items():
         if not (_FILE_NAME.match(n) or n == DCP_METADATA):
             return f"marker lists {n!r}, not a plain file name"
-        if not (isinstance(info, str) or (isinstance(info, dict) and isinstance(info.get("bytes"), int)
-                                          and isinstance(info.get("crc32"), str))):
+        if not (isinstance(info, str) or checksum_info(info)):
             return f"marker entry for {n} is malformed"
     step, m = marker.get("step"), _ENTRY.match(path.name)
     if m and isinstance(step, int) and step != int(m.group(1) or m.group(2)):
@@ -191,8 +190,7 @@ def set_aside(path: Path, step: int) -> Path:
 # __R_K.distcp, its index __R.metadata, dcp_index.rank_metadata). Every name a rank's file is given
 # is formatted here or by DCP, and rank_of reads them all back: tests check it against the names a
 # real save writes.
-_RANK_FILE = re.compile(r"^(?:__(\d+)(?:_\d+\.distcp|\.metadata)|rank-(\d+)\.(?:pt|done)"
-                        r"|files-(\d+)\.json)$")
+_RANK_FILE = re.compile(r"^(?:__(\d+)(?:_\d+\.distcp|\.metadata)|rank-(\d+)\.(?:pt|done))$")
 rank_list = rank_lists.name  # the list of the rank's files, its crc32s included: the marker names it
 
 
@@ -209,7 +207,7 @@ def rank_report(rank: int) -> str:
 def rank_of(file_name: str) -> int | None:
     """The rank a file of a checkpoint's directory belongs to; None for shared files and others."""
     m = _RANK_FILE.match(file_name)
-    return int(m.group(1) or m.group(2) or m.group(3)) if m else None
+    return int(m.group(1) or m.group(2)) if m else rank_lists.rank_of_list(file_name)
 
 
 def drop_unlisted(directory: Path, listed: Any) -> None:

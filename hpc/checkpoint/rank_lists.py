@@ -25,7 +25,7 @@ import zlib
 from pathlib import Path
 from typing import Any, Callable
 
-from hpc.checkpoint.files import matches
+from hpc.checkpoint.files import checksum_info, read_checked
 from hpc.fs.atomic import write_bytes
 
 __all__ = ["name", "rank_of_list", "write", "Files"]
@@ -73,17 +73,9 @@ class Files(dict):
         expected = self.get(list_name)
         if rank in self.lists_read or expected is None:
             return ""
-        if not _entry_ok(expected):
+        if not checksum_info(expected):
             return f"marker entry for {list_name} is malformed"
-        try:
-            data = (self.directory / list_name).read_bytes()
-        except FileNotFoundError:
-            return f"{list_name} is missing"
-        except IsADirectoryError:
-            return f"{list_name} is a directory, not a file"
-        except OSError as err:
-            return f"{list_name} is unreadable ({err.strerror})"
-        problem = matches(list_name, data, expected)
+        data, problem = read_checked(self.directory / list_name, expected)
         if problem:
             return problem
         try:
@@ -105,10 +97,7 @@ class Files(dict):
         for n, info in listed.items():
             if n == list_name or self.owner(n) != rank:
                 return f"{list_name} lists {n!r}, not a file of rank {rank}"
-            if not _entry_ok(info):
+            if not checksum_info(info):
                 return f"{list_name}'s entry for {n} is malformed"
         return ""
 
-
-def _entry_ok(info: Any) -> bool:
-    return isinstance(info, dict) and isinstance(info.get("bytes"), int) and isinstance(info.get("crc32"), str)
