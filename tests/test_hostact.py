@@ -191,6 +191,57 @@ def test_a_run_stage_learns_its_deadline_from_the_host(tmp_path, monkeypatch):
     assert asked == ["5"] and not passed()  # the job ends in a minute: the script has until a few seconds before
 
 
+def test_a_preemption_after_the_warning_moves_the_deadline_to_its_grace_time(tmp_path, monkeypatch):
+    """The time-limit warning came first (EndTime a minute away), then a preemption: SLURM moves
+    EndTime to PreemptTime + GraceTime. Rank 0 asks the host again, takes the new answer and not
+    the earlier one, and decides before the grace time ends, not a few seconds before the limit."""
+    request = afterstep.request_path(str(tmp_path), {"SLURM_JOB_ID": "5"})
+    os.makedirs(os.path.dirname(request))
+    monkeypatch.setenv(hostact.ENV, request)
+    monkeypatch.setenv("SLURM_JOB_ID", "5")
+    ends = [time.time() + 60]
+    monkeypatch.setattr(pre, "job_info", lambda job, *a, **kw: {
+        "EndTime": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(ends[0]))})
+    flag = SimpleNamespace(received_at=time.time() - 20)  # the warning
+    passed = runner._deadline_passed(flag)
+    assert passed()  # no answer yet: the fallback deadline, past
+    afterstep.serve(request)
+    time.sleep(hostact.POLL_S)
+    assert not passed()  # the limit is a minute away
+
+    flag.received_at, ends[0] = time.time(), time.time() + 3  # the preemption, with 3 s of grace
+    assert not passed()  # asked again; the fallback is 5 s after the signal
+    assert os.path.exists(os.path.join(os.path.dirname(request), hostact.END_ASK))
+    afterstep.serve(request)
+    until = flag.received_at + 4  # before the fallback: only the host's new answer brings it forward
+    while not passed() and time.time() < until:
+        time.sleep(0.05)
+    assert time.time() < until, "the deadline stayed at the time limit's, or waited for the fallback"
+
+
+def test_the_host_s_answer_names_the_question_it_answers(tmp_path, monkeypatch):
+    """An answer to an earlier question is no answer to a later one, and a question asked while the
+    host answered the one before is not removed with it."""
+    request = str(tmp_path / hostact.REQUEST)
+    hostact.ask_end(request, "1")
+    hostact.tell_end(request, {"EndTime": "2026-11-26T18:00:00"})
+    assert hostact.end_fields(request, "1")["EndTime"] == "2026-11-26T18:00:00"
+    assert not (tmp_path / hostact.END_ASK).exists()
+    hostact.ask_end(request, "2")
+    assert hostact.end_fields(request, "2") == {}  # the answer to "1" is still there
+    asked = (tmp_path / hostact.END_ASK).read_text
+    real_write = hostact.atomic.write_text
+
+    def meanwhile(path, text, **kw):  # a third question comes while the host writes its answer to the second
+        real_write(path, text, **kw)
+        if os.path.basename(path) == hostact.END:
+            real_write(tmp_path / hostact.END_ASK, "3")
+    monkeypatch.setattr(hostact.atomic, "write_text", meanwhile)
+    hostact.tell_end(request, {"EndTime": "2026-11-26T19:00:00"})
+    assert hostact.end_fields(request, "2")["EndTime"] == "2026-11-26T19:00:00"
+    assert asked() == "3"  # still asked: the host answers it at its next look
+
+
 def submitits_handler(tmp_path, monkeypatch):
     """submitit's own time-limit handler of a stage without a TrainLoop (hpc.pipeline.executor.StageTask),
     as it runs in rank 0 of job 5 under hpc's srun wrapper, at SLURM's shortest limit: its timeout counted."""

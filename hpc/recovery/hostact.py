@@ -41,6 +41,7 @@ SUBMITIT = "submitit"  # the reason of a request from submitit's own time-limit 
 FOLDER = ".host"  # under the directory hpc.afterstep is given (a run's, or a sweep's): hpc.afterstep.request_path
 REQUEST = "request.json"  # the request's name in its attempt's folder (hpc.afterstep.request_path)
 END_ASK, END = "end.ask", "end.json"  # a rank's question for the job's EndTime, and the host's answer
+ASKED = "asked"  # the answer's field naming the question it answers (ask_end's token)
 # How often each side lists the folder: one listing a second per task keeps a 1000-task array to
 # 1000 metadata reads a second on the shared filesystem, and the host still answers within seconds.
 POLL_S = 1.0
@@ -97,24 +98,39 @@ def _listed_json(folder: Path, name: str) -> Optional[Dict[str, Any]]:
         return None
 
 
-def ask_end(path: str) -> None:
-    """Ask the host for the job's EndTime (rank 0 of a `run` stage, at a stop): see end_fields."""
-    atomic.write_text(Path(path).parent / END_ASK, "")
+def ask_end(path: str, token: str = "") -> None:
+    """Ask the host for the job's EndTime (rank 0 of a `run` stage, at a stop): see end_fields.
+    `token` names this question: a rank asks again when a preemption follows the time-limit warning
+    (SLURM then moves EndTime to PreemptTime + GraceTime), and the earlier answer must not stand in."""
+    folder = Path(path).parent
+    atomic.write_text(folder / END_ASK, token)
 
 
-def end_fields(path: str) -> Dict[str, str]:
-    """The host's answer to ask_end (`scontrol show job`'s EndTime, JobState, ...), {} until it came."""
-    return _listed_json(Path(path).parent, END) or {}
+def end_fields(path: str, token: str = "") -> Dict[str, str]:
+    """The host's answer to the ask_end named `token` (`scontrol show job`'s EndTime, JobState, ...),
+    {} until it came: an answer to an earlier question is not one."""
+    told = _listed_json(Path(path).parent, END) or {}
+    return told if told.get(ASKED, "") == token else {}
 
 
 def tell_end(path: str, fields: Mapping[str, str]) -> None:
-    """On the host: answer a rank's ask_end with the job's fields (read from SLURM by the caller)."""
+    """On the host: answer a rank's ask_end with the job's fields (read from SLURM by the caller),
+    naming the question answered. The question is removed only if no newer one replaced it meanwhile."""
     folder = Path(path).parent
-    atomic.write_text(folder / END, json.dumps(dict(fields)))
+    token = _read(folder / END_ASK)
+    atomic.write_text(folder / END, json.dumps({**fields, ASKED: token}))
+    if _read(folder / END_ASK) == token:
+        try:
+            os.unlink(folder / END_ASK)
+        except FileNotFoundError:
+            pass
+
+
+def _read(path: Path) -> str:
     try:
-        os.unlink(folder / END_ASK)
+        return path.read_text()
     except FileNotFoundError:
-        pass
+        return ""
 
 
 class JobNotRequeued(RuntimeError):

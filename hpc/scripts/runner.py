@@ -82,32 +82,41 @@ def run_argv(ctx: Any, argv: List[str], max_timeouts: int, launch: bool = True,
 
 
 def _deadline_passed(flag: Any) -> Any:
-    """Rank 0's deadline test: learns once, at the first stop, when the job will be ended. Under hpc's
-    srun wrapper the host tells it (hpc.recovery.hostact.ask_end; a container has no scontrol), and
-    until its answer has come the fallback deadline holds; without the wrapper it asks SLURM."""
-    due: List[float] = []
+    """Rank 0's deadline test: learns when the job will be ended at the first stop, and again at a
+    preemption after the time-limit warning (SLURM then moves EndTime to PreemptTime + GraceTime,
+    often sooner than the limit). Under hpc's srun wrapper the host tells it (hpc.recovery.hostact.ask_end;
+    a container has no scontrol), and until its answer has come the fallback deadline holds; without
+    the wrapper it asks SLURM."""
     host = os.environ.get(hostact.ENV)
+    # the stop the deadline is for (its signal's time), the deadline, and whether the host's answer is awaited
+    state: dict = {"for": None, "by": 0.0, "waiting": False}
     answer: List[Mapping[str, str]] = [{}]  # the host's fields, kept from the read that found them
 
     def heard() -> bool:
-        answer[0] = hostact.end_fields(host) if host else {}
+        answer[0] = hostact.end_fields(host, _token(state["for"])) if host else {}
         return bool(answer[0])
     told = _every(hostact.POLL_S / 2, heard)
 
     def passed() -> bool:
-        if not due:
-            received = flag.received_at or time.time()
+        received = flag.received_at or state["for"] or time.time()
+        if state["for"] != received:  # the first stop, or a preemption that outranked the warning
+            state["for"] = received
             if host:
-                hostact.ask_end(host)
+                hostact.ask_end(host, _token(received))
                 fields = {}
             else:
                 fields = preemption.job_info(os.environ.get("SLURM_JOB_ID", ""), preemption.shielded(
                     subprocess.run), tries=1) if os.environ.get("SLURM_JOB_ID") else {}
-            due[:] = [deadline.decide_by(fields, received), received]
-        elif len(due) == 2 and told():  # the host's answer: once
-            due[:] = [deadline.decide_by(answer[0], due[1])]
-        return time.time() >= due[0]
+            state.update(by=deadline.decide_by(fields, received), waiting=bool(host))
+        elif state["waiting"] and told():  # the host's answer: once per stop
+            state.update(by=deadline.decide_by(answer[0], received), waiting=False)
+        return time.time() >= state["by"]
     return passed
+
+
+def _token(received: Any) -> str:
+    """The name of rank 0's question for the EndTime at the stop received then (hostact.ask_end)."""
+    return f"{received:.6f}"
 
 
 def _every(period_s: float, check: Callable[[], bool]) -> Callable[[], bool]:
