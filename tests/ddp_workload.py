@@ -57,14 +57,18 @@ def train(s, args):
 
 
 def fail(s, args):
-    """Rank 1 raises; the others block in a collective until the session's timeout or error."""
-    if s.rank == 1:
-        raise RuntimeError("rank 1 fails on purpose")
+    """Rank 1 raises; the others block in a collective until the session's timeout or error. A
+    barrier first: a rank that raised before every rank had finished setting up would fail the others
+    in their set-up, not in a collective."""
     started = time.monotonic()
     try:
+        s.barrier()
+        if s.rank == 1:
+            raise RuntimeError("rank 1 fails on purpose")
         s.all_reduce_sum(1.0)
     finally:
-        Path(args.out, f"rank-{s.rank}.elapsed").write_text(f"{time.monotonic() - started:.2f}")
+        if s.rank != 1:
+            Path(args.out, f"rank-{s.rank}.elapsed").write_text(f"{time.monotonic() - started:.2f}")
     return {}
 
 
