@@ -34,9 +34,10 @@ from pathlib import Path
 import pytest
 
 from hpc.cluster import LocalCluster
-from hpc.cluster.layout import PORT_BLOCK, PORT_RANGE
 from hpc.cluster.daemonset import missing_binaries
+from hpc.cluster.layout import PORT_BLOCK, PORT_RANGE
 from hpc.cluster.portclaims import free_port_block
+from tests.pycache import seed_pycache
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
@@ -53,9 +54,15 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # it imports once more: about 0.1 s of CPU for the 50-odd modules of a job's start, in over a
 # thousand processes per run. Their bytecode goes to one cache outside every tree instead (nothing
 # is written into a checkout or a snapshot), so each file is compiled once per path.
+# A cache prefix is also the only place Python then looks for bytecode: the installed packages' own
+# (torch, lightning, the standard library: compiled at install) would be compiled again, about 6 s
+# of CPU for torch and Lightning, in each process that imports them first, four workers at once.
+# So they are linked into the cache first, by the controller before it starts the workers.
 if "PYTHONPYCACHEPREFIX" not in os.environ:
     os.environ["PYTHONPYCACHEPREFIX"] = os.path.join(tempfile.gettempdir(), f"hpc-tests-pycache-{os.getuid()}")
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        seed_pycache(os.environ["PYTHONPYCACHEPREFIX"])
 
 VARIANTS = ("main", "configless", "no_accounting")
 
