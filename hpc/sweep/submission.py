@@ -25,6 +25,7 @@ job), so stages.*, cluster.* and run.* are not swept; key=value before --sweep a
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from typing import Any, Dict, List, Mapping, Sequence, Tuple
@@ -85,8 +86,12 @@ def start(req: Request) -> Submitted:
         texts = sweepconfig.texts(base, [p for p in points if p.signature in now], pipe.settle)
         manifests = {}
         for sig, text in texts.items():  # config.yaml before any task can start; the manifest once, at the end
-            atomic.write_text(sweep.point(sig).config_path, text)
-            point = sweep.point(sig) if states[sig][3] else RunDir.new_at(sweep.point(sig).path)
+            point = sweep.point(sig)
+            if not states[sig][3]:  # a new point: its folder first, or the write's first open fails
+                point = RunDir.new_at(point.path)
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(point.path)
+            atomic.write_text(point.config_path, text)
             manifests[sig] = point.begin(pipe.name, kind, code)
         ids = launch.submit_arrays(plan, sweep, defs, list(base.cluster.setup),
                             hsubmit.job_code(snap, req.pipeline, module_file), manifests)
