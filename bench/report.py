@@ -65,7 +65,7 @@ def _when(started: Optional[float]) -> str:
 
 
 def stamp(started: Optional[float], info: dict) -> str:
-    return f"{_when(started)}, load average at its start {info['load']}"
+    return f"{_when(started)} on {info['cores']} cores of {info['cpu']}, load average at its start {info['load']}"
 
 
 def save(sections: List[Section], path: Path) -> None:
@@ -115,7 +115,8 @@ def render(sections: List[Section], command: str, started: Optional[float] = Non
                "given in their sections)" if carried else "") + ".  ",
            f"Machine: {info['cores']} cores, {info['cpu']}, {info['mem_gib']} GiB RAM, Python "
            f"{info['python']}, Linux {info['kernel']}; load average at start {info['load']} "
-           "(the machine is shared: every figure is compared with its baseline measured in the same run).",
+           "(the machine is shared: every figure is compared with its baseline measured in the same run; "
+           "a kept section names the processor it ran on where it was measured since that was recorded).",
            "", "| # | benchmark | target | outcome |", "|---|---|---|---|"]
     out += [f"| {i} | {s.title} | {s.target} | {s.outcome} |" for i, s in enumerate(sections, 1)]
     out.append("")
