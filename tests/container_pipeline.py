@@ -6,7 +6,7 @@ bubblewrap: tests/slurm/test_container_exec.py), and live through every stop:
 `box`: a 1 x 2 TrainLoop job. Attempt by attempt (SLURM_RESTART_COUNT): 0 is preempted by the test,
 1 has rank box.stop_rank stop itself (SIGSTOP) once a checkpoint of its own is committed, which the
 watchdog of the other rank turns into a requeue, 2 trains to box.steps and ends. `LIMIT`: a one-task
-stage without a TrainLoop, at SLURM's shortest time limit: submitit's own handler of the time-limit
+stage without a TrainLoop, at a 2-minute time limit: submitit's own handler of the time-limit
 signal checkpoints it and asks for a requeue, once (max_timeouts=1); at the second, over the cap,
 the job ends. Each rank writes what it sees of SLURM and where it imported hpc from (seen-R-A.json),
 and where each attempt started (start-R-A.json).
@@ -42,10 +42,13 @@ class BoxSection:
 class BoxStages:
     train: Resources = field(default_factory=lambda: Resources(nodes=1, tasks_per_node=2, cpus_per_task=1, time_min=5,
                                                                partition="low", extra={"nodelist": "n1"}))
-    # the shortest limit SLURM has, its warning 55 s before: the controller looks at time limits about
-    # every 30 s, later on a busy machine, so a warning window of 40 s could pass with no look at all
+    # SLURM sends the warning to the job's steps at its first look at the job (about every 30 s, later
+    # on a busy machine) once the limit is within signal_delay_s + 30 s. A warning due at the start (a
+    # 1-minute limit) reaches no step when that look comes before the boxed step has started, and the
+    # job runs into its limit. Due 30 s after the start, it leaves the step that long to start and the
+    # job a minute after it.
     wait: Resources = field(default_factory=lambda: Resources(
-        cpus_per_task=1, time_min=1, signal_delay_s=55, max_timeouts=1, partition="low", extra={"nodelist": "n2"}))
+        cpus_per_task=1, time_min=2, signal_delay_s=60, max_timeouts=1, partition="low", extra={"nodelist": "n2"}))
 
 
 @dataclass
