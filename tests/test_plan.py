@@ -115,6 +115,17 @@ def test_plan_chains_stages_and_reduces_ranks_locally(tmp_path):
     assert any("no afterok" in n for n in local.notes)
 
 
+def test_a_time_limit_signal_due_at_the_start_is_named_with_the_limit_that_avoids_it(tmp_path):
+    """SLURM sends the signal at its first look once the limit is within signal_delay_s + 30 s, to the
+    tasks started by then: a 1-minute limit with a 40 s window makes it due at the start."""
+    pipe, cfg = load(overrides=["stages.first.time_min=1", "stages.first.signal_delay_s=40"])
+    (note,) = [n for n in plan.make_plan(pipe, cfg, str(tmp_path), "slurm").notes if "time-limit signal" in n]
+    assert note.startswith("stages.first: ") and "HINT: stages.first.time_min=2 or more" in note
+    assert not [n for n in plan.make_plan(pipe, cfg, str(tmp_path), "local").notes if "time-limit signal" in n]
+    pipe, cfg = load(overrides=["stages.first.time_min=2", "stages.first.signal_delay_s=60"])
+    assert not [n for n in plan.make_plan(pipe, cfg, str(tmp_path), "slurm").notes if "time-limit signal" in n]
+
+
 def test_precedence_defaults_template_saved_profile_command_line(tmp_path):
     pipe = plan.get_pipeline("langsplat")
     saved = tmp_path / "config.yaml"

@@ -179,6 +179,11 @@ class Plan:
         return "\n".join(lines)
 
 
+# SLURM sends the time-limit signal at its first look at a job (about every 30 s) once the limit is
+# within signal_delay_s + 30 s, and only to the job's steps: a limit below signal_delay_s + 60 s makes
+# it due at the start, when a look may come before the tasks have started.
+WARN_LEAD_S = 60
+
 def make_plan(pipe: PipelineDef, cfg: Any, run_dir: str, kind: str,
               finished: FrozenSet[TaskKey] = frozenset(),
               queued: Union[FrozenSet[TaskKey], Mapping[TaskKey, str]] = frozenset(),
@@ -217,6 +222,13 @@ def make_plan(pipe: PipelineDef, cfg: Any, run_dir: str, kind: str,
         ranks, note = worlds.worlds(stage.name, res, kind)
         if note:
             notes.append(note)
+        if kind == "slurm" and res["time_min"] * 60 < res["signal_delay_s"] + WARN_LEAD_S:
+            key = f"stages.{stage.resources or stage.name}"
+            notes.append(f"{key}: its time-limit signal is due within half a minute of the job's start ({key}.signal_delay_s="
+                         f"{res['signal_delay_s']}, time_min={res['time_min']}): SLURM sends it at its first look at "
+                         "the job, about every 30 s, to the tasks that have started by then, so the tasks may never "
+                         f"hear of the limit. HINT: {key}.time_min={-(-(res['signal_delay_s'] + WARN_LEAD_S) // 60)} "
+                         "or more, or a smaller signal_delay_s")
         # wait for what is submitted now or still queued from an earlier submission
         after = tuple(s for s in stage.after if any(j.stage == s for j in jobs) or any(k[0] == s for k in queued))
         up_item = stage.per_item_of or (lambda i: i)
