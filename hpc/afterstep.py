@@ -165,8 +165,11 @@ def answer_end(request: str) -> None:
     try:
         from hpc.recovery import deadline, hostact, preemption  # here: only a `run` stage's stop asks
 
+        token = hostact.take_end_ask(request)  # before SLURM is read: a later question gets a later read
+        if token is None:
+            return
         fields = preemption.job_info(os.environ.get("SLURM_JOB_ID", ""), tries=1)
-        hostact.tell_end(request, {**fields, deadline.UNIX_END: deadline.end_time(fields)})
+        hostact.tell_end(request, {**fields, deadline.UNIX_END: deadline.end_time(fields)}, token)
     except Exception as err:  # the rank keeps its fallback deadline
         print(f"[hpc] the job's EndTime not told to the ranks: {type(err).__name__}: {err}", file=sys.stderr,
               flush=True)

@@ -12,6 +12,7 @@ stale file by renaming a new one over it, which leaves the installed file alone.
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 import sysconfig
@@ -21,8 +22,9 @@ MARK = ".seeded"  # in the prefix, per interpreter: the folders seeded, one per 
 
 def seed_pycache(prefix: str) -> int:
     """Link the bytecode of the standard library and the installed packages into `prefix`; the
-    number of files linked. Each folder once per prefix; a prefix on another file system than the
-    packages gets nothing (the packages are compiled into it as they are imported)."""
+    number of files linked. Each folder once per prefix; a folder whose files cannot be linked there
+    (another file system, or links to files of another user refused) is left to be compiled into it
+    as its modules are imported."""
     tag = sys.implementation.cache_tag
     folders = sorted({sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")})
     mark = os.path.join(prefix, f"{MARK}-{tag}")
@@ -37,7 +39,7 @@ def seed_pycache(prefix: str) -> int:
             continue
         count = _link_tree(folder, prefix, f".{tag}")
         if count is None:
-            return linked
+            continue
         linked += count
         os.makedirs(prefix, exist_ok=True)
         with open(mark, "a") as fh:
@@ -46,27 +48,31 @@ def seed_pycache(prefix: str) -> int:
 
 
 def _link_tree(folder: str, prefix: str, tag: str) -> int | None:
-    """Link every __pycache__/*<tag>*.pyc under `folder` to its place in `prefix`; None once a link
-    cannot cross file systems."""
+    """Link every __pycache__/*<tag>*.pyc under `folder` to its place in `prefix`; None at the first
+    link refused for good (EXDEV, EPERM)."""
     count = 0
     for root, dirs, files in os.walk(folder):
         if os.path.basename(root) != "__pycache__":
             dirs[:] = [d for d in dirs if d != "site-packages" or root != folder]  # its own walk
             continue
         target = os.path.join(prefix, os.path.dirname(root).lstrip(os.sep))
-        made = False
         for name in files:
             if tag not in name or not name.endswith(".pyc"):
                 continue
-            if not made:
-                os.makedirs(target, exist_ok=True)
-                made = True
             try:
-                os.link(os.path.join(root, name), os.path.join(target, name))
+                _link(os.path.join(root, name), os.path.join(target, name))
                 count += 1
             except FileExistsError:
                 pass
             except OSError as err:
-                if err.errno == 18:  # EXDEV: the prefix is on another file system
+                if err.errno in (errno.EXDEV, errno.EPERM):
                     return None
     return count
+
+
+def _link(source: str, target: str) -> None:
+    try:
+        os.link(source, target)
+    except FileNotFoundError:  # the mirror folder, made at its first file
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        os.link(source, target)

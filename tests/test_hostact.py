@@ -219,27 +219,46 @@ def test_a_preemption_after_the_warning_moves_the_deadline_to_its_grace_time(tmp
     assert time.time() < until, "the deadline stayed at the time limit's, or waited for the fallback"
 
 
-def test_the_host_s_answer_names_the_question_it_answers(tmp_path, monkeypatch):
-    """An answer to an earlier question is no answer to a later one, and a question asked while the
-    host answered the one before is not removed with it."""
+def test_a_preemption_never_moves_the_deadline_past_the_time_limit_s(tmp_path, monkeypatch):
+    """SLURM only moves EndTime earlier: while rank 0 waits for the host's answer after a preemption,
+    the time limit's deadline, sooner than the fallback, still holds."""
+    request = afterstep.request_path(str(tmp_path), {"SLURM_JOB_ID": "5"})
+    os.makedirs(os.path.dirname(request))
+    monkeypatch.setenv(hostact.ENV, request)
+    end = time.time() + 9  # EndTime in whole seconds: the deadline 3 to 4 s from now
+    monkeypatch.setattr(pre, "job_info", lambda job, *a, **kw: {
+        "EndTime": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(end))})
+    flag = SimpleNamespace(received_at=time.time() - 20)  # the warning
+    passed = runner._deadline_passed(flag)
+    passed()
+    afterstep.serve(request)
+    time.sleep(hostact.POLL_S)
+    assert not passed()  # 5 s before the limit
+    flag.received_at = time.time()  # the preemption; the host does not answer
+    until = flag.received_at + 4  # the fallback would be 5 s after it
+    while not passed() and time.time() < until:
+        time.sleep(0.05)
+    assert time.time() < until, "the preemption's fallback put the deadline past the time limit's"
+
+
+def test_the_host_s_answer_names_the_question_it_answers(tmp_path):
+    """An answer to an earlier question is no answer to a later one; a question asked while the host
+    reads SLURM for the one before is neither removed nor answered with that earlier read."""
     request = str(tmp_path / hostact.REQUEST)
+    assert hostact.take_end_ask(request) is None  # nothing asked
     hostact.ask_end(request, "1")
-    hostact.tell_end(request, {"EndTime": "2026-11-26T18:00:00"})
+    token = hostact.take_end_ask(request)
+    hostact.tell_end(request, {"EndTime": "2026-11-26T18:00:00"}, token)
     assert hostact.end_fields(request, "1")["EndTime"] == "2026-11-26T18:00:00"
-    assert not (tmp_path / hostact.END_ASK).exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [hostact.END]
     hostact.ask_end(request, "2")
     assert hostact.end_fields(request, "2") == {}  # the answer to "1" is still there
-    asked = (tmp_path / hostact.END_ASK).read_text
-    real_write = hostact.atomic.write_text
-
-    def meanwhile(path, text, **kw):  # a third question comes while the host writes its answer to the second
-        real_write(path, text, **kw)
-        if os.path.basename(path) == hostact.END:
-            real_write(tmp_path / hostact.END_ASK, "3")
-    monkeypatch.setattr(hostact.atomic, "write_text", meanwhile)
-    hostact.tell_end(request, {"EndTime": "2026-11-26T19:00:00"})
+    token = hostact.take_end_ask(request)
+    hostact.ask_end(request, "3")  # while the host reads SLURM for "2"
+    hostact.tell_end(request, {"EndTime": "2026-11-26T19:00:00"}, token)
     assert hostact.end_fields(request, "2")["EndTime"] == "2026-11-26T19:00:00"
-    assert asked() == "3"  # still asked: the host answers it at its next look
+    assert hostact.end_fields(request, "3") == {}
+    assert hostact.take_end_ask(request) == "3"  # still asked: the host answers it at its next look
 
 
 def submitits_handler(tmp_path, monkeypatch):

@@ -234,12 +234,13 @@ def serve(step: Step, alloc: Allocation) -> None:
     batch job: one listing of their folder (never a stat of a name: hpc.fs.sharedfs)."""
     names = sharedfs.listed(os.path.dirname(step.host))
     try:  # an answer not written leaves the rank to its fallback (hpc.recovery.hostact), never ends the run
-        if hostact.END_ASK in names:  # a `run` stage's rank 0 at a stop: its deadline is the allocation's end
+        token = hostact.take_end_ask(step.host) if hostact.END_ASK in names else None
+        if token is not None:  # a `run` stage's rank 0 at a stop: its deadline is the allocation's end
             try:
                 fields = scheduler.job_info(alloc.job_id)
             except RuntimeError:  # the rank keeps its fallback deadline
                 fields = {}
-            hostact.tell_end(step.host, {**fields, deadline.UNIX_END: deadline.end_time(fields)})
+            hostact.tell_end(step.host, {**fields, deadline.UNIX_END: deadline.end_time(fields)}, token)
         if hostact.REQUEST in names:  # a step is never requeued: the same command resumes it
             hostact.done(step.host, {"requeue": False, "kind": "interrupted",
                                      "why": "stopped by Ctrl-C (--cluster here). HINT: run the same command "

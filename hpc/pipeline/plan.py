@@ -181,7 +181,7 @@ class Plan:
 
 # SLURM sends the time-limit signal at its first look at a job (about every 30 s) once the limit is
 # within signal_delay_s + 30 s, and only to the job's steps: a limit below signal_delay_s + 60 s makes
-# it due at the start, when a look may come before the tasks have started.
+# it due within half a minute of the start, when a look may come before the tasks have started.
 WARN_LEAD_S = 60
 
 def make_plan(pipe: PipelineDef, cfg: Any, run_dir: str, kind: str,
@@ -222,13 +222,9 @@ def make_plan(pipe: PipelineDef, cfg: Any, run_dir: str, kind: str,
         ranks, note = worlds.worlds(stage.name, res, kind)
         if note:
             notes.append(note)
-        if kind == "slurm" and res["time_min"] * 60 < res["signal_delay_s"] + WARN_LEAD_S:
-            key = f"stages.{stage.resources or stage.name}"
-            notes.append(f"{key}: its time-limit signal is due within half a minute of the job's start ({key}.signal_delay_s="
-                         f"{res['signal_delay_s']}, time_min={res['time_min']}): SLURM sends it at its first look at "
-                         "the job, about every 30 s, to the tasks that have started by then, so the tasks may never "
-                         f"hear of the limit. HINT: {key}.time_min={-(-(res['signal_delay_s'] + WARN_LEAD_S) // 60)} "
-                         "or more, or a smaller signal_delay_s")
+        early = _early_signal(f"stages.{stage.resources or stage.name}", res) if kind == "slurm" else None
+        if early and early not in notes:  # stages sharing one resources section: one note
+            notes.append(early)
         # wait for what is submitted now or still queued from an earlier submission
         after = tuple(s for s in stage.after if any(j.stage == s for j in jobs) or any(k[0] == s for k in queued))
         up_item = stage.per_item_of or (lambda i: i)
@@ -262,6 +258,16 @@ def make_plan(pipe: PipelineDef, cfg: Any, run_dir: str, kind: str,
                      "and submit waits for each before starting the next")
     return Plan(pipe.name, run_dir, kind, tuple(jobs), tuple(skipped), tuple(notes))
 
+
+def _early_signal(key: str, res: Mapping[str, Any]) -> Optional[str]:
+    """The note for a stage whose time-limit signal is due within half a minute of its start (WARN_LEAD_S)."""
+    if res["time_min"] * 60 >= res["signal_delay_s"] + WARN_LEAD_S:
+        return None
+    return (f"{key}: its time-limit signal is due within half a minute of the job's start ({key}.signal_delay_s="
+            f"{res['signal_delay_s']}, time_min={res['time_min']}): SLURM sends it at its first look at the job, "
+            "about every 30 s, to the tasks that have started by then, so the tasks may never hear of the limit. "
+            f"HINT: {key}.time_min={-(-(res['signal_delay_s'] + WARN_LEAD_S) // 60)} or more, or a smaller "
+            "signal_delay_s")
 
 def _container(cfg: Any, key: str, res: Mapping[str, Any], run_dir: str) -> Optional[Dict[str, Any]]:
     """The stage's container section, checked, with hpc's mounts (hpc.pipeline.container); None: the host."""

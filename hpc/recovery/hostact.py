@@ -26,6 +26,7 @@ for 30 to 60 s, and the rank that writes may be on another node than the wrapper
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -42,6 +43,7 @@ FOLDER = ".host"  # under the directory hpc.afterstep is given (a run's, or a sw
 REQUEST = "request.json"  # the request's name in its attempt's folder (hpc.afterstep.request_path)
 END_ASK, END = "end.ask", "end.json"  # a rank's question for the job's EndTime, and the host's answer
 ASKED = "asked"  # the answer's field naming the question it answers (ask_end's token)
+TAKEN = END_ASK + ".taken"  # a question the host is answering (take_end_ask)
 # How often each side lists the folder: one listing a second per task keeps a 1000-task array to
 # 1000 metadata reads a second on the shared filesystem, and the host still answers within seconds.
 POLL_S = 1.0
@@ -113,24 +115,25 @@ def end_fields(path: str, token: str = "") -> Dict[str, str]:
     return told if told.get(ASKED, "") == token else {}
 
 
-def tell_end(path: str, fields: Mapping[str, str]) -> None:
-    """On the host: answer a rank's ask_end with the job's fields (read from SLURM by the caller),
-    naming the question answered. The question is removed only if no newer one replaced it meanwhile."""
+def take_end_ask(path: str) -> Optional[str]:
+    """On the host: the name (token) of a rank's ask_end, taken aside (renamed) before the host reads
+    SLURM, so that a question asked meanwhile is a new file, answered at the host's next look with
+    fields read after it came; None when there is none (a listing from before the last answer)."""
     folder = Path(path).parent
-    token = _read(folder / END_ASK)
-    atomic.write_text(folder / END, json.dumps({**fields, ASKED: token}))
-    if _read(folder / END_ASK) == token:
-        try:
-            os.unlink(folder / END_ASK)
-        except FileNotFoundError:
-            pass
-
-
-def _read(path: Path) -> str:
     try:
-        return path.read_text()
+        os.replace(folder / END_ASK, folder / TAKEN)
+        return (folder / TAKEN).read_text()
     except FileNotFoundError:
-        return ""
+        return None
+
+
+def tell_end(path: str, fields: Mapping[str, str], token: str) -> None:
+    """On the host: answer the question take_end_ask took with the job's fields (read from SLURM
+    by the caller after taking it), naming the question answered."""
+    folder = Path(path).parent
+    atomic.write_text(folder / END, json.dumps({**fields, ASKED: token}))
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(folder / TAKEN)
 
 
 class JobNotRequeued(RuntimeError):

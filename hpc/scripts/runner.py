@@ -88,8 +88,10 @@ def _deadline_passed(flag: Any) -> Any:
     a container has no scontrol), and until its answer has come the fallback deadline holds; without
     the wrapper it asks SLURM."""
     host = os.environ.get(hostact.ENV)
-    # the stop the deadline is for (its signal's time), the deadline, and whether the host's answer is awaited
-    state: dict = {"for": None, "by": 0.0, "waiting": False}
+    # the stop the deadline is for (its signal's time), the deadline, whether the host's answer is
+    # awaited, and the latest deadline that an EndTime from SLURM gave: SLURM only ever moves EndTime
+    # earlier in an attempt (a preemption: PreemptTime + GraceTime), so no later stop goes past it
+    state: dict = {"for": None, "by": 0.0, "waiting": False, "bound": float("inf")}
     answer: List[Mapping[str, str]] = [{}]  # the host's fields, kept from the read that found them
 
     def heard() -> bool:
@@ -97,19 +99,26 @@ def _deadline_passed(flag: Any) -> Any:
         return bool(answer[0])
     told = _every(hostact.POLL_S / 2, heard)
 
+    def settle(fields: Mapping[str, str], received: float) -> None:
+        state["by"] = min(state["bound"], deadline.decide_by(fields, received))
+        if deadline.end_time(fields) is not None:
+            state["bound"] = state["by"]
+
     def passed() -> bool:
         received = flag.received_at or state["for"] or time.time()
         if state["for"] != received:  # the first stop, or a preemption that outranked the warning
             state["for"] = received
             if host:
                 hostact.ask_end(host, _token(received))
-                fields = {}
+                fields: Mapping[str, str] = {}
             else:
                 fields = preemption.job_info(os.environ.get("SLURM_JOB_ID", ""), preemption.shielded(
                     subprocess.run), tries=1) if os.environ.get("SLURM_JOB_ID") else {}
-            state.update(by=deadline.decide_by(fields, received), waiting=bool(host))
+            settle(fields, received)
+            state["waiting"] = bool(host)
         elif state["waiting"] and told():  # the host's answer: once per stop
-            state.update(by=deadline.decide_by(answer[0], received), waiting=False)
+            settle(answer[0], received)
+            state["waiting"] = False
         return time.time() >= state["by"]
     return passed
 
