@@ -17,6 +17,7 @@ Parts::
     arrays.py      a stage's items as sbatch arrays within MaxArraySize; per-item dependencies (aftercorr at
                    the upstream tasks' ids, --array=3,7,12-20)
     sbatch.py      Resources -> submitit parameters and the sbatch text they produce
+    earlysignal.py the plan's note for a time-limit signal due so soon after the start that it may reach no task
     container.py   a stage's container (pyxis, apptainer, exec): checks, the mounts hpc adds, the srun line
     carry.py       hpc and its pure-Python requirements copied once into the cache, for images with torch alone
     executor.py    StageTask, what submitit pickles; the executor of each kind

@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Sequ
 
 from hpc.config.checks import ConfigError
 from hpc.config.schema import to_dict
-from hpc.pipeline import arrays, container, sbatch, worlds
+from hpc.pipeline import arrays, container, earlysignal, sbatch, worlds
 from hpc.rundir import logdirs
 from hpc.rundir.run import task_key
 
@@ -179,11 +179,6 @@ class Plan:
         return "\n".join(lines)
 
 
-# SLURM sends the time-limit signal at its first look at a job (about every 30 s) once the limit is
-# within signal_delay_s + 30 s, and only to the job's steps: a limit below signal_delay_s + 60 s makes
-# it due within half a minute of the start, when a look may come before the tasks have started.
-WARN_LEAD_S = 60
-
 def make_plan(pipe: PipelineDef, cfg: Any, run_dir: str, kind: str,
               finished: FrozenSet[TaskKey] = frozenset(),
               queued: Union[FrozenSet[TaskKey], Mapping[TaskKey, str]] = frozenset(),
@@ -222,7 +217,7 @@ def make_plan(pipe: PipelineDef, cfg: Any, run_dir: str, kind: str,
         ranks, note = worlds.worlds(stage.name, res, kind)
         if note:
             notes.append(note)
-        early = _early_signal(f"stages.{stage.resources or stage.name}", res) if kind == "slurm" else None
+        early = earlysignal.note(f"stages.{stage.resources or stage.name}", res) if kind == "slurm" else None
         if early and early not in notes:  # stages sharing one resources section: one note
             notes.append(early)
         # wait for what is submitted now or still queued from an earlier submission
@@ -258,16 +253,6 @@ def make_plan(pipe: PipelineDef, cfg: Any, run_dir: str, kind: str,
                      "and submit waits for each before starting the next")
     return Plan(pipe.name, run_dir, kind, tuple(jobs), tuple(skipped), tuple(notes))
 
-
-def _early_signal(key: str, res: Mapping[str, Any]) -> Optional[str]:
-    """The note for a stage whose time-limit signal is due within half a minute of its start (WARN_LEAD_S)."""
-    if res["time_min"] * 60 >= res["signal_delay_s"] + WARN_LEAD_S:
-        return None
-    return (f"{key}: its time-limit signal is due within half a minute of the job's start ({key}.signal_delay_s="
-            f"{res['signal_delay_s']}, time_min={res['time_min']}): SLURM sends it at its first look at the job, "
-            "about every 30 s, to the tasks that have started by then, so the tasks may never hear of the limit. "
-            f"HINT: {key}.time_min={-(-(res['signal_delay_s'] + WARN_LEAD_S) // 60)} or more, or a smaller "
-            "signal_delay_s")
 
 def _container(cfg: Any, key: str, res: Mapping[str, Any], run_dir: str) -> Optional[Dict[str, Any]]:
     """The stage's container section, checked, with hpc's mounts (hpc.pipeline.container); None: the host."""
