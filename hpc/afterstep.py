@@ -163,13 +163,9 @@ def serve(request: str) -> bool:
 def answer_end(request: str) -> None:
     """Tell the rank that asked (hpc.recovery.hostact.ask_end) the job's EndTime, read from SLURM here."""
     try:
-        from hpc.recovery import deadline, hostact, preemption  # here: only a `run` stage's stop asks
+        from hpc.recovery import hostact, preemption  # here: only a `run` stage's stop asks
 
-        token = hostact.take_end_ask(request)  # before SLURM is read: a later question gets a later read
-        if token is None:
-            return
-        fields = preemption.job_info(os.environ.get("SLURM_JOB_ID", ""), tries=1)
-        hostact.tell_end(request, {**fields, deadline.UNIX_END: deadline.end_time(fields)}, token)
+        hostact.answer_end(request, lambda: preemption.job_info(os.environ.get("SLURM_JOB_ID", ""), tries=1))
     except Exception as err:  # the rank keeps its fallback deadline
         print(f"[hpc] the job's EndTime not told to the ranks: {type(err).__name__}: {err}", file=sys.stderr,
               flush=True)

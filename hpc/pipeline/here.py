@@ -41,7 +41,7 @@ from hpc.fs import sharedfs
 from hpc.pipeline import container
 from hpc.pipeline.herestop import Interrupt, Reaper
 from hpc.pipeline.plan import JobSpec, Plan
-from hpc.recovery import deadline, hostact
+from hpc.recovery import hostact
 from hpc.recovery.stopsignal import INTERACTIVE_ENV
 from hpc.rundir import logdirs
 from hpc.rundir.run import RunDir, task_key
@@ -234,13 +234,13 @@ def serve(step: Step, alloc: Allocation) -> None:
     batch job: one listing of their folder (never a stat of a name: hpc.fs.sharedfs)."""
     names = sharedfs.listed(os.path.dirname(step.host))
     try:  # an answer not written leaves the rank to its fallback (hpc.recovery.hostact), never ends the run
-        token = hostact.take_end_ask(step.host) if hostact.END_ASK in names else None
-        if token is not None:  # a `run` stage's rank 0 at a stop: its deadline is the allocation's end
-            try:
-                fields = scheduler.job_info(alloc.job_id)
-            except RuntimeError:  # the rank keeps its fallback deadline
-                fields = {}
-            hostact.tell_end(step.host, {**fields, deadline.UNIX_END: deadline.end_time(fields)}, token)
+        if hostact.END_ASK in names:  # a `run` stage's rank 0 at a stop: its deadline is the allocation's end
+            def read() -> Mapping[str, str]:
+                try:
+                    return scheduler.job_info(alloc.job_id)
+                except RuntimeError:  # the rank keeps its fallback deadline
+                    return {}
+            hostact.answer_end(step.host, read)
         if hostact.REQUEST in names:  # a step is never requeued: the same command resumes it
             hostact.done(step.host, {"requeue": False, "kind": "interrupted",
                                      "why": "stopped by Ctrl-C (--cluster here). HINT: run the same command "

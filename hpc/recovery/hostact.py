@@ -32,9 +32,10 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, Mapping, Optional
 
 from hpc.fs import atomic, sharedfs
+from hpc.recovery import deadline
 
 # the request file of this attempt; set only by hpc.afterstep (its HOST_ACTS), in srun's environment
 ENV = "HPC_HOST_ACTS"
@@ -104,8 +105,7 @@ def ask_end(path: str, token: str = "") -> None:
     """Ask the host for the job's EndTime (rank 0 of a `run` stage, at a stop): see end_fields.
     `token` names this question: a rank asks again when a preemption follows the time-limit warning
     (SLURM then moves EndTime to PreemptTime + GraceTime), and the earlier answer must not stand in."""
-    folder = Path(path).parent
-    atomic.write_text(folder / END_ASK, token)
+    atomic.write_text(Path(path).parent / END_ASK, token)
 
 
 def end_fields(path: str, token: str = "") -> Dict[str, str]:
@@ -134,6 +134,16 @@ def tell_end(path: str, fields: Mapping[str, str], token: str) -> None:
     atomic.write_text(folder / END, json.dumps({**fields, ASKED: token}))
     with contextlib.suppress(FileNotFoundError):
         os.unlink(folder / TAKEN)
+
+
+def answer_end(path: str, read: Callable[[], Mapping[str, str]]) -> None:
+    """On the host: answer a rank's ask_end, where one waits, with the job's fields that `read()`
+    gets from SLURM, called after the question was taken (take_end_ask), with EndTime also as a
+    Unix time (a container's local time zone need not be the host's)."""
+    token = take_end_ask(path)
+    if token is not None:
+        fields = read()
+        tell_end(path, {**fields, deadline.UNIX_END: deadline.end_time(fields)}, token)
 
 
 class JobNotRequeued(RuntimeError):
