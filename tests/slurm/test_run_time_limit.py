@@ -48,13 +48,16 @@ def events(ckpt) -> list:
 
 def test_a_script_that_ignores_stop_signals_is_requeued_in_time_at_a_limit_and_a_preemption(slurm_cluster,
                                                                                              tmp_path):
-    """1-minute limit, warning 40 s before it (USR2 to the step, passed on to the script as SIGTERM,
+    """2-minute limit, warning 60 s before it (USR2 to the step, passed on to the script as SIGTERM,
     which it ignores): rank 0's wrapper decides before the limit, and the job is requeued (timeout).
+    SLURM sends the warning at its first look once the limit is within 90 s, so 30 s or more after the
+    start, when the step is running (a warning due at the start can come before the step exists and
+    reach no one: hpc.pipeline.earlysignal).
     Then preempted (SIGTERM, GraceTime 10 s, also ignored): requeued again, within the grace time."""
     script = tmp_path / "stubborn.py"
     script.write_text(STUBBORN_SCRIPT)
     run_dir = tmp_path / "run"
-    job_id = submit_run(run_dir, script, "stages.main.time_min=1", "stages.main.signal_delay_s=40",
+    job_id = submit_run(run_dir, script, "stages.main.time_min=2", "stages.main.signal_delay_s=60",
                         "stages.main.max_timeouts=1")
     ckpt = run_dir / "main" / "checkpoints"
     wait_for(lambda: (ckpt / "SIGUSR2-rank0-restart0").exists(), "the time-limit warning", timeout=240)
