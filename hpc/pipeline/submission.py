@@ -49,7 +49,7 @@ def build(req: Request, view: bool = True) -> Tuple[hplan.PipelineDef, Any, RunD
     if kind == "slurm":
         check_partitions(cfg, dry_run=req.dry_run)
     if run_dir is None:
-        name = cfg.run.name or f"{req.pipeline}-{time.strftime('%Y%m%d-%H%M%S')}"
+        name = cfg.run.name or f"{pipe.name}-{time.strftime('%Y%m%d-%H%M%S')}"
         run_dir = Path(cfg.run.run_dir or Path(cfg.run.root) / name)
         _check_run_dir(str(run_dir))
     return pipe, cfg, RunDir(run_dir), kind, notes
