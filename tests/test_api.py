@@ -5,6 +5,7 @@
 The debug executor runs every task in this process, so a whole run takes milliseconds; the same
 calls on the real local SLURM cluster are in tests/slurm/test_api_cluster.py.
 """
+import dataclasses
 import json
 import subprocess
 import sys
@@ -98,6 +99,34 @@ def test_a_short_form_pipeline_plans_runs_and_takes_overrides(tmp_path, capsys):
         hpc.define("bad", hpc.stage(merge, after=[shard]))
     with pytest.raises(hpc.ConfigError, match="not a top-level function"):
         hpc.stage(lambda ctx: None)
+
+
+@dataclasses.dataclass
+class TunedSettings:
+    scale: int = 1  # what each task multiplies its item by
+    count: int = 2  # the stage's items: 0 .. count-1
+
+
+def scaled(ctx: StageContext) -> int:
+    return ctx.item * ctx.cfg["tuned"]["scale"]
+
+
+TUNED = hpc.define("tuned", hpc.stage(scaled, items=lambda cfg: list(range(cfg.tuned.count)), cpus_per_task=1),
+                   config=TunedSettings)
+
+
+def test_a_short_form_pipeline_with_settings_of_its_own_is_swept(tmp_path):
+    sweep = hpc.submit(TUNED, cluster="debug", run_dir=tmp_path / "sweep", overrides=["tuned.count=3"],
+                       sweep=["tuned.scale=10,100"])
+    got = {p["overrides"]["tuned.scale"]: p["tasks"] for p in sweep.wait(timeout=30)}
+    assert got == {10: "3/3", 100: "3/3"}
+    for point in sweep.points().values():
+        scale = json.loads((point.path / "scaled" / "task-2" / "done").read_text())["result"] // 2
+        assert (point.path / "config.yaml").read_text().count(f"scale: {scale}") == 1
+    with pytest.raises(hpc.ConfigError, match="expected a dataclass"):
+        hpc.define("bad", hpc.stage(scaled), config=TunedSettings())
+    with pytest.raises(hpc.ConfigError, match="expected a Python identifier"):
+        hpc.define("my-pipe", hpc.stage(scaled), config=TunedSettings)
 
 
 def test_the_readme_example_runs_as_a_script(tmp_path):

@@ -24,7 +24,7 @@ import difflib
 import functools
 import sys
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from hpc.config.checks import ConfigError
 from hpc.config.schema import PipelineConfig, Resources
@@ -66,9 +66,12 @@ def stage(func: Callable[[Any], Any], items: Items = (), after: Iterable[Any] = 
                  tuple(_name(a) for a in after), _name(per_item_after) if per_item_after else "", dict(resources))
 
 
-def define(name: str, *stages: Stage, validate: Callable[[Any], None] = lambda cfg: None) -> PipelineDef:
+def define(name: str, *stages: Stage, config: Optional[type] = None,
+           validate: Callable[[Any], None] = lambda cfg: None) -> PipelineDef:
     """A PipelineDef of these stages, in this order; assign it at the top of the module that holds
-    the functions (hpc.submit finds it there again, as the jobs do)."""
+    the functions (hpc.submit finds it there again, as the jobs do). `config`: a dataclass of the
+    pipeline's own settings, the config section named `name` (overrides and sweeps set `name.key`,
+    a task reads ctx.cfg[name][key], a callable `items` gets cfg.name)."""
     seen: List[str] = []
     for s in stages:
         if not isinstance(s, Stage):
@@ -84,9 +87,21 @@ def define(name: str, *stages: Stage, validate: Callable[[Any], None] = lambda c
     fields = [(s.name, Resources, dataclasses.field(default_factory=functools.partial(Resources, **s.resources)))
               for s in stages]
     section = _dataclass(f"{_title(name)}Stages", fields, (), module)
-    schema = _dataclass(f"{_title(name)}Config", [("stages", section, dataclasses.field(default_factory=section))],
-                        (PipelineConfig,), module)
+    own = [] if config is None else [(_section_name(name, config), config, dataclasses.field(default_factory=config))]
+    schema = _dataclass(f"{_title(name)}Config", [("stages", section, dataclasses.field(default_factory=section)),
+                                                  *own], (PipelineConfig,), module)
     return PipelineDef(name, schema, functools.partial(_stage_defs, tuple(stages)), validate=validate)
+
+
+def _section_name(name: str, config: Any) -> str:
+    """The key of the pipeline's own settings: its name, which must be able to be a config key."""
+    if not (isinstance(config, type) and dataclasses.is_dataclass(config)):
+        raise ConfigError(f"pipeline {name!r}: config={config!r}; expected a dataclass (the class, not an "
+                          "instance). HINT: @dataclasses.dataclass class Settings: lr: float = 0.1; config=Settings.")
+    if not name.isidentifier() or name in ("stages", "run", "cluster"):
+        raise ConfigError(f"pipeline {name!r} with config=: its settings are the config section {name!r}; expected "
+                          "a Python identifier other than stages, run and cluster. HINT: hpc.define('my_pipe', ...).")
+    return name
 
 
 def _stage_defs(stages: Tuple[Stage, ...], cfg: Any) -> List[StageDef]:
