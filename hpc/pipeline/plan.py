@@ -60,12 +60,11 @@ class PipelineDef:
     # directory): the result is built anew every time, never read back from the cache. It may call any
     # module of its own package: the cache key hashes that package's sources (hpc.config.cache)
     settle: Optional[Callable[[Any], bool]] = None
+    options: Tuple[Any, ...] = ()  # its own options of hpc.submit (hpc.pipeline.options.Option), in help order
 
 
 def get_pipeline(name: str) -> PipelineDef:
     """A registered name, or a user's own `package.module[:ATTR]` defining a PipelineDef (ATTR: PIPELINE)."""
-    from hpc.config.schema import ConfigError
-
     module, _, attr = PIPELINES.get(name, name).partition(":")
     if name not in PIPELINES and "." not in module and not attr:
         raise ConfigError(f"unknown pipeline {name!r}; expected one of {sorted(PIPELINES)} or a module "
