@@ -59,7 +59,7 @@ sys.meta_path.append(_Moved)
 # callable as the API's submit (hpc.api.submit).
 API = {"submit": "hpc.submit", "Run": "hpc.runs", "Sweep": "hpc.runs", "ConfigError": "hpc.api",
        "RunDirError": "hpc.api", "SubmissionError": "hpc.api", "define": "hpc.pipeline.short",
-       "stage": "hpc.pipeline.short"}
+       "stage": "hpc.pipeline.short", "ResultError": "hpc.monitor.results"}
 
 
 def __getattr__(name: str):

@@ -6,11 +6,14 @@
     run.wait(timeout=600)   # the same rows once no task is queued or running; TimeoutError after `timeout`
     run.logs("features", 1, rank=0)   # the text of that rank's stdout log (err=True: stderr)
     run.metrics()           # task -> its metrics.json;  run.outputs(): task -> the files it made
+    run.result("merge")     # what the stage function returned (item=...: that array task's)
     run.cancel()            # scancel of every queued or running job; done tasks keep their markers
+    sweep.metrics()         # a Sweep: point -> task -> ...; sweep.logs(point, ...), sweep.result(point, ...)
 
 Everything is read from the run directory and one scheduler call per status (hpc.monitor); the
 commands python -m hpc.status, hpc.logs and hpc.cancel call these methods and print. A Run holds
-only its path: any number of them, in any process, see the same run.
+only its path: any number of them, in any process, see the same run. Constructing one refuses a
+path that is not a run (a Sweep: not a sweep) with a RunDirError.
 """
 from __future__ import annotations
 
@@ -18,12 +21,12 @@ import json
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Union
 
 from hpc.fs.sharedfs import listed
 from hpc.monitor import logs as tasklogs
+from hpc.monitor import results, sweeps
 from hpc.monitor import status as hstatus
-from hpc.monitor import sweeps
 from hpc.rundir import sweepdir
 from hpc.rundir.run import RunDir, RunDirError, task_key
 from hpc.slurm import scheduler
@@ -36,6 +39,7 @@ class Run:
 
     def __init__(self, path: Any):
         self.path = Path(path).resolve()
+        refuse_unless(self.path, "run")
 
     def __repr__(self) -> str:
         return f"hpc.Run({str(self.path)!r})"
@@ -56,7 +60,7 @@ class Run:
     def wait(self, timeout: Optional[float] = None, poll_s: float = POLL_S) -> List[Dict[str, Any]]:
         """Poll until no task is queued or running; the final status(). TimeoutError after `timeout`
         seconds (the jobs go on). Jobs that can never start (NEVER) end the wait: nothing will move them."""
-        return _wait(self.status, timeout, poll_s, f"run {self.path}")
+        return _wait(self.status, lambda r: r["state"] in scheduler.ACTIVE, timeout, poll_s, f"run {self.path}")
 
     def done(self) -> bool:
         """Whether every task completed."""
@@ -66,9 +70,12 @@ class Run:
     def log_paths(self, stage: Optional[str] = None, task: Any = None, rank: int = 0,
                   err: bool = False) -> List[Path]:
         """The log file of each chosen task's newest job (every task of `stage`, or of the run, when
-        not narrowed); RunDirError or ValueError names what exists."""
-        return tasklogs.select(RunDir(self.path), stage, None if task is None else str(task), rank,
-                               "err" if err else "out")
+        not narrowed); RunDirError or ValueError names what exists, ranks included."""
+        paths = tasklogs.select(RunDir(self.path), stage, None if task is None else str(task), rank,
+                                "err" if err else "out")
+        for path in paths:
+            _check_rank(path, rank)
+        return paths
 
     def logs(self, stage: Optional[str] = None, task: Any = None, rank: int = 0, err: bool = False) -> str:
         """The text of those logs, each after a '==> path <==' line when there are several."""
@@ -99,16 +106,31 @@ class Run:
             out[task_key(t["stage"], t["item"])] = [where / n for n in hstatus.outputs(listed(where))]
         return out
 
+    def result(self, stage: str, item: Any = None) -> Any:
+        """What the function of `stage` returned in the task of `item` (None: the stage's one task),
+        as submitit's job.result() gives it (hpc.monitor.results). ResultError (its `.state`) when
+        the task has not completed; ValueError naming the stages or items there are."""
+        return results.result(RunDir(self.path), stage, item)
+
     def cancel(self, stage: Optional[str] = None) -> List[str]:
         """scancel every queued or running job of the run (of `stage`); returns the job ids cancelled."""
         return cancel(str(self.path), stage)
 
 
+def _point(path: Path) -> Run:
+    """A sweep point's Run, unchecked: a point whose jobs are being submitted has no manifest yet."""
+    run = Run.__new__(Run)
+    run.path = path
+    return run
+
+
 class Sweep:
-    """A sweep directory: one run per point (Sweep.points()), each stage one array job across them."""
+    """A sweep directory: one run per point (Sweep.points()), each stage one array job across them.
+    A point is named by its signature (status()'s 'point') or by its overrides, {'key': value}."""
 
     def __init__(self, path: Any):
         self.path = Path(path).resolve()
+        refuse_unless(self.path, "sweep")
 
     def __repr__(self) -> str:
         return f"hpc.Sweep({str(self.path)!r})"
@@ -116,41 +138,105 @@ class Sweep:
     def points(self) -> Dict[str, Run]:
         """Point signature -> its Run."""
         record = sweepdir.SweepDir(self.path)
-        return {sig: Run(record.point(sig).path) for sig in record.record()["points"]}
+        return {sig: _point(record.point(sig).path) for sig in record.record()["points"]}
+
+    def point(self, point: Union[str, Mapping[str, Any]]) -> Run:
+        """The Run of one point: its signature, or its overrides as status() shows them."""
+        recorded = sweepdir.SweepDir(self.path).record()["points"]
+        if isinstance(point, Mapping):
+            sig = next((s for s, e in recorded.items() if e["overrides"] == dict(point)), None)
+        else:
+            sig = point if point in recorded else None
+        if sig is None:
+            known = [f"{s} {sweepdir.describe(e['overrides'])}" for s, e in list(recorded.items())[:6]]
+            raise RunDirError(f"point {point!r} not in sweep {self.path}; expected a signature or the overrides of "
+                              f"one of its {len(recorded)} points ({'; '.join(known)}"
+                              f"{' ...' if len(recorded) > 6 else ''}). HINT: sweep.status() lists them.")
+        return _point(sweepdir.SweepDir(self.path).point(sig).path)
 
     def status(self) -> List[Dict[str, Any]]:
         """One dict per point: what python -m hpc.status --json prints for a sweep."""
         return sweeps.json_rows(sweeps.collect(sweepdir.SweepDir(self.path)))
 
     def wait(self, timeout: Optional[float] = None, poll_s: float = POLL_S) -> List[Dict[str, Any]]:
-        return _wait(self.status, timeout, poll_s, f"sweep {self.path}")
+        """Poll until no task of any point is queued or running (a point shown FAILED may still run
+        others: its `active` count says); the final status(). TimeoutError after `timeout` seconds."""
+        return _wait(self.status, lambda r: r["active"] > 0, timeout, poll_s, f"sweep {self.path}")
+
+    def logs(self, point: Union[str, Mapping[str, Any]], stage: Optional[str] = None, task: Any = None,
+             rank: int = 0, err: bool = False) -> str:
+        """Run.logs of one point."""
+        return self.point(point).logs(stage, task, rank, err)
+
+    def metrics(self) -> Dict[str, Dict[str, Any]]:
+        """Point signature -> task -> its metrics.json (Run.metrics of each point)."""
+        return {sig: run.metrics() for sig, run in self.points().items()}
+
+    def outputs(self) -> Dict[str, Dict[str, List[Path]]]:
+        """Point signature -> task -> the files it made (Run.outputs of each point)."""
+        return {sig: run.outputs() for sig, run in self.points().items()}
+
+    def result(self, point: Union[str, Mapping[str, Any]], stage: str, item: Any = None) -> Any:
+        """Run.result of one point."""
+        return self.point(point).result(stage, item)
 
     def cancel(self, stage: Optional[str] = None) -> List[str]:
         return cancel(str(self.path), stage)
 
 
-def _wait(status: Any, timeout: Optional[float], poll_s: float, what: str) -> List[Dict[str, Any]]:
+def _wait(status: Callable[[], List[Dict[str, Any]]], active: Callable[[Dict[str, Any]], bool],
+          timeout: Optional[float], poll_s: float, what: str) -> List[Dict[str, Any]]:
+    """Poll `status` until no row is `active`; TimeoutError once `timeout` seconds have passed, not before."""
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         rows = status()
-        if not any(r["state"] in scheduler.ACTIVE for r in rows):
+        if not any(active(r) for r in rows):
             return rows
-        if deadline is not None and time.monotonic() + poll_s > deadline:
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
             states = sorted({r["state"] for r in rows})
             raise TimeoutError(f"{what} still has active tasks after {timeout} s ({', '.join(states)}); its jobs "
                                "go on. HINT: wait(timeout=...) longer, or .cancel().")
-        time.sleep(poll_s)
+        time.sleep(poll_s if left is None else min(poll_s, left))
+
+
+def _check_rank(path: Path, rank: int) -> None:
+    """Refuse a rank whose log is missing while other ranks of the same job logged: the task has no
+    such rank (a job not started yet has no logs at all, and its text is '')."""
+    names = listed(path.parent)
+    if path.name in names:
+        return
+    job, _, stream = path.name.rpartition(f"_{rank}_log.")
+    tail = f"_log.{stream}"
+    ranks = sorted(int(n[len(job) + 1:-len(tail)]) for n in names
+                   if n.startswith(f"{job}_") and n.endswith(tail) and n[len(job) + 1:-len(tail)].isdigit())
+    if ranks:
+        raise ValueError(f"rank {rank} of job {job} has no log in {path.parent}; expected one of the ranks that "
+                         f"logged: {ranks}. HINT: rank={ranks[-1]} (--rank {ranks[-1]}), or rank=0.")
+
+
+def refuse_unless(path: Path, kind: str) -> None:
+    """RunDirError unless `path` is a `kind` directory ('run', 'sweep' or 'either'), saying which it is."""
+    run, sweep = RunDir(path).manifest_path.is_file(), sweepdir.is_sweep(str(path))
+    if {"run": run, "sweep": sweep, "either": run or sweep}[kind]:
+        return
+    record = path / sweepdir.RECORD if kind == "sweep" else RunDir(path).manifest_path
+    if sweep or run:
+        other = "hpc.Sweep" if sweep else "hpc.Run"
+        hint = (f"it is a {'sweep' if sweep else 'run'} directory: {other}(path), or hpc.Run.attach(path) for "
+                "either" + ("; a point's run is <sweep>/<point>/ (hpc.status lists them)." if sweep else "."))
+    else:
+        hint = "pass the 'run dir:' or 'sweep dir:' path printed at submission."
+    raise RunDirError(f"{record} not found; expected a {'run or sweep' if kind == 'either' else kind} directory "
+                      f"made by python -m hpc.submit. HINT: {hint}")
 
 
 def check(path: str, stage: Optional[str] = None) -> None:
     """Refuse a path that is neither a run nor a sweep, and a stage that none of its tasks has."""
-    run = RunDir(path)
-    sweep = sweepdir.is_sweep(path)
-    if not sweep and not run.manifest_path.is_file():
-        raise RunDirError(f"{run.manifest_path} not found; expected a run directory made by python -m hpc.submit "
-                          "(or a sweep's). HINT: pass the 'run dir:' or 'sweep dir:' path printed at submission.")
+    refuse_unless(Path(path), "either")
     if stage is None:
         return
+    run, sweep = RunDir(path), sweepdir.is_sweep(path)
     runs: List[RunDir] = [run]
     if sweep:
         record = sweepdir.SweepDir(path)

@@ -75,10 +75,10 @@ def shard(ctx: StageContext) -> dict:
     return {"item": ctx.item}
 
 
-def merge(ctx: StageContext) -> dict:
+def merge(ctx: StageContext) -> list:  # the README's merge: its value is what run.result("merge") gives
     found = sorted((ctx.run_dir / "shard").glob("task-*/shard.txt"))
     (ctx.stage_dir / "merged.txt").write_text(" ".join(p.read_text() for p in found))
-    return {"shards": len(found)}
+    return [p.read_text() for p in found]
 
 
 SHORT = hpc.define("short", hpc.stage(shard, items=[0, 1, 2], cpus_per_task=1, time_min=5),
@@ -108,7 +108,9 @@ class TunedSettings:
 
 
 def scaled(ctx: StageContext) -> int:
-    return ctx.item * ctx.cfg["tuned"]["scale"]
+    value = ctx.item * ctx.cfg["tuned"]["scale"]
+    (ctx.stage_dir / "metrics.json").write_text(json.dumps({"value": value}))
+    return value
 
 
 TUNED = hpc.define("tuned", hpc.stage(scaled, items=lambda cfg: list(range(cfg.tuned.count)), cpus_per_task=1),
@@ -121,12 +123,61 @@ def test_a_short_form_pipeline_with_settings_of_its_own_is_swept(tmp_path):
     got = {p["overrides"]["tuned.scale"]: p["tasks"] for p in sweep.wait(timeout=30)}
     assert got == {10: "3/3", 100: "3/3"}
     for point in sweep.points().values():
-        scale = json.loads((point.path / "scaled" / "task-2" / "done").read_text())["result"] // 2
+        scale = point.result("scaled", 2) // 2
         assert (point.path / "config.yaml").read_text().count(f"scale: {scale}") == 1
     with pytest.raises(hpc.ConfigError, match="expected a dataclass"):
         hpc.define("bad", hpc.stage(scaled), config=TunedSettings())
     with pytest.raises(hpc.ConfigError, match="expected a Python identifier"):
         hpc.define("my-pipe", hpc.stage(scaled), config=TunedSettings)
+
+
+def test_result_gives_what_a_stage_function_returned_and_says_why_not(tmp_path):
+    run = hpc.submit(SHORT, cluster="debug", run_dir=tmp_path / "run")
+    assert run.result("merge") == ["0", "1", "2"] and run.result("shard", 1) == {"item": 1}
+    for args, why in ((("merge", 0), "stage 'merge' has no task 0; expected item= one of its items \\[None\\]"),
+                      (("shard",), "stage 'shard' has 3 tasks, one per item; expected item= one of .*0, 1, 2"),
+                      (("shards",), "stage 'shards' not in .*; expected one of \\['merge', 'shard'\\]")):
+        with pytest.raises(ValueError, match=why):
+            run.result(*args)
+    failed = hpc.submit("tests.tiny_pipeline", cluster="debug", run_dir=tmp_path / "failed",
+                        overrides=["tiny.parts=[0,1]", "tiny.fail_items=[1]"])
+    assert failed.result("second", 0) == {"item": 0}
+    with pytest.raises(hpc.ResultError, match=r"second\[1\] has no result: it is UNKNOWN.*HINT") as err:
+        failed.result("second", 1)
+    assert err.value.state == "UNKNOWN"  # the debug executor leaves no record of a failure
+
+
+def test_run_and_sweep_refuse_a_path_that_is_not_theirs_and_logs_names_the_ranks(tmp_path):
+    with pytest.raises(hpc.RunDirError, match="typo/manifest.json not found; expected a run directory.*HINT"):
+        hpc.Run(tmp_path / "typo").wait()
+    run = hpc.submit(SHORT, cluster="debug", run_dir=tmp_path / "run")
+    sweep = hpc.submit(TUNED, cluster="debug", run_dir=tmp_path / "sweep", sweep=["tuned.scale=2"])
+    with pytest.raises(hpc.RunDirError, match="sweep.json not found; expected a sweep.*HINT: it is a run directory: "
+                       "hpc.Run"):
+        hpc.Sweep(run.path)
+    with pytest.raises(hpc.RunDirError, match="manifest.json not found.*HINT: it is a sweep directory: hpc.Sweep"):
+        hpc.Run(sweep.path)
+    assert run.logs("shard", 1, rank=0) == run.log_paths("shard", 1)[0].read_text() != ""
+    with pytest.raises(ValueError, match=r"rank 5 of job .* has no log .*ranks that logged: \[0\]. HINT"):
+        run.logs("shard", 1, rank=5)
+    with pytest.raises(ValueError, match=r"task '7' not found; expected one of \['0', '1', '2'\]"):
+        run.logs("shard", 7)
+    with pytest.raises(ValueError, match=r"stage 'shards' not in this run; expected one of \['merge', 'shard'\]"):
+        run.logs("shards")
+
+
+def test_a_sweep_gives_each_points_logs_metrics_outputs_and_results(tmp_path):
+    sweep = hpc.Run.attach(hpc.submit(TUNED, cluster="debug", run_dir=tmp_path / "sweep",
+                                      sweep=["tuned.scale=10,100"]).path)
+    by_scale = {r["overrides"]["tuned.scale"]: r["point"] for r in sweep.status()}
+    assert sweep.result(by_scale[10], "scaled", 1) == 10 and sweep.result({"tuned.scale": 100}, "scaled", 1) == 100
+    assert sweep.metrics() == {by_scale[s]: {"scaled[0]": {"value": 0}, "scaled[1]": {"value": s}} for s in (10, 100)}
+    outputs = sweep.outputs()[by_scale[10]]
+    assert outputs["scaled[1]"] == [sweep.path / by_scale[10] / "scaled" / "task-1" / "metrics.json"]
+    log = sweep.point(by_scale[100]).log_paths("scaled", 1)[0]
+    assert sweep.logs({"tuned.scale": 100}, "scaled", 1) == log.read_text() != ""
+    with pytest.raises(hpc.RunDirError, match=r"point 'nope' not in sweep .*tuned.scale=10.*HINT"):
+        sweep.logs("nope", "scaled", 1)
 
 
 def test_the_readme_example_runs_as_a_script(tmp_path):
@@ -142,6 +193,7 @@ def test_the_readme_example_runs_as_a_script(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     assert "['COMPLETED', 'COMPLETED', 'COMPLETED', 'COMPLETED']" in out.stdout, out.stdout[-2000:]
     assert "part.txt" in out.stdout and "[hpc] stage merge" in out.stdout
+    assert "['COMPLETED', 'COMPLETED', 'COMPLETED', 'COMPLETED'] ['part 0', 'part 1', 'part 2']" in out.stdout
     (run_dir,) = (tmp_path / "runs").iterdir()
     assert json.loads((run_dir / "manifest.json").read_text())["pipeline_arg"] == "demo:PIPE"
 

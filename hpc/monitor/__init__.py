@@ -6,6 +6,7 @@ Parts::
 
     status.py         TaskStatus rows of a run from one scheduler call; progress, outputs, hangs; follow
     sweeps.py         one row per point of a sweep, from one scheduler call for every point
+    results.py        what a task's stage function returned (submitit's result file, else the done marker)
     timeline.py       each task's attempts over time, from sacct --duplicates or the run directory
     timeline_plot.py  the timeline drawn with matplotlib (an optional extra: pip install 'hpc[plot]')
 """

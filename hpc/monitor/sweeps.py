@@ -18,6 +18,8 @@ from hpc.rundir.sweepdir import SweepDir, describe
 from hpc.slurm import scheduler
 
 # A point's state from its tasks' states: the first row that any task is in wins (a table, not branches).
+# It is what the table shows, not whether the point is over: a failed task ranks above a running one,
+# so a waiter asks `active` (tasks queued or running), never the state.
 PRECEDENCE = ("NEVER", "FAILED", "TIMEOUT", "CANCELLED", "ENDED", "UNKNOWN", "RUNNING", "PREEMPTED", "PENDING")
 NOT_SUBMITTED = "NOT SUBMITTED"
 
@@ -31,6 +33,7 @@ class PointStatus:
     tasks: str  # "done/total"
     metric: str  # the latest metrics.json: "stage[item] key=value ..."
     run_dir: str
+    active: int = 0  # its tasks still queued or running (scheduler.ACTIVE): the sweep is over at 0 for all
 
 
 def collect(sweep: SweepDir) -> List[PointStatus]:
@@ -46,7 +49,8 @@ def collect(sweep: SweepDir) -> List[PointStatus]:
                  for t in run.tasks()]
         state = next((s for s in PRECEDENCE if s in tasks), "COMPLETED" if tasks else NOT_SUBMITTED)
         rows.append(PointStatus(sig, entry["overrides"], entry.get("in_grid", True), state,
-                                f"{tasks.count('COMPLETED')}/{len(tasks)}", latest_metric(run.path), str(run.path)))
+                                f"{tasks.count('COMPLETED')}/{len(tasks)}", latest_metric(run.path), str(run.path),
+                                sum(s in scheduler.ACTIVE for s in tasks)))
     return rows
 
 
@@ -93,8 +97,9 @@ def show(path: str, as_json: bool) -> int:
 
 
 def follow(sweep: SweepDir, interval_s: float = 5.0) -> int:
-    """Print the table whenever it changes until no point is active; non-zero unless every point in
-    the grid completed."""
+    """Print the table whenever it changes until no task of any point is queued or running (a
+    point shown FAILED may still run its other tasks); non-zero unless every point in the grid
+    completed."""
     last = None
     while True:
         rows = collect(sweep)
@@ -102,6 +107,6 @@ def follow(sweep: SweepDir, interval_s: float = 5.0) -> int:
         if table != last:
             print(time.strftime("%H:%M:%S"), table, sep="\n", flush=True)
             last = table
-        if not any(r.state in scheduler.ACTIVE for r in rows):
+        if not any(r.active for r in rows):
             return 0 if all(r.state == "COMPLETED" for r in rows if r.in_grid) else 1
         time.sleep(interval_s)
