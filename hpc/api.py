@@ -14,12 +14,12 @@ used) and SubmissionError (the scheduler refused; its own words in the message a
 """
 from __future__ import annotations
 
-import dataclasses
 import sys
 from typing import Any, Iterable, Optional, Union
 
 from hpc.config.checks import ConfigError
-from hpc.pipeline.plan import PipelineDef
+from hpc.pipeline import options as hoptions
+from hpc.pipeline.plan import PipelineDef, get_pipeline
 from hpc.pipeline.request import Request, Submitted
 from hpc.rundir import sweepdir
 from hpc.rundir.run import RunDirError
@@ -36,27 +36,36 @@ class SubmissionError(RuntimeError):
         self.scheduler_says = scheduler_says
 
 
+# hpc.submit()'s keywords of the engine's own (Request's fields); the others are the pipeline's options
+ENGINE = ("dry_run", "no_snapshot", "same_snapshot", "sweep", "sweep_file")
+
+
 def submit(pipeline: Union[str, PipelineDef], overrides: Iterable[str] = (), profile: Optional[str] = None,
-           cluster: Optional[str] = None, run_dir: Optional[Any] = None, levels: Optional[Iterable[int]] = None,
-           wait: bool = False, timeout: Optional[float] = None, **request: Any) -> Union[Run, Sweep, None]:
+           cluster: Optional[str] = None, run_dir: Optional[Any] = None, wait: bool = False,
+           timeout: Optional[float] = None, **keywords: Any) -> Union[Run, Sweep, None]:
     """Submit `pipeline` (a registered name, a module path, or a module-level PipelineDef such as
     hpc.define() builds) and return its Run (a Sweep with sweep=[...] or a sweep's run_dir; None for
     dry_run=True, which prints the plan). Returns once the scheduler has the jobs; `wait`: once they
-    ended (Run.wait). Further keywords are Request's fields (nodes, tasks_per_node, command, sweep,
-    no_snapshot, ...), the options of python -m hpc.submit."""
-    unknown = sorted(set(request) - {f.name for f in dataclasses.fields(Request)})
-    if unknown:
-        raise ConfigError(f"hpc.submit() got unknown argument(s) {unknown}; expected the options of "
-                          "hpc.pipeline.request.Request. HINT: config keys go in overrides=['key=value'].")
+    ended (Run.wait). Further keywords: the engine's (dry_run, no_snapshot, same_snapshot, sweep,
+    sweep_file) and the pipeline's own options, as python -m hpc.submit PIPELINE --help lists them
+    (run: nodes, tasks_per_node, command, ...; langsplat: levels). A list-valued one takes a list,
+    or one string read as the command line reads it: command="python train.py --lr 1e-3"."""
     if isinstance(overrides, str):
         raise ConfigError(f"overrides={overrides!r} is one string; expected a list of key=value strings. "
                           f"HINT: overrides=[{overrides!r}].")
-    for key in ("sweep", "command", "resume_args"):  # tuples in the Request, lists are welcome here
-        if request.get(key) is not None:
-            request[key] = tuple(request[key])
-    req = Request(pipeline_name(pipeline), overrides=tuple(overrides), profile=profile, cluster=cluster,
-                  run_dir=None if run_dir is None else str(run_dir),
-                  levels=tuple(levels) if levels is not None else None, **request)
+    name = pipeline_name(pipeline)
+    pipe = pipeline if isinstance(pipeline, PipelineDef) else get_pipeline(name)
+    unknown = sorted(set(keywords) - set(ENGINE) - {opt.name for opt in pipe.options})
+    if unknown:
+        theirs = ", ".join(opt.name for opt in pipe.options) or "none"
+        raise ConfigError(f"hpc.submit() got unknown argument(s) {unknown}; expected hpc.submit's own "
+                          f"({', '.join(ENGINE)}) or the options of pipeline {pipe.name!r} ({theirs}). "
+                          "HINT: config keys go in overrides=['key=value'].")
+    sweep = keywords.pop("sweep", None)  # a string: its axes as the command line reads them
+    engine = {k: keywords.pop(k) for k in ENGINE if k in keywords}
+    req = Request(name, overrides=tuple(overrides), profile=profile, cluster=cluster,
+                  run_dir=None if run_dir is None else str(run_dir), options=hoptions.read(pipe.options, keywords),
+                  sweep=None if sweep is None else tuple(map(str, hoptions.words(sweep, "sweep="))), **engine)
     done = submit_request(req)
     if req.dry_run:
         return None

@@ -8,6 +8,8 @@
     python -m hpc.submit run --resume-if 'out/ckpt.pt' --resume-args '--init_from=resume' -- python train.py
     python -m hpc.submit tiny [key=value ...] --sweep tiny.score=1,2 tiny.sleep_s=0,1
 
+hpc.submit's own options are the engine's; --levels, --nodes, -- COMMAND and the like are the named
+pipeline's own (PipelineDef.options, hpc.pipeline.options), shown by --help under that pipeline.
 Arguments -> a Request -> hpc.api.submit_request, the API's one way into the submission engine:
 hpc.pipeline.submission for a run, hpc.sweep.submission for a grid of runs (--sweep, --sweep-file,
 or a sweep's directory). From Python, hpc.submit("langsplat", levels=[0], ...) returns a hpc.Run.
@@ -18,55 +20,76 @@ import argparse
 import shlex
 import sys
 import types
-from typing import Any, List, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from hpc import api
 from hpc.config.checks import CLUSTER_KINDS, ConfigError
-from hpc.pipeline.plan import PIPELINES
+from hpc.pipeline import options as hoptions
+from hpc.pipeline.plan import PIPELINES, PipelineDef, get_pipeline
 from hpc.pipeline.request import Request
 from hpc.rundir import sweepdir
 
-VALUE_OPTIONS = ("--run-dir", "--profile", "--cluster", "--nodes", "--gpus-per-node", "--tasks-per-node",
-                 "--sweep-file", "--resume-if", "--resume-args", "--warn-signal", "--framework", "--accelerate-config",
-                 "--hang-after", "--heartbeat")  # take one value
+VALUE_OPTIONS = ("--run-dir", "--profile", "--cluster", "--sweep-file")  # take one value; and a pipeline's own
 
 
 def parse_args(argv: Sequence[str]) -> Request:
+    """The command line as a Request; the options of the pipeline it names come from its PipelineDef
+    (hpc.pipeline.options). A ConfigError for a pipeline that cannot be loaded or a value that does
+    not convert."""
     argv = list(argv)
     command: List[str] = []
     if "--" in argv:
         cut = argv.index("--")
         argv, command = argv[:cut], argv[cut + 1:]
+    pipes = pipelines_named(argv)
+    p = parser(pipes)
+    own = [opt for pipe in pipes.values() for opt in pipe.options]
+    # key=value tokens are taken out first, so `--levels 0 1 a.b=c` does not read a.b=c as a level;
+    # the value of an option (--run-dir /data/a=b) is never one
+    overrides, rest, sweep, in_sweep, tokens = [], [], None, False, iter(argv)
+    for a in tokens:
+        in_sweep = a == "--sweep" or (in_sweep and not a.startswith("-"))
+        if a == "--sweep":
+            sweep = sweep or []
+        elif in_sweep:  # every token after --sweep up to the next option is an axis
+            sweep.append(a)
+        elif a in VALUE_OPTIONS + hoptions.one_token_flags(own):
+            value = next(tokens, None)  # `--opt=value`: argparse then takes a value that starts with '-'
+            rest.append(a if value is None else f"{a}={value}")
+        else:
+            (overrides if "=" in a and not a.startswith("-") else rest).append(a)
+    args = p.parse_args(rest)
+    pipe = pipes[args.pipeline]
+    given = {opt.name: getattr(args, opt.name) for opt in pipe.options if opt.form != hoptions.REST}
+    tail = [opt.name for opt in pipe.options if opt.form == hoptions.REST]
+    if command and not tail:
+        raise ConfigError(f"a command after '--' ({shlex.join(command)}); pipeline {args.pipeline!r} takes none. "
+                          "HINT: drop it, or submit it with the run pipeline: python -m hpc.submit run -- CMD")
+    given.update({name: command for name in tail})
+    return Request(args.pipeline, overrides=tuple(args.overrides + overrides), profile=args.profile,
+                   cluster=args.cluster, run_dir=args.run_dir, options=hoptions.read(pipe.options, given, cli=True),
+                   dry_run=args.dry_run, wait=args.wait, no_snapshot=args.no_snapshot,
+                   same_snapshot=args.same_snapshot, sweep=tuple(sweep) if sweep is not None else None,
+                   sweep_file=args.sweep_file)
+
+
+def pipelines_named(argv: Sequence[str]) -> Dict[str, PipelineDef]:
+    """The pipeline the command line names (its first word that is no option, no key=value and no
+    option's value), loaded; none named (--help alone): every registered one, for the help."""
+    tokens = iter(argv)
+    for a in tokens:
+        if a in VALUE_OPTIONS:
+            next(tokens, None)
+        elif not a.startswith("-") and "=" not in a:
+            return {a: get_pipeline(a)}
+    return {name: get_pipeline(name) for name in PIPELINES}
+
+
+def parser(pipes: Mapping[str, PipelineDef]) -> argparse.ArgumentParser:
+    """hpc.submit's own options, then each named pipeline's in a group of its own."""
     p = argparse.ArgumentParser(prog="python -m hpc.submit", description=__doc__.split("\n\n")[0])
     p.add_argument("pipeline", help=f"one of {sorted(PIPELINES)}, or a module path (mypkg.pipeline)")
     p.add_argument("overrides", nargs="*", help="dotted key=value config overrides, anywhere before --")
-    p.add_argument("--levels", nargs="+", type=int,
-                   help="LangSplat feature levels 0-3 (default: 1 2 3 in external mode, 0 1 2 synthetic)")
-    p.add_argument("--nodes", help="run: nodes per job, or a range MIN-MAX (e.g. 1-2)")
-    p.add_argument("--gpus-per-node", type=int, help="run: GPUs (and ranks) per node")
-    p.add_argument("--tasks-per-node", type=int,
-                   help="run: processes (ranks) per node; without --gpus-per-node they are CPU ranks (no GPUs)")
-    p.add_argument("--no-rank-env", action="store_true",
-                   help="run: export no RANK/WORLD_SIZE/MASTER_* variables (a one-process script that would "
-                        "otherwise take its DDP path)")
-    p.add_argument("--resume-if", metavar="GLOB",
-                   help="run: the script's checkpoints, relative to its working directory; before each launch "
-                        "incomplete ones are set aside and --resume-args added if a complete one is left")
-    p.add_argument("--resume-args", metavar="ARGS",
-                   help="run: arguments added when --resume-if matches a complete checkpoint, in one quoted "
-                        "string ('--resume_from_checkpoint $HPC_LAST_CHECKPOINT')")
-    p.add_argument("--framework", choices=("auto", "lightning", "hf", "accelerate", "torchtitan", "none"),
-                   help="run: the script's framework preset (default auto: from the script's imports)")
-    p.add_argument("--accelerate-config", metavar="FILE",
-                   help="run, framework accelerate: the `accelerate config` file whose settings every rank gets "
-                        "(default: Accelerate's own default file, if there is one)")
-    p.add_argument("--hang-after", type=float, metavar="SECONDS",
-                   help="run: no progress in rank 0's output this long is a hang: stacks of every rank, then a "
-                        "requeue (default 1800; 0: off; before the first progress: at least 300)")
-    p.add_argument("--heartbeat", metavar="REGEX",
-                   help="run: progress is a new line of rank 0's output matching this, not any output")
-    p.add_argument("--warn-signal", choices=("TERM", "USR1", "USR2", "none"),
-                   help="run: the signal the script gets when its time limit is near (default TERM)")
     p.add_argument("--cluster", choices=CLUSTER_KINDS, help="where to run (default: config, auto)")
     p.add_argument("--profile", help="cluster profile from templates/profiles/")
     p.add_argument("--run-dir", help="run directory; an existing one resumes (done tasks are skipped)")
@@ -81,37 +104,19 @@ def parse_args(argv: Sequence[str]) -> Request:
     p.add_argument("--same-snapshot", action="store_true",
                    help="resubmit with the code snapshot the run's last submission took, not the live code "
                         "(what hpc's own resubmissions do)")
-    # key=value tokens are taken out first, so `--levels 0 1 a.b=c` does not read a.b=c as a level;
-    # the value of an option (--run-dir /data/a=b) is never one
-    overrides, rest, sweep, in_sweep, tokens = [], [], None, False, iter(argv)
-    for a in tokens:
-        in_sweep = a == "--sweep" or (in_sweep and not a.startswith("-"))
-        if a == "--sweep":
-            sweep = sweep or []
-        elif in_sweep:  # every token after --sweep up to the next option is an axis
-            sweep.append(a)
-        elif a in VALUE_OPTIONS:
-            value = next(tokens, None)  # `--opt=value`: argparse then takes a value that starts with '-'
-            rest.append(a if value is None else f"{a}={value}")
-        else:
-            (overrides if "=" in a and not a.startswith("-") else rest).append(a)
-    args = p.parse_args(rest)
-    return Request(args.pipeline, overrides=tuple(args.overrides + overrides), profile=args.profile,
-                   cluster=args.cluster, run_dir=args.run_dir, levels=tuple(args.levels) if args.levels else None,
-                   nodes=args.nodes, gpus_per_node=args.gpus_per_node,
-                   tasks_per_node=args.tasks_per_node, rank_env=not args.no_rank_env, resume_if=args.resume_if,
-                   resume_args=tuple(shlex.split(args.resume_args)) if args.resume_args else None,
-                   warn_signal=args.warn_signal, framework=args.framework,
-                   accelerate_config=args.accelerate_config, hang_after_s=args.hang_after,
-                   heartbeat=args.heartbeat, command=tuple(command),
-                   dry_run=args.dry_run, wait=args.wait, no_snapshot=args.no_snapshot,
-                   same_snapshot=args.same_snapshot, sweep=tuple(sweep) if sweep is not None else None,
-                   sweep_file=args.sweep_file)
+    seen: set = set()
+    for name, pipe in pipes.items():
+        mine = [opt for opt in pipe.options if opt.cli not in seen]  # the help for all: a flag once
+        if mine:
+            group = p.add_argument_group(f"options of the {name} pipeline", hoptions.rest_help(mine) or None)
+            hoptions.add_to(group, mine)
+            seen.update(opt.cli for opt in mine)
+    return p
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    req = parse_args(sys.argv[1:] if argv is None else argv)
     try:
+        req = parse_args(sys.argv[1:] if argv is None else argv)
         done = api.submit_request(req)  # the API's engine call: hpc.submit(...) goes the same way
     except (ConfigError, RuntimeError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -20,6 +20,7 @@ from typing import Any, Dict, List
 
 from hpc.config.schema import ConfigError, PipelineConfig, Resources, to_dict
 from hpc.pipeline import container
+from hpc.pipeline.options import QUOTED, REST, SWITCH, Option
 from hpc.pipeline.plan import PipelineDef, StageDef
 from hpc.recovery import scriptproc
 from hpc.scripts import accelerate_cfg, checks, presets, resume
@@ -193,4 +194,39 @@ def run_command(ctx: Any) -> dict:
                         preempt_as=preset.preempt_as, watch=workspace.watch_factory(ctx, script))
 
 
-PIPELINE = PipelineDef("run", RunConfig, stages, validate, templates=("run.yaml",), notes=notes, settle=settle)
+def count_or_range(value: Any) -> Any:
+    """--nodes 2 is the count 2, --nodes 1-2 the range (checked with the config: hpc.slurm.noderange)."""
+    return int(value) if str(value).isdigit() else str(value)
+
+
+# python -m hpc.submit run's own options, hpc.submit("run", ...)'s keywords (hpc.pipeline.options)
+OPTIONS = (
+    Option("nodes", "stages.main.nodes", "nodes per job, or a range MIN-MAX (e.g. 1-2)", count_or_range),
+    Option("gpus_per_node", "stages.main.gpus_per_node", "GPUs (and ranks) per node", int,
+           also=lambda n, given: {"stages.main.tasks_per_node": max(1, n)}),
+    Option("tasks_per_node", "stages.main.tasks_per_node",
+           "processes (ranks) per node; without --gpus-per-node they are CPU ranks (no GPUs)", int,
+           also=lambda n, given: {} if "gpus_per_node" in given else {"stages.main.gpus_per_node": 0}),
+    Option("rank_env", "script.rank_env", "export no RANK/WORLD_SIZE/MASTER_* variables (a one-process script "
+           "that would otherwise take its DDP path)", form=SWITCH, flag="--no-rank-env", switch=False),
+    Option("resume_if", "script.resume_if", "the script's checkpoints, relative to its working directory; before "
+           "each launch incomplete ones are set aside and --resume-args added if a complete one is left",
+           metavar="GLOB"),
+    Option("resume_args", "script.resume_args", "arguments added when --resume-if matches a complete checkpoint, "
+           "in one quoted string ('--resume_from_checkpoint $HPC_LAST_CHECKPOINT')", form=QUOTED, metavar="ARGS"),
+    Option("framework", "script.framework", "the script's framework preset (default auto: from the script's "
+           "imports)", choices=("auto", "lightning", "hf", "accelerate", "torchtitan", "none")),
+    Option("accelerate_config", "script.accelerate_config", "framework accelerate: the `accelerate config` file "
+           "whose settings every rank gets (default: Accelerate's own default file, if there is one)", metavar="FILE"),
+    Option("hang_after_s", "script.hang_after_s", "no progress in rank 0's output this long is a hang: stacks of "
+           "every rank, then a requeue (default 1800; 0: off; before the first progress: at least 300)", float,
+           flag="--hang-after", metavar="SECONDS"),
+    Option("heartbeat", "script.heartbeat", "progress is a new line of rank 0's output matching this, not any "
+           "output", metavar="REGEX"),
+    Option("warn_signal", "script.warn_signal", "the signal the script gets when its time limit is near "
+           "(default TERM)", choices=("TERM", "USR1", "USR2", "none")),
+    Option("command", "script.command", "the script's command line, run as an argv (no shell)", form=REST,
+           metavar="COMMAND ..."),
+)
+PIPELINE = PipelineDef("run", RunConfig, stages, validate, templates=("run.yaml",), notes=notes, settle=settle,
+                       options=OPTIONS)

@@ -29,8 +29,9 @@ def _root(monkeypatch):
 
 
 def sandbox_plan(*overrides: str):
-    pipe, cfg, run, _, _ = submission.build(Request("langsplat", overrides, profile="sandbox", levels=(1,),
-                                                    run_dir="/tmp/never-written", dry_run=True))
+    pipe, cfg, run, _, _ = submission.build(Request("langsplat", overrides, profile="sandbox",
+                                                    options={"levels": [1]}, run_dir="/tmp/never-written",
+                                                    dry_run=True))
     return make_plan(pipe, cfg, str(run.path), "slurm")
 
 

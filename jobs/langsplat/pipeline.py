@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
 from hpc.config.schema import ConfigError, PipelineConfig, Resources, to_dict
+from hpc.pipeline.options import SEVERAL, Option
 from hpc.pipeline.plan import PipelineDef, StageDef
 
 from . import external
@@ -129,5 +130,9 @@ def features(ctx: Any) -> dict:
     return train_features(ctx.cfg["langsplat"], ctx.stage_dir, ctx.item, ctx.run_dir / "rgb")
 
 
+# python -m hpc.submit langsplat --levels 0 1, hpc.submit("langsplat", levels=[0, 1]) (hpc.pipeline.options)
+OPTIONS = (Option("levels", "langsplat.levels", "LangSplat feature levels 0-3 (default: 1 2 3 in external mode, "
+                  "0 1 2 synthetic)", int, form=SEVERAL),)
 PIPELINE = PipelineDef("langsplat", LangsplatConfig, stages, validate,
-                       templates=("langsplat.yaml", "langsplat_external.yaml"), notes=external.notes, settle=settle)
+                       templates=("langsplat.yaml", "langsplat_external.yaml"), notes=external.notes, settle=settle,
+                       options=OPTIONS)
