@@ -174,14 +174,17 @@ def handle_stop(request: StopRequest, history: str | os.PathLike, job_id: str | 
     job_id = job_id or os.environ.get("SLURM_JOB_ID")
     if not job_id:
         return Decision(False, None, "not running under SLURM; nothing to requeue", request.reason)
-    if os.environ.get(INTERACTIVE_ENV):  # a step of an salloc shell's run: requeuing would end the allocation
-        return Decision(False, None, "stopped by Ctrl-C (--cluster here). HINT: run the same command again to "
-                        "resume from this checkpoint", "interrupted")
+    # a step of an salloc shell's run (--cluster here) is never requeued, which would end the allocation:
+    # the command that runs it, its host, says what stopped it (a hang, the allocation's end, Ctrl-C)
+    here = Decision(False, None, "stopped (--cluster here), not requeued. HINT: run the same command again to "
+                    "resume from this checkpoint", request.reason) if os.environ.get(INTERACTIVE_ENV) else None
+    if here and hostact.ENV not in os.environ:
+        return here
     restarts = int(os.environ.get("SLURM_RESTART_COUNT", 0) or 0)
     if hostact.ENV in os.environ:
         past = load_history(Path(history))
-        decision = decide(request.reason, "for the host to read", past["timeouts"], max_timeouts, "host",
-                          past.get("hangs", 0))
+        decision = here or decide(request.reason, "for the host to read", past["timeouts"], max_timeouts, "host",
+                                  past.get("hangs", 0))
         hostact.ask(os.environ[hostact.ENV], {"reason": request.reason, "history": str(history), "job_id": job_id,
                                               "restart": restarts, "max_timeouts": max_timeouts})
         done = hostact.answer(os.environ[hostact.ENV])
