@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from hpc.pipeline import carry
+from hpc.rundir import treecopy
 
 
 @pytest.fixture
@@ -48,8 +49,8 @@ def test_a_copy_is_named_by_its_files_and_reused(packages, tmp_path, monkeypatch
     assert (Path(first) / "pkga" / "sub.py").read_text() == "X = 2\n"
 
     copies = []
-    real_copy = carry.shutil.copyfile
-    monkeypatch.setattr(carry.shutil, "copyfile", lambda a, b: copies.append(b) or real_copy(a, b))
+    real_copy = treecopy.copy_one
+    monkeypatch.setattr(treecopy, "copy_one", lambda src, mode, dst: copies.append(dst) or real_copy(src, mode, dst))
     again = carry.ensure()
     assert again.reused and again.dir == first and "reused" in again.summary()
     assert copies == []  # a later submission copies nothing
@@ -63,15 +64,17 @@ def test_a_copy_is_named_by_its_files_and_reused(packages, tmp_path, monkeypatch
 
 
 KILLED = """
-import shutil, sys, time
+import sys, time
 sys.path.insert(0, {src!r})
 from hpc.pipeline import carry
+from hpc.rundir import treecopy
+from hpc.rundir import treecopy
 carry.CARRIED = ("pkga", "modb")
-real = shutil.copyfile
-def slow(a, b):
-    real(a, b)
+real = treecopy.copy_one
+def slow(*args):
+    real(*args)
     time.sleep(30)  # the submission is killed here, one file copied
-carry.shutil.copyfile = slow
+treecopy.copy_one = slow
 carry.ensure()
 """
 
@@ -92,15 +95,20 @@ def test_a_copy_from_a_killed_submission_is_never_used(packages, tmp_path, monke
         proc.wait()
     (half,) = parent.glob(".tmp-*")
     assert not os.path.exists(carry.folder())  # the half-made copy is not under the name the jobs use
+    # another submission still copying: this host's with its process alive, another host's while young
+    busy = [parent / f".tmp-{treecopy._host()}-{os.getpid()}-0000abcd", parent / ".tmp-elsewhere-1-0000abcd"]
+    for path in busy:
+        path.mkdir()
     made = carry.ensure()
     assert not made.reused and tree(made.dir) == [carry.LISTING, "modb.py", "pkga/__init__.py", "pkga/sub.py"]
-    assert half.exists()  # another submission may still be copying: left alone while young
-    old = time.time() - carry.STALE_S - 60
-    os.utime(half, (old, old))
+    assert not half.exists()  # its process is gone: the next copy removed it
+    assert all(p.exists() for p in busy)
+    old = time.time() - treecopy.STALE_S - 60
+    os.utime(busy[1], (old, old))
     (packages / "modb.py").write_text("Y = 30\n")
     carry.listing.cache_clear()
     carry.ensure()
-    assert not half.exists()  # a later copy removes it once stale
+    assert not busy[1].exists() and busy[0].exists()  # another host's, once stale
 
 
 def test_a_folder_without_its_listing_is_refused_not_used(packages, tmp_path):

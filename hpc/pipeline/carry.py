@@ -22,10 +22,10 @@ The folder's key is a digest of every copied file's path, size and modification 
 once per process (a 1000-point sweep stats the files once): a changed file of hpc or another
 version of submitit gives a new folder, and the same files reuse the one an earlier submission
 made, copying nothing. A copy is made in a temporary folder beside it, its listing (LISTING) written
-last, and renamed into place whole: a submission killed halfway leaves a .tmp-* folder that is never
-used (a later copy removes it after STALE_S), and of two submissions copying at once the first
-rename wins. Old folders stay: a job still queued may run one (remove $HPC_CACHE_DIR/carry when
-none is).
+last, and renamed into place whole, by the copier of the code snapshot (hpc.rundir.treecopy, files
+read-only): a submission killed halfway leaves a .tmp-* folder that is never used and that the next
+copy removes, and of two submissions copying at once the first rename wins. Old folders stay: a job
+still queued may run one (remove $HPC_CACHE_DIR/carry when none is).
 """
 from __future__ import annotations
 
@@ -35,13 +35,13 @@ import importlib.util
 import json
 import os
 import shlex
-import shutil
+import stat
 import time
-import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Dict, Optional, Tuple
 
-from hpc.rundir import snapcache
+from hpc.rundir import snapcache, treecopy
 
 # the modules copied, each to the path of its dotted name: a package's whole folder, or a single-file module
 CARRIED = ("hpc", "hpc.jobs", "hpc.templates", "submitit", "cloudpickle", "omegaconf", "antlr4", "yaml", "tqdm")
@@ -50,8 +50,7 @@ IMAGE = ("torch", "numpy", "tensorboard")
 SKIPPED_SUFFIXES = (".so", ".pyd", ".dylib", ".pyc", ".pyo")  # compiled for the host, not the image
 LISTING = "CARRIED.json"  # written last into a copy: a folder without it is not one
 FOLDER = "carry"  # under hpc.rundir.snapcache.cache_dir()
-FORMAT = 1  # in the key: a change of what goes into a copy gives every copy a new folder
-STALE_S = 86400.0  # a .tmp-* folder this old belongs to a submission that died
+FORMAT = 2  # in the key: a change of what goes into a copy (2: read-only files) gives every copy a new folder
 
 
 @dataclass(frozen=True)
@@ -122,40 +121,18 @@ def ensure(where: Optional[str] = None) -> Carried:
     size = sum(r[2] for r in rows)
     if os.path.exists(os.path.join(where, LISTING)):
         return Carried(where, len(rows), size, time.perf_counter() - started, True)
-    parent = os.path.dirname(where)
-    os.makedirs(parent, exist_ok=True)
-    _drop_stale(parent)
-    tmp = os.path.join(parent, f".tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    try:
-        os.mkdir(tmp)
-        for rel, src, _, _ in rows:
-            dst = os.path.join(tmp, rel)
-            os.makedirs(os.path.dirname(dst), exist_ok=True)
-            shutil.copyfile(src, dst)
-        with open(os.path.join(tmp, LISTING), "w") as f:
+
+    def fill(tmp: Path) -> None:  # the listing last: a folder without it is not a copy
+        treecopy.copy_files(tmp, {rel: (src, stat.S_IFREG) for rel, src, _, _ in rows})
+        with open(tmp / LISTING, "w") as f:
             json.dump({"files": {r[0]: r[1] for r in rows}, "made": time.time()}, f)
-        try:
-            os.rename(tmp, where)
-        except OSError as err:  # another submission's copy came first: keep that one
-            if not os.path.exists(os.path.join(where, LISTING)):
-                raise RuntimeError(f"cannot put hpc's copy for the containers at {where}: {err}; expected a "
-                                   f"folder made whole or none. HINT: remove {where} (no job runs it: it is "
-                                   "incomplete), or set container.hpc=image with hpc installed in the image") from err
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return Carried(where, len(rows), size, time.perf_counter() - started, False)
 
-
-def _drop_stale(parent: str) -> None:
-    """Remove the temporary folders of copies that died halfway (best effort)."""
-    now = time.time()
-    for name in os.listdir(parent):
-        path = os.path.join(parent, name)
-        try:
-            if name.startswith(".tmp-") and now - os.stat(path).st_mtime > STALE_S:
-                shutil.rmtree(path, ignore_errors=True)
-        except OSError:
-            pass
+    _, _, made = treecopy.make(os.path.dirname(where), fill, os.path.basename(where))
+    if not made and not os.path.exists(os.path.join(where, LISTING)):  # not another submission's copy
+        raise RuntimeError(f"cannot put hpc's copy for the containers at {where}: a folder without {LISTING} is "
+                           f"there; expected a folder made whole or none. HINT: remove {where} (no job runs it: it "
+                           "is incomplete), or set container.hpc=image with hpc installed in the image")
+    return Carried(where, len(rows), size, time.perf_counter() - started, not made)
 
 
 def wrap(where: str, python: str) -> str:

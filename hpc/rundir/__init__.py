@@ -15,6 +15,7 @@ Parts::
     sweepdir.py   SweepDir: the grid a sweep records, its points, a point's name in words
     snapshot.py   the code snapshot: taken at submission, entered by each job (JobCode), drift
     snapcache.py  hard links to an earlier run's snapshot of the same files
+    treecopy.py   a directory made whole or not at all, and files copied into it (the snapshot's, carry's)
     tracking.py   run ids for experiment trackers, the same in every attempt
 
 Imports no torch: submission and status read it.

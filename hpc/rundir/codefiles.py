@@ -15,7 +15,6 @@ racy ones). Used by the snapshot (hpc.rundir.snapshot) and its cache.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import stat
@@ -26,6 +25,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from hpc.rundir.run import MANIFEST
 from hpc.rundir.sweepdir import RECORD, made_by_hpc
+from hpc.rundir.treecopy import digest
 
 UNTRACKED_MAX_BYTES = 2 << 20  # an untracked (or, without git, any) file larger than this is data
 MAX_FILES = 50_000  # more than this is not a code tree (a home directory, a dataset)
@@ -173,10 +173,6 @@ def walk(root: Path) -> List[Tuple[str, bool]]:
 def is_link(st: os.stat_result) -> bool:
     return stat.S_ISLNK(st.st_mode)
 
-
-def digest(data: bytes, link: bool = False) -> str:
-    """A file's content digest; a symlink's is that of its target, marked as a link."""
-    return hashlib.sha256(b"link\0" + data if link else data).hexdigest()
 
 
 

@@ -9,16 +9,18 @@ their uncommitted changes, and untracked files that .gitignore does not exclude)
 working directory's files, hidden and virtualenv directories left out. Untracked files over
 UNTRACKED_MAX_BYTES are data, not code: they are left out and named. The run directory is never
 copied into itself. A snapshot over `max_mb` in all, or with more than MAX_FILES files, is refused
-before anything is submitted.
+before anything is submitted; an empty tree (a submission from an empty directory) is an empty snapshot.
 
 Files are copied, never hard-linked to the live tree: an editor that saves in place would change a
 linked copy (a new run directory may link to an earlier run's snapshot of the same files:
 hpc.rundir.snapcache). The snapshot is content-addressed, <run>/code/<hash>/, and
 <run>/code/<hash>.json lists each file's size, mtime, ctime, inode and digest, and when the listing
-was made. A resubmission whose files all still have the listed stat reuses the snapshot without
-reading them, except the files modified within a timestamp tick of the listing, which are read and
-hashed (hpc.rundir.codefiles.clean: git's guard for racy entries); hpc.status compares the live
-tree with the listing the same way. `--same-snapshot` (recorded()) runs a manifest's snapshot again
+was made. The copy is made in <run>/code/.tmp-<host>-<pid>-<random>/ and renamed whole
+(hpc.rundir.treecopy): a submission killed midway leaves that folder, never a half copy under a hash,
+and the next snapshot into the same run directory removes it. A resubmission whose files all still
+have the listed stat reuses the snapshot without reading them, except the files modified within a
+timestamp tick of the listing, which are read and hashed (hpc.rundir.codefiles.clean: git's guard
+for racy entries); hpc.status compares the live tree with the listing the same way. `--same-snapshot` (recorded()) runs a manifest's snapshot again
 whatever the live tree holds: hpc's own resubmissions do. A sweep keeps one snapshot, in the sweep
 directory, for all of its points.
 
@@ -33,31 +35,17 @@ import hashlib
 import importlib
 import json
 import os
-import shutil
 import sys
 import time
-import uuid
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from hpc.fs import atomic
-from hpc.rundir import codefiles, snapcache
-from hpc.rundir.codefiles import (
-    HINT,
-    UNTRACKED_MAX_BYTES,
-    SnapshotError,
-    Source,
-    digest,
-    is_link,
-    listing,
-    load_table,
-    unchanged,
-)
+from hpc.rundir import codefiles, snapcache, treecopy
+from hpc.rundir.codefiles import HINT, UNTRACKED_MAX_BYTES, SnapshotError, Source, listing, load_table, unchanged
 
 CODE = "code"  # <run>/code/<hash>/ and <run>/code/<hash>.json
-COPY_THREADS = 8
 Stat = Tuple[int, int, str, int, int, int]  # (size, mtime_ns, digest, mode, ctime_ns, inode) of one file
 
 
@@ -177,51 +165,28 @@ def take(source: Source, run_path: Path, max_mb: float, previous: Optional[str] 
         if table and unchanged(table, files) and (code / previous).is_dir():
             return Snapshot(source, previous, code / previous, len(files), total,
                             time.perf_counter() - started, True, tuple(skipped))
-    tmp = code / f".tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:
+
+    def fill(tmp: Path) -> Tuple[Dict[str, Stat], bool]:
         linked = snapcache.link_earlier(source.root, tmp, files, unchanged)
-        stats = linked or _copy(source.root, tmp, files)
-        digest = tree_hash(stats)
-        final = code / digest
-        try:
-            os.rename(tmp, final)
-        except OSError:  # the same files were snapshotted before: keep that copy
-            shutil.rmtree(tmp)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    table = {"hash": digest, "root": str(source.root), "git": source.git, "exclude": list(source.exclude),
+        return (linked, True) if linked is not None else (_copy(source.root, tmp, files), False)
+
+    # a temporary copy renamed whole (hpc.rundir.treecopy): an empty tree is an empty snapshot, and
+    # a copy killed midway is removed by the next snapshot taken here
+    final, (stats, linked), _ = treecopy.make(code, fill, lambda made: tree_hash(made[0]))
+    table = {"hash": final.name, "root": str(source.root), "git": source.git, "exclude": list(source.exclude),
              "listed_ns": listed_ns, "files": stats}
-    atomic.write_text(code / f"{digest}.json", json.dumps(table, separators=(",", ":")))
+    atomic.write_text(code / f"{final.name}.json", json.dumps(table, separators=(",", ":")))
     snapcache.remember(source.root, final)
-    return Snapshot(source, digest, final, len(files), total, time.perf_counter() - started, False,
-                    tuple(skipped), linked is not None)
+    return Snapshot(source, final.name, final, len(files), total, time.perf_counter() - started, False,
+                    tuple(skipped), linked)
 
 
 def _copy(root: Path, dest: Path, files: Mapping[str, os.stat_result]) -> Dict[str, Stat]:
-    """Copy each file (a symlink as a symlink), read-only, hashing what was read; the stat kept is
-    the one taken before the read, so a file changed meanwhile shows as changed later. Threads: the
-    time goes to creating files, which releases the GIL and overlaps well."""
-    for parent in sorted({(dest / rel).parent for rel in files}):
-        parent.mkdir(parents=True, exist_ok=True)
-
-    def one(rel: str) -> Tuple[str, Stat]:
-        src, dst, st = root / rel, dest / rel, files[rel]
-        if is_link(st):
-            target = os.readlink(src)
-            os.symlink(target, dst)
-            content = digest(os.fsencode(target), link=True)
-        else:
-            data = src.read_bytes()
-            content = digest(data)
-            fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o555 if st.st_mode & 0o111 else 0o444)
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-        return rel, (st.st_size, st.st_mtime_ns, content, 0o755 if st.st_mode & 0o111 else 0o644,
-                     st.st_ctime_ns, st.st_ino)
-
-    with ThreadPoolExecutor(COPY_THREADS) as pool:
-        return dict(pool.map(one, sorted(files)))
+    """Copy each file (hpc.rundir.treecopy.copy_files); the stat kept is the one taken before the
+    read, so a file changed meanwhile shows as changed later."""
+    digests = treecopy.copy_files(dest, {rel: (os.path.join(root, rel), st.st_mode) for rel, st in files.items()})
+    return {rel: (st.st_size, st.st_mtime_ns, digests[rel], 0o755 if st.st_mode & 0o111 else 0o644,
+                  st.st_ctime_ns, st.st_ino) for rel, st in files.items()}
 
 
 def tree_hash(stats: Mapping[str, Stat]) -> str:
