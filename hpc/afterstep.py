@@ -172,13 +172,20 @@ def answer_end(request: str) -> None:
 
 
 def settle(request: str) -> bool:
-    """Carry out a rank's stop request (hpc.recovery.hostact), with what was done in the job's log."""
-    try:
-        # here, not at the top: only a stop needs them
-        from hpc.recovery import nodeaction
+    """Carry out a rank's stop request (hpc.recovery.hostact), with what was done in the job's log; False
+    while it cannot be read (listed, but not readable from this node yet): the next look tries again,
+    as the rank waits for an answer. One that was read is settled once, carried out or not."""
+    # here, not at the top: only a stop needs them
+    from hpc.recovery import hostact, nodeaction
 
+    try:
+        if hostact.pending(request) is None:
+            return False
+    except OSError:
+        return False
+    try:
         line = nodeaction.settle_request(request)
-    except Exception as err:  # a request that cannot be read or carried out is said once, not retried
+    except Exception as err:  # a request that cannot be carried out is said once, not retried
         line = f"the ranks' stop request {request} not carried out: {type(err).__name__}: {err}"
     print(f"[hpc] {line}", file=sys.stderr, flush=True)
     return True
