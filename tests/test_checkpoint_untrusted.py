@@ -13,14 +13,18 @@ import dataclasses
 import io
 import json
 import os
+import pathlib
 import pickle
+import tracemalloc
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from hpc.checkpoint import SHARDED_KEY, CheckpointStore, StoreReader
+from hpc.checkpoint import SHARDED_KEY, CheckpointStore, StoreReader, dcp_pickle
 from hpc.checkpoint.dcp_engine import DcpEngine, UnsafeCheckpoint
-from hpc.checkpoint.dcp_index import merge_metadata, rank_metadata
+from hpc.checkpoint.dcp_index import holes, merge, merge_metadata, rank_metadata
 from hpc.checkpoint.dcp_pickle import load as load_index
 from hpc.checkpoint.files import file_info
 from hpc.checkpoint.layout import MARKER, marker_files
@@ -148,3 +152,118 @@ def test_what_dcp_writes_loads_as_pickle_loads_it(step):
     model, opt = _objects()
     DcpEngine().load(step, model, opt, files=marker_files(step))
     assert model.low.dtype == torch.bfloat16 and opt.param_groups[0]["lr"] == 0.01
+
+
+class Reduced:
+    """Pickles as `func(*args)`: what a crafted index asks the reader to call."""
+
+    def __init__(self, func, *args):
+        self.func, self.args = func, args
+
+    def __reduce__(self):
+        return self.func, self.args
+
+
+def _op(name, arg=b""):
+    return getattr(pickle, name) + arg
+
+
+_HUGE = (2**40).to_bytes(8, "little")
+_LONG = "x" * 4000
+# Files a few bytes long that ask the reader for gigabytes, or for state set on torch's own classes.
+_CRAFTED = {
+    "bytearray(2**40)": pickle.dumps(Reduced(bytearray, 2**40), protocol=4),
+    "bytes of 2**40 announced": _op("PROTO", b"\x04") + _op("BINBYTES8", _HUGE) + b"x" + _op("STOP"),
+    "a bytearray of 2**40 announced": _op("PROTO", b"\x05") + _op("BYTEARRAY8", _HUGE) + b"x" + _op("STOP"),
+    "the memo's entry 2**24": _op("PROTO", b"\x04") + _op("NONE") + _op("LONG_BINPUT", (2**24).to_bytes(4, "little"))
+    + _op("STOP"),
+    "one path from 10000 references to a long string": pickle.dumps(Reduced(pathlib.PosixPath, *[_LONG] * 10000),
+                                                                      protocol=4),
+}
+
+
+def _state_on_a_class():
+    """STACK_GLOBAL Metadata, then BUILD with (None, {"crafted": 1}): setattr(Metadata, ...)."""
+    module, name = b"torch.distributed.checkpoint.metadata", b"Metadata"
+    return (b"\x80\x04" + _op("SHORT_BINUNICODE", bytes([len(module)]) + module)
+            + _op("SHORT_BINUNICODE", bytes([len(name)]) + name) + _op("STACK_GLOBAL") + _op("NONE")
+            + _op("EMPTY_DICT") + _op("SHORT_BINUNICODE", b"\x07crafted") + _op("BININT1", b"\x01")
+            + _op("SETITEM") + _op("TUPLE2") + _op("BUILD") + _op("STOP"))
+
+
+_CRAFTED["state set on DCP's Metadata class"] = _state_on_a_class()
+
+
+def _bounded(data, path):
+    """load_index(data): (its result or its exception, the peak of memory the reader allocated)."""
+    tracemalloc.start()
+    try:
+        result = load_index(io.BytesIO(data), path)
+    except Exception as err:  # noqa: BLE001 - the test names what it got
+        result = err
+    finally:
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    return result, peak
+
+
+@pytest.mark.parametrize("what", list(_CRAFTED))
+def test_a_crafted_index_allocates_nothing_and_is_refused(what, step):
+    """Through a load, as a user's job meets it: one line naming the file, never MemoryError, a
+    gigabyte reserved or torch's classes changed."""
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    _replace(step, rank_metadata(0), _CRAFTED[what])
+    tracemalloc.start()
+    try:
+        with pytest.raises(UnsafeCheckpoint) as err:
+            DcpEngine().load(step, *_objects(), files=marker_files(step))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    message = str(err.value)
+    assert "\n" not in message and str(step / rank_metadata(0)) in message and "HINT" in message
+    assert peak < 32 * 2**20, f"the reader allocated {peak / 2**20:.0f} MiB for {what}"
+    assert not hasattr(Metadata, "crafted")
+
+
+def test_an_index_over_the_cap_is_refused_unread(monkeypatch, step):
+    monkeypatch.setattr(dcp_pickle, "MAX_BYTES", 1000)
+    with pytest.raises(UnsafeCheckpoint, match="over 1000 bytes"):
+        DcpEngine().load(step, *_objects(), files=marker_files(step))
+
+
+def _works(index):
+    """What hpc's loads do with an index: merge it, find its holes."""
+    merge([index, index])
+    holes(index)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.binary(max_size=400))
+def test_any_bytes_load_as_an_index_or_are_refused(data, tmp_path):
+    result, peak = _bounded(data, tmp_path / "x")
+    assert isinstance(result, UnsafeCheckpoint) or _works(result) is None, repr(result)
+    assert peak < 4 * 2**20
+
+
+@pytest.fixture(scope="module")
+def real_index(tmp_path_factory):
+    parts = tmp_path_factory.mktemp("parts")
+    DcpEngine().save(parts, *_objects(), blocking=True, collectives=False)
+    return (parts / rank_metadata(0)).read_bytes()
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(edits=st.lists(st.tuples(st.floats(0, 1, exclude_max=True), st.integers(0, 12),
+                                st.binary(max_size=12)), min_size=1, max_size=4))
+def test_a_mutated_real_index_loads_or_is_refused(edits, real_index, tmp_path):
+    """DCP's own index with bytes replaced, cut or spliced in (an opcode with a length, a memo
+    number): a load that hpc's merge reads, or UnsafeCheckpoint; never another exception."""
+    data = bytearray(real_index)
+    for where, cut, spliced in edits:
+        at = int(where * len(data))
+        data[at:at + cut] = spliced
+    result, peak = _bounded(bytes(data), tmp_path / "x")
+    assert isinstance(result, UnsafeCheckpoint) or _works(result) is None, repr(result)
+    assert peak < 16 * 2**20
