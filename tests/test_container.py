@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+import hpc
 from hpc.config import schema as config
 from hpc.pipeline import plan
 from hpc.runtime.envparse import from_environ
@@ -159,8 +160,15 @@ def test_no_container_leaves_the_srun_line_as_it_was(site):
     (["cluster.container.runtime=exec", "cluster.container.prefix=[env]", "cluster.container.workdir=/w"],
      "mounts or .workdir set with runtime exec"),
 ])
-def test_bad_container_input_is_refused_before_submission(site, args, seen, monkeypatch, capsys):
-    """Refused in one line with a HINT, by the dry run and by the submission alike, before a
+def test_bad_container_input_is_refused_before_submission(site, args, seen, refused):
+    refused(["langsplat", "--run-dir", str(site / "run"), *[a.replace("SITE", str(site)) for a in args]],
+            seen.replace("SITE", str(site)))
+
+
+@pytest.fixture
+def refused(site, monkeypatch, capsys):
+    """refused(argv, seen): python -m hpc.submit ARGV --cluster slurm --profile sandbox is refused in
+    one line with a HINT that holds `seen`, by the dry run and by the submission alike, before a
     snapshot is taken or sbatch runs. SLURM's clients here answer the one question asked before the
     plan (MaxArraySize), and sbatch leaves a mark if it is called."""
     from hpc import submit
@@ -174,17 +182,17 @@ def test_bad_container_input_is_refused_before_submission(site, args, seen, monk
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     monkeypatch.setenv("HPC_CACHE_DIR", str(site / "cache"))
     monkeypatch.chdir(ROOT)
-    run_dir = site / "run"
-    argv = ["langsplat", "--run-dir", str(run_dir), "--cluster", "slurm", "--profile", "sandbox",
-            *[a.replace("SITE", str(site)) for a in args]]
-    lines = []
-    for dry in (["--dry-run"], []):
-        assert submit.main(argv + dry) == 2
-        err = capsys.readouterr().err.strip()
-        assert "\n" not in err and "HINT" in err and seen.replace("SITE", str(site)) in err, err
-        lines.append(err)
-    assert lines[0] == lines[1]
-    assert not (site / "sbatch-called").exists() and not (run_dir / "code").exists()
+
+    def check(argv, seen):
+        lines = []
+        for dry in (["--dry-run"], []):
+            assert submit.main([*argv, "--cluster", "slurm", "--profile", "sandbox", *dry]) == 2
+            err = capsys.readouterr().err.strip()
+            assert "\n" not in err and "HINT" in err and seen in err, err
+            lines.append(err)
+        assert lines[0] == lines[1]
+        assert not (site / "sbatch-called").exists() and not list(site.glob("**/code"))
+    return check
 
 
 def test_a_profile_sets_the_container_of_every_stage(site):
@@ -218,3 +226,86 @@ def test_rank_variables_of_enroots_pytorch_hook_lose_to_slurms():
     env.export(exported)
     assert (exported["RANK"], exported["WORLD_SIZE"], exported["LOCAL_RANK"]) == ("3", "4", "1")
     assert exported["MASTER_ADDR"] == "n1" and exported["MASTER_PORT"] != "29500"
+
+
+@pytest.mark.parametrize("runtime, arg, path", [
+    ("pyxis", "run.root=", "SITE/a:b"),  # the run directory <root>/<run.name> under it
+    ("apptainer", "--run-dir", "SITE/run,1"),
+    ("pyxis", "langsplat.data_path=", "SITE/my data"),  # a data path in the config, mounted by hpc
+    ("pyxis", "langsplat.data_path=", "SITE/d$x"),
+    ("pyxis", "cluster.container.mounts=", "SITE/my data"),  # a mount of the user's own
+])
+def test_a_mount_path_the_runtime_cannot_carry_is_refused(site, runtime, arg, path, refused):
+    """',' separates the entries of Pyxis's --container-mounts and Apptainer's --bind and ':' the
+    parts of one; Pyxis writes each entry into an `echo "SRC DST FLAGS"` shell line that enroot reads
+    as fstab, whose fields whitespace splits (Pyxis 0.24 escapes it, earlier ones do not) and where
+    the shell expands $, ` and \\. Such a path is refused in one line that names it."""
+    path = path.replace("SITE", str(site))
+    if arg.endswith("="):
+        os.makedirs(path, exist_ok=True)
+    image = f"{site}/images/torch.{'sqsh' if runtime == 'pyxis' else 'sif'}"
+    given = {"--run-dir": ["--run-dir", path], "run.root=": [arg + path, "run.name=r"],
+             "cluster.container.mounts=": [f"{arg}[{path}:/data]"]}.get(arg, [arg + path])
+    refused(["langsplat", *given, f"cluster.container.runtime={runtime}", f"cluster.container.image={image}"],
+            repr(path + "/r" * (arg == "run.root=")))
+
+
+def test_apptainer_mounts_a_path_with_a_space(site):
+    """Apptainer takes its --bind list as one word: a space is no separator there."""
+    (site / "my data").mkdir()
+    out = dry_run(site, "cluster.container.runtime=apptainer", f"cluster.container.image={site}/images/torch.sif",
+                  f"langsplat.data_path={site}/my data")
+    assert out.returncode == 0, out.stderr
+    for words in map(shlex.split, srun_lines(out.stdout)):
+        assert f"{site}/my data:{site}/my data" in words[words.index("--bind") + 1].split(",")
+
+
+def boxed(ctx):
+    """A short-form pipeline's stage."""
+
+
+BOXED = hpc.define("boxed", hpc.stage(boxed, cpus_per_task=1, time_min=5))
+
+
+def test_a_short_form_run_directory_is_named_after_its_pipeline(site, monkeypatch, capsys):
+    """The default run directory <run.root>/<name>-<time> takes the pipeline's name ('boxed'), not
+    the module:ATTR it is submitted as, whose ':' would split Pyxis's mount entry of it."""
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("HPC_CACHE_DIR", str(site / "cache"))
+    monkeypatch.setenv("SLURM_CONF", "/nonexistent")
+    hpc.submit(BOXED, cluster="slurm", dry_run=True, overrides=[
+        f"run.root={site}/runs", "cluster.container.runtime=pyxis", f"cluster.container.image={site}/images/torch.sqsh"])
+    (line,) = srun_lines(capsys.readouterr().out)
+    mounts = next(w for w in shlex.split(line) if w.startswith("--container-mounts=")).partition("=")[2]
+    sources = [m.split(":") for m in mounts.split(",")]
+    assert all(len(parts) == 2 and parts[0] == parts[1] for parts in sources), mounts
+    assert re.fullmatch(rf"{re.escape(str(site))}/runs/boxed-\d{{8}}-\d{{6}}", sources[0][0]), mounts
+
+
+@pytest.mark.parametrize("runtime", ["pyxis", "apptainer"])
+def test_a_relative_image_file_is_named_by_its_absolute_path(site, runtime, monkeypatch, capsys):
+    """Pyxis reads an image that starts with neither '/' nor '.' as a registry name, and a task's
+    directory is not the submission's: the srun line names the file the submission found."""
+    from hpc import submit
+
+    monkeypatch.chdir(site / "images")
+    monkeypatch.setenv("HPC_CACHE_DIR", str(site / "cache"))
+    name = "torch.sqsh" if runtime == "pyxis" else "torch.sif"
+    assert submit.main(["langsplat", "--dry-run", "--run-dir", "/RUN", "--cluster", "slurm", "--profile", "sandbox",
+                        f"cluster.container.runtime={runtime}", f"cluster.container.image={name}"]) == 0
+    lines = srun_lines(capsys.readouterr().out)
+    assert len(lines) == 2
+    for words in map(shlex.split, lines):
+        image = f"--container-image={site}/images/{name}" if runtime == "pyxis" else f"{site}/images/{name}"
+        assert image in words and name not in words and f"--container-image={name}" not in words
+
+
+def test_apptainer_env_is_set_over_the_images_own(site):
+    """Apptainer lets a host variable through only where the image sets none; APPTAINERENV_<NAME>
+    (like --env) is set over the image's value, so the batch script exports that."""
+    out = dry_run(site, "cluster.container.runtime=apptainer", f"cluster.container.image={site}/images/torch.sif",
+                  "cluster.container.env={NCCL_DEBUG: INFO, TAG: a b}")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("export APPTAINERENV_NCCL_DEBUG=INFO\n") == 2
+    assert out.stdout.count("export APPTAINERENV_TAG='a b'\n") == 2
+    assert "export NCCL_DEBUG" not in out.stdout

@@ -12,7 +12,9 @@ every stage. resolve() checks it against the file system and adds the mounts hpc
 at the same path inside as outside: the run directory (the code snapshot and submitit's folder live
 in it; a sweep's point mounts its sweep directory, where the sweep's snapshot is), $HPC_CACHE_DIR,
 the submission directory, and every absolute path in the pipeline's own sections of the config
-that exists (data, checkouts, model files). launch() turns the result into the srun line:
+that exists (data, checkouts, model files); a path the runtime's mount list cannot carry (UNSAFE: ','
+or ':', and for Pyxis whitespace and shell characters) is refused, and an image file is named by
+its absolute path. launch() turns the result into the srun line:
 
     pyxis      srun ... --container-image=IMG --container-mounts=A:A,... --container-name=hpc-<hash>
                --no-container-mount-home [--container-workdir=W] [--container-env=K,...] PYTHON -u -m ...
@@ -30,8 +32,10 @@ unpacked once, and a changed image gets a new name (Pyxis removes named containe
 unless the site sets container_scope=global); the home directory stays out
 (--no-container-mount-home), as it is on a cluster's login node only. Environment: `env` is exported
 by the batch script and, for pyxis, named in --container-env so that it wins over the image's
-values. The rank variables (RANK, WORLD_SIZE, MASTER_*) that enroot's PyTorch hook sets are
-overwritten in each task from SLURM's (hpc.runtime.envparse: in an srun step SLURM's variables win).
+values; for apptainer, as APPTAINERENV_<NAME>, which Apptainer sets over the image's value (a host
+variable it passes only where the image sets none). The rank variables (RANK, WORLD_SIZE, MASTER_*)
+that enroot's PyTorch hook sets are overwritten in each task from SLURM's (hpc.runtime.envparse: in
+an srun step SLURM's variables win).
 Apptainer runs without --cleanenv: the tasks need SLURM_*.
 """
 from __future__ import annotations
@@ -56,6 +60,16 @@ HPC_FROM = ("carry", "image")  # container.hpc: a copy hpc carries in (hpc.pipel
 # config sections that are hpc's own: their paths are not data (the run directory is mounted anyway)
 OWN_SECTIONS = ("run", "cluster", "stages")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# characters a runtime's mount list cannot carry in a path: ',' separates the entries and ':' the parts
+# of one; Pyxis writes each entry into an `echo "SRC DST FLAGS"` line of the shell config enroot reads
+# as fstab lines: whitespace splits the fields (Pyxis 0.24 escapes it as \040, earlier ones do not, so
+# hpc cannot escape it for both), and the shell expands $, ` and \ and ends the line at "
+UNSAFE = {"pyxis": ",: \t\n\\\"$`", "apptainer": ",:"}
+# what each of hpc's own mounts is, and how to move it where its runtime can mount it
+OWN_MOUNTS = {"run": ("the run directory", "pass --run-dir (or run.root=) a path without them"),
+              "cache": ("$HPC_CACHE_DIR", "set HPC_CACHE_DIR to a folder without them"),
+              "cwd": ("the submit directory", "submit from a directory without them"),
+              "data": ("a path in the config", "move or link it to a path without them and give that one")}
 
 
 @dataclass(frozen=True)
@@ -94,9 +108,11 @@ def resolve(section: Mapping[str, Any], where: str, run_dir: str, cfg: Mapping[s
     elif not image:
         raise ConfigError(f"{where}.image is empty for runtime {runtime}; expected an image. HINT: set "
                           f"{where}.image=/path/to/image.{'sqsh' if runtime == 'pyxis' else 'sif'}.")
-    elif _is_path(image) and not os.path.exists(image):
-        raise ConfigError(f"{where}.image={image!r} does not exist on this machine; expected the image "
-                          "file. HINT: fix the path, or import it first (enroot import / apptainer pull).")
+    elif _is_path(image):  # absolute: Pyxis reads local.sqsh as a registry name, and a task's directory differs
+        image = os.path.abspath(os.path.expanduser(image))
+        if not os.path.exists(image):
+            raise ConfigError(f"{where}.image={image!r} does not exist on this machine; expected the image "
+                              "file. HINT: fix the path, or import it first (enroot import / apptainer pull).")
     pull = str(section.get("squash") or "")
     if pull:  # pyxis: the registry image imported once to this file, at submission (prepare)
         squash.check(pull, image, runtime, where)
@@ -108,15 +124,20 @@ def resolve(section: Mapping[str, Any], where: str, run_dir: str, cfg: Mapping[s
     root, cache = _mount_root(run_dir), str(snapcache.cache_dir())
     # the submission directory too: `run` reads its git-ignored data, and --no-snapshot imports it; the
     # cache holds hpc's carried copy, made at submission (prepare) where this dry run finds no cache yet
-    ours = [root, *[p for p in (cache, os.getcwd()) if os.path.isdir(p) or (p == cache and carried)],
-            *data_paths(cfg)]
+    ours = [(root, "run"), *[(p, k) for p, k in ((cache, "cache"), (os.getcwd(), "cwd"))
+                             if os.path.isdir(p) or (k == "cache" and carried)], *[(p, "data") for p in data_paths(cfg)]]
     users = [_user_mount(m, where, root) for m in section.get("mounts") or []]
+    for path, kind in ours:
+        _check_mount(path, runtime, *OWN_MOUNTS[kind])
+    for text, parts in zip(section.get("mounts") or [], users):
+        for path in parts[:2]:
+            _check_mount(path, runtime, f"{where}.mounts entry {text!r}: the path", "mount it from a path without them")
     env = {str(k): str(v) for k, v in (section.get("env") or {}).items()}
     bad = [k for k in env if not _ENV_NAME.fullmatch(k)]
     if bad:
         raise ConfigError(f"{where}.env has name(s) {bad} that are not variable names; expected letters, "
                           "digits and '_'. HINT: rename them.")
-    mounts = [f"{p}:{p}" for p in _outermost(ours) if not any(_covers(u, p) for u in users)] + \
+    mounts = [f"{p}:{p}" for p in _outermost([p for p, _ in ours]) if not any(_covers(u, p) for u in users)] + \
         [":".join(u) for u in users]
     name = "hpc-" + hashlib.sha256(f"{run_dir}\0{stage}\0{image}".encode()).hexdigest()[:12]
     return {**dict(section), "runtime": runtime, "mounts": mounts, "env": env, "name": name, "prefix": prefix,
@@ -156,7 +177,9 @@ def notes(jobs: Sequence[Any], kind: str = "slurm", cfg: Any = None) -> List[str
 def launch(c: Mapping[str, Any], gpus_per_node: int) -> Launch:
     """The srun options, interpreter text and export lines of a resolved section (resolve())."""
     env = dict(c.get("env") or {})
-    setup = tuple(f"export {k}={shlex.quote(v)}" for k, v in env.items())
+    # Apptainer lets a host variable through only where the image sets none; APPTAINERENV_<NAME> wins
+    exported = "APPTAINERENV_" if c["runtime"] == "apptainer" else ""
+    setup = tuple(f"export {exported}{k}={shlex.quote(v)}" for k, v in env.items())
     python, workdir, mounts = str(c["python"]), c.get("workdir"), ",".join(c["mounts"])
     if c.get("carry"):  # hpc's copy first on PYTHONPATH inside the image
         python = carry.wrap(c["carry"], python)
@@ -220,6 +243,14 @@ def _user_mount(text: str, where: str, root: str) -> Tuple[str, ...]:
                           "expected a mount beside it, or the same path on both sides. HINT: mount it elsewhere, "
                           "or pass --run-dir outside its destination.")
     return (src, dst, *parts[2:])
+
+
+def _check_mount(path: str, runtime: str, what: str, fix: str) -> None:
+    """`path` holds none of the characters `runtime`'s mount list cannot carry (UNSAFE)."""
+    seen = sorted({c for c in path if c in UNSAFE.get(runtime, "")})
+    if seen:
+        raise ConfigError(f"{what} {path!r} holds {', '.join(map(repr, seen))}, which {runtime}'s mount list cannot "
+                          f"carry; expected a path without any of {', '.join(map(repr, UNSAFE[runtime]))}. HINT: {fix}.")
 
 
 def _covers(outer: Any, inner: str) -> bool:
