@@ -22,6 +22,8 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import keyword
+import re
 import sys
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
@@ -31,6 +33,7 @@ from hpc.config.schema import PipelineConfig, Resources
 from hpc.pipeline.plan import PipelineDef, StageDef
 
 RESOURCE_KEYS = tuple(f.name for f in dataclasses.fields(Resources))
+PIPELINE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # it names the run directories (<name>-<time>)
 Items = Union[Sequence[Any], Callable[[Any], Sequence[Any]]]  # the items, or cfg -> the items
 
 
@@ -52,7 +55,12 @@ def stage(func: Callable[[Any], Any], items: Items = (), after: Iterable[Any] = 
     task each (or a function of the config returning them); `after`: stages (their functions or
     names) that must end successfully first; `per_item_after`: an earlier array stage whose task k
     alone task k waits for; `resources`: Resources fields (nodes, gpus_per_node, tasks_per_node,
-    cpus_per_task, time_min, ...)."""
+    cpus_per_task, time_min, ...); `name`: the stage's name (default: the function's), an identifier."""
+    if name and not (isinstance(name, str) and name.isidentifier() and not keyword.iskeyword(name)):
+        fixed = re.sub(r"\W+", "_", str(name)).strip("_") or "stage"
+        fixed = "s_" * fixed[0].isdigit() + fixed + "_" * keyword.iskeyword(fixed)
+        raise ConfigError(f"stage name {name!r} is not a Python identifier or is a keyword; expected letters, digits "
+                          f"and '_', not first a digit (it is the config key stages.<name>). HINT: name={fixed!r}.")
     unknown = [k for k in resources if k not in RESOURCE_KEYS]
     if unknown:
         close = difflib.get_close_matches(unknown[0], RESOURCE_KEYS, n=1)
@@ -71,7 +79,10 @@ def define(name: str, *stages: Stage, config: Optional[type] = None,
     """A PipelineDef of these stages, in this order; assign it at the top of the module that holds
     the functions (hpc.submit finds it there again, as the jobs do). `config`: a dataclass of the
     pipeline's own settings, the config section named `name` (overrides and sweeps set `name.key`,
-    a task reads ctx.cfg[name][key], a callable `items` gets cfg.name)."""
+    a task reads ctx.cfg[name][key], a callable `items` gets cfg.name). `name` names the run directories."""
+    if not isinstance(name, str) or not PIPELINE_NAME.fullmatch(name):
+        raise ConfigError(f"pipeline name {name!r}; expected letters, digits, '_', '.' and '-', first a letter or a "
+                          "digit (it names the run directories, <run.root>/<name>-<time>). HINT: hpc.define('demo', ...).")
     seen: List[str] = []
     for s in stages:
         if not isinstance(s, Stage):
