@@ -142,7 +142,8 @@ class Sweep:
 
     def point(self, point: Union[str, Mapping[str, Any]]) -> Run:
         """The Run of one point: its signature, or its overrides as status() shows them."""
-        recorded = sweepdir.SweepDir(self.path).record()["points"]
+        sweep = sweepdir.SweepDir(self.path)
+        recorded = sweep.record()["points"]
         if isinstance(point, Mapping):
             sig = next((s for s, e in recorded.items() if e["overrides"] == dict(point)), None)
         else:
@@ -152,7 +153,7 @@ class Sweep:
             raise RunDirError(f"point {point!r} not in sweep {self.path}; expected a signature or the overrides of "
                               f"one of its {len(recorded)} points ({'; '.join(known)}"
                               f"{' ...' if len(recorded) > 6 else ''}). HINT: sweep.status() lists them.")
-        return _point(sweepdir.SweepDir(self.path).point(sig).path)
+        return _point(sweep.point(sig).path)
 
     def status(self) -> List[Dict[str, Any]]:
         """One dict per point: what python -m hpc.status --json prints for a sweep."""
