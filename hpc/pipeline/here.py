@@ -6,107 +6,58 @@
 The plan is the batch submission's (hpc.pipeline.plan, with SLURM's ranks per job), and so are the
 run directory, the code snapshot, the manifest, the done markers and the checkpoints: only the
 launch differs. Stages run one after another in plan order; a stage's tasks run side by side as far
-as the allocation's nodes hold them (`srun --exact`), each task one step, named `hpc-<stage>`, whose
-ranks run hpc.pipeline.herestep. No sbatch: `sacct -j $SLURM_JOB_ID` lists the steps.
+as the allocation's nodes hold them (`srun --exact`), each task one step with its stage's ranks, nodes
+and GPUs whatever the allocation exports (hpc.pipeline.herealloc), named `hpc-<stage>.<run id>.h<n>`,
+whose ranks run hpc.pipeline.herestep. No sbatch: `sacct -j $SLURM_JOB_ID` lists the steps. A step
+that ends with no result of its task (srun refused it, a setup line failed) gets srun's words as its
+error, so hpc.status reads FAILED and why.
 
 Ctrl-C (SIGINT to this process; srun is kept out of the terminal's process group) sends SIGTERM to
-the running steps' tasks with `scancel --signal=TERM JOB.STEP`, as a preemption would: the stage
-saves its checkpoint and stops, never requeued (stopsignal.INTERACTIVE_ENV, read by
-hpc.recovery.preemption), and this process raises KeyboardInterrupt. The same command again skips
-the tasks with a done marker and resumes the interrupted one from its checkpoint. A second Ctrl-C
-ends the steps at once (hpc.pipeline.herestop). A stage asking for more nodes, GPUs or CPUs per node than
-the allocation has is refused before anything runs (check_fits), with both sets of numbers.
+the tasks of this command's running steps, by their names (another run in the same allocation has
+its own), with `scancel --signal=TERM JOB.STEP`, as a preemption would: the stage saves its checkpoint
+and stops, never requeued (stopsignal.INTERACTIVE_ENV, read by hpc.recovery.preemption), and this
+process raises KeyboardInterrupt. The same command again skips the tasks with a done marker and
+resumes the interrupted one from its checkpoint. A second Ctrl-C ends the steps at once
+(hpc.pipeline.herestop). A stage asking for more nodes, GPUs or CPUs per node than the allocation has
+is refused before anything runs (check_fits), with both sets of numbers.
 
 A stage with a container section runs its ranks in the image as a batch job's do: step_argv adds
 container.launch()'s srun options and interpreter (hpc carried in included), and its shell lines run on
 the host, before srun. What a rank asks the host (hpc.recovery.hostact: HPC_HOST_ACTS names a folder per
 step) this process answers while the step runs (serve): the allocation's EndTime, a `run` stage's stop
-deadline; a stop request, which is never a requeue here. So a rank inside or outside an image needs no
+deadline; a stop request, never a requeue here, with what stopped the step: a hang, the allocation's
+time limit or preemption, Ctrl-C (herestop.stopped). So a rank inside or outside an image needs no
 SLURM client, and stops and resumes the same way.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
 import shlex
 import subprocess
 import sys
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Deque, Dict, List, Mapping, Optional, Sequence
 
-from hpc.config.checks import ConfigError
 from hpc.fs import sharedfs
-from hpc.pipeline import container
-from hpc.pipeline.herestop import Interrupt, Reaper
+from hpc.pipeline import container, herestep, herestop
+from hpc.pipeline.herealloc import Allocation, check_fits, current, srun_argv, step_env, width
 from hpc.pipeline.plan import JobSpec, Plan
 from hpc.recovery import hostact
 from hpc.recovery.stopsignal import INTERACTIVE_ENV
-from hpc.rundir import logdirs
+from hpc.rundir import logdirs, tracking
 from hpc.rundir.run import RunDir, task_key
 from hpc.runtime.distenv import master_port_for
-from hpc.slurm import noderange, scheduler
+from hpc.slurm import scheduler
 
 HERE = "here"  # the executor kind, in the config (cluster.kind) and in the manifest
 WAIT_SLICE_S = 0.2  # polls of the running steps: a Ctrl-C is acted on within one slice
-
-
-@dataclass(frozen=True)
-class Allocation:
-    """What the enclosing allocation holds, per node (scontrol's TRES, spread evenly over its nodes)."""
-
-    job_id: str
-    nodes: int
-    cpus_per_node: int
-    gpus_per_node: int
-
-    @classmethod
-    def from_info(cls, job_id: str, info: Mapping[str, str]) -> "Allocation":
-        """From `scontrol -o show job` fields: NumNodes, TRES=cpu=4,node=2,gres/gpu=4."""
-        tres = dict(p.split("=", 1) for p in info.get("TRES", "").split(",") if "=" in p)
-        nodes = int(info.get("NumNodes", "1").split("-")[0] or 1)
-        cpus = int(tres.get("cpu") or info.get("NumCPUs", "0") or 0)
-        return cls(str(job_id), nodes, cpus // nodes, int(tres.get("gres/gpu", "0") or 0) // nodes)
-
-    def show(self) -> str:
-        return (f"{self.nodes} node(s) x {self.gpus_per_node} GPU(s) x {self.cpus_per_node} CPU(s) "
-                f"per node")
-
-
-def current(env: Mapping[str, str] = os.environ) -> Allocation:
-    """The allocation of this shell (SLURM_JOB_ID), as SLURM holds it now."""
-    job_id = env.get("SLURM_JOB_ID", "")
-    if not job_id:
-        raise ConfigError("--cluster here runs the stages inside an allocation, and SLURM_JOB_ID is not set. "
-                          "HINT: salloc -N 2 --ntasks-per-node=2 (with --gres=gpu:N for GPU stages), then run "
-                          "this command in its shell.")
-    try:
-        info = scheduler.job_info(job_id)
-    except RuntimeError as err:
-        raise ConfigError(f"allocation {job_id} (SLURM_JOB_ID) could not be read: {err}. HINT: run inside "
-                          "a live salloc shell, or unset a stale SLURM_JOB_ID.") from None
-    return Allocation.from_info(job_id, info)
-
-
-def need(job: JobSpec, alloc: Allocation) -> Dict[str, int]:
-    """What one task of `job` takes: nodes (the most of a node range that fit), GPUs and CPUs per node."""
-    lo, hi = noderange.bounds(job.resources["nodes"])
-    res = job.resources
-    return {"nodes": lo if lo > alloc.nodes else min(hi, alloc.nodes), "gpus": int(res["gpus_per_node"] or 0),
-            "cpus": int(res["tasks_per_node"]) * int(res["cpus_per_task"] or 1)}
-
-
-def check_fits(jobs: Sequence[JobSpec], alloc: Allocation) -> None:
-    """ConfigError naming the first stage one of whose tasks does not fit in the allocation."""
-    for job in jobs:
-        n = need(job, alloc)
-        if n["nodes"] > alloc.nodes or n["gpus"] > alloc.gpus_per_node or n["cpus"] > alloc.cpus_per_node:
-            raise ConfigError(
-                f"stage {job.stage} asks for {n['nodes']} node(s) x {n['gpus']} GPU(s) x {n['cpus']} CPU(s) per "
-                f"node; allocation {alloc.job_id} has {alloc.show()}. HINT: salloc -N {n['nodes']} "
-                f"--gres=gpu:{n['gpus']} --ntasks-per-node={job.resources['tasks_per_node']} (or more), or "
-                f"lower stages.{job.stage}.nodes / gpus_per_node / tasks_per_node.")
+NAME = "hpc-{stage}.{run}.h{seq}"  # a step's name: its stage, its run's id, its number in the run
+SAID = 20  # srun's own last lines kept per step: what it said when a step ends with no result
 
 
 def as_steps(plan: Plan, alloc: Allocation) -> Plan:
@@ -119,36 +70,23 @@ def as_steps(plan: Plan, alloc: Allocation) -> Plan:
     return dataclasses.replace(plan, kind=HERE, notes=plan.notes + tuple(lines))
 
 
-def width(job: JobSpec, alloc: Allocation) -> int:
-    return max(1, alloc.nodes // need(job, alloc)["nodes"])
-
-
-def srun_argv(job: JobSpec, alloc: Allocation, logs: str) -> List[str]:
-    """One task's step: its share of the allocation only (--exact), its logs where hpc.status reads them."""
-    n = need(job, alloc)
-    argv = ["srun", f"--job-name=hpc-{job.stage}", f"--nodes={n['nodes']}",
-            f"--ntasks-per-node={job.resources['tasks_per_node']}",
-            f"--cpus-per-task={job.resources['cpus_per_task'] or 1}", "--exact", "--kill-on-bad-exit=1",
-            f"--output={logs}_%t_log.out", f"--error={logs}_%t_log.err"]
-    if n["gpus"]:
-        argv.append(f"--gpus-per-node={n['gpus']}")
-    return argv
-
-
-def step_argv(job: JobSpec, alloc: Allocation, logs: str, pickle: str, setup: Sequence[str] = ()) -> List[str]:
-    """The whole command of one task's step: srun and what each rank runs (hpc.pipeline.herestep), in
-    the stage's container as its batch job's srun line has it (container.launch: one builder for both).
-    `setup` (cluster.setup) runs in each rank before the task, or, with a container, on the host
-    before srun as in a batch script, after the container's own lines (its `env`)."""
+def step_argv(job: JobSpec, alloc: Allocation, logs: str, pickle: str, setup: Sequence[str] = (),
+              name: str = "") -> List[str]:
+    """The whole command of one task's step (`name`: NAME's): srun and what each rank runs
+    (hpc.pipeline.herestep), in the stage's container as its batch job's srun line has it
+    (container.launch: one builder for both). `setup` (cluster.setup) runs in each rank before the
+    task, or, with a container, on the host before srun as in a batch script, after the container's
+    own lines (its `env`)."""
     box = job.resources.get("container")
     task = ["-u", "-m", "hpc.pipeline.herestep", pickle]
+    srun = srun_argv(job, alloc, logs, name or NAME.format(stage=job.stage, run="<run id>", seq="<n>"))
     if not box:
         rank = [sys.executable, *task]
         if setup:  # what a batch script runs before srun, here in each rank before the task
             rank = ["bash", "-c", "; ".join(setup) + '; exec "$@"', "bash", *rank]
-        return srun_argv(job, alloc, logs) + rank
+        return srun + rank
     inside = container.launch(box, job.resources["gpus_per_node"])
-    argv = srun_argv(job, alloc, logs) + list(inside.srun_args) + shlex.split(inside.python) + task
+    argv = srun + list(inside.srun_args) + shlex.split(inside.python) + task
     lines = [*inside.setup, *setup]
     return ["bash", "-c", "; ".join(lines) + '; exec "$@"', "bash", *argv] if lines else argv
 
@@ -161,6 +99,10 @@ class Step:
     proc: "subprocess.Popen[bytes]"
     stopped: bool = False
     host: str = ""  # the request file its ranks write to (hpc.recovery.hostact.ENV), answered by serve()
+    name: str = ""  # its SLURM step name (NAME): only this command's steps are signalled (herestop)
+    logs: str = ""  # its logs' prefix: <folder>/<task id>
+    said: Deque[str] = field(default_factory=lambda: collections.deque(maxlen=SAID))  # srun's last lines
+    relay: Optional[threading.Thread] = None  # copies srun's own stderr to ours, keeping its last lines
 
 
 def run_plan(plan: Plan, run: RunDir, setup: Sequence[str] = (), code: Any = None, run_id: str = "",
@@ -171,13 +113,14 @@ def run_plan(plan: Plan, run: RunDir, setup: Sequence[str] = (), code: Any = Non
 
     alloc = alloc or current()
     seq = sum(j["executor"] == HERE for t in run.tasks() for j in t["jobs"])
+    names = run_id or tracking.new_run_id(run.path.name)  # unique to this run: its steps' names
     ids: Dict[str, List[str]] = {}
     failed: List[str] = []
     running: List[Step] = []
     for line in container.prepare(plan.jobs):  # the copy of hpc the containers' srun lines name
         print(line, flush=True)
     served = 0.0
-    with Interrupt() as stop, Reaper(running):
+    with herestop.Interrupt() as stop, herestop.Reaper(running):
         for job in plan.jobs:
             if failed or stop.asked:
                 if failed:
@@ -189,7 +132,7 @@ def run_plan(plan: Plan, run: RunDir, setup: Sequence[str] = (), code: Any = Non
                     (item, index), seq = todo.pop(0), seq + 1
                     task = StageTask(str(run.path), job.stage, job.target, item, index, code=code, run_id=run_id)
                     running.append(_launch(job, item, f"{alloc.job_id}.h{seq}", _dumps(task), run, alloc, setup,
-                                           code))
+                                           code, NAME.format(stage=job.stage, run=names, seq=seq)))
                     ids.setdefault(job.stage, []).append(running[-1].task_id)
                 todo = [] if stop.asked else todo
                 time.sleep(WAIT_SLICE_S)
@@ -197,7 +140,7 @@ def run_plan(plan: Plan, run: RunDir, setup: Sequence[str] = (), code: Any = Non
                 if time.monotonic() - served >= hostact.POLL_S:  # one listing a second per step, as hpc.afterstep
                     served = time.monotonic()
                     for step in running:
-                        serve(step, alloc)
+                        serve(step, alloc, stop.got)
                 for step in [s for s in running if s.proc.poll() is not None]:
                     running.remove(step)
                     failed += [] if _report(step, run) else [step.task_id]
@@ -209,54 +152,89 @@ def run_plan(plan: Plan, run: RunDir, setup: Sequence[str] = (), code: Any = Non
 
 
 def _launch(job: JobSpec, item: Any, task_id: str, pickled: bytes, run: RunDir, alloc: Allocation,
-            setup: Sequence[str], code: Any) -> Step:
+            setup: Sequence[str], code: Any, name: str) -> Step:
     folder = Path(logdirs.expand(job.folder, task_id))
     folder.mkdir(parents=True, exist_ok=True)
-    pickle_path = folder / f"{task_id}_task.pkl"
+    pickle_path = folder / f"{task_id}{herestep.TASK_SUFFIX}"
     pickle_path.write_bytes(pickled)
     run.record_all(job.stage, [(item, task_id)], HERE, code=code.hash if code else None)
     seq = int(task_id.rpartition(".h")[2])
     host = run.path / hostact.FOLDER / f"{task_id}-0" / hostact.REQUEST  # hpc.afterstep.request_path's layout
     host.parent.mkdir(parents=True, exist_ok=True)  # before srun: the ranks write into it
+    # without the allocation's shape (herealloc.step_env): srun takes this step's from its command line;
     # a port per step: steps side by side on one node must not share a rendezvous port
-    env = {**os.environ, INTERACTIVE_ENV: "1", hostact.ENV: str(host),
+    env = {**step_env(os.environ), INTERACTIVE_ENV: "1", hostact.ENV: str(host),
            "HPC_MASTER_PORT": str(master_port_for(str(int(alloc.job_id) * 64 + seq)))}
-    print(f"stage {task_key(job.stage, item)}: {task_id} on allocation {alloc.job_id}",
-          flush=True)
+    print(f"stage {task_key(job.stage, item)}: {task_id} on allocation {alloc.job_id} (step {name})", flush=True)
+    logs = str(folder / task_id)
     # its own session: the terminal's Ctrl-C reaches this process only, which stops the step gently
-    proc = subprocess.Popen(step_argv(job, alloc, str(folder / task_id), str(pickle_path), setup), env=env,
-                            start_new_session=True)
-    return Step(job, item, task_id, proc, host=str(host))
+    proc = subprocess.Popen(step_argv(job, alloc, logs, str(pickle_path), setup, name), env=env,
+                            start_new_session=True, stderr=subprocess.PIPE)
+    step = Step(job, item, task_id, proc, host=str(host), name=name, logs=logs)
+    step.relay = threading.Thread(target=_relay, args=(step,), daemon=True)
+    step.relay.start()
+    return step
 
 
-def serve(step: Step, alloc: Allocation) -> None:
+def _relay(step: Step) -> None:
+    """srun's own messages (a step it could not create, a task that exited) as they come, kept too."""
+    assert step.proc.stderr is not None
+    for raw in iter(step.proc.stderr.readline, b""):
+        line = raw.decode(errors="replace")
+        step.said.append(line.strip())
+        sys.stderr.write(line)
+        sys.stderr.flush()
+
+
+def serve(step: Step, alloc: Allocation, got: str = "") -> None:
     """Answer what the ranks of `step` asked the host (hpc.recovery.hostact), as hpc.afterstep does for a
-    batch job: one listing of their folder (never a stat of a name: hpc.fs.sharedfs)."""
+    batch job: one listing of their folder (never a stat of a name: hpc.fs.sharedfs). A stop request is
+    answered with what stopped the step (herestop.stopped; `got`: the signal this command got), never a
+    requeue; one not readable yet is looked at again at the next listing."""
     names = sharedfs.listed(os.path.dirname(step.host))
+
+    def read() -> Mapping[str, str]:
+        try:
+            return scheduler.job_info(alloc.job_id)
+        except RuntimeError:  # the rank keeps its fallback deadline; a stop is told what this command knows
+            return {}
     try:  # an answer not written leaves the rank to its fallback (hpc.recovery.hostact), never ends the run
         if hostact.END_ASK in names:  # a `run` stage's rank 0 at a stop: its deadline is the allocation's end
-            def read() -> Mapping[str, str]:
-                try:
-                    return scheduler.job_info(alloc.job_id)
-                except RuntimeError:  # the rank keeps its fallback deadline
-                    return {}
             hostact.answer_end(step.host, read)
-        if hostact.REQUEST in names:  # a step is never requeued: the same command resumes it
-            hostact.done(step.host, {"requeue": False, "kind": "interrupted",
-                                     "why": "stopped by Ctrl-C (--cluster here). HINT: run the same command "
-                                            "again to resume from this checkpoint"})
+        request = hostact.pending(step.host) if hostact.REQUEST in names else None
+        if request is not None:
+            outcome = herestop.stopped(request, alloc.job_id, read(), got)
+            hostact.done(step.host, outcome)
+            print(f"stage {task_key(step.job.stage, step.item)}: {outcome['why']}", file=sys.stderr, flush=True)
     except OSError as err:
         print(f"[hpc] step {step.task_id}: its ranks' question not answered: {err}", file=sys.stderr, flush=True)
 
 
 def _report(step: Step, run: RunDir) -> bool:
-    """Whether the task of `step` left its done marker, said in a line."""
+    """Whether the task of `step` left its done marker, said in a line; a task that left no result
+    either gets srun's words as its error (_no_result)."""
     key = task_key(step.job.stage, step.item)
     if run.is_done(step.job.stage, step.item):
         print(f"stage {key}: done", flush=True)
         return True
+    if step.relay is not None:
+        step.relay.join(timeout=5)  # srun has ended: its last words are in the pipe
+    _no_result(step)
     how = "stopped" if step.stopped else f"failed (srun exited {step.proc.returncode})"
     print(f"stage {key}: {how}; its log: python -m hpc.logs {run.path} --err", flush=True)
     return False
 
 
+def _no_result(step: Step) -> None:
+    """A step that ended with no result from rank 0 (srun refused the step, a setup line failed, a rank
+    was killed first): its error result and rank 0's error log say what srun said, so hpc.status reads
+    FAILED and why, not UNKNOWN."""
+    result = Path(herestep.result_path(step.logs))
+    if result.name in sharedfs.listed(result.parent):
+        return
+    errors = [line.partition("error: ")[2] for line in step.said if "error: " in line]
+    why = f"srun exited {step.proc.returncode} with no result from the task: " + (
+        (errors or [line for line in step.said if line] or ["nothing said"])[-1])
+    herestep.write_outcome(str(result), ("error", "\n".join([*step.said, why])))
+    with open(f"{step.logs}_0_log.err", "a") as log:
+        log.write(f"[hpc] {why}\n")

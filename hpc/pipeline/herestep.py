@@ -4,7 +4,8 @@
 
 Unpickles the StageTask and calls it, as submitit's runner does in a batch job; rank 0 then writes
 the outcome beside the logs, in submitit's result file and format (("success", result) or
-("error", traceback)), which hpc.status reads for a task that has no scheduler record.
+("error", traceback)), which hpc.status reads for a task that has no scheduler record. A step that
+ends with none (srun refused it, or a rank died first) gets one from hpc.pipeline.here, with srun's words.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pickle
 import sys
 import traceback
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, Tuple
 
 from hpc.fs import atomic
 
@@ -34,12 +35,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         traceback.print_exc()
         outcome, code = ("error", traceback.format_exc()), 1
     if os.environ.get("SLURM_PROCID", "0") == "0":
-        try:
-            data = pickle.dumps(outcome)
-        except Exception:  # a result that does not pickle: its text is what the status needs
-            data = pickle.dumps((outcome[0], repr(outcome[1])))
-        atomic.write_bytes(path.with_name(path.name[: -len(TASK_SUFFIX)] + "_0_result.pkl"), data)
+        write_outcome(result_path(str(path)[: -len(TASK_SUFFIX)]), outcome)
     return code
+
+
+def result_path(logs: str) -> str:
+    """Rank 0's result file of the step whose logs are `logs` (<folder>/<task id>), as submitit names it."""
+    return f"{logs}_0_result.pkl"
+
+
+def write_outcome(path: str, outcome: Tuple[str, Any]) -> None:
+    try:
+        data = pickle.dumps(outcome)
+    except Exception:  # a result that does not pickle: its text is what the status needs
+        data = pickle.dumps((outcome[0], repr(outcome[1])))
+    atomic.write_bytes(Path(path), data)
 
 
 if __name__ == "__main__":

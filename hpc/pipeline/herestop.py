@@ -1,12 +1,15 @@
 """Ctrl-C in a `--cluster here` run (hpc.pipeline.here): the running steps stopped at a checkpoint, gently
-first, and never left behind.
+first, and never left behind; and what the ranks of a stopped step are told stopped it.
 
     with Interrupt() as stop, Reaper(running): ... stop.act(running, alloc)   # once per wait slice
 
-A first SIGINT, SIGTERM or SIGHUP sends SIGTERM to the tasks of every running step (`scancel
---signal=TERM JOB.STEP`, not to srun, which would end the step at once), as a preemption would; a
-second ends the steps through srun; a third kills srun. A step here is hpc.pipeline.here.Step: its
-stage's job, its srun process (in a session of its own), and whether it was asked to stop.
+A first SIGINT, SIGTERM or SIGHUP sends SIGTERM to the tasks of every running step of this command
+(`scancel --signal=TERM JOB.STEP`, not to srun, which would end the step at once), as a preemption
+would; a second ends the steps through srun; a third kills srun. A step here is hpc.pipeline.here.Step:
+its stage's job, its srun process (in a session of its own), its step name, unique to this command's
+run (another run in the same allocation numbers its steps alike: only the name tells them apart), and
+whether it was asked to stop. A stopped rank asks the command what stopped it (stopped(): a hang, the
+allocation's end, this command's signal), never to requeue: the same command resumes.
 """
 from __future__ import annotations
 
@@ -15,8 +18,9 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Mapping, Sequence
 
+from hpc.recovery import preemption
 from hpc.slurm import cli
 
 STOP_WAIT_S = 300.0  # after Ctrl-C, how long the steps get to checkpoint before they are ended
@@ -48,6 +52,7 @@ class Interrupt:
     def __init__(self) -> None:
         self.asked = self.forced = self.killed = False
         self.since = 0.0
+        self.got = ""  # the first signal's name (SIGINT: Ctrl-C), for what the stopped ranks are told
         self._before: Dict[int, Any] = {}
 
     def __enter__(self) -> "Interrupt":
@@ -62,6 +67,7 @@ class Interrupt:
     def _on_int(self, signum: int, frame: Any) -> None:
         self.killed, self.forced = self.forced, self.asked
         self.asked, self.since = True, self.since or time.monotonic()
+        self.got = self.got or signal.Signals(signum).name
         print("\n[hpc] Ctrl-C: stopping the running step(s) at a checkpoint; Ctrl-C again ends them at once",
               file=sys.stderr, flush=True)
 
@@ -71,27 +77,61 @@ class Interrupt:
                 if step.proc.poll() is None:
                     os.killpg(step.proc.pid, signal.SIGKILL if self.killed else signal.SIGTERM)
             return
-        for step in running:
-            if self.asked and not step.stopped:
-                reached = signal_step(step, alloc)
-                step.stopped = reached > 0
-                peers = [other for other in running if other.job.stage == step.job.stage]
-                if reached >= len(peers):  # that scancel per listed step reached every step of this stage
-                    for other in peers:
-                        other.stopped = True
+        waiting = [step for step in running if self.asked and not step.stopped]
+        if waiting:
+            listed = steps(alloc)
+            for step in waiting:
+                step.stopped = signal_step(step, listed)
 
 
-def signal_step(step: Any, alloc: Any) -> int:
-    """SIGTERM to the tasks of every listed step of `step`'s stage, not to srun (which would end the
-    step at once): how many were reached. 0 while SLURM does not list the step yet (it is starting):
-    asked again at the next slice."""
+def steps(alloc: Any) -> Dict[str, List[str]]:
+    """The allocation's running steps: name -> their ids (JOB.STEP); {} when SLURM cannot say."""
     try:
-        listed = cli.run(["squeue", "-h", "-s", "-j", alloc.job_id, "-o", "%i|%j"])
+        out = cli.run(["squeue", "-h", "-s", "-j", alloc.job_id, "-o", "%i|%j"])
     except RuntimeError:
-        return 0
-    mine = [line.split("|")[0] for line in listed.splitlines() if line.endswith(f"|hpc-{step.job.stage}")]
-    if not mine:
-        return int(step.proc.poll() is not None)
-    for step_id in mine:  # side by side: every step of the stage (all of them are being stopped)
+        return {}
+    named: Dict[str, List[str]] = {}
+    for line in out.splitlines():
+        step_id, _, name = line.partition("|")
+        named.setdefault(name, []).append(step_id)
+    return named
+
+
+def signal_step(step: Any, listed: Mapping[str, Sequence[str]]) -> bool:
+    """SIGTERM to the tasks of `step` (the steps `listed` under its name: this command's alone), not to
+    srun (which would end the step at once): whether it was reached, or has ended. False while SLURM
+    does not list it yet (it is starting): asked again at the next slice."""
+    mine = listed.get(step.name, ())
+    for step_id in mine:
         subprocess.run(["scancel", "--signal=TERM", step_id], capture_output=True)
-    return len(mine)
+    return bool(mine) or step.proc.poll() is not None
+
+
+RESUME = "run the same command again to resume from this checkpoint"
+# What stopped a step, as its ranks are told (kind, why): looked for in this order, a hang's verdict
+# (the rank's request says so), what SLURM says of the allocation (hpc.recovery.preemption.classify),
+# the signal this command got, else a signal from elsewhere. Never a requeue: the same command resumes.
+STOPPED = {
+    "hang": ("hang", "a rank hung: the watchdog stopped the step (its stacks: python -m hpc.status RUN_DIR). "
+                     f"HINT: {RESUME}"),
+    "timeout": ("timeout", "allocation {job} reached its time limit (EndTime {end}). HINT: salloc a new "
+                           f"allocation, with a longer -t, and {RESUME}"),
+    "preempt": ("preempt", f"allocation {{job}} was preempted. HINT: salloc a new allocation and {RESUME}"),
+    "cancelled": ("cancelled", f"allocation {{job}} was cancelled. HINT: salloc a new allocation and {RESUME}"),
+    "finished": ("cancelled", f"allocation {{job}} has ended ({{state}}). HINT: salloc a new allocation and {RESUME}"),
+    "SIGINT": ("interrupted", f"stopped by Ctrl-C (--cluster here). HINT: {RESUME}"),
+    "SIGTERM": ("interrupted", f"stopped: hpc.submit got SIGTERM (--cluster here). HINT: {RESUME}"),
+    "SIGHUP": ("interrupted", f"stopped: the terminal of hpc.submit closed (SIGHUP, --cluster here). HINT: {RESUME}"),
+    "": ("interrupted", "stopped by a signal that hpc.submit did not send (an scancel --signal of the step, "
+                        f"say). HINT: {RESUME}"),
+}
+
+
+def stopped(request: Mapping[str, Any], job: str, info: Mapping[str, str], got: str) -> Dict[str, Any]:
+    """The answer to a rank's stop `request` (hpc.recovery.hostact: its reason), from SLURM's fields of
+    allocation `job` (`info`, {} when unread) and the signal this command `got` ('' when none)."""
+    found = "hang" if request.get("reason") == "hang" else preemption.classify(dict(info), "")[0]
+    key = found or (got if got in STOPPED else "")
+    kind, why = STOPPED[key]
+    return {"requeue": False, "kind": kind, "why": why.format(job=job, end=info.get("EndTime", "?"),
+                                                             state=info.get("JobState", "?"))}
