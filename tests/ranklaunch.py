@@ -1,11 +1,15 @@
-"""Start the ranks of a local multi-process test as forks of one process that has imported torch.
+"""The tests' one forking server: test processes as forks of one process that has imported torch.
 
     procs = ranklaunch.start([sys.executable, "tests/ddp_workload.py", ...], envs, stderr=subprocess.PIPE)
+    done = ranklaunch.run([env_python, "fork/train.py", "-s", ...], cwd=..., env=...)  # a CompletedProcess
 
 Each rank of a fresh `python tests/x_workload.py` pays `import torch` (2-3 s of CPU here), and
 torch.distributed.checkpoint (sympy, through DTensor) on top, before a second of real work; the
-suite starts about a hundred of them. Here one "zygote" per test process imports those once and
-forks a child per rank. The child takes exactly the environment the test built for that rank
+suite starts about a hundred of them, and the LangSplat stand-in scripts dozens more. Here one
+"zygote" per interpreter imports those once and forks a child per process: start()/popen() for the
+ranks of a multi-process test (this interpreter), run() for a stand-in script run to its end under
+an environment's interpreter wrapper (tests/langsplat_standins/checkout.py:make_env), one zygote
+per wrapper's text. The child takes exactly the environment the test built for that rank
 (os.environ replaced, not merged), its argv, cwd, stdin/stdout/stderr, and runs the script with
 runpy as `__main__`. hpc is never imported in the zygote: it reads the environment at import and
 first use, and each rank must read its own.
@@ -21,6 +25,7 @@ are the zygote's; the hash seed is shared.
 from __future__ import annotations
 
 import atexit
+import importlib
 import json
 import os
 import select
@@ -28,11 +33,15 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 FDS = 4  # stdin, stdout, stderr, status pipe: passed with each request
+RANKS = ("torch", "torch.distributed", "torch.distributed.checkpoint")  # what a rank's zygote imports
+STANDINS = ("numpy", "torch", "torch.distributed")  # what the LangSplat stand-ins import
 _shared: Zygote | None = None
+_warm: dict[bytes, Zygote] = {}  # run(): interpreter wrapper's text -> its zygote
 
 
 class Rank:
@@ -90,17 +99,22 @@ class Rank:
 class Zygote:
     """One forking server (a child process of this one) and the socket that asks it for ranks."""
 
-    def __init__(self, env: dict[str, str] | None = None):
+    def __init__(self, env: dict[str, str] | None = None, python: str = sys.executable,
+                 preload: tuple[str, ...] = RANKS):
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "OMP_NUM_THREADS": "1"} if env is None else env
         self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.proc = subprocess.Popen([sys.executable, __file__, str(theirs.fileno())], pass_fds=[theirs.fileno()],
-                                     env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        self.proc = subprocess.Popen([str(python), __file__, str(theirs.fileno()), *preload],
+                                     pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL)
         theirs.close()
 
     def fork(self, argv: list[str], env: dict[str, str], cwd: str | Path | None = None, stdout=None,
-             stderr=None, start_new_session: bool = False) -> Rank:
-        """One rank running `argv[1:]` (argv[0], the interpreter, is the zygote's)."""
+             stderr=None, start_new_session: bool = False, stdin=None) -> Rank:
+        """One rank running `argv[1:]` (argv[0], the interpreter, is the zygote's); stdin None: this
+        process's, or subprocess.DEVNULL."""
         mine = []  # descriptors opened here for the rank alone: closed once the zygote holds them
+        if stdin == subprocess.DEVNULL:
+            mine.append(os.open(os.devnull, os.O_RDONLY))
         if stderr == subprocess.PIPE:
             err_read, err_write = os.pipe()
             mine.append(err_write)
@@ -114,7 +128,8 @@ class Zygote:
         request = {"argv": [str(a) for a in argv], "env": dict(env), "cwd": str(cwd or os.getcwd()),
                    "session": start_new_session}
         out = 1 if stdout is None else getattr(stdout, "fileno", lambda: stdout)()
-        socket.send_fds(self._sock, [json.dumps(request).encode()], [0, out, err_write, status_write])
+        fds = [mine[0] if stdin == subprocess.DEVNULL else 0, out, err_write, status_write]
+        socket.send_fds(self._sock, [json.dumps(request).encode()], fds)
         reply = self._sock.recv(1 << 16)
         for fd in mine:
             os.close(fd)
@@ -147,6 +162,24 @@ def popen(args: list[str], env: dict[str, str], stderr=None, text: bool = True, 
 def start(argv: list[str], envs: list[dict[str, str]], stderr=None, cwd: str | Path | None = None) -> list[Rank]:
     """One rank per environment in `envs`, each running `argv`."""
     return [popen(argv, env, stderr=stderr, cwd=cwd) for env in envs]
+
+
+def run(argv: list[str], cwd: str | Path | None = None, env: dict[str, str] | None = None
+        ) -> subprocess.CompletedProcess:
+    """subprocess.run(argv, capture_output=True, text=True) for `PYTHON SCRIPT ARGS...`, forked from a
+    zygote of PYTHON that imported STANDINS, started with the first run's environment. The wrappers
+    of different tests that name the same site share one."""
+    env = dict(os.environ if env is None else env)
+    python = Path(argv[0])
+    key = python.read_bytes() if python.is_file() else str(python).encode()
+    zygote = _warm.get(key)
+    if zygote is None or zygote.proc.poll() is not None:
+        zygote = _warm[key] = Zygote(env, str(python), STANDINS)
+        atexit.register(zygote.close)
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        code = zygote.fork([str(a) for a in argv], env, cwd, stdout=out, stderr=err, stdin=subprocess.DEVNULL).wait()
+        text = [f.seek(0) or f.read().decode("utf-8", "replace") for f in (out, err)]
+    return subprocess.CompletedProcess(argv, code, *text)
 
 
 def _exit_code(code) -> int:
@@ -220,12 +253,11 @@ def _run_rank(request: dict, fds: list[int], inherited: list[int], base_path: li
         os._exit(code)
 
 
-def serve(sock: socket.socket) -> None:
+def serve(sock: socket.socket, preload: list[str]) -> None:
     """The zygote: fork a rank per request, reply with its pid, write its status when it ends."""
     base_path = sys.path[1:]  # without this file's folder: each rank puts its script's first
-    import torch  # noqa: F401  # what every rank would import; nothing here starts a thread
-    import torch.distributed  # noqa: F401
-    import torch.distributed.checkpoint  # noqa: F401
+    for name in preload:  # what every rank would import; nothing here starts a thread
+        importlib.import_module(name)
 
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_write, False)
@@ -264,7 +296,7 @@ def _reap(status: dict[int, int]) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: python tests/ranklaunch.py FD (started by ranklaunch.start). "
-                 "HINT: call ranklaunch.start() from a test instead")
-    serve(socket.socket(fileno=int(sys.argv[1])))
+    if len(sys.argv) < 2 or not sys.argv[1].isdigit():
+        sys.exit("usage: python tests/ranklaunch.py FD [MODULE ...] (started by ranklaunch.start or run). "
+                 "HINT: call ranklaunch.start() or ranklaunch.run() from a test instead")
+    serve(socket.socket(fileno=int(sys.argv[1])), sys.argv[2:])

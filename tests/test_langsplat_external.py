@@ -6,6 +6,7 @@ import socket
 from pathlib import Path
 
 import pytest
+import ranklaunch
 
 from hpc import submit
 from hpc.config import schema as config
@@ -13,7 +14,6 @@ from hpc.jobs.langsplat import external_stages as es
 from hpc.jobs.langsplat import pipeline as lp
 from hpc.pipeline import plan
 from hpc.rundir.run import RunDir
-from tests.langsplat_standins import warm
 from tests.langsplat_standins.checkout import make_checkout, make_dim3, make_env, make_scene, make_weights
 
 
@@ -37,12 +37,12 @@ def env(**extra):
 def run(argv, cwd=None, python=None, runner=False, **extra):
     """A stand-in script of a `world` under `python` (default: the world's LangSplat environment, or
     graphdeco's for gs/train.py), through hpc's script runner when `runner`, as the stages run it;
-    forked from a warm interpreter of `python` (tests.langsplat_standins.warm: torch imported once)."""
+    forked from a warm interpreter of `python` (tests/ranklaunch.py:run: torch imported once)."""
     script = Path(argv[0])
     root = next(p for p in script.parents if (p / "envs").is_dir())
     python = python or root / "envs" / ("3dgs" if script.parent.name == "gs" else "langsplat") / "bin" / "python"
     argv = [es.RUNNER, *argv] if runner else argv
-    return warm.run([python, *argv], cwd=cwd, env=env(**extra))
+    return ranklaunch.run([python, *argv], cwd=cwd, env=env(**extra))
 
 
 def rgb_checkpoint(world, iterations=4):

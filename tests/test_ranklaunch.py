@@ -106,3 +106,20 @@ def test_the_shared_zygote_forks_ranks_and_stays_single_threaded(tmp_path):
     assert [p.communicate(timeout=60)[0] for p in procs] == [None, None] and [p.returncode for p in procs] == [0, 0]
     assert [report(tmp_path, r)["env"] for r in range(2)] == envs
     assert len(os.listdir(f"/proc/{ranklaunch._shared.proc.pid}/task")) == 1
+
+
+def test_run_is_subprocess_run_under_an_interpreter_wrapper(tmp_path):
+    """run(): a script to its end, forked from a zygote of the interpreter wrapper it names (one per
+    wrapper's text), its output captured, its stdin closed."""
+    wrapper = tmp_path / "bin" / "python"  # as tests/langsplat_standins/checkout.py:make_env writes one
+    wrapper.parent.mkdir()
+    wrapper.write_text(f'#!/bin/sh\nZYGOTE_ONLY=yes exec "{sys.executable}" "$@"\n')
+    wrapper.chmod(0o755)
+    (tmp_path / "probe.py").write_text(SCRIPT.replace('print("rank"', 'print(sys.stdin.read() or "out"); print("rank"'))
+    env = {"PATH": "/usr/bin:/bin", "RANK": "0", "OUT": str(tmp_path), "END": "3"}
+    done = ranklaunch.run([wrapper, "probe.py", "x"], cwd=tmp_path, env=env)
+    assert (done.returncode, done.stdout, done.stderr) == (3, "out\n", "rank 0 speaks\n")
+    assert report(tmp_path, 0)["env"] == env and report(tmp_path, 0)["argv"] == ["probe.py", "x"]
+    failed = ranklaunch.run([wrapper, "probe.py"], cwd=tmp_path, env={**env, "END": "raise"})
+    assert failed.returncode == 1 and "ValueError: rank fails on purpose" in failed.stderr
+    assert len([z for z in ranklaunch._warm.values() if z.proc.poll() is None]) == 1
