@@ -22,6 +22,7 @@ Parts::
     carry.py       hpc and its pure-Python requirements copied once into the cache, for images with torch alone
     executor.py    StageTask, what submitit pickles; the executor of each kind
     arraytasks.py  an array's task pickles in one file, each unpacked by its task's batch step
+    options.py     Option: a pipeline's own options of python -m hpc.submit and hpc.submit(), as overrides
     request.py     Request: one submission, typed, as python -m hpc.submit takes it
     submission.py  start(): the engine python -m hpc.submit, hpc.submit() and sweeps call
     short.py       define()/stage(): a PipelineDef from plain functions (hpc.define, hpc.stage)
