@@ -20,7 +20,6 @@ import sys
 import time
 from typing import Any, Dict, List, Mapping, Sequence
 
-from hpc.recovery import preemption
 from hpc.slurm import cli
 
 STOP_WAIT_S = 300.0  # after Ctrl-C, how long the steps get to checkpoint before they are ended
@@ -130,6 +129,9 @@ STOPPED = {
 def stopped(request: Mapping[str, Any], job: str, info: Mapping[str, str], got: str) -> Dict[str, Any]:
     """The answer to a rank's stop `request` (hpc.recovery.hostact: its reason), from SLURM's fields of
     allocation `job` (`info`, {} when unread) and the signal this command `got` ('' when none)."""
+    # here, not at the top: only a stop reads SLURM's verdict; a submission need not load hpc.recovery
+    from hpc.recovery import preemption
+
     found = "hang" if request.get("reason") == "hang" else preemption.classify(dict(info), "")[0]
     key = found or (got if got in STOPPED else "")
     kind, why = STOPPED[key]
