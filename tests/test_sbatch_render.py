@@ -99,7 +99,8 @@ def test_every_accepted_config_renders_exactly_the_expected_lines(partition, qos
     for job in p.jobs:
         expected = base_flags(job, run)
         if job.stage == "second":
-            expected.update({"partition": partition, "array": "0-2%3", "dependency": "afterok:<first>"})
+            expected.update({"partition": partition, "array": "0-2%3", "dependency": "afterok:<first>",
+                             "kill-on-invalid-dep": "yes"})  # a failed first ends it: it never pends forever
             expected["qos"] = qos
             expected.update({k.replace("_", "-"): v for k, v in extra.items()})
         check_script(job.sbatch_text(setup=setup_lines), job, run, setup_lines, expected)
@@ -151,4 +152,5 @@ def test_plain_values_are_accepted_and_quoted(tmp_path):
     text = job.sbatch_text(setup=setup_lines)
     assert "#SBATCH --mail-type=END" in text and f"#SBATCH --output='{run.path}/second/logs/" in text
     check_script(text, job, run, setup, {**base_flags(job, run), "partition": "gpu", "array": "0-2%3",
-                                         "dependency": "afterok:<first>", "mail-type": "END"})
+                                         "dependency": "afterok:<first>", "kill-on-invalid-dep": "yes",
+                                         "mail-type": "END"})

@@ -3,8 +3,9 @@
     python -c "from hpc.monitor import status; from hpc.rundir.run import RunDir; print(status.format_table(status.collect(RunDir('runs/x'))))"
 
 One scheduler call per poll (hpc.slurm.scheduler.query: sacct, or squeue where accounting is disabled),
-whatever the number of jobs: a task that will never start is recognised from the state of the job it
-waits for (the manifest records each job's afterok ids) in that same answer. Without accounting, a
+whatever the number of jobs: a task that will never start, queued or ended unstarted by SLURM, is
+recognised from the state of the job it waits for (the manifest records each job's afterok ids) in
+that same answer. Without accounting, a
 job that has left the queue has ended and its outcome is what it left behind: a done marker
 (COMPLETED), submitit's result file (COMPLETED, or FAILED with the error), or nothing (ENDED, said
 as such). Done markers, progress (tqdm's last redraw in the rank-0 stderr log, else the last line of
@@ -119,11 +120,29 @@ def task_state(t: Dict[str, Any], records: scheduler.Answer, left: Callable[[], 
 
 def query_run(*runs: RunDir) -> Tuple[scheduler.Answer, Dict[str, Optional[scheduler.JobRecord]]]:
     """One scheduler call for the SLURM jobs of the runs and the jobs they wait for: (records, the
-    pending jobs that can never start -> the upstream record that failed)."""
+    jobs that can never start, pending or ended unstarted by SLURM -> the upstream record that failed)."""
     after = {jid: deps for run in runs for jid, deps in run.dependencies().items()}
     ids = [jid for run in runs for jid in run.slurm_jobs()]
     records = scheduler.query(ids + [u for jid in ids for u in after.get(jid, [])])
-    return records, scheduler.never_starts(records, after)
+    return records, {**scheduler.never_starts(records, after), **ended_unstarted(records, after)}
+
+
+# Nodes of a job that never started: sacct's words, squeue's.
+NO_NODES = frozenset({"", "None assigned"})
+
+
+def ended_unstarted(records: scheduler.Answer, after: Dict[str, List[str]]) -> Dict[str, scheduler.JobRecord]:
+    """Jobs SLURM ended unstarted because a job they wait on failed (sbatch --kill-on-invalid-dep,
+    hpc.pipeline.sbatch) -> that job's record. They read CANCELLED, with the reason Dependency or
+    none (sacct), so the upstream's state decides; one cancelled with its upstream stays CANCELLED."""
+    out = {}
+    for jid, rec in records.items():
+        if rec.state == "CANCELLED" and rec.nodes in NO_NODES:
+            failed = [records[u] for u in after.get(jid, ())
+                      if u in records and records[u].state in ("FAILED", "TIMEOUT")]
+            if failed:
+                out[jid] = failed[0]
+    return out
 
 
 def done_info(run: RunDir, stage: str, item: Any) -> Dict[str, Any]:
@@ -193,9 +212,10 @@ def _explain(rows: List[TaskStatus], records: Dict[str, scheduler.JobRecord],
             upstream = never[r.job_id]
             cause = (f"waits on {_name(upstream.job_id, job_tasks)} which "
                      f"{upstream.state} (afterok)" if upstream else f"SLURM reports {scheduler.NEVER}")
+            queued = rec is None or rec.state == "PENDING"  # else SLURM has ended it unstarted
             r.state = "NEVER"
-            r.why = (f"never: {cause}. HINT: fix it and resubmit with --run-dir, "
-                     "or python -m hpc.cancel RUN_DIR")
+            r.why = (f"never: {cause}" + ("" if queued else ", so SLURM ended it unstarted") + ". HINT: fix it and "
+                     "resubmit with --run-dir" + (", or python -m hpc.cancel RUN_DIR" if queued else ""))
         elif rec and rec.state == "PENDING" and rec.reason not in ("", "None"):
             r.why = rec.reason
         elif r.state == "TIMEOUT":
@@ -256,14 +276,16 @@ def follow(run: RunDir, interval_s: float = 5.0, out=None) -> int:
     out = out or sys.stdout
     last = None
     while True:
-        rows = collect(run)
+        pinned = run.pin()
+        records, never = answer = query_run(pinned)
+        rows = collect(pinned, answer)
         seen = [(r.task, r.state, r.why or r.progress) for r in rows]  # not elapsed: it always moves
         if seen != last:
             print(time.strftime("%H:%M:%S"), file=out)
             print(format_table(rows), file=out, flush=True)
             last = seen
         if not any(r.state in scheduler.ACTIVE for r in rows):
-            orphans = [r.job_id for r in rows if r.state == "NEVER"]
+            orphans = [jid for jid in never if records[jid].state == "PENDING"]
             if orphans:  # they would pend forever: cancel them, a resubmission replaces them
                 print(f"cancelling jobs that can never start: {' '.join(scheduler.cancel(orphans))}", file=out)
             return 0 if rows and all(r.state == "COMPLETED" for r in rows) else 1

@@ -50,6 +50,10 @@ def slurm_parameters(res: Mapping[str, Any], job_name: str, dependency: Optional
         extra["nodes"] = noderange.show((lo, hi))
     if dependency:
         extra["dependency"] = dependency
+        # SLURM keeps a job whose dependency can never be satisfied (an afterok on a failed job)
+        # pending forever, unless told to end it: nobody may be watching after a submission.
+        if not any(k.replace("-", "_") == "kill_on_invalid_dep" for k in extra):
+            extra["kill_on_invalid_dep"] = "yes"
     if task_ids:  # overrides submitit's --array=0-N%P line, %P included
         extra["array"] = arrays.spec(task_ids, res.get("array_parallelism"))
     params["additional_parameters"] = extra

@@ -95,19 +95,26 @@ def counting_path(tmp_path):
     return f"{shims}{os.pathsep}{os.environ['PATH']}", log
 
 
-def test_stage1_failure_means_stage2_never_runs_and_status_says_why(slurm_cluster, tmp_path, capsys):
+def test_stage1_failure_ends_stage2_unwatched_and_status_says_why(slurm_cluster, tmp_path, capsys):
+    """Nobody waits on the run (submission returns at once): SLURM itself ends the tasks whose afterok
+    can never be satisfied (sbatch --kill-on-invalid-dep), within seconds, instead of keeping them
+    pending forever; hpc.status says why they never ran, and a resubmission runs them."""
     import os
 
     run = run_tiny(tmp_path / "run", "tiny.fail_first=true")
     ids = job_ids(run)
-
-    def orphaned():
-        rows = {r.task: r for r in status.collect(run)}
-        return rows if rows["first"].state == "FAILED" and all(
-            rows[f"second[{i}]"].state == "NEVER" for i in (0, 1, 2)) else None
-
-    rows = wait_until(orphaned, what="stage 2 to be recognised as never starting")
-    assert rows["second[0]"].why.startswith("never: waits on stage first which FAILED (afterok)")
+    submitted = time.time()
+    records = wait_until(lambda: ended(run), timeout_s=60, what="SLURM to end stage 2 by itself")
+    assert time.time() - submitted < 60
+    assert {records[ids[("second", i)]].state for i in (0, 1, 2)} == {"CANCELLED"}
+    # unstarted: no node ever (sacct gives a cancelled array task its end as its start)
+    assert all(records[ids[("second", i)]].nodes in ("", "None assigned") for i in (0, 1, 2)), records
+    rows = {r.task: r for r in status.collect(run)}
+    assert rows["first"].state == "FAILED"
+    for i in (0, 1, 2):
+        assert rows[f"second[{i}]"].state == "NEVER", rows[f"second[{i}]"]
+        assert rows[f"second[{i}]"].why.startswith(
+            "never: waits on stage first which FAILED (afterok), so SLURM ended it unstarted"), rows[f"second[{i}]"]
     assert not (run.task_dir("second", 0) / "done").exists()
     # the command line says the same from exactly one scheduler call
     path, log = counting_path(tmp_path)
@@ -115,9 +122,9 @@ def test_stage1_failure_means_stage2_never_runs_and_status_says_why(slurm_cluste
                          env={**os.environ, "PATH": path}, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert log.read_text().split() == ["sacct"]
-    assert out.stdout.count("never: waits on stage first which FAILED (afterok)") == 3, out.stdout
-    # a dry run into this run dir reads the state and changes nothing: no scancel of the orphans,
-    # no sbatch, no file written (manifest bytes, config, lock)
+    assert out.stdout.count("never: waits on stage first which FAILED (afterok), so SLURM ended it") == 3, out.stdout
+    # a dry run into this run dir reads the state and changes nothing: no sbatch, no file written
+    # (manifest bytes, config, lock)
     files = {p: p.read_bytes() for p in run.path.iterdir() if p.is_file()}
     log.write_text("")
     out = subprocess.run([sys.executable, "-m", "hpc.submit", "tests.tiny_pipeline", "--dry-run", "--run-dir",
@@ -126,14 +133,38 @@ def test_stage1_failure_means_stage2_never_runs_and_status_says_why(slurm_cluste
     assert "stage second: items [0, 1, 2]" in out.stdout  # what a real resubmission would do
     assert not {"scancel", "sbatch"} & set(log.read_text().split()), log.read_text()
     assert {p: p.read_bytes() for p in run.path.iterdir() if p.is_file()} == files
-    assert {r.task: r.state for r in status.collect(run)}["second[1]"] == "NEVER"  # still queued, not cancelled
+    # they were not done: a resubmission submits every task again, and they run
+    capsys.readouterr()
+    assert submit.main(["tiny", "--cluster", "slurm", "--run-dir", str(run.path), "tiny.fail_first=false"]) == 0
+    assert "second: items [0, 1, 2]" in capsys.readouterr().out
+    again = job_ids(run)
+    assert all(again[k] != ids[k] for k in ids)
+    wait_until(lambda: ended(run), what="the resubmitted run to end")
+    assert {r.task: r.state for r in status.collect(run)} == {
+        "first": "COMPLETED", **{f"second[{i}]": "COMPLETED" for i in (0, 1, 2)}}
+
+
+def test_stage2_pending_on_a_failed_stage1_is_never_and_cancelled_by_hpc_cancel(slurm_cluster, tmp_path, capsys):
+    """A site or a config that keeps such jobs queued (stages.second.extra={"kill-on-invalid-dep": "no"}):
+    status names them NEVER, and python -m hpc.cancel cancels them."""
+    run = run_tiny(tmp_path / "run", "tiny.fail_first=true", 'stages.second.extra={"kill-on-invalid-dep": "no"}')
+    ids = job_ids(run)
+
+    def orphaned():
+        rows = {r.task: r for r in status.collect(run)}
+        return rows if rows["first"].state == "FAILED" and all(
+            rows[f"second[{i}]"].state == "NEVER" for i in (0, 1, 2)) else None
+
+    rows = wait_until(orphaned, what="stage 2 to be recognised as never starting")
+    assert rows["second[0]"].why.startswith("never: waits on stage first which FAILED (afterok). HINT:")
+    assert "hpc.cancel" in rows["second[0]"].why
+    assert scheduler.query([ids[("second", 1)]])[ids[("second", 1)]].state == "PENDING"
     from hpc import cancel
 
     assert cancel.main([str(run.path)]) == 0
     assert ids[("second", 1)] in capsys.readouterr().out
     records = wait_until(lambda: ended(run), what="orphans to be cancelled")
     assert {records[ids[("second", i)]].state for i in (0, 1, 2)} == {"CANCELLED"}
-    assert all(records[ids[("second", i)]].start in ("", "None", "Unknown") for i in (0, 1, 2))
 
 
 def test_a_failing_rank_ends_its_task_at_once(slurm_cluster, tmp_path):
