@@ -81,6 +81,22 @@ def test_a_sweep_is_refused(tmp_path, capsys):
     assert not (tmp_path / "s").exists()
 
 
+def test_each_step_asks_for_its_stage_s_numbers_and_none_of_the_allocation_s():
+    """In the docs' allocation salloc exports SLURM_NTASKS=4 (and more), which srun takes as each step's
+    options: rgb's 1 task ran as 4 ranks, or srun refused. Every number is on srun's command line, and
+    the allocation's shape is not in the step's environment."""
+    alloc = herealloc.Allocation.from_info("7", INFO)
+    rgb, features = sandbox_plan().jobs
+    assert herealloc.srun_argv(rgb, alloc, "/L/7.h1", "n")[2:7] == [
+        "--nodes=1", "--ntasks=1", "--ntasks-per-node=1", "--cpus-per-task=1", "--mem=0"]
+    assert herealloc.srun_argv(features, alloc, "/L/7.h2", "n")[2:4] == ["--nodes=2", "--ntasks=4"]
+    cpu = herealloc.srun_argv(sandbox_plan("stages.rgb.gpus_per_node=0").jobs[0], alloc, "/L/7.h1", "n")
+    assert cpu[-1] == "--gres=gpu:0"  # else a step gets every GPU of the allocation
+    shell = {"SLURM_JOB_ID": "7", "SLURM_CONF": "/etc/slurm.conf", "SLURM_NTASKS": "4", "SLURM_NPROCS": "4",
+             "SLURM_NTASKS_PER_NODE": "2", "SLURM_GPUS_PER_NODE": "2", "SLURM_MEM_PER_NODE": "1000", "PATH": "/bin"}
+    assert herealloc.step_env(shell) == {"SLURM_JOB_ID": "7", "SLURM_CONF": "/etc/slurm.conf", "PATH": "/bin"}
+
+
 @pytest.mark.parametrize("box", [
     ["cluster.container.runtime=exec", "cluster.container.prefix=[env]", "cluster.container.env={FOO: bar}"],
     ["cluster.container.runtime=pyxis", "cluster.container.image=nvcr.io#nvidia/pytorch:24.05-py3"],
