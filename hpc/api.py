@@ -45,9 +45,11 @@ def submit(pipeline: Union[str, PipelineDef], overrides: Iterable[str] = (), pro
            timeout: Optional[float] = None, **keywords: Any) -> Union[Run, Sweep, None]:
     """Submit `pipeline` (a registered name, a module path, or a module-level PipelineDef such as
     hpc.define() builds) and return its Run (a Sweep with sweep=[...] or a sweep's run_dir; None for
-    dry_run=True, which prints the plan). Returns once the scheduler has the jobs; `wait`: once they
-    ended (Run.wait). Further keywords: the engine's (dry_run, no_snapshot, same_snapshot, sweep,
-    sweep_file) and the pipeline's own options, as python -m hpc.submit PIPELINE --help lists them
+    dry_run=True, which prints the plan). On SLURM it returns once the scheduler has the jobs; on the
+    local executor (cluster="local", or "auto" where no SLURM answers) once every stage has run, one
+    after another, since no scheduler holds the later ones; `wait`: once they ended (Run.wait).
+    Further keywords: the engine's (dry_run, no_snapshot, same_snapshot, sweep, sweep_file) and the
+    pipeline's own options, as python -m hpc.submit PIPELINE --help lists them
     (run: nodes, tasks_per_node, command, ...; langsplat: levels). A list-valued one takes a list,
     or one string read as the command line reads it: command="python train.py --lr 1e-3"."""
     if isinstance(overrides, str):
