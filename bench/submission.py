@@ -25,7 +25,7 @@ from bench.common import REPO, Context, best_effort, fmt_s, median
 from bench.common import timed as timed_wall
 from bench.interleave import paired_ratio
 from bench.report import Section
-from hpc.rundir.run import GIT_HEAD
+from hpc.rundir.codeversion import GIT_HEAD
 from hpc.slurm.scheduler import SHOW_CONFIG
 from hpc.rundir.codefiles import GIT_FILES
 
@@ -190,7 +190,7 @@ def critical_path_note(times: Dict[str, List[float]]) -> str:
 def snapshot_cost(ctx: Context, repeats: int) -> Dict[str, Any]:
     """The snapshot of this checkout alone, in this process: a first copy, and a reuse."""
     from hpc.rundir import codefiles, snapshot
-    from hpc.rundir.run import code_version
+    from hpc.rundir.codeversion import code_version
 
     base = ctx.scratch("snapshot")
     source = codefiles.source_of(code_version(None, REPO)["code_dir"], REPO, [base])

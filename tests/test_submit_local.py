@@ -144,7 +144,7 @@ def test_manifest_records_the_commit_of_the_pipeline_module_and_hpc_version(tmp_
 
 
 def test_manifest_records_the_working_directory_commit_for_a_builtin_pipeline(tmp_path, monkeypatch):
-    from hpc.rundir.run import code_version
+    from hpc.rundir.codeversion import code_version
 
     (tmp_path / "train.py").write_text("print('hi')\n")
     head = git_checkout(tmp_path)

@@ -25,7 +25,8 @@ from hpc.pipeline import arraytasks, container, here
 from hpc.pipeline import plan as hplan
 from hpc.pipeline.request import Request, Submitted
 from hpc.rundir import codefiles, snapshot
-from hpc.rundir.run import RunDir, code_version
+from hpc.rundir.codeversion import code_version
+from hpc.rundir.run import RunDir
 from hpc.slurm import scheduler
 from hpc.slurm.submitenv import submission_env
 

@@ -11,6 +11,7 @@ Layout::
 Parts::
 
     run.py        RunDir: manifest, config, task folders, done markers, the submission lock
+    codeversion.py  which code a submission ran: the git commit of the user's checkout, hpc's version
     logdirs.py    where a job's submitit files are: a folder per job, one per array for its tasks
     sweepdir.py   SweepDir: the grid a sweep records, its points, a point's name in words
     snapshot.py   the code snapshot: taken at submission, entered by each job (JobCode), drift

@@ -53,7 +53,7 @@ class Source:
 
 
 def source_of(code_dir: Optional[str], cwd: Path, exclude: Sequence[Path] = ()) -> Source:
-    """The tree to copy: the checkout code_version() found (hpc.rundir.run), else the working directory."""
+    """The tree to copy: the checkout code_version() found (hpc.rundir.codeversion), else the working directory."""
     root, git = (Path(code_dir), True) if code_dir else (Path(cwd), False)
     return Source(root.resolve(), git, tuple(str(Path(p).resolve()) for p in exclude))
 

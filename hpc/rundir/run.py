@@ -3,10 +3,9 @@
     python -m hpc.status runs/langsplat-20260101-120000     # reads what this module writes
 
 Layout:
-    <run>/manifest.json        pipeline, run id (hpc.rundir.tracking), the user's code version (git commit of
-                               the pipeline module's checkout or of the working directory), its snapshot
-                               and hpc's version, submissions (time, job ids per stage and task, the
-                               job ids each job waits for, the snapshot each job runs)
+    <run>/manifest.json        pipeline, run id (hpc.rundir.tracking), the user's code version and hpc's
+                               (hpc.rundir.codeversion), its snapshot, submissions (time, job ids per stage
+                               and task, the job ids each job waits for, the snapshot each job runs)
     <run>/config.yaml          the resolved config
     <run>/code/<hash>/         the code snapshot the jobs import (hpc.rundir.snapshot); <hash>.json lists its files
     <run>/.submit.lock         held (flock) by the submission that is reading state and writing the manifest
@@ -22,12 +21,10 @@ import fcntl
 import json
 import os
 import socket
-import subprocess
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Optional, Sequence, Tuple
 
-from hpc import __version__
 from hpc.fs import atomic
 from hpc.fs.sharedfs import local_locks, lock_error
 from hpc.rundir import logdirs
@@ -251,41 +248,6 @@ def add_jobs(data: Dict[str, Any], stage: str, jobs: Sequence[Tuple[Any, str]], 
 
 def task_key(stage: str, item: Any) -> str:
     return stage if item is None else f"{stage}[{item}]"
-
-
-def code_version(module_file: Optional[str], cwd: Optional[Path] = None) -> Dict[str, Any]:
-    """What the manifest records about the submitted code: the git commit of the user's code and
-    hpc's version beside it. The user's code is the checkout of `module_file` (the pipeline's module;
-    None for pipelines that ship with hpc), else that of the working directory, where a `run`
-    pipeline's script lives."""
-    places = [Path(module_file).resolve().parent] if module_file else []
-    places.append(Path(cwd or os.getcwd()))
-    commit = root = None
-    for place in places:
-        commit, root = _git_head(place)
-        if commit:
-            break
-    return {"git_commit": commit, "code_dir": root, "hpc_version": hpc_version()}
-
-
-GIT_HEAD = ["git", "rev-parse", "HEAD", "--show-toplevel"]  # the commit, then the checkout's root
-
-
-def _git_head(place: Path) -> Tuple[Optional[str], Optional[str]]:
-    """(commit, checkout root) of the git checkout holding `place`; (None, None) outside one."""
-    try:
-        out = subprocess.run(GIT_HEAD, cwd=place,
-                             capture_output=True, text=True, timeout=5)
-    except (OSError, subprocess.TimeoutExpired):
-        return None, None
-    lines = out.stdout.split("\n")
-    return (lines[0], lines[1]) if out.returncode == 0 and len(lines) > 1 else (None, None)
-
-
-def hpc_version() -> str:
-    # hpc.__version__, the one pyproject.toml also states: importlib.metadata would scan every
-    # installed distribution, a cost of the same order as importing submitit, on every submission.
-    return __version__
 
 
 def _now() -> str:

@@ -38,7 +38,8 @@ from hpc.pipeline import arrays, container
 from hpc.pipeline import plan as hplan
 from hpc.pipeline import submission as hsubmit
 from hpc.pipeline.request import Request, Submitted
-from hpc.rundir.run import RunDir, RunDirError, code_version
+from hpc.rundir.codeversion import code_version
+from hpc.rundir.run import RunDir, RunDirError
 from hpc.rundir.sweepdir import SweepDir
 from hpc.slurm import scheduler
 from hpc.sweep import grid as hgrid
