@@ -1,16 +1,22 @@
-"""Rank 0's index merge at the commit of a save without DCP's collectives, beside the work DCP's
-coordinator does on rank 0 for the same parts, at world sizes no machine here launches.
+"""One DCP .metadata merged from the ranks' index parts, beside the work DCP's coordinator does on
+rank 0 for the same parts at a save with collectives, at world sizes no machine here launches.
 
     python -m bench.index_merge 64 512        # one line per world size
 
+hpc's commit merges nothing: each rank commits its own DCP index part (__R.metadata), named in its
+own list of files (files-R.json, hpc.checkpoint.rank_lists), and the marker names the lists; rank 0
+checks the ranks' claims of what they wrote (hpc.checkpoint.dcp_claim) and reads no part. The merge
+measured here (hpc.checkpoint.dcp_index.merge_metadata) is what a tool that reads the checkpoint with
+DCP's own reader would run, and about what rank 0 does only when the claims disagree (to name what
+is missing); a resharded load merges the parts it reads (bench.rank_costs).
+
 W ranks each hold a dim-0 shard of each of TENSORS tensors (an FSDP model with its optimizer
-states); the parts are built, not saved by W processes. hpc (hpc.checkpoint.dcp_index.
-merge_metadata): rank 0 reads the W pickled per-rank indexes the ranks' saves wrote, merges them
-and writes .metadata. DCP's coordinator, in a save with collectives: unpickle the W local plans
-that gather_object delivers, build the global plan and metadata (DefaultSavePlanner), unpickle the
-W lists of write results, and write .metadata (FileSystemWriter.finish); every other rank waits
-for it inside the collectives, where hpc's merge runs on rank 0's writer thread while training
-goes on. The transport of DCP's collectives is not counted. Both write .metadata with an fsync.
+states); the parts are built, not saved by W processes. The merge reads the W pickled per-rank
+indexes, merges them and writes .metadata. DCP's coordinator: unpickle the W local plans that
+gather_object delivers, build the global plan and metadata (DefaultSavePlanner), unpickle the W
+lists of write results, and write .metadata (FileSystemWriter.finish), while every other rank waits
+for it inside the collectives. The transport of DCP's collectives is not counted. Both write
+.metadata with an fsync.
 """
 from __future__ import annotations
 

@@ -11,9 +11,9 @@ bytes each rank read meanwhile (/proc/self/io: rchar, every read call; read_byte
 are its reads at commit. The checkpoint's pages are dropped from the page cache (posix_fadvise,
 every file, every rank), and a second TrainLoop resumes: its reads are the rank's reads at resume.
 commit (world W, one Linear(8, 8)): the median time of rank 0 inside TrainLoop's blocking save
-(each rank's DCP write, checksums of its own file, rank 0's merge of the ranks' DCP indexes,
-marker and renames), alternated with torch's own dcp.save of the same state: the collective
-save's own cost. hpc's part is the difference; since hpc's save runs DCP without its collectives,
+(each rank's DCP write with its index part, checksums of its own files in its list, rank 0's check
+of the ranks' claims, marker and renames), alternated with torch's own dcp.save of the same state:
+the collective save's own cost. hpc's part is the difference; since hpc's save runs DCP without its collectives,
 it is below zero where those collectives cost more than all of hpc's own work.
 """
 from __future__ import annotations
