@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from hpc.cluster import files
 from hpc.cluster import layout as L
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -18,11 +19,11 @@ def fixed_layout(**kw) -> L.ClusterLayout:
 
 
 def test_slurm_conf_matches_golden():
-    assert L.render_slurm_conf(fixed_layout()) == (GOLDEN / "slurm.conf").read_text()
+    assert files.render_slurm_conf(fixed_layout()) == (GOLDEN / "slurm.conf").read_text()
 
 
 def test_gres_conf_matches_golden():
-    assert L.render_gres_conf(fixed_layout()) == (GOLDEN / "gres.conf").read_text()
+    assert files.render_gres_conf(fixed_layout()) == (GOLDEN / "gres.conf").read_text()
 
 
 def test_two_directories_get_disjoint_port_blocks():
@@ -47,8 +48,8 @@ def test_node_names_and_nodelist():
 
 def test_no_gpus_means_no_gres():
     c = fixed_layout(gpus_per_node=0)
-    assert "Gres=" not in L.render_slurm_conf(c)
-    assert L.fake_gpu_paths(c) == []
+    assert "Gres=" not in files.render_slurm_conf(c)
+    assert files.fake_gpu_paths(c) == []
 
 
 @pytest.mark.parametrize("kw", [dict(nodes=0), dict(nodes=L.MAX_NODES + 1), dict(gpus_per_node=-1),
@@ -66,7 +67,7 @@ def test_layout_round_trips_through_its_state_file(tmp_path):
 
 def test_configless_without_accounting_matches_golden():
     c = fixed_layout(configless=True, accounting=False, min_job_age_s=10)
-    assert L.render_slurm_conf(c) == (GOLDEN / "slurm-configless-no-accounting.conf").read_text()
+    assert files.render_slurm_conf(c) == (GOLDEN / "slurm-configless-no-accounting.conf").read_text()
 
 
 def test_a_configless_sites_shell_has_a_conf_server_and_no_slurm_conf():
@@ -78,7 +79,7 @@ def test_a_configless_sites_shell_has_a_conf_server_and_no_slurm_conf():
 
 
 def test_accounting_is_one_switch():
-    conf = L.render_slurm_conf(fixed_layout(accounting=False))
+    conf = files.render_slurm_conf(fixed_layout(accounting=False))
     assert "AccountingStorageType=accounting_storage/none" in conf and "slurmdbd" not in conf
     assert "enable_configless" not in conf
 
@@ -92,16 +93,16 @@ def test_variants_round_trip_and_a_too_short_min_job_age_is_refused(tmp_path):
 
 
 def test_max_array_size_is_rendered_and_checked():
-    assert "\nMaxArraySize=4\n" in L.render_slurm_conf(fixed_layout(max_array_size=4))
-    assert "\nMaxJobCount=100000\n" in L.render_slurm_conf(fixed_layout())  # 10,000 held tasks fit
+    assert "\nMaxArraySize=4\n" in files.render_slurm_conf(fixed_layout(max_array_size=4))
+    assert "\nMaxJobCount=100000\n" in files.render_slurm_conf(fixed_layout())  # 10,000 held tasks fit
     with pytest.raises(ValueError, match="--max-array-size 0: expected 1 to 4000001.*HINT"):
         L.ClusterLayout.create("/tmp/cluster-a", max_array_size=0)
 
 
 def test_first_job_id_comes_from_the_port_block_unless_given(tmp_path):
-    assert "FirstJobId" not in L.render_slurm_conf(fixed_layout(port_base=L.PORT_RANGE[0]))  # block 0: SLURM's 1
+    assert "FirstJobId" not in files.render_slurm_conf(fixed_layout(port_base=L.PORT_RANGE[0]))  # block 0: SLURM's 1
     assert fixed_layout(port_base=L.PORT_RANGE[0] + 3 * L.PORT_BLOCK).job_id_start == 1 + 3 * L.JOB_ID_STRIDE
-    assert "\nFirstJobId=3001\n" in L.render_slurm_conf(fixed_layout(first_job_id=3001))
+    assert "\nFirstJobId=3001\n" in files.render_slurm_conf(fixed_layout(first_job_id=3001))
     c = L.ClusterLayout.create(tmp_path, first_job_id=3001)
     c.save()
     assert L.ClusterLayout.load(tmp_path).first_job_id == 3001
@@ -142,4 +143,4 @@ def test_every_step_socket_path_fits_however_deep_the_cluster_directory(depth, n
     assert len(socket) <= L.SOCKET_PATH_MAX
     assert c.spool == Path(c.dir, "spool") or len(f"{c.dir}/spool/{node}/{node}_1.4294967291") > 90
     assert fixed_layout(dir="/srv/c").spool == Path("/srv/c/spool")
-    assert f"SlurmdSpoolDir={c.spool}/%n" in L.render_slurm_conf(c)
+    assert f"SlurmdSpoolDir={c.spool}/%n" in files.render_slurm_conf(c)

@@ -23,8 +23,9 @@ import time
 from pathlib import Path
 
 from hpc.cluster import accountingdb as db
+from hpc.cluster import files
 from hpc.cluster import layout as L
-from hpc.cluster.daemons import MARK, ClusterError, Daemon, ensure_hosts, job_processes, terminate, unix_socket_live
+from hpc.cluster.daemons import MARK, ClusterError, Daemon, job_processes, terminate, unix_socket_live
 from hpc.cluster.daemonset import SBIN, cluster_daemons, missing_binaries, own_munged
 from hpc.cluster.portclaims import PortClaims, choose_block
 
@@ -98,7 +99,7 @@ class LocalCluster:
 
     def _start_daemons(self, log) -> None:
         daemons = self._daemons()  # on the block chosen
-        self._write_files()
+        files.write(self.layout)
         env = self._daemon_env()
         by_name = {d.name: d for d in daemons}
         if "munged" in by_name:
@@ -220,30 +221,6 @@ class LocalCluster:
     def _choose_ports(self, daemons: list[Daemon], log) -> None:
         if not any(d.pid() for d in daemons):  # partly running: its ports are ours
             self.layout = choose_block(self.layout, self.dir, self._ports_given, log)
-
-    def _write_files(self) -> None:
-        c = self.layout
-        for sub in ["etc", "state", "spool", "run", "log", "dev", "munge", "db"]:
-            c.path(sub).mkdir(parents=True, exist_ok=True)
-        for node in c.node_names:
-            (c.spool / node / "run-slurm").mkdir(parents=True, exist_ok=True)
-        if c.configless:
-            c.munge_socket.parent.mkdir(parents=True, exist_ok=True)
-        os.chmod(c.path("munge"), 0o700)
-        key = c.path("munge", "munge.key")
-        if not key.exists():
-            key.write_bytes(os.urandom(1024))
-        os.chmod(key, 0o400)
-        c.conf.write_text(L.render_slurm_conf(c))
-        c.path("etc", "gres.conf").write_text(L.render_gres_conf(c))
-        dbd = c.path("etc", "slurmdbd.conf")
-        dbd.write_text(L.render_slurmdbd_conf(c))
-        os.chmod(dbd, 0o600)  # slurmdbd refuses a readable config holding the DB password
-        for dev in L.fake_gpu_paths(c):
-            if not dev.exists():
-                os.mknod(dev, 0o666 | 0o020000, os.makedev(1, 3))  # char device like /dev/null
-        c.save()
-        ensure_hosts(c.node_names)
 
     def _daemon_env(self) -> dict[str, str]:
         """slurmctld (and slurmdbd, sacctmgr) read the controller's own files."""
