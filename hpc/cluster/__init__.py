@@ -15,6 +15,7 @@ Parts::
     local.py         LocalCluster: up (idempotent, returns once every node is idle), settle, down
     layout.py        paths, ports, node names and job ids, computed without side effects
     files.py         slurm.conf, gres.conf, slurmdbd.conf as text; the cluster's files written
+    nodestate.py     the nodes as sinfo sees them: waiting until they answer, settling them idle
     daemonset.py     which daemons run, and each one's command line
     daemons.py       starting and stopping one daemon; node names that resolve
     accountingdb.py  MariaDB's data directory and the database slurmdbd uses

@@ -19,11 +19,10 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 from hpc.cluster import accountingdb as db
-from hpc.cluster import files
+from hpc.cluster import files, nodestate
 from hpc.cluster import layout as L
 from hpc.cluster.daemons import MARK, ClusterError, Daemon, job_processes, terminate, unix_socket_live
 from hpc.cluster.daemonset import SBIN, cluster_daemons, missing_binaries, own_munged
@@ -91,7 +90,7 @@ class LocalCluster:
             self._start_daemons(log)
         finally:  # started, its daemons hold the ports; failed, the block is free again
             PortClaims().release(self.dir)
-        self._wait_idle(timeout_s)
+        nodestate.wait_answering(self._run, self.nodes, timeout_s, self.layout.path("log"))
         shell = " ".join(f"{k}={v}" for k, v in self.env().items())
         log(f"cluster {self.layout.name} up ({self.variant()}): nodes {self.layout.nodelist}, partitions "
             f"low (default) and high. Use it with: export {shell}"
@@ -123,7 +122,7 @@ class LocalCluster:
     def is_up(self) -> bool:
         """Every daemon of this cluster runs and every node answers."""
         return (L.ClusterLayout.load(self.dir) is not None and all(d.pid() for d in self._daemons())
-                and self._nodes_idle())
+                and nodestate.answering(self._run, self.nodes))
 
     def down(self, log=print) -> None:
         if L.ClusterLayout.load(self.dir) is None:
@@ -131,7 +130,7 @@ class LocalCluster:
             return
         daemons = self._daemons()
         if self._slurmctld(daemons).pid():  # cancel jobs first so their steps end cleanly
-            self._cancel_all()
+            nodestate.cancel_all(self._run)
         leftovers = job_processes(self.conf, self.dir)
         for d in reversed(daemons):
             if d.stop():
@@ -145,35 +144,9 @@ class LocalCluster:
             shutil.rmtree(spool, ignore_errors=True)
 
     def settle(self, timeout_s: float = 60.0) -> None:
-        """Cancel every job and wait until each node is idle and answering: the state a test of
-        the cluster starts from, whatever the test before it left (a job still running, a node just
-        put back in service and not yet responding).
-
-        Halfway through, nodes still held are set DOWN and RESUMEd, as an administrator clears a
-        job stuck completing (a step whose end never reached the controller, seen under heavy
-        load) or a node a test left drained: SLURM then ends whatever it still places there."""
-        self._cancel_all()
-        if self._idle_within(timeout_s / 2):
-            return
-        held = [n for n, state in self._node_states().items() if state != "idle"]
-        for state in ("DOWN", "RESUME"):
-            self._run(["scontrol", "update", f"NodeName={','.join(held)}", f"State={state}",
-                       "Reason=hpc-settle"], check=False)
-        if self._idle_within(timeout_s / 2):
-            return
-        raise ClusterError(f"nodes not idle {timeout_s:.0f} s after cancelling every job and setting "
-                           f"{','.join(held)} down and back:\n{self._run(['sinfo', '-N'], check=False).stdout}"
-                           "HINT: read the slurmd logs and slurmctld.log under "
-                           f"{self.layout.path('log')}.")
-
-    def _idle_within(self, timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            states = self._node_states()
-            if states and all(states.get(n) == "idle" for n in self.nodes):
-                return True
-            time.sleep(0.3)
-        return False
+        """Cancel every job and wait until each node is idle and answering (hpc.cluster.nodestate.settle):
+        the state a test of the cluster starts from."""
+        nodestate.settle(self._run, self.nodes, timeout_s, self.layout.path("log"))
 
     def status(self) -> str:
         lines, daemons = [], self._daemons()
@@ -234,36 +207,6 @@ class LocalCluster:
         if self.layout.configless:
             del env["SLURM_CONF"]
         return env
-
-    def _node_states(self) -> dict[str, str]:
-        """Node -> sinfo's short state (idle, mix, idle* when not responding, ...)."""
-        out = self._run(["sinfo", "-h", "-N", "-o", "%N %t"], check=False).stdout
-        return dict(line.split() for line in out.splitlines() if line.strip())
-
-    def _nodes_idle(self) -> bool:
-        states = self._node_states()
-        return bool(states) and all(states.get(n, "").rstrip("*") in {"idle", "mix", "alloc"}
-                                    for n in self.nodes)
-
-    def _wait_idle(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self._nodes_idle():
-                return
-            time.sleep(0.5)
-        states = self._run(["sinfo", "-N"], check=False).stdout
-        raise ClusterError(f"nodes not idle after {timeout_s:.0f} s:\n{states}\nHINT: read the slurmd logs "
-                           f"{self.layout.path('log')}/slurmd-*.log and slurmctld.log.")
-
-    def _cancel_all(self) -> None:
-        ids = self._run(["squeue", "-h", "-o", "%A"], check=False).stdout.split()
-        if ids:
-            self._run(["scancel", "--quiet", *sorted(set(ids))], check=False)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if not self._run(["squeue", "-h", "-t", "RUNNING,COMPLETING"], check=False).stdout.strip():
-                return
-            time.sleep(0.3)
 
     def _run(self, argv: list[str], check: bool = True) -> subprocess.CompletedProcess:
         env = self._daemon_env() if argv[0] == "sacctmgr" else self.client_env()
