@@ -9,7 +9,8 @@ from hypothesis import given, settings, strategies as st
 
 from hpc.checkpoint import background_writer as background
 from hpc.checkpoint import CheckpointStore
-from hpc.checkpoint.files import ChecksumWriter, write_atomic, verify
+from hpc.checkpoint.checksums import verify
+from hpc.checkpoint.files import ChecksumWriter, write_atomic
 from hpc.checkpoint.staging import Staging, _split
 
 

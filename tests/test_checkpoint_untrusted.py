@@ -26,7 +26,7 @@ from hpc.checkpoint import SHARDED_KEY, CheckpointStore, StoreReader, dcp_pickle
 from hpc.checkpoint.dcp_engine import DcpEngine, UnsafeCheckpoint
 from hpc.checkpoint.dcp_index import holes, merge, merge_metadata, rank_metadata
 from hpc.checkpoint.dcp_pickle import load as load_index
-from hpc.checkpoint.files import file_info
+from hpc.checkpoint.checksums import file_info
 from hpc.checkpoint.layout import MARKER, marker_files
 
 

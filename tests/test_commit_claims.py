@@ -22,7 +22,7 @@ from playranks import no_slurm_job, recording  # noqa: F401  (an autouse fixture
 from hpc.checkpoint import SHARDED_KEY, StoreReader, layout
 from hpc.checkpoint.dcp_engine import ShardCorrupt
 from hpc.checkpoint.dcp_index import METADATA, merge_metadata, rank_metadata
-from hpc.checkpoint.files import file_info
+from hpc.checkpoint.checksums import file_info
 
 
 def _save(root: Path, world: int, model: torch.nn.Module, as_world: dict | None = None,

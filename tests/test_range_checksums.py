@@ -1,4 +1,4 @@
-"""Checksums per stored tensor: a reader verifies exactly the bytes it reads (hpc.checkpoint.files).
+"""Checksums per stored tensor: a reader verifies exactly the bytes it reads (hpc.checkpoint.checksums).
 
     python -m pytest -q tests/test_range_checksums.py
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hpc.checkpoint.files import ranges_info, verify, verify_ranges
+from hpc.checkpoint.checksums import ranges_info, verify, verify_ranges
 from hpc.checkpoint.layout import check
 
 

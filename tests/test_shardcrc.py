@@ -10,7 +10,7 @@ import zlib
 import pytest
 import torch
 
-from hpc.checkpoint import files, shardcrc
+from hpc.checkpoint import checksums, shardcrc
 from hpc.checkpoint.dcp_engine import DcpEngine, own_shards
 
 
@@ -26,12 +26,12 @@ def _model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
 @pytest.fixture
 def count_reads(monkeypatch):
     reads = []
-    real = files._range_crc
+    real = checksums._range_crc
 
     def counted(f, offset, length):
         reads.append((offset, length))
         return real(f, offset, length)
-    monkeypatch.setattr(files, "_range_crc", counted)
+    monkeypatch.setattr(checksums, "_range_crc", counted)
     return reads
 
 
@@ -45,7 +45,7 @@ def test_a_commit_reads_no_data_back_and_records_what_a_read_back_gives(tmp_path
     assert info and count_reads == []  # every item's crc32 was taken as it was written
     for name, got in info.items():  # the same as reading the file back gives
         ranges = [(off, length) for off, length, _ in got["items"]]
-        assert files.ranges_info(tmp_path / name, ranges) == got
+        assert checksums.ranges_info(tmp_path / name, ranges) == got
     assert count_reads  # (the read-back above did read)
 
 
@@ -90,6 +90,6 @@ def test_a_range_the_writer_did_not_see_as_one_run_is_read_back(tmp_path, count_
     path = tmp_path / "f.distcp"
     path.write_bytes(b"0123456789")
     known = {(0, 4): f"{zlib.crc32(b'0123'):08x}"}
-    info = files.ranges_info(path, [(0, 4), (4, 6)], known)
+    info = checksums.ranges_info(path, [(0, 4), (4, 6)], known)
     assert count_reads == [(4, 6)]
-    assert info == files.ranges_info(path, [(0, 4), (4, 6)])
+    assert info == checksums.ranges_info(path, [(0, 4), (4, 6)])

@@ -45,7 +45,8 @@ Parts (one concept each)::
     store.py              CheckpointStore: save, commit, prune, recover (rank 0 commits)
     reader.py             StoreReader: load the newest valid checkpoint, safe while a writer prunes
     layout.py             names of the entries in a store directory, markers, verification
-    files.py              torch.save with a running checksum, verify, weights-only loads
+    files.py              torch.save with a running checksum, weights-only loads
+    checksums.py          a file's crc32 and size against its marker, whole or per stored tensor; torch-free
     staging.py            reused CPU buffers for background saves
     background_writer.py  the forked or threaded writer of one background save
     writer_lock.py        one writing job per store

@@ -55,10 +55,10 @@ from typing import Any
 import torch
 
 from hpc.checkpoint import dcp_claim, dcp_pickle, dcp_reader, layout, optim_state, shardcrc
+from hpc.checkpoint.checksums import ranges_info
 from hpc.checkpoint.dcp_index import METADATA, rank_metadata
 from hpc.checkpoint.dcp_pickle import UnsafeCheckpoint
 from hpc.checkpoint.dcp_reader import ShardCorrupt
-from hpc.checkpoint.files import ranges_info
 from hpc.checkpoint.replicas import SharePlanner, ShareStager, share
 from hpc.checkpoint.staging import source_devices, synchronize, tensors_in
 

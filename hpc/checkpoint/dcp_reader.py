@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from hpc.checkpoint import dcp_index, dcp_pickle, optim_state, rank_lists
+from hpc.checkpoint.checksums import matches, verify
 from hpc.checkpoint.dcp_index import METADATA, rank_metadata
-from hpc.checkpoint.files import matches, verify
 from hpc.checkpoint.layout import rank_of
 
 __all__ = ["ShardCorrupt", "reader", "planner", "holds_optimizer_state"]

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc.checkpoint import rank_lists
-from hpc.checkpoint.files import checksum_info, verify
+from hpc.checkpoint.checksums import checksum_info, verify
 
 MARKER = "COMPLETE.json"
 SHARED = "shared.pt"

@@ -4,7 +4,7 @@
     files = Files(step_dir, marker["files"], layout.rank_of)   # a load: what the marker lists ...
     problem = files.add(3)             # ... and rank 3's files, from its list checked against the marker
 
-Why: a shard's checksum info holds one crc32 per stored tensor (hpc.checkpoint.files.ranges_info),
+Why: a shard's checksum info holds one crc32 per stored tensor (hpc.checkpoint.checksums.ranges_info),
 so a marker listing every rank's files grew with ranks x tensors (4.7 MB at 512 ranks of 300
 tensors): rank 0 parsed every rank's report and wrote it all at each commit, and every rank parsed
 all of it at each resume. Each rank now writes its own list (files-R.json); its report to rank 0
@@ -25,7 +25,7 @@ import zlib
 from pathlib import Path
 from typing import Any, Callable
 
-from hpc.checkpoint.files import checksum_info, read_checked
+from hpc.checkpoint.checksums import checksum_info, read_checked
 from hpc.fs.atomic import write_bytes
 
 __all__ = ["name", "rank_of_list", "write", "Files"]

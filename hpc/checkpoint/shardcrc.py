@@ -4,7 +4,7 @@
     runs = shardcrc.written(d / "__0_0.distcp")    # {(offset, length): "crc32"}, or None
 
 The rank's list of its files (rank_lists) holds one crc32 per stored item of its data file
-(hpc.checkpoint.files.ranges_info). DCP's file writer asks the stream's position before and after
+(hpc.checkpoint.checksums.ranges_info). DCP's file writer asks the stream's position before and after
 each item it writes, so the bytes between two such questions are exactly one item: the stream
 here keeps the crc32 of each of those runs as the bytes go by. Reading the file back for them
 instead would read the rank's whole share again at every commit: at 500 GB over 64 ranks, about
@@ -25,7 +25,7 @@ from typing import Any, Dict, Iterator, Optional, Tuple
 
 Runs = Dict[Tuple[int, int], str]
 
-SUFFIX = ".distcp"  # DCP's data files; its .metadata is checksummed whole (files.file_info)
+SUFFIX = ".distcp"  # DCP's data files; its .metadata is checksummed whole (checksums.file_info)
 MAX_FILES = 1024  # runs kept for files no commit asked for (a save that failed): dropped past this
 
 _written: Dict[str, Runs] = {}

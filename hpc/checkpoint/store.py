@@ -17,7 +17,8 @@ from typing import Any
 
 from hpc.checkpoint import background_writer as background
 from hpc.checkpoint import dcp_claim, layout, rank_lists, read_lease, reports
-from hpc.checkpoint.files import file_info, nbytes, space_error, write_atomic
+from hpc.checkpoint.checksums import file_info
+from hpc.checkpoint.files import nbytes, space_error, write_atomic
 from hpc.checkpoint.layout import DCP_METADATA, MARKER, SHARED
 from hpc.checkpoint.reader import PER_RANK_KEY, StoreReader, warn_user
 from hpc.checkpoint.staging import Staging, source_devices, synchronize, tensors_in
