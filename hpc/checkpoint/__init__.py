@@ -42,7 +42,8 @@ one pass, without any copy, its checksum computed on a second thread alongside t
 
 Parts (one concept each)::
 
-    store.py              CheckpointStore: save, commit, prune, recover (rank 0 commits)
+    store.py              CheckpointStore: every rank saves, rank 0 commits
+    commit.py             rank 0's renames: a step committed, a killed writer's renames finished, pruning
     reader.py             StoreReader: load the newest valid checkpoint, safe while a writer prunes
     layout.py             names of the entries in a store directory, markers, verification
     files.py              torch.save with a running checksum, weights-only loads

@@ -1,4 +1,5 @@
-"""Writing a checkpoint store: every rank saves, rank 0 commits, prunes and recovers.
+"""Writing a checkpoint store: every rank saves, rank 0 commits (the renames, recovery and pruning
+are hpc.checkpoint.commit's).
 
     store = CheckpointStore("run/stage/checkpoints", keep=3, rank=s.rank, world_size=s.world_size)
     store.save(step, {"model": m.state_dict(), "per_rank": {"rng": rng.capture()}})
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc.checkpoint import background_writer as background
-from hpc.checkpoint import dcp_claim, layout, rank_lists, read_lease, reports
+from hpc.checkpoint import commit, dcp_claim, layout, rank_lists, reports
 from hpc.checkpoint.checksums import file_info
 from hpc.checkpoint.files import nbytes, space_error, write_atomic
 from hpc.checkpoint.layout import DCP_METADATA, MARKER, SHARED
@@ -24,7 +25,7 @@ from hpc.checkpoint.reader import PER_RANK_KEY, StoreReader, warn_user
 from hpc.checkpoint.staging import Staging, source_devices, synchronize, tensors_in
 from hpc.checkpoint.writer_lock import StoreLocked, WriterLock, wait_for_owner
 from hpc.checkpoint.writer_lock import generation as job_attempt
-from hpc.fs.atomic import fsync_dir, write_bytes
+from hpc.fs.atomic import write_bytes
 
 __all__ = ["CheckpointStore", "StoreLocked", "AUTO_FORK_BYTES", "RANK_WAIT_S"]
 
@@ -152,7 +153,7 @@ class CheckpointStore(StoreReader):
             lock = WriterLock(self.directory, generation)
             lock.acquire()
             self._lock = lock
-            for message in self._recover():
+            for message in commit.recover(self.directory):
                 warn_user(message)
         else:
             wait_for_owner(self.directory, generation)
@@ -216,74 +217,6 @@ class CheckpointStore(StoreReader):
         # compact: json's C encoder runs only without indent. The ranks' crc32s per tensor are in
         # their lists: the marker holds a few entries per rank (rank_lists)
         write_bytes(tmp / MARKER, json.dumps(marker).encode())
-        self._swap_in(step, tmp)
+        commit.swap_in(self.directory, step, tmp)
         self._problem(step, self.directory / layout.name("step", step), known="")
-        self._prune(step)
-
-    def _swap_in(self, step: int, tmp: Path) -> None:
-        """Rename a temporary directory holding a verified marker to step-N. An existing step-N
-        (the same step saved again after resuming from an older one) is first renamed to
-        .step-N.old: a kill between the two renames leaves both, and _recover finishes the job."""
-        final = self.directory / layout.name("step", step)
-        if os.path.lexists(final):
-            old = self.directory / layout.name("old", step)
-            layout.discard(old)
-            os.replace(final, old)
-            os.replace(tmp, final)
-            layout.discard(old)
-        else:
-            os.replace(tmp, final)
-        fsync_dir(self.directory)
-
-    def _recover(self) -> list[str]:
-        """Rank 0, under the lock, before its first write: finish what a killed writer left half
-        done. Returns what was found, in words, for a warning."""
-        found, said = layout.scan(self.directory), []
-        for step in sorted(set(found["tmp"]) | set(found["old"])):
-            tmp, old = found["tmp"].get(step), found["old"].get(step)
-            final = self.directory / layout.name("step", step)
-            if tmp is not None and (tmp / MARKER).exists() and not layout.check(tmp, crc=())[0]:
-                self._swap_in(step, tmp)
-                said.append(f"finished the commit of checkpoint step {step}: {tmp} was complete "
-                            "(its marker verifies) but the writer was stopped before renaming it")
-            elif old is not None and not os.path.lexists(final) and not layout.check(old, crc=())[0]:
-                os.replace(old, final)
-                said.append(f"restored {final} from {old}: a re-save of step {step} was stopped "
-                            "between its two renames, before the new copy was complete")
-            if old is not None:
-                layout.remove(old)
-        for path in found["gone"].values():
-            layout.discard(path)
-        return said
-
-    def _prune(self, committed: int) -> None:
-        """Keep the newest `keep` valid checkpoints (and the one just committed). An invalid step-N
-        never counts: it is set aside as .step-N.invalid with a warning, and deleted once `keep`
-        valid checkpoints newer than it exist, so a run of broken directories can neither push
-        out the good ones nor fill the disk."""
-        found = layout.scan(self.directory)
-        kept: list[int] = []
-        for step in sorted(found["step"], reverse=True):
-            path = found["step"][step]
-            if len(kept) >= self.keep and step != committed:
-                with read_lease.exclusive(self.directory, step) as free:
-                    if free:  # else a reader holds a lease: kept until a later save
-                        layout.remove(path)
-                continue
-            problem = self._problem(step, path)
-            if not problem:
-                kept.append(step)
-                continue
-            where = layout.set_aside(path, step)
-            warn_user(f"set aside checkpoint {path} as {where.name}: {problem}; it does not count "
-                  f"toward keep={self.keep} and goes once {self.keep} newer valid ones exist")
-        for step, path in found["invalid"].items():
-            if sum(k > step for k in kept) >= self.keep:
-                layout.remove(path)
-        # Temporary dirs of steps before the one just committed are leftovers of killed writes:
-        # every rank has finished them (rank 0 commits only after all ranks wrote).
-        for step, path in found["tmp"].items():
-            if step < committed:
-                layout.remove(path)
-        for path in found["gone"].values():
-            layout.discard(path)
+        commit.prune(self.directory, step, self.keep, self._problem)
