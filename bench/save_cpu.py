@@ -34,7 +34,7 @@ PHASES: List[Tuple[str, str, str]] = [
     ("torch.distributed.checkpoint.filesystem", "FileSystemWriter.write_data", "  write_data: serialise and write the shard"),
     ("torch.distributed.checkpoint.filesystem", "FileSystemWriter.finish", "  finish: this rank's index of its part"),
     ("hpc.checkpoint.store", "CheckpointStore._write", STORE),
-    ("hpc.checkpoint.dcp_engine", "own_shards", "  crc32s of this rank's shards (read back only where the writer did not see a range whole)"),
+    ("hpc.checkpoint.shardcrc", "own_shards", "  crc32s of this rank's shards (read back only where the writer did not see a range whole)"),
     ("hpc.checkpoint.store", "write_atomic", "  the rank file and rank 0's shared file"),
     ("hpc.checkpoint.reports", "collect", "  rank 0 waits for the other ranks' reports"),
     ("hpc.checkpoint.dcp_claim", "check", "  rank 0 checks the ranks' claims of what they wrote"),

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from hpc.checkpoint import checksums, shardcrc
-from hpc.checkpoint.dcp_engine import DcpEngine, own_shards
+from hpc.checkpoint.dcp_engine import DcpEngine
+from hpc.checkpoint.shardcrc import own_shards
 
 
 def _model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:

@@ -54,6 +54,7 @@ Parts (one concept each)::
     reports.py            each rank's report of what it wrote, which rank 0 commits from
     rank_lists.py         each rank's list of its files and their checksums, which the marker names
     dcp_engine.py         model and optimizer through torch.distributed.checkpoint (FSDP)
+    shardcrc.py           checksums of DCP's data files taken as written; a rank's shards' checksum info
     dcp_index.py          DCP's index in the ranks' parts (saves without collectives), merged where a load needs it
     dcp_claim.py          what each rank wrote in two numbers: the commit checks the parts cover the state
     dcp_reader.py         DCP's reader of a checkpoint: its index read once, every byte checked as read

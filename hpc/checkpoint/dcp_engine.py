@@ -44,25 +44,22 @@ alone, and the commit says which (or, for a rank that died, times out naming it)
 from __future__ import annotations
 
 import contextlib
-import io
 import os
 import warnings
-import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from hpc.checkpoint import dcp_claim, dcp_pickle, dcp_reader, layout, optim_state, shardcrc
-from hpc.checkpoint.checksums import ranges_info
+from hpc.checkpoint import dcp_claim, dcp_reader, optim_state, shardcrc
 from hpc.checkpoint.dcp_index import METADATA, rank_metadata
 from hpc.checkpoint.dcp_pickle import UnsafeCheckpoint
 from hpc.checkpoint.dcp_reader import ShardCorrupt
 from hpc.checkpoint.replicas import SharePlanner, ShareStager, share
 from hpc.checkpoint.staging import source_devices, synchronize, tensors_in
 
-__all__ = ["DcpEngine", "ShardCorrupt", "UnsafeCheckpoint", "state_dicts", "own_shards", "METADATA"]
+__all__ = ["DcpEngine", "ShardCorrupt", "UnsafeCheckpoint", "state_dicts", "METADATA"]
 
 SINGLE_PROCESS_WARNING = r"torch\.distributed is disabled, unavailable or uninitialized"
 
@@ -268,24 +265,3 @@ class DcpEngine:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-def own_shards(directory: Path, rank: int) -> dict[str, dict]:
-    """Checksum info of this rank's DCP data files (``__R_K.distcp``, R its rank in the save's
-    group), one crc32 per tensor stored (from DCP's index: this rank's own after a save without
-    collectives, else .metadata), read right after they were written, while the page cache
-    still holds them; after a save without collectives, that index part's checksum too (the
-    rank's list names it: a load reads it)."""
-    own = Path(directory) / rank_metadata(rank)
-    path = own if own.exists() else Path(directory) / METADATA
-    data = path.read_bytes()
-    index = dcp_pickle.load(io.BytesIO(data), path)  # DCP's Metadata, pickled: plain data or refused
-    ranges: dict[str, list[tuple[int, int]]] = {}
-    for where in index.storage_data.values():
-        if where.relative_path.endswith(shardcrc.SUFFIX) and layout.rank_of(where.relative_path) == rank:
-            ranges.setdefault(where.relative_path, []).append((where.offset, where.length))
-    files = {name: ranges_info(Path(directory) / name, r, shardcrc.written(Path(directory) / name))
-             for name, r in sorted(ranges.items())}
-    if path == own:  # the rank's index part: committed beside its shards, checked whole when read
-        files[own.name] = {"crc32": f"{zlib.crc32(data):08x}", "bytes": len(data)}
-    return files

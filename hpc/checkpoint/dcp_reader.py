@@ -59,8 +59,8 @@ def reader(directory: str | os.PathLike, files: dict | None, rank: int = 0) -> A
     `files` (the marker's checksums, with its ranks' lists read in so far), checks each stored
     tensor's bytes against the crc32 listed for it as it reads them: a rank reads its share once,
     verification included, never a whole file or another rank's shards (a rank's list holds one
-    crc32 per (offset, length) range, see own_shards; another rank's list is read, once, when the
-    load first needs one of that rank's files).
+    crc32 per (offset, length) range, see shardcrc.own_shards; another rank's list is read, once,
+    when the load first needs one of that rank's files).
     `rank`: the loading rank, whose own index part select() reads first."""
     import io
     import zlib

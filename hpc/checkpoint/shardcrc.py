@@ -2,6 +2,7 @@
 
     dcp.save(state, checkpoint_id=d, storage_writer=shardcrc.writer(d))
     runs = shardcrc.written(d / "__0_0.distcp")    # {(offset, length): "crc32"}, or None
+    files = shardcrc.own_shards(d, rank)           # this rank's files' checksum info, for its list
 
 The rank's list of its files (rank_lists) holds one crc32 per stored item of its data file
 (hpc.checkpoint.checksums.ranges_info). DCP's file writer asks the stream's position before and after
@@ -12,16 +13,25 @@ instead would read the rank's whole share again at every commit: at 500 GB over 
 
 Nothing depends on DCP asking in that order: a range the stream did not see as one run (a DCP that
 writes differently, a seek, a short write) is read back and checksummed as before, and so is every
-range of a file written elsewhere (a forked writer process).
+range of a file written elsewhere (a forked writer process). own_shards() puts a rank's runs
+together, per data file, as the checksum info its list holds; imports no torch (DCP's classes
+only as its index is read).
 """
 from __future__ import annotations
 
 import contextlib
 import functools
+import io
 import os
 import threading
 import zlib
+from pathlib import Path
 from typing import Any, Dict, Iterator, Optional, Tuple
+
+from hpc.checkpoint import dcp_pickle
+from hpc.checkpoint.checksums import ranges_info
+from hpc.checkpoint.dcp_index import METADATA, rank_metadata
+from hpc.checkpoint.layout import rank_of
 
 Runs = Dict[Tuple[int, int], str]
 
@@ -132,3 +142,24 @@ def _rank_writer() -> type:
             super().set_up_storage_writer(is_coordinator, rank=self.own_rank, use_collectives=False)
 
     return RankWriter
+
+
+def own_shards(directory: Path, rank: int) -> dict[str, dict]:
+    """Checksum info of this rank's DCP data files (``__R_K.distcp``, R its rank in the save's
+    group), one crc32 per tensor stored (from DCP's index: this rank's own after a save without
+    collectives, else .metadata), read right after they were written, while the page cache
+    still holds them; after a save without collectives, that index part's checksum too (the
+    rank's list names it: a load reads it)."""
+    own = Path(directory) / rank_metadata(rank)
+    path = own if own.exists() else Path(directory) / METADATA
+    data = path.read_bytes()
+    index = dcp_pickle.load(io.BytesIO(data), path)  # DCP's Metadata, pickled: plain data or refused
+    ranges: dict[str, list[tuple[int, int]]] = {}
+    for where in index.storage_data.values():
+        if where.relative_path.endswith(SUFFIX) and rank_of(where.relative_path) == rank:
+            ranges.setdefault(where.relative_path, []).append((where.offset, where.length))
+    files = {name: ranges_info(Path(directory) / name, r, written(Path(directory) / name))
+             for name, r in sorted(ranges.items())}
+    if path == own:  # the rank's index part: committed beside its shards, checked whole when read
+        files[own.name] = {"crc32": f"{zlib.crc32(data):08x}", "bytes": len(data)}
+    return files

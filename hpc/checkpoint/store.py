@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc.checkpoint import background_writer as background
-from hpc.checkpoint import commit, dcp_claim, layout, rank_lists, reports
+from hpc.checkpoint import commit, dcp_claim, layout, rank_lists, reports, shardcrc
 from hpc.checkpoint.checksums import file_info
 from hpc.checkpoint.files import nbytes, space_error, write_atomic
 from hpc.checkpoint.layout import DCP_METADATA, MARKER, SHARED
@@ -167,11 +167,9 @@ class CheckpointStore(StoreReader):
             report: dict[str, Any] = {"generation": generation}
             own: dict[str, Any] = {}  # this rank's files: committed as its list (rank_lists)
             if shards is not None:
-                # torch.distributed.checkpoint costs about 1 s of CPU to import: only a sharded save loads it
-                from hpc.checkpoint import dcp_engine
                 shards()  # this rank's shards on disk, with DCP's index of them (or, with
                 # DCP's collectives, its .metadata on rank 0)
-                own.update(dcp_engine.own_shards(tmp, self.rank))
+                own.update(shardcrc.own_shards(tmp, self.rank))
                 report["claim"] = dcp_claim.take(tmp, self.rank)  # None with DCP's collectives
             if per_rank is not None:
                 mine = layout.rank_state(self.rank)
