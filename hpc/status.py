@@ -14,7 +14,7 @@ import sys
 from dataclasses import asdict
 from typing import Optional, Sequence
 
-from hpc.monitor import status, sweeps, timeline_plot
+from hpc.monitor import status, sweeps, table, timeline_plot
 from hpc.rundir import snapshot, sweepdir
 from hpc.rundir.run import RunDir
 
@@ -44,8 +44,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.json:
         print(json.dumps([asdict(r) for r in rows], indent=1))
         return 0
-    print(status.by_state([r.state for r in rows]))
-    print(status.format_table(rows))
+    print(table.by_state([r.state for r in rows]))
+    print(table.format_table(rows))
     manifest = run.pin().manifest()  # the one collect() read
     print(f"run id: {manifest.get('run_id', '-')} (HPC_RUN_ID in every task)")
     print(snapshot.status_line(manifest.get("snapshot")))

@@ -133,10 +133,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from hpc.monitor import sweeps  # only to follow: the table's modules stay off a plain submission
 
         return sweeps.follow(sweepdir.SweepDir(done.path))
-    from hpc.monitor import status  # only to follow (as above)
+    from hpc.monitor import table  # only to follow (as above)
     from hpc.rundir.run import RunDir
 
-    return status.follow(RunDir(done.path))
+    return table.follow(RunDir(done.path))
 
 
 class _Callable(types.ModuleType):

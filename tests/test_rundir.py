@@ -1,7 +1,7 @@
 """Run directory: manifest history, done markers, status helpers that read it."""
 import json
 
-from hpc.monitor import status
+from hpc.monitor import status, table
 from hpc.rundir.run import RunDir
 
 
@@ -52,7 +52,7 @@ def test_status_table_lists_outputs(tmp_path):
     (run.task_dir("first") / "model.pt").write_text("x")
     rows = status.collect(run)
     assert [(r.task, r.state, r.outputs) for r in rows] == [("first", "COMPLETED", ["model.pt"])]
-    assert "first outputs: model.pt" in status.format_table(rows)
+    assert "first outputs: model.pt" in table.format_table(rows)
 
 
 def test_logs_select_by_stage_task_rank_and_names_choices(tmp_path):

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from tqdm import tqdm
 
-from hpc.monitor import logs, status
+from hpc.monitor import logs, status, table
 
 from hpc import status as status_cmd
 from hpc.rundir.run import RunDir
@@ -44,8 +44,8 @@ def test_no_tqdm_no_progress(tmp_path):
 def test_the_table_shows_progress_or_why():
     row = status.TaskStatus("second[1]", "second", 1, "7_1", "RUNNING", 0, "0:05", "164/300", [], "")
     ended = status.TaskStatus("first", "first", None, "6", status.ENDED, 0, "", "", [], status.ENDED_WHY)
-    table = status.format_table([row, ended])
-    assert "164/300" in table.splitlines()[1] and "no accounting" in table.splitlines()[2]
+    drawn = table.format_table([row, ended])
+    assert "164/300" in drawn.splitlines()[1] and "no accounting" in drawn.splitlines()[2]
 
 
 def _run_with_two_tasks(tmp_path):

@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from hpc.monitor import status, sweeps
+from hpc.monitor import status, sweeps, table
 from hpc.fs import atomic
 from hpc.rundir.run import RunDir, add_jobs
 from hpc.rundir.sweepdir import SweepDir
@@ -63,10 +63,10 @@ def test_a_run_of_10000_tasks_costs_a_few_calls_per_task(tmp_path, calls):
     assert per_task <= 2.5, calls  # a listing of the task's directory, one of its logs when it ran
     assert {r.world_size for r in rows[::50]} == {2}
     # the table: a count by state, then what needs a look (failed, running) before what is done
-    summary = status.by_state([r.state for r in rows])
+    summary = table.by_state([r.state for r in rows])
     assert summary == "10000 task(s): 200 FAILED, 200 TIMEOUT, 200 RUNNING, 200 PENDING, 9200 COMPLETED", summary
-    states = [line.split()[2] for line in status.format_table(rows).splitlines()[1:10_001]]
-    assert states == sorted(states, key=status.rank) and states[0] == "FAILED" and states[-1] == "COMPLETED"
+    states = [line.split()[2] for line in table.format_table(rows).splitlines()[1:10_001]]
+    assert states == sorted(states, key=table.rank) and states[0] == "FAILED" and states[-1] == "COMPLETED"
     assert states.index("RUNNING") == 400
 
 

@@ -4,7 +4,8 @@
 
 Parts::
 
-    status.py         TaskStatus rows of a run from one scheduler call; progress, outputs, hangs; follow
+    status.py         TaskStatus rows of a run from one scheduler call; progress, outputs, hangs
+    table.py          the rows drawn as a table, failed and running first; follow redraws it until the run ends
     sweeps.py         one row per point of a sweep, from one scheduler call for every point
     results.py        what a task's stage function returned (submitit's result file, else the done marker)
     timeline.py       each task's attempts over time, from sacct --duplicates or the run directory

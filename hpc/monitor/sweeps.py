@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Dict, List
 
-from hpc.monitor import status
+from hpc.monitor import status, table
 from hpc.rundir.sweepdir import SweepDir, describe
 from hpc.slurm import scheduler
 
@@ -76,12 +76,12 @@ def latest_metric(point: Path, shown: int = 4) -> str:
 def format_table(rows: List[PointStatus]) -> str:
     """A line of points by state, then one row per point, failed and running ones first."""
     head = ("POINT", "OVERRIDES", "STATE", "TASKS", "METRIC")
-    rows = sorted(rows, key=lambda r: status.rank(r.state))
+    rows = sorted(rows, key=lambda r: table.rank(r.state))
     body = [(r.point, describe(r.overrides) + ("" if r.in_grid else " (not in grid)"), r.state, r.tasks,
              r.metric) for r in rows]
     widths = [max(len(x) for x in col) for col in zip(head, *body)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in [head, *body]]
-    return "\n".join([status.by_state([r.state for r in rows], "point"), *lines])
+    return "\n".join([table.by_state([r.state for r in rows], "point"), *lines])
 
 
 def json_rows(rows: List[PointStatus]) -> List[Dict[str, Any]]:

@@ -14,7 +14,7 @@ import pytest
 
 from hpc.pipeline import plan
 from hpc import submit
-from hpc.monitor import status
+from hpc.monitor import status, table
 from hpc.cluster.preempt import job_field
 from hpc.recovery.hangs import HANGS, REPORT
 from hpc.rundir.run import DONE, RunDir
@@ -58,4 +58,4 @@ def test_a_stopped_rank_is_named_and_its_job_requeued_from_the_last_checkpoint(s
 
     (row,) = status.collect(run)
     assert f"rank 3 on {host} did not answer" in row.hang and "requeued" in row.hang
-    assert f"train hang: rank 3 on {host}" in status.format_table([row])
+    assert f"train hang: rank 3 on {host}" in table.format_table([row])

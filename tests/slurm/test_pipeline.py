@@ -16,7 +16,7 @@ import pytest
 from hpc.pipeline import plan
 from hpc.slurm import scheduler
 from hpc import submit
-from hpc.monitor import status
+from hpc.monitor import status, table
 from hpc import status as status_cmd
 from hpc.rundir.run import RunDir
 
@@ -220,7 +220,7 @@ def test_later_stage_waits_for_resubmitted_and_still_running_array_tasks(slurm_c
     assert sorted(deps) == sorted([ids[("second", 2)], after[("second", 1)]])
     records = wait_until(lambda: ended(run), timeout_s=180, what="every job to end")
     third, slow = records[after[("third", None)]], records[ids[("second", 2)]]
-    assert third.state == "COMPLETED", status.format_table(status.collect(run))
+    assert third.state == "COMPLETED", table.format_table(status.collect(run))
     assert datetime.fromisoformat(third.start) >= datetime.fromisoformat(slow.end)
 
 

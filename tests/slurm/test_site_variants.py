@@ -17,7 +17,7 @@ import pytest
 from hpc.pipeline import plan
 from hpc.slurm import scheduler
 from hpc import submit
-from hpc.monitor import status
+from hpc.monitor import status, table
 from hpc.rundir.run import RunDir
 from tests.slurm.test_pipeline import wait_until
 
@@ -82,7 +82,7 @@ def test_without_accounting_status_reads_what_ended_jobs_left(no_accounting_clus
     run.record("bare", None, bare, "slurm")  # a job that leaves neither a done marker nor a result file
 
     result, out = [], io.StringIO()
-    follower = threading.Thread(target=lambda: result.append(status.follow(run, interval_s=1, out=out)), daemon=True)
+    follower = threading.Thread(target=lambda: result.append(table.follow(run, interval_s=1, out=out)), daemon=True)
     follower.start()
     follower.join(timeout=180)
     assert not follower.is_alive(), f"--wait never returned:\n{out.getvalue()}"
@@ -95,7 +95,7 @@ def test_without_accounting_status_reads_what_ended_jobs_left(no_accounting_clus
         "first": "COMPLETED", "second[0]": "COMPLETED", "second[1]": "FAILED", "bare": status.ENDED}
     assert "failing on request" in rows["second[1]"].why
     assert "no accounting" in rows["bare"].why
-    assert status.follow(run, interval_s=1, out=io.StringIO()) == 1  # returns at once, and says not all went well
+    assert table.follow(run, interval_s=1, out=io.StringIO()) == 1  # returns at once, and says not all went well
 
 
 def test_a_job_killed_at_its_time_limit_is_timeout_with_the_reason(time_limited, site_env, configless_cluster):
