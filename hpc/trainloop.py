@@ -41,7 +41,7 @@ from hpc.checkpoint import SHARDED_KEY, CheckpointStore, optim_state
 from hpc.checkpoint.layout import marker_files
 from hpc.recovery import preemption, stopsignal, watchdog
 from hpc.recovery.stopsignal import StopFlag, StopVote
-from hpc.runtime import resumepoint, rng
+from hpc.runtime import loopstate, resumepoint
 from hpc.runtime.scalars import StepLog
 
 log = logging.getLogger(__name__)
@@ -107,33 +107,9 @@ class TrainLoop:
         if step < 0:
             log.info("no checkpoint in %s: starting fresh", self.store.directory)
             return 0
-        mine = state.get("per_rank") or {}
-        saved_world = state.get("world_size", self.s.world_size)
-        for name, obj in self.objects.items():
-            if name in self._dcp_names and sharded is not None:
-                continue
-            if resumepoint.per_rank(obj) and saved_world != self.s.world_size:
-                log.warning("checkpoint step %d was written by %d ranks: the per-rank state of %r "
-                            "cannot carry over to %d; it starts fresh", step, saved_world, name,
-                            self.s.world_size)
-                continue
-            saved = (mine.get("objects", {}) if resumepoint.per_rank(obj) else state["objects"]).get(name)
-            if saved is None and not resumepoint.per_rank(obj):  # a loader position, written per rank before
-                saved = mine.get("objects", {}).get(name)  # positions were global
-            if saved is None:  # e.g. a data loader registered after this checkpoint was written
-                log.warning("checkpoint step %d has no state for %r: it starts fresh", step, name)
-                continue
-            resumepoint.unwrap(obj).load_state_dict(saved)
+        loopstate.restore(self.objects, state, self._dcp_names if sharded is not None else (),
+                          self.s.world_size, self.s.rank, self.seed)
         self.extra = dict(state.get("extra", {}))
-        if saved_world == self.s.world_size and mine:
-            rng.restore(mine["rng"])
-        else:
-            rng.seed_all(rng.derive_seed(self.seed, step, self.s.rank))
-            log.warning("checkpoint step %d was written by %d ranks, this run has %d: per-rank RNG "
-                        "states cannot carry over, so every generator is reseeded from (seed=%d, "
-                        "step=%d, rank). Model, optimizer and data position resume exactly; random "
-                        "draws (dropout, augmentation) differ from an uninterrupted run's",
-                        step, saved_world, self.s.world_size, self.seed, step)
         self.step = self.current = self.resumed_step = self._saved_step = step
         log.info("resumed from step %d (SLURM_RESTART_COUNT=%s)", step,
                  os.environ.get("SLURM_RESTART_COUNT", "0"))
@@ -184,15 +160,8 @@ class TrainLoop:
             self.watchdog.rest() if self.watchdog else None
 
     def state(self) -> dict[str, Any]:
-        """Shared objects (model, optimizer: equal on every rank) go in rank 0's file; objects
-        marked ``per_rank_state`` (data loader positions) and the RNGs in each rank's own."""
-        split = {True: {}, False: {}}
-        for k, o in self.objects.items():
-            if k not in self._dcp_names:  # those are saved by DCP
-                split[resumepoint.per_rank(o)][k] = resumepoint.unwrap(o).state_dict()
-        return {"step": self.step, "extra": dict(self.extra), "objects": split[False],
-                "world_size": self.s.world_size,
-                "per_rank": {"rng": rng.capture(), "objects": split[True]}}
+        """What a checkpoint of the current step saves besides DCP's shards (hpc.runtime.loopstate)."""
+        return loopstate.capture(self.objects, self._dcp_names, self.step, self.extra, self.s.world_size)
 
     def save(self, blocking: bool = False) -> None:
         if self._saved_step == self.step:

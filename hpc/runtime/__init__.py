@@ -20,6 +20,7 @@ Parts::
     rng.py          capture and restore every generator a step may touch
     scalars.py      scalars logged without waiting for the device
     resumepoint.py  which checkpoint a TrainLoop resumes from
+    loopstate.py    what a TrainLoop checkpoint holds of its objects and RNGs, and how a resume restores it
     ports.py        a free TCP port for a rendezvous
 
 envparse, distenv and devicebind import no torch (python -m hpc.env answers in milliseconds).
