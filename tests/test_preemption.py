@@ -1,5 +1,5 @@
-"""Unit tests for hpc.recovery.preemption and hpc.recovery.stopsignal: signal flags, the stop vote and the requeue
-decision table."""
+"""Unit tests for hpc.recovery.preemption, hpc.recovery.stopsignal and hpc.recovery.verdict: signal flags, the
+stop vote and the requeue decision table."""
 
 import json
 import os
@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from hpc.recovery import preemption as pre
+from hpc.recovery import verdict
 from hpc.recovery.stopsignal import StopFlag, StopVote
 
 RUNNING = {"JobState": "RUNNING", "Reason": "None", "PreemptTime": "None", "Restarts": "0"}
@@ -29,16 +30,16 @@ RUNNING = {"JobState": "RUNNING", "Reason": "None", "PreemptTime": "None", "Rest
     ({**RUNNING, "JobState": "COMPLETED"}, "timeout", ("finished", False)),
 ])
 def test_classify_reads_slurm_before_the_signal(info, signal_kind, expected):
-    assert pre.classify(info, signal_kind, restart_count=0) == expected
+    assert verdict.classify(info, signal_kind, restart_count=0) == expected
 
 
 def test_decide_table():
-    assert pre.decide("preempt", "RUNNING", timeouts_done=99, max_timeouts=0).requeue
-    assert pre.decide("timeout", "RUNNING", 1, 2).requeue
-    no = pre.decide("timeout", "RUNNING", 2, 2)
+    assert verdict.decide("preempt", "RUNNING", timeouts_done=99, max_timeouts=0).requeue
+    assert verdict.decide("timeout", "RUNNING", 1, 2).requeue
+    no = verdict.decide("timeout", "RUNNING", 2, 2)
     assert not no.requeue and "max_timeouts=2" in no.why and "HINT" in no.why
-    assert not pre.decide("finished", "COMPLETED", 0, 3).requeue
-    assert not pre.decide("cancelled", "CANCELLED", 0, 3).requeue
+    assert not verdict.decide("finished", "COMPLETED", 0, 3).requeue
+    assert not verdict.decide("cancelled", "CANCELLED", 0, 3).requeue
 
 
 def test_handlers_only_set_a_flag_and_preemption_wins():
@@ -103,9 +104,9 @@ def test_vote_on_cuda_never_waits_for_the_step_just_queued(tmp_path):
 
 def test_exit_for():
     with pytest.raises(SystemExit):
-        pre.exit_for(pre.Decision(True, "hpc", "preempted", "preempt"))
+        pre.exit_for(verdict.Decision(True, "hpc", "preempted", "preempt"))
     with pytest.raises(pre.JobNotRequeued, match="timed out"):
-        pre.exit_for(pre.Decision(False, None, "timed out 3 times", "timeout"))
+        pre.exit_for(verdict.Decision(False, None, "timed out 3 times", "timeout"))
 
 
 def test_handle_stop_outside_slurm_does_not_requeue(tmp_path, monkeypatch):
@@ -117,8 +118,8 @@ def test_handle_stop_outside_slurm_does_not_requeue(tmp_path, monkeypatch):
 def test_history_counts_timeouts(tmp_path):
     path = tmp_path / "requeue.json"
     hist = pre.load_history(path)
-    pre._record(path, hist, pre.decide("timeout", "RUNNING", 0, 3), {"JobState": "RUNNING"})
-    pre._record(path, pre.load_history(path), pre.decide("preempt", "RUNNING", 1, 3), {})
+    pre._record(path, hist, verdict.decide("timeout", "RUNNING", 0, 3), {"JobState": "RUNNING"})
+    pre._record(path, pre.load_history(path), verdict.decide("preempt", "RUNNING", 1, 3), {})
     saved = json.loads(path.read_text())
     assert (saved["timeouts"], saved["preemptions"], len(saved["events"])) == (1, 1, 2)
 
@@ -222,13 +223,14 @@ def test_a_shielded_client_outlives_a_stop_signal_and_the_caller_still_gets_it()
 
 def test_only_the_scheduler_adapter_runs_scontrol():
     """The scheduler adapter (hpc.slurm.scheduler, with hpc.slurm.cli and hpc.slurm.jobcontrol) holds every scontrol
-    call and its parsers; the local cluster's own controls (hpc.cluster.local starts and pings the
-    daemons it runs) are the exception."""
+    call and its parsers; the local cluster's own controls (hpc.cluster.local pings the daemons it
+    runs, hpc.cluster.nodestate sets its nodes down and back) are the exception."""
     import ast
     from pathlib import Path
 
-    root = Path(pre.__file__).parent
-    allowed = {root / "scheduler.py", root / "slurmcli.py", root / "jobcontrol.py", root / "cluster" / "local.py"}
+    root = Path(pre.__file__).parents[1]  # hpc/
+    allowed = {root / "slurm" / "scheduler.py", root / "slurm" / "cli.py", root / "slurm" / "jobcontrol.py",
+               root / "cluster" / "local.py", root / "cluster" / "nodestate.py"}
     runs = [f"{path.relative_to(root)}:{node.lineno}" for path in sorted(root.rglob("*.py")) if path not in allowed
             for node in ast.walk(ast.parse(path.read_text()))
             if isinstance(node, ast.List) and node.elts and isinstance(node.elts[0], ast.Constant)

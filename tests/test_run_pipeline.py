@@ -13,7 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from hpc.recovery.preemption import Decision, StopFlag
+from hpc.recovery.stopsignal import StopFlag
+from hpc.recovery.verdict import Decision
 from hpc.scripts.runner import DECISION_FILE, _await_own_signal, _killed_by_stop_signal, run_argv, wait_for_decision
 
 

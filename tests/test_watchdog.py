@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc.recovery import hangs, preemption, watchdog
+from hpc.recovery import hangs, verdict, watchdog
 from tests.hang_workload import launch
 
 
@@ -133,8 +133,8 @@ def test_a_normal_exit_leaves_no_hang_directory(tmp_path):
 
 
 def test_hang_requeues_are_capped_by_max_hangs():
-    assert preemption.decide("hang", "RUNNING", 0, 3, hangs_done=2, max_hangs=3).requeue
-    refused = preemption.decide("hang", "RUNNING", 0, 3, hangs_done=3, max_hangs=3)
+    assert verdict.decide("hang", "RUNNING", 0, 3, hangs_done=2, max_hangs=3).requeue
+    refused = verdict.decide("hang", "RUNNING", 0, 3, hangs_done=3, max_hangs=3)
     assert not refused.requeue and "max_hangs=3" in refused.why and "HINT:" in refused.why
 
 

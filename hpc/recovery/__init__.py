@@ -10,7 +10,8 @@ Usage (TrainLoop does all of it; a loop of one's own can too)::
 Parts::
 
     stopsignal.py   stop signals as a flag; the step every rank agrees to stop at, without a per-step sync
-    preemption.py   the requeue decision after a stop, from SLURM's own view of the job
+    verdict.py      what happened to a stopped job (SLURM's fields) and the requeue table; pure
+    preemption.py   a stop carried out: SLURM asked, the verdict recorded, the job requeued or ended
     requeue.py      a requeued job gets its node range back and its failed nodes excluded
     nodefail.py     was it a node or the code, and is another attempt worth it (the task's history)
     nodeaction.py   what the srun wrapper (python -m hpc.afterstep) reads, decides and carries out

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, List, Mapping, Optional
 
 from hpc.fs import atomic
-from hpc.recovery import deadline, hostact, preemption, scriptproc
+from hpc.recovery import deadline, hostact, preemption, scriptproc, verdict
 
 # Rank 0's stop decision for the attempt that wrote it, in the task's checkpoint directory.
 DECISION_FILE = "stop-decision.json"
@@ -185,7 +185,7 @@ def agree_on_stop(ctx: Any, flag: Any, checkpoints: Path, max_timeouts: int) -> 
                                               max_timeouts=max_timeouts)
     except Exception as err:
         error = err
-        decision = preemption.Decision(False, None, f"rank 0 could not decide: {err}", "failed")
+        decision = verdict.Decision(False, None, f"rank 0 could not decide: {err}", "failed")
     atomic.write_text(path, json.dumps({**attempt, "decision": decision and asdict(decision)}))
     if error is not None:
         raise error
@@ -203,7 +203,7 @@ def wait_for_decision(path: Path, attempt: dict, poll_s: float = 0.2,
             saved = {}
         if saved.get("job") == attempt["job"] and saved.get("restart") == attempt["restart"]:
             found = saved.get("decision")
-            return preemption.Decision(**found) if found else None
+            return verdict.Decision(**found) if found else None
         if time.monotonic() - last_said >= say_every_s:
             last_said = time.monotonic()
             print(f"[hpc] waiting {last_said - started:.0f}s for rank 0's stop decision in {path}",
