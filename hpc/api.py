@@ -15,7 +15,7 @@ used) and SubmissionError (the scheduler refused; its own words in the message a
 from __future__ import annotations
 
 import sys
-from typing import Any, Iterable, Optional, Union
+from typing import Any, Iterable, Optional, Sequence, Union
 
 from hpc.config.checks import ConfigError
 from hpc.pipeline import options as hoptions
@@ -79,12 +79,14 @@ def submit(pipeline: Union[str, PipelineDef], overrides: Iterable[str] = (), pro
 
 def submit_request(req: Request) -> Submitted:
     """The one way into the submission engines, for the API and python -m hpc.submit alike."""
-    if req.sweep is not None or req.sweep_file or sweepdir.is_sweep(req.run_dir):
-        from hpc.sweep import submission  # a grid of runs; here, not above: yaml stays off a run's path
-    else:
-        from hpc.pipeline import submission  # the engine: loaded only once a request exists
     try:
-        return submission.start(req)
+        if req.sweep is not None or req.sweep_file or sweepdir.is_sweep(req.run_dir):
+            from hpc.sweep import submission as sweeps  # a grid of runs; here, not above: yaml stays off a run's path
+
+            return sweeps.start(req)
+        from hpc.pipeline import submission  # the engine: loaded only once a request exists
+
+        return submission.start(req, BACKENDS)
     except RuntimeError as err:
         if not _from_scheduler(err):  # a snapshot, run-dir or config error says its own fix
             raise
@@ -93,6 +95,17 @@ def submit_request(req: Request) -> Submitted:
                               f"{words.splitlines()[-1] if words else type(err).__name__}. HINT: change what it "
                               "names (stages.<stage>.*, --profile); --dry-run shows each sbatch script.",
                               words) from err
+
+
+def _here(kind: str, setup: Sequence[str]) -> Any:
+    """`--cluster here`'s backend of the launch path: srun steps of this shell's allocation."""
+    from hpc.pipeline.here import Here  # here, not above: only --cluster here loads it
+
+    return Here(kind, setup)
+
+
+# The executor kinds whose jobs submitit does not start: the engine is given their backends.
+BACKENDS = {"here": _here}
 
 
 def _from_scheduler(err: BaseException) -> bool:

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from hpc.config import schema as config
 from hpc.pipeline import plan, sbatch
 from hpc import submit
-from hpc.pipeline import submission
+from hpc.pipeline import launcher, submission
 from hpc.rundir.run import RunDir
 
 BASE = Path(tempfile.mkdtemp(prefix="hpc-render-"))  # run dirs are made under it, never written
@@ -41,7 +41,8 @@ def dry_run_scripts(argv):
     """What `python -m hpc.submit ... --dry-run` would print: (plan, run dir, setup), or ConfigError."""
     args = submit.parse_args(argv)
     pipe, cfg, run, kind, notes = submission.build(args)
-    return submission.plan_for(pipe, cfg, run, kind, frozenset(), frozenset(), notes), run, list(cfg.cluster.setup)
+    found = submission.plan_for(pipe, cfg, run, launcher.Submitit(kind), frozenset(), frozenset(), notes)
+    return found, run, list(cfg.cluster.setup)
 
 
 def check_script(text, job, run, setup, expected):

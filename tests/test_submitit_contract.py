@@ -22,7 +22,7 @@ from submitit.core import core, job_environment, utils
 from submitit.slurm import slurm
 
 from hpc import submit as submit_cmd
-from hpc.pipeline import herestep, plan, sbatch, submission
+from hpc.pipeline import herestep, launcher, plan, sbatch, submission
 
 VERSION = f"submitit {submitit.__version__}, cloudpickle {cloudpickle.__version__}"
 
@@ -53,7 +53,7 @@ def test_make_sbatch_string_takes_every_parameter_hpc_passes(tmp_path, monkeypat
     req = submit_cmd.parse_args(["tiny", "--cluster", "slurm", "cluster.partitions=[low]", "tiny.parts=[0,1]",
                                  "--run-dir", str(tmp_path / "run"), "--dry-run"])
     pipe, cfg, run, kind, notes = submission.build(req)
-    jobs = submission.plan_for(pipe, cfg, run, kind, frozenset(), frozenset(), notes).jobs
+    jobs = submission.plan_for(pipe, cfg, run, launcher.Submitit(kind), frozenset(), frozenset(), notes).jobs
     accepted = set(inspect.signature(make).parameters)
     for job in jobs:
         params = job.executor_parameters("afterok:1", ["echo setup"])

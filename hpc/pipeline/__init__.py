@@ -8,8 +8,9 @@ Usage::
     python -m hpc.submit mypkg.pipeline --dry-run      # the plan and every sbatch script, nothing submitted
 
 Flow: config -> plan (plan.py, pure: JobSpecs that render their own sbatch text) -> submission
-(submission.py: snapshot, sbatch through submitit, manifest) -> in each task, StageTask (executor.py)
-enters the snapshot, imports the stage's function and writes the done marker.
+(submission.py: snapshot, manifest) -> launch (launcher.py, the one path for runs, sweeps and
+`--cluster here`: tasks, dependencies, sbatch through submitit, ids recorded) -> in each task,
+StageTask (executor.py) enters the snapshot, imports the stage's function and writes the done marker.
 
 Parts::
 
@@ -24,7 +25,8 @@ Parts::
     arraytasks.py  an array's task pickles in one file, each unpacked by its task's batch step
     options.py     Option: a pipeline's own options of python -m hpc.submit and hpc.submit(), as overrides
     request.py     Request: one submission, typed, as python -m hpc.submit takes it
-    submission.py  start(): the engine python -m hpc.submit, hpc.submit() and sweeps call
+    submission.py  start(): the engine python -m hpc.submit, hpc.submit() and sweeps call; a run's Book
+    launcher.py    launch(plan, book, backend): the one function that starts a plan's jobs; submitit's Backend
     short.py       define()/stage(): a PipelineDef from plain functions (hpc.define, hpc.stage)
     here.py        --cluster here: the plan's tasks as srun steps of the current salloc allocation
     herealloc.py   the allocation it runs in, and each step's exact share of it (not the allocation's shape)

@@ -4,8 +4,8 @@
     python -m hpc.submit langsplat --profile sandbox --levels 1 --cluster here --run-dir runs/dev
 
 The plan is the batch submission's (hpc.pipeline.plan, with SLURM's ranks per job), and so are the
-run directory, the code snapshot, the manifest, the done markers and the checkpoints: only the
-launch differs. Stages run one after another in plan order; a stage's tasks run side by side as far
+run directory, the code snapshot, the manifest, the done markers, the checkpoints and the launch
+path (hpc.pipeline.launcher): only the Backend differs (Here: start_job runs one job's tasks). Stages run one after another in plan order; a stage's tasks run side by side as far
 as the allocation's nodes hold them (`srun --exact`), each task one step with its stage's ranks, nodes
 and GPUs whatever the allocation exports (hpc.pipeline.herealloc), named `hpc-<stage>.<run id>.h<n>`,
 whose ranks run hpc.pipeline.herestep. No sbatch: `sacct -j $SLURM_JOB_ID` lists the steps. A step
@@ -32,6 +32,7 @@ SLURM client, and stops and resumes the same way.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import os
 import shlex
@@ -41,10 +42,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Deque, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Deque, Iterator, List, Mapping, Optional, Sequence
 
 from hpc.fs import sharedfs
-from hpc.pipeline import container, herestep, herestop
+from hpc.pipeline import container, herestep, herestop, launcher
 from hpc.pipeline.herealloc import Allocation, check_fits, current, srun_argv, step_env, width
 from hpc.pipeline.plan import JobSpec, Plan
 from hpc.recovery import hostact
@@ -105,61 +106,77 @@ class Step:
     relay: Optional[threading.Thread] = None  # copies srun's own stderr to ours, keeping its last lines
 
 
-def run_plan(plan: Plan, run: RunDir, setup: Sequence[str] = (), code: Any = None, run_id: str = "",
-             alloc: Optional[Allocation] = None) -> Dict[str, List[str]]:
-    """Run every job of the plan as steps of the allocation, in order; returns stage -> task ids.
-    Raises KeyboardInterrupt after a Ctrl-C, once the running steps have stopped."""
-    from hpc.pipeline.executor import StageTask, _dumps  # the task's modules: only once something runs
+class Here(launcher.Backend):
+    """The launch path's backend for `--cluster here` (hpc.pipeline.launcher): a job's tasks as steps of
+    the allocation, as many side by side as it holds, the ranks' questions answered meanwhile;
+    start_job returns once they ended. Raises KeyboardInterrupt after a Ctrl-C, once the running
+    steps have stopped."""
 
-    alloc = alloc or current()
-    seq = sum(j["executor"] == HERE for t in run.tasks() for j in t["jobs"])
-    names = run_id or tracking.new_run_id(run.path.name)  # unique to this run: its steps' names
-    ids: Dict[str, List[str]] = {}
-    failed: List[str] = []
-    running: List[Step] = []
-    for line in container.prepare(plan.jobs):  # the copy of hpc the containers' srun lines name
-        print(line, flush=True)
-    served = 0.0
-    with herestop.Interrupt() as stop, herestop.Reaper(running):
-        for job in plan.jobs:
-            if failed or stop.asked:
-                if failed:
-                    print(f"stage {job.stage}: not started, an earlier stage failed (python -m hpc.status {run.path})")
-                break
-            todo = list(zip(job.items, job.indices))
-            while todo or running:
-                while todo and len(running) < width(job, alloc) and not stop.asked:
-                    (item, index), seq = todo.pop(0), seq + 1
-                    task = StageTask(str(run.path), job.stage, job.target, item, index, code=code, run_id=run_id)
-                    running.append(_launch(job, item, f"{alloc.job_id}.h{seq}", _dumps(task), run, alloc, setup,
-                                           code, NAME.format(stage=job.stage, run=names, seq=seq)))
-                    ids.setdefault(job.stage, []).append(running[-1].task_id)
-                todo = [] if stop.asked else todo
-                time.sleep(WAIT_SLICE_S)
-                stop.act(running, alloc)
-                if time.monotonic() - served >= hostact.POLL_S:  # one listing a second per step, as hpc.afterstep
-                    served = time.monotonic()
-                    for step in running:
-                        serve(step, alloc, stop.got)
-                for step in [s for s in running if s.proc.poll() is not None]:
-                    running.remove(step)
-                    failed += [] if _report(step, run) else [step.task_id]
-    if stop.asked:
-        print(f"interrupted: the stopped tasks saved their checkpoints; the same command resumes them "
-              f"(python -m hpc.status {run.path})", file=sys.stderr, flush=True)
-        raise KeyboardInterrupt
-    return ids
+    kind, plans = HERE, "slurm"  # the batch plan (SLURM's ranks per job), then checked against the allocation
+
+    def __init__(self, kind: str = HERE, setup: Sequence[str] = (), alloc: Optional[Allocation] = None):
+        self.setup, self._alloc = list(setup), alloc
+        self.running: List[Step] = []
+
+    @property
+    def alloc(self) -> Allocation:
+        if self._alloc is None:
+            self._alloc = current()
+        return self._alloc
+
+    def shape(self, plan: Plan) -> Plan:
+        return as_steps(plan, self.alloc)
+
+    def show(self, plan: Plan) -> str:
+        return plan.summary()
+
+    @contextlib.contextmanager
+    def session(self, book: launcher.Book) -> Iterator[None]:
+        self.run = RunDir(book.where)
+        self.seq = sum(j["executor"] == HERE for t in self.run.tasks() for j in t["jobs"])
+        self.names = book.run_id or tracking.new_run_id(self.run.path.name)  # unique to this run: its steps' names
+        with herestop.Interrupt() as self.stop, herestop.Reaper(self.running):
+            yield
+
+    def start_job(self, job: JobSpec, tasks: Sequence[Any], order: launcher.Order, record: launcher.Record) -> bool:
+        from hpc.pipeline.executor import _dumps  # the task's modules: only once something runs
+
+        alloc, stop, running, failed = self.alloc, self.stop, self.running, False
+        todo = list(enumerate(tasks))
+        served = 0.0
+        while todo or running:
+            while todo and len(running) < width(job, alloc) and not stop.asked:
+                (n, task), self.seq = todo.pop(0), self.seq + 1
+                running.append(start_step(job, task.item, f"{alloc.job_id}.h{self.seq}", _dumps(task), self.run.path,
+                                          alloc, self.setup, NAME.format(stage=job.stage, run=self.names, seq=self.seq),
+                                          lambda task_id, n=n: record([(n, task_id)])))
+            todo = [] if stop.asked else todo
+            time.sleep(WAIT_SLICE_S)
+            stop.act(running, alloc)
+            if time.monotonic() - served >= hostact.POLL_S:  # one listing a second per step, as hpc.afterstep
+                served = time.monotonic()
+                for step in running:
+                    serve(step, alloc, stop.got)
+            for step in [s for s in running if s.proc.poll() is not None]:
+                running.remove(step)
+                failed = not _report(step, self.run) or failed
+        if stop.asked:
+            print(f"interrupted: the stopped tasks saved their checkpoints; the same command resumes them "
+                  f"(python -m hpc.status {self.run.path})", file=sys.stderr, flush=True)
+            raise KeyboardInterrupt
+        return not failed
 
 
-def _launch(job: JobSpec, item: Any, task_id: str, pickled: bytes, run: RunDir, alloc: Allocation,
-            setup: Sequence[str], code: Any, name: str) -> Step:
+def start_step(job: JobSpec, item: Any, task_id: str, pickled: bytes, run_dir: Path, alloc: Allocation,
+               setup: Sequence[str], name: str, record: Callable[[str], None]) -> Step:
+    """One task's step: its pickle beside its logs, its id recorded, its ranks' folder made, srun started."""
     folder = Path(logdirs.expand(job.folder, task_id))
     folder.mkdir(parents=True, exist_ok=True)
     pickle_path = folder / f"{task_id}{herestep.TASK_SUFFIX}"
     pickle_path.write_bytes(pickled)
-    run.record_all(job.stage, [(item, task_id)], HERE, code=code.hash if code else None)
+    record(task_id)
     seq = int(task_id.rpartition(".h")[2])
-    host = run.path / hostact.FOLDER / f"{task_id}-0" / hostact.REQUEST  # hpc.afterstep.request_path's layout
+    host = run_dir / hostact.FOLDER / f"{task_id}-0" / hostact.REQUEST  # hpc.afterstep.request_path's layout
     host.parent.mkdir(parents=True, exist_ok=True)  # before srun: the ranks write into it
     # without the allocation's shape (herealloc.step_env): srun takes this step's from its command line;
     # a port per step: steps side by side on one node must not share a rendezvous port

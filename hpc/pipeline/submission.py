@@ -4,7 +4,10 @@
     submit(Request("langsplat", levels=(0, 1, 2), cluster="local", wait=True))   # python -m hpc.submit ...
 
 Request (hpc.pipeline.request) holds what `python -m hpc.submit` reads, typed; the command (hpc.submit)
-and sweeps (hpc.sweep.submission, which does the same for every point) both call this module.
+and sweeps (hpc.sweep.submission, which does the same for every point) both call this module. The
+jobs start on the one launch path (hpc.pipeline.launcher) with a run's Book (RunBook: afterok on the
+upstream tasks, the manifest written as each job starts) and the Backend of the executor kind:
+submitit's, or one the caller passes (hpc.api: `--cluster here`'s).
 Returns as soon as SLURM has the jobs (afterok chains the stages; nothing here stays alive),
 except with the local executor, which has no dependencies and so runs the stages in order.
 One submission at a time per run dir (a lock held from reading its state to the last manifest write);
@@ -17,18 +20,19 @@ import dataclasses
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from hpc.config import schema as hconfig
 from hpc.monitor import status
-from hpc.pipeline import arraytasks, container, here
+from hpc.pipeline import container, launcher
 from hpc.pipeline import plan as hplan
 from hpc.pipeline.request import Request, Submitted
 from hpc.rundir import codefiles, snapshot
 from hpc.rundir.codeversion import code_version
 from hpc.rundir.run import RunDir
 from hpc.slurm import scheduler
-from hpc.slurm.submitenv import submission_env
+
+MakeBackend = Callable[[str, Sequence[str]], launcher.Backend]  # (executor kind, cluster.setup) -> Backend
 
 
 def build(req: Request, view: bool = True) -> Tuple[hplan.PipelineDef, Any, RunDir, str, List[str]]:
@@ -104,45 +108,38 @@ def confirmed(answer: Any) -> Any:
     return scheduler.confirm_active(records), never
 
 
-def submit_plan(plan: hplan.Plan, run: RunDir, setup: Sequence[str] = (), code: Optional[snapshot.JobCode] = None,
+def submit_plan(plan: hplan.Plan, run: RunDir, backend: launcher.Backend, code: Optional[snapshot.JobCode] = None,
                 run_id: str = "") -> Dict[str, List[str]]:
-    """Submit every job of the plan through submitit; returns stage -> job ids. Variables of an
-    enclosing allocation or launcher are hidden meanwhile (hpc.slurm.submitenv). Every task
+    """Start every job of the plan (hpc.pipeline.launcher); returns stage -> job ids. Every task
     runs `code` (a snapshot; None: the live tree) and exports `run_id` (hpc.rundir.tracking)."""
-    # only when jobs are submitted: a dry run never loads the task and the executors
-    from hpc.pipeline.executor import StageTask, drop_unexpanded_folder, make_executor, submit_array
+    book = RunBook(run, code, run_id)
+    launcher.launch(plan, book, backend)
+    return book.ids
 
-    ids: Dict[str, List[str]] = {}
-    by_label: Dict[str, List[str]] = {}  # JobSpec.label -> its job ids, for aftercorr
-    previous: List[Any] = []
-    for line in container.prepare(plan.jobs):  # the copy of hpc the containers' srun lines name
-        print(line)
-    with submission_env():
-        for job in plan.jobs:
-            if plan.kind != "slurm" and not wait_ok(previous):
-                print(f"stage {job.stage}: not started, an earlier stage failed (see python -m hpc.status {run.path})")
-                break
-            executor = make_executor(plan.kind, job.folder, job.resources["max_timeouts"], job.python)
-            waits = upstream(job, ids, run) if plan.kind == "slurm" else []
-            per_item, each = job.item_dependency(by_label) if plan.kind == "slurm" else (None, [])
-            tasks = [StageTask(str(run.path), job.stage, job.target, item, index, code=code, run_id=run_id)
-                     for item, index in zip(job.items, job.indices)]
-            # an array's tasks' pickles in one file (hpc.pipeline.arraytasks), not one file each
-            packed = arraytasks.path_for(job.folder) if plan.kind == "slurm" and len(tasks) > 1 else None
-            if plan.kind != "debug":
-                dependency = ",".join(d for d in (afterok(waits), per_item) if d) or None
-                executor.update_parameters(**job.executor_parameters(dependency, setup, tasks=packed))
-            submitted = submit_array(executor, tasks, job.task_ids if plan.kind == "slurm" else (), packed)
-            by_label[job.label] = [str(sj.job_id) for sj in submitted]
-            run.record_all(job.stage, list(zip(job.items, by_label[job.label])), plan.kind, waits, each,
-                           code.hash if code else None)
-            ids.setdefault(job.stage, []).extend(by_label[job.label])
-            previous = submitted
-        if plan.kind != "slurm":
-            wait_ok(previous)
-            for job in plan.jobs:  # every local job has ended: its controller made what it would make
-                drop_unexpanded_folder(job.folder)
-    return ids
+
+class RunBook(launcher.Book):
+    """A run's jobs: one StageTask per item, afterok on the upstream stages' tasks, and the ids
+    recorded in the manifest as each job starts (RunDir.record_all)."""
+
+    def __init__(self, run: RunDir, code: Optional[snapshot.JobCode] = None, run_id: str = ""):
+        self.run, self.code, self.run_id, self.where = run, code, run_id, run.path
+        self.ids: Dict[str, List[str]] = {}  # stage -> the job ids started now
+
+    def tasks(self, job: hplan.JobSpec) -> List[Any]:
+        from hpc.pipeline.executor import StageTask  # only once jobs start: a dry run never loads the task
+
+        return [StageTask(str(self.run.path), job.stage, job.target, item, index, code=self.code, run_id=self.run_id)
+                for item, index in zip(job.items, job.indices)]
+
+    def upstream(self, job: hplan.JobSpec, ids: Dict[str, List[str]]) -> Tuple[Optional[str], List[str]]:
+        waits = upstream(job, self.ids, self.run)
+        return afterok(waits), waits
+
+    def record(self, job: hplan.JobSpec, started: launcher.Started, order: launcher.Order, kind: str) -> None:
+        each = [order.each[n] for n, _ in started] if order.each else ()
+        self.run.record_all(job.stage, [(job.items[n], jid) for n, jid in started], kind, order.after, each,
+                            self.code.hash if self.code else None)
+        self.ids.setdefault(job.stage, []).extend(jid for _, jid in started)
 
 
 def upstream(job: hplan.JobSpec, ids: Dict[str, List[str]], run: RunDir) -> List[str]:
@@ -166,37 +163,28 @@ def afterok(job_ids: Sequence[str]) -> Optional[str]:
     return f"afterok:{':'.join(ids)}" if ids else None
 
 
-def wait_ok(jobs: List[Any]) -> bool:
-    ok = True
-    for job in jobs:
-        try:
-            job.results()  # every rank's result: a failure on any rank fails the task
-        except Exception:  # submitit re-raises the task's exception; status shows its last line
-            print(f"job {job.job_id} failed")
-            ok = False
-    return ok
-
-
-def start(req: Request) -> Submitted:
+def start(req: Request, backends: Optional[Mapping[str, MakeBackend]] = None) -> Submitted:
     """Plan and submit one run; returns where it went and the jobs submitted now (none for a dry run,
     or when every task is done or queued). The run dir's lock is held from reading its state to the
     last manifest write; a dry run reads the state and changes nothing: no scancel, no sbatch, no
-    file written."""
+    file written. `backends`: executor kind -> the Backend that starts its jobs, for the kinds that
+    submitit does not run (hpc.api passes `here`'s, hpc.here)."""
     pipe, cfg, run, kind, notes = build(req)
+    make = (backends or {}).get(kind, launcher.Submitit)
+    backend = make(kind, list(cfg.cluster.setup))
     module_file = user_module_file(req.pipeline)
     code = code_version(module_file)
     if req.dry_run:
         finished, queued, _ = current_state(pipe, cfg, run, kind)
         notes = [*notes, snapshot_note(cfg, run, kind, code)]
-        plan = plan_for(pipe, cfg, run, kind, finished, queued, notes)
-        print(plan.summary() if kind == here.HERE else plan.render(setup=list(cfg.cluster.setup)))
+        print(backend.show(plan_for(pipe, cfg, run, backend, finished, queued, notes)))
         return Submitted(run.path, str(kind), {})
     with run.submission_lock(say=lambda line: print(line, file=sys.stderr)):
         finished, queued, never = current_state(pipe, cfg, run, kind)
         scheduler.cancel(never)
         # asked only here: a dry run stays one call cheaper (its plan shows each stage as one array)
         max_size = scheduler.max_array_size() if kind == "slurm" else None
-        plan = plan_for(pipe, cfg, run, kind, finished, queued, notes, max_size)
+        plan = plan_for(pipe, cfg, run, backend, finished, queued, notes, max_size)
         print(plan.summary())
         if not plan.jobs:
             print(f"nothing to submit: every task of {run.path} is done or queued")
@@ -205,20 +193,19 @@ def start(req: Request) -> Submitted:
         # pipeline_arg: how to name the pipeline again, for a resubmission from a job (hpc.afterstep)
         run_id = run.start(pipe.name, hconfig.to_yaml(cfg), kind,
                            {**code, "pipeline_arg": req.pipeline, "snapshot": snap and snap.record()})
-        launch = here.run_plan if kind == here.HERE else submit_plan  # here: srun steps of this salloc
-        ids = launch(plan, run, list(cfg.cluster.setup), job_code(snap, req.pipeline, module_file), run_id)
+        ids = submit_plan(plan, run, backend, job_code(snap, req.pipeline, module_file), run_id)
     print(f"run dir: {run.path}")
     for stage, jids in ids.items():
         print(f"  {stage}: {' '.join(jids)}")
     return Submitted(run.path, str(kind), ids)
 
 
-def plan_for(pipe: hplan.PipelineDef, cfg: Any, run: RunDir, kind: str, finished: Any, queued: Any,
-          notes: Sequence[str], max_array_size: Optional[int] = None) -> hplan.Plan:
-    # here: the batch plan (SLURM's ranks per job), then checked against the allocation it runs in
-    plan = hplan.make_plan(pipe, cfg, str(run.path), "slurm" if kind == here.HERE else kind, finished, queued,
-                           max_array_size)
-    plan = here.as_steps(plan, here.current()) if kind == here.HERE else plan
+def plan_for(pipe: hplan.PipelineDef, cfg: Any, run: RunDir, backend: launcher.Backend, finished: Any, queued: Any,
+             notes: Sequence[str], max_array_size: Optional[int] = None) -> hplan.Plan:
+    """The plan as `backend` runs it (`here`: the batch plan, SLURM's ranks per job, checked against
+    the allocation it runs in)."""
+    plan = hplan.make_plan(pipe, cfg, str(run.path), backend.plans, finished, queued, max_array_size)
+    plan = backend.shape(plan)
     boxes = container.notes(plan.jobs, plan.kind, cfg)
     return dataclasses.replace(plan, notes=plan.notes + tuple(notes) + tuple(boxes))
 

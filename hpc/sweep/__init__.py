@@ -7,7 +7,8 @@ Parts::
     grid.py        --sweep axes and YAML grid files -> points, each named by a stable signature
     points.py      each point's config (the base with its overrides), stages and config.yaml
     submission.py  the arrays of a sweep, planned and submitted through hpc.pipeline.submission
-    launch.py      the arrays submitted: a task per (point, item), each point's manifest written once
+    launch.py      a sweep's Book on the one launch path (hpc.pipeline.launcher): a task per (point, item),
+                   afterany on the upstream arrays, each point's manifest written once
 
 Layout and status: hpc.rundir.sweepdir and hpc.monitor.sweeps.
 """

@@ -1,0 +1,169 @@
+"""The one launch path: every job of a plan, its tasks built, ordered, started and recorded.
+
+    python -m hpc.submit tiny --cluster local      # launch(plan, RunBook(run, ...), Submitit("local", setup))
+
+A run (hpc.pipeline.submission), a sweep (hpc.sweep.launch) and `--cluster here` (hpc.here) all go
+through launch(): it prints what the containers' preparation did, then per job of the plan asks the
+Book for the job's tasks and, on SLURM, what they wait for, has the Backend start them, and has the
+Book record their ids. Where nothing orders the stages (the local and debug executors, `here`) a
+Backend returns once the job's tasks ended, and a run stops at a failed one. Nothing else submits a
+stage's task (tests/test_launch_path.py).
+
+A Book says, for a run or a sweep, which tasks a job has (tasks), what they wait for (upstream:
+afterok on a run's upstream tasks, afterany on a sweep's, plus the points file of a sweep's array),
+how their ids are kept (record, close) and whether a failed job stops the later ones (stops).
+A Backend says how a job's tasks start (start_job): through submitit (Submitit: sbatch on SLURM with
+dependencies; the local and debug executors, each job waited for), or as srun steps of the current
+allocation (hpc.here). It also shapes the plan for itself (plans, shape) and shows the dry run (show).
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple
+
+from hpc.config.checks import ConfigError
+from hpc.pipeline import arraytasks, container
+from hpc.pipeline.plan import JobSpec, Plan
+from hpc.slurm.submitenv import submission_env
+
+Started = Sequence[Tuple[int, str]]  # (position in job.items, its job or task id)
+
+
+@dataclass(frozen=True)
+class Order:
+    """What a job's tasks wait for (SLURM only; an empty Order elsewhere)."""
+
+    dependency: Optional[str] = None  # sbatch --dependency
+    after: Any = ()  # what the Book records as waited for (a run: job ids; a sweep: per point)
+    each: Sequence[Sequence[str]] = ()  # per task, the upstream task it alone waits for (aftercorr)
+    points: Optional[str] = None  # a sweep's array: the file naming each task's point
+
+
+class Book:
+    """A run's or a sweep's side of launch(): what the tasks are and where their ids go."""
+
+    where: Path  # the run or sweep directory: python -m hpc.status names it
+    run_id: str = ""  # the run's id (hpc.rundir.tracking); a sweep's points each have their own
+    stops: bool = True  # a failed job stops the later ones where nothing orders them
+
+    def tasks(self, job: JobSpec) -> List[Any]:
+        raise NotImplementedError
+
+    def upstream(self, job: JobSpec, ids: Dict[str, List[str]]) -> Tuple[Optional[str], Any]:
+        """(the dependency on the upstream stages, what to record as waited for); `ids`: label -> job ids now."""
+        raise NotImplementedError
+
+    def points(self, job: JobSpec) -> Optional[str]:
+        return None
+
+    def record(self, job: JobSpec, started: Started, order: Order, kind: str) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Called once, however launch() ends."""
+
+
+Record = Callable[[Started], None]
+
+
+class Backend:
+    """How a job's tasks start."""
+
+    kind: str  # the executor kind the manifest records
+    plans: str  # the kind the plan is made for (hpc.pipeline.plan.make_plan)
+
+    def shape(self, plan: Plan) -> Plan:
+        return plan
+
+    def show(self, plan: Plan) -> str:
+        raise NotImplementedError
+
+    def session(self, book: Book) -> ContextManager[Any]:
+        return contextlib.nullcontext()
+
+    def start_job(self, job: JobSpec, tasks: Sequence[Any], order: Order, record: Record) -> Optional[bool]:
+        """Start the tasks of `job`, calling record() with their ids as they start; whether they all
+        ended well, or None when they were only handed to a scheduler that orders them."""
+        raise NotImplementedError
+
+
+def launch(plan: Plan, book: Book, backend: Backend) -> Dict[str, List[str]]:
+    """Start every job of the plan; returns JobSpec.label -> the job (or task) ids started now."""
+    ids: Dict[str, List[str]] = {}
+    failed = False
+    try:
+        for line in container.prepare(plan.jobs):  # the copy of hpc the containers' srun lines name
+            print(line, flush=True)
+        with backend.session(book):
+            for job in plan.jobs:
+                if failed:
+                    print(f"stage {job.stage}: not started, an earlier stage failed "
+                          f"(see python -m hpc.status {book.where})", flush=True)
+                    break
+                order = _order(job, book, ids) if plan.kind == "slurm" else Order()
+                now = ids.setdefault(job.label, [])
+
+                def record(started: Started, job: JobSpec = job, now: List[str] = now, order: Order = order) -> None:
+                    now.extend(jid for _, jid in started)
+                    book.record(job, started, order, plan.kind)
+
+                ended = backend.start_job(job, book.tasks(job), order, record)
+                failed = ended is False and book.stops
+    finally:
+        book.close()
+    return ids
+
+
+def _order(job: JobSpec, book: Book, ids: Dict[str, List[str]]) -> Order:
+    own, after = book.upstream(job, ids)
+    per_item, each = job.item_dependency(ids)
+    return Order(",".join(d for d in (own, per_item) if d) or None, after, each, book.points(job))
+
+
+class Submitit(Backend):
+    """Through submitit: SLURM (sbatch, dependencies), or the local and debug executors, which have
+    none: each job is waited for before the next starts, and its unexpanded log folder dropped."""
+
+    def __init__(self, kind: str, setup: Sequence[str] = ()):
+        if kind not in ("slurm", "local", "debug"):
+            raise ConfigError(f"executor kind {kind!r} is not submitit's; expected slurm, local or debug. HINT: "
+                              "submit with python -m hpc.submit or hpc.submit(), which start --cluster here.")
+        self.kind = self.plans = kind  # the kind as detected: it may carry why `auto` fell back
+        self.setup = list(setup)
+
+    def show(self, plan: Plan) -> str:
+        return plan.render(setup=self.setup)
+
+    def session(self, book: Book) -> ContextManager[Any]:
+        return submission_env()  # the enclosing allocation's variables never reach the jobs
+
+    def start_job(self, job: JobSpec, tasks: Sequence[Any], order: Order, record: Record) -> Optional[bool]:
+        # only when jobs are submitted: a dry run never loads the task and the executors
+        from hpc.pipeline.executor import drop_unexpanded_folder, make_executor, submit_array
+
+        slurm = self.kind == "slurm"
+        executor = make_executor(self.kind, job.folder, job.resources["max_timeouts"], job.python)
+        # an array's tasks' pickles in one file (hpc.pipeline.arraytasks), not one file each
+        packed = arraytasks.path_for(job.folder) if slurm and len(tasks) > 1 else None
+        if self.kind != "debug":
+            executor.update_parameters(**job.executor_parameters(order.dependency, self.setup, order.points, packed))
+        submitted = submit_array(executor, tasks, job.task_ids if slurm else (), packed)
+        record(list(enumerate(str(s.job_id) for s in submitted)))
+        if slurm:
+            return None
+        ok = wait_ok(submitted)  # no scheduler to order the stages: this job ends before the next starts
+        drop_unexpanded_folder(job.folder)
+        return ok
+
+
+def wait_ok(jobs: Sequence[Any]) -> bool:
+    ok = True
+    for job in jobs:
+        try:
+            job.results()  # every rank's result: a failure on any rank fails the task
+        except Exception:  # submitit re-raises the task's exception; status shows its last line
+            print(f"job {job.job_id} failed")
+            ok = False
+    return ok
