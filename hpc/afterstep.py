@@ -78,9 +78,10 @@ HOST_ACTS = "HPC_HOST_ACTS"
 
 def request_path(run_dir: str, environ: Mapping[str, str]) -> str:
     """The stop request file of the attempt running in `environ`, in a folder of its own: one per job
-    id and restart count (hpc.recovery.hostact.FOLDER and REQUEST)."""
-    job, restart = environ.get("SLURM_JOB_ID", "0"), environ.get("SLURM_RESTART_COUNT") or "0"
-    return os.path.join(run_dir, ".host", f"{job}-{restart}", "request.json")
+    id and restart count (hpc.recovery.hostact.request_path)."""
+    from hpc.recovery import hostact  # here, not at the top: the folders' layout, written once there
+
+    return hostact.request_path(run_dir, environ.get("SLURM_JOB_ID", "0"), environ.get("SLURM_RESTART_COUNT") or "0")
 
 
 def supervise(argv: Sequence[str], on_end: Callable[[str], bool], poll: Optional[Callable[[], bool]] = None,

@@ -122,7 +122,7 @@ def test_a_stage_in_a_container_runs_its_steps_in_it_as_a_batch_job_does(box):
 
 
 def _step(tmp_path, proc=None) -> here.Step:
-    step = here.Step(sandbox_plan().jobs[0], None, "7.h1", proc, host=str(tmp_path / ".host" / "7.h1-0" / hostact.REQUEST))
+    step = here.Step(sandbox_plan().jobs[0], None, "7.h1", proc, host=hostact.request_path(str(tmp_path), "7.h1"))
     os.makedirs(os.path.dirname(step.host), exist_ok=True)
     return step
 

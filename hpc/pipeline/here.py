@@ -176,7 +176,7 @@ def start_step(job: JobSpec, item: Any, task_id: str, pickled: bytes, run_dir: P
     pickle_path.write_bytes(pickled)
     record(task_id)
     seq = int(task_id.rpartition(".h")[2])
-    host = run_dir / hostact.FOLDER / f"{task_id}-0" / hostact.REQUEST  # hpc.afterstep.request_path's layout
+    host = Path(hostact.request_path(str(run_dir), task_id))  # as a batch job's (hpc.afterstep)
     host.parent.mkdir(parents=True, exist_ok=True)  # before srun: the ranks write into it
     # without the allocation's shape (herealloc.step_env): srun takes this step's from its command line;
     # a port per step: steps side by side on one node must not share a rendezvous port

@@ -44,8 +44,8 @@ from hpc.recovery import deadline
 # the request file of this attempt; set only by hpc.afterstep (its HOST_ACTS), in srun's environment
 ENV = "HPC_HOST_ACTS"
 SUBMITIT = "submitit"  # the reason of a request from submitit's own time-limit handler (requeue_on_host)
-FOLDER = ".host"  # under the directory hpc.afterstep is given (a run's, or a sweep's): hpc.afterstep.request_path
-REQUEST = "request.json"  # the request's name in its attempt's folder (hpc.afterstep.request_path)
+FOLDER = ".host"  # under the directory the host is given (a run's, or a sweep's): request_path
+REQUEST = "request.json"  # the request's name in its attempt's folder (request_path)
 END_ASK, END = "end.ask", "end.json"  # a rank's question for the job's EndTime, and the host's answer
 ASKED = "asked"  # the answer's field naming the question it answers (ask_end's token)
 TAKEN = END_ASK + ".taken"  # a question the host is answering (take_end_ask)
@@ -54,6 +54,13 @@ TAKEN = END_ASK + ".taken"  # a question the host is answering (take_end_ask)
 POLL_S = 1.0
 ANSWER_WAIT_S = 60.0  # how long a rank waits for the host to carry its request out (answer)
 log = logging.getLogger(__name__)
+
+
+def request_path(root: str, job_id: str, restart: Any = 0) -> str:
+    """The request file of one attempt of a task, in a folder of its own: <root>/.host/<job>-<restart>/,
+    `root` the directory its host is given (hpc.afterstep's: a run's or a sweep's; a `--cluster here`
+    run's), `job_id` its SLURM job (12, 12_3) or its `here` step (12.h1), `restart` SLURM's restart count."""
+    return os.path.join(root, FOLDER, f"{job_id}-{restart}", REQUEST)
 
 
 def ask(path: str, request: Mapping[str, Any]) -> None:
