@@ -12,7 +12,9 @@ keeps it so):
     commands and API   submit status logs cancel env launch afterstep (python -m hpc.X); ddp, trainloop
     sweep/             grids, per-point configs, a sweep's array jobs
     pipeline/          PipelineDef and StageDef, the pure plan, sbatch rendering, the stage task, submission
-    monitor/ runtime/  where a run stands | what runs inside a task: environment, DDP/FSDP session, data
+    monitor/ runtime/ container/
+                       where a run stands | what runs inside a task: environment, DDP/FSDP session, data |
+                       a stage's ranks in an image: the srun line, hpc carried in
     checkpoint/ recovery/ cluster/
                        checkpoint store | stop signals, requeue, node failures, hangs | the local SLURM cluster
     config/            schema, layers, checks, cache, defaults

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 from hpc.config.schema import ConfigError, PipelineConfig, Resources, to_dict
-from hpc.pipeline import container
+from hpc.container import spec
 from hpc.pipeline.options import QUOTED, REST, SWITCH, Option
 from hpc.pipeline.plan import PipelineDef, StageDef
 from hpc.recovery import scriptproc
@@ -102,7 +102,7 @@ def settle(cfg: Any) -> bool:
 
 def in_container(cfg: Any) -> str:
     """The runtime of the container the script's ranks run in ('': this machine's interpreter)."""
-    return str(container.effective(to_dict(cfg.stages.main.container), to_dict(cfg.cluster.container))
+    return str(spec.effective(to_dict(cfg.stages.main.container), to_dict(cfg.cluster.container))
                .get("runtime") or "")
 
 

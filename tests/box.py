@@ -1,6 +1,6 @@
 """The container stand-in of the SLURM tests: a bubblewrap box in which a job's ranks see no SLURM
 client and none of the host's hpc or its pure-Python requirements, as in a Pyxis image with torch
-alone. The ranks import hpc from the copy hpc carries in (hpc.pipeline.carry, container.hpc=carry).
+alone. The ranks import hpc from the copy hpc carries in (hpc.container.carry, container.hpc=carry).
 
     python -m hpc.submit box --cluster slurm cluster.container.runtime=exec "cluster.container.prefix=$(...)"
 
@@ -13,7 +13,7 @@ import shutil
 import site
 import sys
 
-from hpc.pipeline import carry
+from hpc.container import carry
 
 CLIENTS = ("scontrol", "sbatch", "srun", "scancel", "squeue", "sacct", "salloc", "sinfo", "sacctmgr", "sstat")
 

@@ -1,4 +1,4 @@
-"""hpc carried into a container (hpc.pipeline.carry): one copy per set of files, reused, never half-made,
+"""hpc carried into a container (hpc.container.carry): one copy per set of files, reused, never half-made,
 and enough on its own to import what a rank imports of hpc, with no site-packages at all."""
 import json
 import os
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc.pipeline import carry
+from hpc.container import carry
 from hpc.rundir import treecopy
 
 
@@ -66,7 +66,7 @@ def test_a_copy_is_named_by_its_files_and_reused(packages, tmp_path, monkeypatch
 KILLED = """
 import sys, time
 sys.path.insert(0, {src!r})
-from hpc.pipeline import carry
+from hpc.container import carry
 from hpc.rundir import treecopy
 from hpc.rundir import treecopy
 carry.CARRIED = ("pkga", "modb")

@@ -1,4 +1,4 @@
-"""Containers (hpc.pipeline.container): the srun line of each runtime, the mounts hpc adds, and the
+"""Containers (hpc.container.spec): the srun line of each runtime, the mounts hpc adds, and the
 input refused before anything is submitted."""
 import os
 import re
@@ -59,7 +59,7 @@ def test_dry_run_of_a_container_matches_golden(site, name):
     text = (out.stdout.replace(shlex.quote(sys.executable), "PYTHON").replace(str(site), "SITE")
             .replace(str(ROOT), "CHECKOUT"))
     text = re.sub(r"--container-name=hpc-[0-9a-f]{12}", "--container-name=hpc-HASH", text)  # of the image's path
-    text = re.sub(r"/carry/[0-9a-f]{16}", "/carry/KEY", text)  # of hpc's files (hpc.pipeline.carry)
+    text = re.sub(r"/carry/[0-9a-f]{16}", "/carry/KEY", text)  # of hpc's files (hpc.container.carry)
     path = GOLDEN / f"{name}.txt"
     if os.environ.get("HPC_UPDATE_GOLDEN"):
         path.write_text(text)

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from hpc import submit
-from hpc.pipeline import carry
+from hpc.container import carry
 from hpc.scripts import hooks, presets
 
 IMAGES = {"pyxis": "nvcr.io#nvidia/pytorch:24.05-py3", "apptainer": "docker://nvcr.io/nvidia/pytorch:24.05-py3"}
@@ -99,7 +99,7 @@ def test_framework_is_not_looked_up_on_this_machine_for_an_image(proj, capsys):
 
 
 def test_a_script_in_an_image_imports_the_images_packages_not_hpcs_carried_copy(tmp_path):
-    """The carried copy is first on PYTHONPATH in the container (hpc.pipeline.carry.wrap); in the script
+    """The carried copy is first on PYTHONPATH in the container (hpc.container.carry.wrap); in the script
     hpc's sitecustomize moves it behind the image's packages, and hpc is still found there."""
     copy = tmp_path / "carry" / "0123456789abcdef"
     (copy / "hpcmark").mkdir(parents=True)

@@ -22,7 +22,7 @@ LAYERS: List[Set[str]] = [
     {"commands"},
     {"hpc.sweep"},
     {"hpc.pipeline"},
-    {"hpc.monitor", "hpc.runtime", "hpc.scripts"},
+    {"hpc.monitor", "hpc.runtime", "hpc.scripts", "hpc.container"},
     {"hpc.checkpoint", "hpc.recovery", "hpc.cluster"},
     {"hpc.config"},
     {"hpc.rundir", "hpc.slurm"},

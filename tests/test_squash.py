@@ -1,4 +1,4 @@
-"""Pyxis: a registry image imported once, at submission, to a shared .sqsh (hpc.pipeline.squash).
+"""Pyxis: a registry image imported once, at submission, to a shared .sqsh (hpc.container.squash).
 enroot cannot run here: a fake one on PATH records its arguments and writes the file."""
 import os
 import threading
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from hpc.config.checks import ConfigError
-from hpc.pipeline import container
+from hpc.container import spec
 
 IMAGE = "nvcr.io#nvidia/pytorch:24.05-py3"
 FAKE = """#!/bin/sh
@@ -35,7 +35,7 @@ def enroot(tmp_path, monkeypatch):
 def jobs(path, stages=("rgb", "features"), image=IMAGE):
     """The resolved container of each stage's job, as the plan holds it (hpc's copy left to the image here)."""
     section = {"runtime": "pyxis", "image": image, "squash": str(path), "hpc": "image"}
-    return [SimpleNamespace(resources={"container": container.resolve(section, "cluster.container", "/RUN", {}, s)})
+    return [SimpleNamespace(resources={"container": spec.resolve(section, "cluster.container", "/RUN", {}, s)})
             for s in stages]
 
 
@@ -47,14 +47,14 @@ def test_the_image_is_imported_once_and_the_jobs_run_the_file(tmp_path, enroot):
     path = tmp_path / "images" / "torch.sqsh"
     planned = jobs(path)
     for job in planned:  # the srun line names the file, not the registry
-        args = container.launch(job.resources["container"], 0).srun_args
+        args = spec.launch(job.resources["container"], 0).srun_args
         assert f"--container-image={path}" in args and not any(IMAGE in a for a in args)
     assert not path.exists()  # resolving (the plan, a dry run) imports nothing
-    (note,) = [n for n in container.notes(planned) if n.startswith("image:")]
+    (note,) = [n for n in spec.notes(planned) if n.startswith("image:")]
     assert IMAGE in note and str(path) in note
 
     results = []
-    threads = [threading.Thread(target=lambda: results.extend(container.prepare(jobs(path)))) for _ in range(2)]
+    threads = [threading.Thread(target=lambda: results.extend(spec.prepare(jobs(path)))) for _ in range(2)]
     for t in threads:  # two submissions at once
         t.start()
     for t in threads:
@@ -66,7 +66,7 @@ def test_the_image_is_imported_once_and_the_jobs_run_the_file(tmp_path, enroot):
     assert path.read_text() == "sqsh\n" and sorted(os.listdir(path.parent)) == ["torch.sqsh", "torch.sqsh.lock"]
     assert any("imported to" in r for r in results) and any("another submission" in r for r in results), results
 
-    assert container.prepare(jobs(path)) == [f"image: {path} is there, not imported again"]
+    assert spec.prepare(jobs(path)) == [f"image: {path} is there, not imported again"]
     assert len(calls(enroot)) == 1
 
 
@@ -74,7 +74,7 @@ def test_a_failed_import_leaves_nothing_and_says_why(tmp_path, enroot, monkeypat
     monkeypatch.setenv("FAKE_ENROOT_FAIL", "1")
     path = tmp_path / "images" / "torch.sqsh"
     with pytest.raises(RuntimeError, match="401 Unauthorized.*HINT: check the name and your registry credentials"):
-        container.prepare(jobs(path, stages=("rgb",)))
+        spec.prepare(jobs(path, stages=("rgb",)))
     assert not path.exists() and not [p for p in os.listdir(path.parent) if ".tmp-" in p]
 
 
@@ -88,6 +88,6 @@ def test_a_squash_file_that_cannot_be_made_is_refused_before_submission(tmp_path
     (tmp_path / "images" / "t.sqsh").write_text("")
     section = {k: v.replace("SITE", str(tmp_path)) for k, v in section.items()}
     with pytest.raises(ConfigError, match="HINT") as err:
-        container.resolve(section, "cluster.container", "/RUN", {}, "rgb")
+        spec.resolve(section, "cluster.container", "/RUN", {}, "rgb")
     assert seen in str(err.value) and "\n" not in str(err.value)
     assert calls(enroot) == []

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 @dataclass
 class Container:
     """Where a stage's ranks run: on the host (runtime ''), or inside an image; the batch script,
-    hpc.afterstep and every SLURM call stay on the host (hpc.pipeline.container, docs/containers.md)."""
+    hpc.afterstep and every SLURM call stay on the host (hpc.container.spec, docs/containers.md)."""
 
     runtime: str = ""  # '' (no container) | pyxis | apptainer | exec (any prefix command, `prefix`)
     # pyxis: a .sqsh file or a registry image (nvcr.io#nvidia/pytorch:24.05-py3); apptainer: a .sif or docker://...
@@ -41,10 +41,10 @@ class Container:
     python: str = "python"  # the interpreter inside the image
     workdir: Optional[str] = None  # working directory inside; the task then moves into the code snapshot
     prefix: List[str] = field(default_factory=list)  # exec: the command every rank runs under (bwrap, a wrapper)
-    # carry: hpc copies itself and its pure-Python requirements into the container (hpc.pipeline.carry);
+    # carry: hpc copies itself and its pure-Python requirements into the container (hpc.container.carry);
     # image: the image has hpc installed
     hpc: str = "carry"
-    # pyxis: a shared .sqsh file a registry `image` is imported to once, at submission (hpc.pipeline.squash)
+    # pyxis: a shared .sqsh file a registry `image` is imported to once, at submission (hpc.container.squash)
     squash: str = ""
 
 

@@ -19,8 +19,6 @@ Parts::
                    the upstream tasks' ids, --array=3,7,12-20)
     sbatch.py      Resources -> submitit parameters and the sbatch text they produce
     earlysignal.py the plan's note for a time-limit signal due so soon after the start that it may reach no task
-    container.py   a stage's container (pyxis, apptainer, exec): checks, the mounts hpc adds, the srun line
-    carry.py       hpc and its pure-Python requirements copied once into the cache, for images with torch alone
     executor.py    StageTask, what submitit pickles; the executor of each kind
     arraytasks.py  an array's task pickles in one file, each unpacked by its task's batch step
     options.py     Option: a pipeline's own options of python -m hpc.submit and hpc.submit(), as overrides

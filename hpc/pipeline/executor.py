@@ -181,7 +181,7 @@ def submit_array(executor: Any, tasks: Sequence[Any], task_ids: Sequence[int] = 
 def make_executor(kind: str, folder: str, max_timeouts: int = defaults.MAX_TIMEOUTS,
                   python: Optional[str] = None) -> Any:
     """A submitit executor for `kind` (slurm | local | debug); `python`: the srun line's interpreter text
-    (a container's, hpc.pipeline.container; None: this process's)."""
+    (a container's, hpc.container.spec; None: this process's)."""
     import submitit
 
     if kind == "slurm":

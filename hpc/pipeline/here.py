@@ -22,7 +22,7 @@ resumes the interrupted one from its checkpoint. A second Ctrl-C ends the steps 
 is refused before anything runs (check_fits), with both sets of numbers.
 
 A stage with a container section runs its ranks in the image as a batch job's do: step_argv adds
-container.launch()'s srun options and interpreter (hpc carried in included), and its shell lines run on
+spec.launch()'s srun options and interpreter (hpc carried in included), and its shell lines run on
 the host, before srun. What a rank asks the host (hpc.recovery.hostact: HPC_HOST_ACTS names a folder per
 step) this process answers while the step runs (serve): the allocation's EndTime, a `run` stage's stop
 deadline; a stop request, never a requeue here, with what stopped the step: a hang, the allocation's
@@ -44,8 +44,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Deque, Iterator, List, Mapping, Optional, Sequence
 
+from hpc.container import spec
 from hpc.fs import sharedfs
-from hpc.pipeline import container, herestep, herestop, launcher
+from hpc.pipeline import herestep, herestop, launcher
 from hpc.pipeline.herealloc import Allocation, check_fits, current, srun_argv, step_env, width
 from hpc.pipeline.plan import JobSpec, Plan
 from hpc.recovery import hostact
@@ -75,7 +76,7 @@ def step_argv(job: JobSpec, alloc: Allocation, logs: str, pickle: str, setup: Se
               name: str = "") -> List[str]:
     """The whole command of one task's step (`name`: NAME's): srun and what each rank runs
     (hpc.pipeline.herestep), in the stage's container as its batch job's srun line has it
-    (container.launch: one builder for both). `setup` (cluster.setup) runs in each rank before the
+    (spec.launch: one builder for both). `setup` (cluster.setup) runs in each rank before the
     task, or, with a container, on the host before srun as in a batch script, after the container's
     own lines (its `env`)."""
     box = job.resources.get("container")
@@ -86,7 +87,7 @@ def step_argv(job: JobSpec, alloc: Allocation, logs: str, pickle: str, setup: Se
         if setup:  # what a batch script runs before srun, here in each rank before the task
             rank = ["bash", "-c", "; ".join(setup) + '; exec "$@"', "bash", *rank]
         return srun + rank
-    inside = container.launch(box, job.resources["gpus_per_node"])
+    inside = spec.launch(box, job.resources["gpus_per_node"])
     argv = srun + list(inside.srun_args) + shlex.split(inside.python) + task
     lines = [*inside.setup, *setup]
     return ["bash", "-c", "; ".join(lines) + '; exec "$@"', "bash", *argv] if lines else argv

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple
 
 from hpc.config.checks import ConfigError
-from hpc.pipeline import arraytasks, container
+from hpc.container import spec
+from hpc.pipeline import arraytasks
 from hpc.pipeline.plan import JobSpec, Plan
 from hpc.slurm.submitenv import submission_env
 
@@ -94,7 +95,7 @@ def launch(plan: Plan, book: Book, backend: Backend) -> Dict[str, List[str]]:
     ids: Dict[str, List[str]] = {}
     failed = False
     try:
-        for line in container.prepare(plan.jobs):  # the copy of hpc the containers' srun lines name
+        for line in spec.prepare(plan.jobs):  # the copy of hpc the containers' srun lines name
             print(line, flush=True)
         with backend.session(book):
             for job in plan.jobs:

@@ -14,7 +14,8 @@ from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Sequ
 
 from hpc.config.checks import ConfigError
 from hpc.config.schema import to_dict
-from hpc.pipeline import arrays, container, earlysignal, sbatch, worlds
+from hpc.container import spec
+from hpc.pipeline import arrays, earlysignal, sbatch, worlds
 from hpc.rundir import logdirs
 from hpc.rundir.run import task_key
 
@@ -137,9 +138,9 @@ class JobSpec:
 
     @property
     def python(self) -> Optional[str]:
-        """The interpreter text of the srun line inside a container (hpc.pipeline.container); None: this one's."""
+        """The interpreter text of the srun line inside a container (hpc.container.spec); None: this one's."""
         box = self.resources.get("container")
-        return container.launch(box, self.resources["gpus_per_node"]).python if box else None
+        return spec.launch(box, self.resources["gpus_per_node"]).python if box else None
 
 
 @dataclass(frozen=True)
@@ -254,10 +255,10 @@ def make_plan(pipe: PipelineDef, cfg: Any, run_dir: str, kind: str,
 
 
 def _container(cfg: Any, key: str, res: Mapping[str, Any], run_dir: str) -> Optional[Dict[str, Any]]:
-    """The stage's container section, checked, with hpc's mounts (hpc.pipeline.container); None: the host."""
-    section = container.effective(res.get("container") or {}, to_dict(cfg.cluster).get("container") or {})
+    """The stage's container section, checked, with hpc's mounts (hpc.container.spec); None: the host."""
+    section = spec.effective(res.get("container") or {}, to_dict(cfg.cluster).get("container") or {})
     where = f"stages.{key}.container" if (res.get("container") or {}).get("runtime") else "cluster.container"
-    return container.resolve(section, where, run_dir, to_dict(cfg), key) if section.get("runtime") else None
+    return spec.resolve(section, where, run_dir, to_dict(cfg), key) if section.get("runtime") else None
 
 
 def _check_per_item(stage: StageDef, defined: Mapping[str, StageDef]) -> None:

@@ -13,7 +13,8 @@ import sys
 from typing import Any, Dict, Mapping, Optional, Sequence
 
 from hpc.config import defaults
-from hpc.pipeline import arrays, container
+from hpc.container import spec
+from hpc.pipeline import arrays
 from hpc.slurm import noderange
 
 
@@ -62,7 +63,7 @@ def slurm_parameters(res: Mapping[str, Any], job_name: str, dependency: Optional
     params["srun_args"] = ["--kill-on-bad-exit=1"]
     ours = afterstep_setup(res, run_dir, points=points, tasks=tasks) if run_dir is not None else []
     if res.get("container"):  # the ranks inside an image; this script stays on the host
-        inside = container.launch(res["container"], res["gpus_per_node"])
+        inside = spec.launch(res["container"], res["gpus_per_node"])
         params["srun_args"] += list(inside.srun_args)
         ours += list(inside.setup)
     if ours or setup:

@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from hpc.config import schema as hconfig
+from hpc.container import spec
 from hpc.monitor import status
-from hpc.pipeline import container, launcher
+from hpc.pipeline import launcher
 from hpc.pipeline import plan as hplan
 from hpc.pipeline.request import Request, Submitted
 from hpc.rundir import codefiles, snapshot
@@ -206,7 +207,7 @@ def plan_for(pipe: hplan.PipelineDef, cfg: Any, run: RunDir, backend: launcher.B
     the allocation it runs in)."""
     plan = hplan.make_plan(pipe, cfg, str(run.path), backend.plans, finished, queued, max_array_size)
     plan = backend.shape(plan)
-    boxes = container.notes(plan.jobs, plan.kind, cfg)
+    boxes = spec.notes(plan.jobs, plan.kind, cfg)
     return dataclasses.replace(plan, notes=plan.notes + tuple(notes) + tuple(boxes))
 
 

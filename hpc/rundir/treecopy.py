@@ -1,5 +1,5 @@
 """A directory made whole or not at all, and files copied into it: the one copier of the code snapshot
-(hpc.rundir.snapshot) and of hpc's copy for containers (hpc.pipeline.carry).
+(hpc.rundir.snapshot) and of hpc's copy for containers (hpc.container.carry).
 
     python -c "from hpc.rundir import treecopy; print(treecopy.make('/tmp/x', lambda d: treecopy.copy_files(d, {'h': ('/etc/hostname', 0o644)}), 'copy'))"
 

@@ -205,7 +205,7 @@ class Session:
             return NullWriter()
         try:
             from torch.utils.tensorboard import SummaryWriter
-        except ImportError as err:  # a container image without it: hpc cannot carry it in (hpc.pipeline.carry)
+        except ImportError as err:  # a container image without it: hpc cannot carry it in (hpc.container.carry)
             raise ImportError(f"TensorBoard logging on rank 0, but tensorboard does not import here ({err}); "
                               "expected it installed where the ranks run. HINT: install tensorboard in the container "
                               "image, or pass tensorboard=False to the TrainLoop") from err

@@ -32,9 +32,10 @@ from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
 from hpc.config import layers
 from hpc.config import schema as hconfig
+from hpc.container import spec
 from hpc.fs import atomic
 from hpc.monitor import status
-from hpc.pipeline import arrays, container
+from hpc.pipeline import arrays
 from hpc.pipeline import plan as hplan
 from hpc.pipeline import submission as hsubmit
 from hpc.pipeline.request import Request, Submitted
@@ -207,7 +208,7 @@ def _plan(pipe: hplan.PipelineDef, base: Any, defs: Defs, sweep: SweepDir, kind:
     virtual = hplan.PipelineDef(pipe.name, pipe.schema, lambda cfg: merged, notes=pipe.notes)
     plan = hplan.make_plan(virtual, base, str(sweep.path), kind, frozenset(finished), queued, max_size)
     # where the containers' ranks import hpc from, as a single run's plan says (hpc.pipeline.submission)
-    plan = dataclasses.replace(plan, notes=plan.notes + tuple(container.notes(plan.jobs, plan.kind, base)))
+    plan = dataclasses.replace(plan, notes=plan.notes + tuple(spec.notes(plan.jobs, plan.kind, base)))
     return plan, states, sorted(never)
 
 

@@ -2,7 +2,7 @@
 client masked: tests/box.py) still lives through every stop: hpc's srun wrapper, on the host, carries
 out what rank 0 decides (hpc.recovery.hostact), as it does for every job hpc submits. The box also
 hides the host's hpc, submitit and the rest of hpc's pure-Python requirements: the ranks import them
-from the copy hpc carries in (hpc.pipeline.carry), as in an image with torch alone.
+from the copy hpc carries in (hpc.container.carry), as in an image with torch alone.
 
     CI=true python -m pytest tests/slurm/test_container_exec.py -q -p no:cacheprovider
 
@@ -19,7 +19,8 @@ import pytest
 
 from hpc import submit
 from hpc.cluster.preempt import job_field, preempt
-from hpc.pipeline import carry, plan
+from hpc.container import carry
+from hpc.pipeline import plan
 from hpc.recovery.hangs import HANGS, REPORT
 from hpc.rundir.run import RunDir
 from tests.box import boxed

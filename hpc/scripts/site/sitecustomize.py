@@ -1,7 +1,7 @@
 """Put on a user's script's PYTHONPATH by hpc (framework presets hf and accelerate): installs
 hpc.scripts.hooks, then runs the sitecustomize this one hides, if the environment has one.
 
-In a container, the copy of hpc and its requirements that hpc carries in (hpc.pipeline.carry) is first
+In a container, the copy of hpc and its requirements that hpc carries in (hpc.container.carry) is first
 on PYTHONPATH: the script's own imports of omegaconf, yaml, tqdm, ... must find the image's versions,
 which the script was written for, so that copy moves to the end of sys.path, where it still serves hpc."""
 import importlib.machinery
@@ -9,7 +9,7 @@ import importlib.util
 import os
 import sys
 
-_CARRIED = "CARRIED.json"  # hpc.pipeline.carry.LISTING: a folder holding it is a carried copy
+_CARRIED = "CARRIED.json"  # hpc.container.carry.LISTING: a folder holding it is a carried copy
 _carried = [p for p in sys.path if p and os.path.isfile(os.path.join(p, _CARRIED))]
 sys.path[:] = [p for p in sys.path if p not in _carried] + _carried
 

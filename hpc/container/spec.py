@@ -23,10 +23,10 @@ its absolute path. launch() turns the result into the srun line:
 
 With container.hpc=carry (the default), PYTHON there is `sh -c 'export PYTHONPATH=<copy>...; exec "$0"
 "$@"' PYTHON`: the ranks import hpc and its pure-Python requirements from the copy that prepare() makes
-at submission (hpc.pipeline.carry), so an image with torch alone runs them; `image`: the image's own hpc.
+at submission (hpc.container.carry), so an image with torch alone runs them; `image`: the image's own hpc.
 
 Pyxis: `squash` names a shared .sqsh file that prepare() imports a registry image to once, at
-submission (hpc.pipeline.squash); the srun lines then name the file. The container name is a hash of
+submission (hpc.container.squash); the srun lines then name the file. The container name is a hash of
 the run directory, the stage and the image, so every step of a job on a node starts from the image
 unpacked once, and a changed image gets a new name (Pyxis removes named containers when the job ends
 unless the site sets container_scope=global); the home directory stays out
@@ -50,13 +50,13 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from hpc.config.checks import ConfigError
 from hpc.config.schema import to_dict
-from hpc.pipeline import carry, squash
+from hpc.container import carry, squash
 from hpc.rundir import snapcache
 from hpc.rundir.sweepdir import is_sweep
 
 RUNTIMES = ("pyxis", "apptainer", "exec")
 IN_IMAGE = ("slurm", "here")  # the plan kinds whose ranks run in the image; the local executor's run on the host
-HPC_FROM = ("carry", "image")  # container.hpc: a copy hpc carries in (hpc.pipeline.carry), or the image's own
+HPC_FROM = ("carry", "image")  # container.hpc: a copy hpc carries in (hpc.container.carry), or the image's own
 # config sections that are hpc's own: their paths are not data (the run directory is mounted anyway)
 OWN_SECTIONS = ("run", "cluster", "stages")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -146,8 +146,8 @@ def resolve(section: Mapping[str, Any], where: str, run_dir: str, cfg: Mapping[s
 
 
 def prepare(jobs: Sequence[Any]) -> List[str]:
-    """Before sbatch: what the srun lines of `jobs` name is made: the copy of hpc (hpc.pipeline.carry)
-    and a Pyxis image's .sqsh file (hpc.pipeline.squash); what each cost, in words, once each."""
+    """Before sbatch: what the srun lines of `jobs` name is made: the copy of hpc (hpc.container.carry)
+    and a Pyxis image's .sqsh file (hpc.container.squash); what each cost, in words, once each."""
     boxes = [j.resources.get("container") or {} for j in jobs]
     pulls = {b["image"]: b["pull"] for b in boxes if b.get("pull")}
     return [*(carry.ensure(where).summary() for where in sorted({b.get("carry") for b in boxes} - {None, ""})),
