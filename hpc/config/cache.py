@@ -19,7 +19,7 @@ yaml, and the pickled DictConfig, which a sweep needs to vary it; and the notes 
 Only configs that passed every check are kept: a bad input is always built, and refused, anew. A
 schema whose defaults have no stable text (an object printed with its address) is not cached. A dry
 run reads entries but never writes one. Entries live in $HPC_CACHE_DIR/config/
-(hpc.rundir.snapcache.cache_dir); the oldest go beyond MAX_ENTRIES, and one that cannot be read or
+(hpc.fs.usercache); the oldest go beyond MAX_ENTRIES, and one that cannot be read or
 written only costs a build.
 """
 from __future__ import annotations
@@ -31,14 +31,13 @@ import importlib.util
 import os
 import pickle
 import sys
-import sysconfig
 import typing
 from pathlib import Path
 from typing import Any, Callable, Collection, Iterator, List, Optional, Sequence, Set, Tuple
 
 from hpc.config.view import ConfigView
 from hpc.fs.atomic import write_bytes
-from hpc.rundir.snapcache import cache_dir
+from hpc.fs.usercache import cache_dir
 
 MAX_ENTRIES = 256
 # The code a built config depends on besides the schema: a change to any of them misses the cache. By
@@ -145,6 +144,8 @@ def outside(covered: Collection[str]) -> Iterator[Set[str]]:
         yield found
     finally:
         sys.setprofile(before)
+        import sysconfig  # only once a config is built: a hit never runs this
+
         fixed = tuple({os.path.realpath(sysconfig.get_paths()[k]) + os.sep
                        for k in ("stdlib", "platstdlib", "purelib", "platlib")})
         found.update(f for f in seen if not f.startswith("<")  # frozen importlib, generated code

@@ -12,8 +12,8 @@ snapshot files are read-only copies nobody edits, and removing either run direct
 other's files in place. Where linking fails (another file system, a copy that is gone), the files
 are copied as usual.
 
-The newest snapshot of each tree is named in the user's cache, $HPC_CACHE_DIR (default
-$XDG_CACHE_HOME/hpc, else ~/.cache/hpc), as snapshots/<digest of the tree's path>.json; a cache that
+The newest snapshot of each tree is named in the user's cache (hpc.fs.usercache: $HPC_CACHE_DIR,
+else $XDG_CACHE_HOME/hpc, else ~/.cache/hpc), as snapshots/<digest of the tree's path>.json; a cache that
 cannot be written only costs the next submission a copy.
 """
 from __future__ import annotations
@@ -26,16 +26,9 @@ from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from hpc.fs.atomic import write_bytes
+from hpc.fs.usercache import cache_dir
 
 Stat = Tuple[int, int, str, int, int, int]  # hpc.rundir.snapshot.Stat
-
-
-def cache_dir() -> Path:
-    explicit = os.environ.get("HPC_CACHE_DIR")
-    if explicit:
-        return Path(explicit)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "hpc"
 
 
 def _entry(root: Path) -> Path:

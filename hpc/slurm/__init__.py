@@ -10,7 +10,8 @@ Parts::
 
     cli.py         running scontrol, sacct, squeue, scancel with a timeout; does a controller answer
     jobcontrol.py  one job: show, requeue, release, update, cancel (one client call each)
-    scheduler.py   the one parser of sacct's and squeue's answers, the state table, partitions, limits
+    scheduler.py   the one parser of sacct's and squeue's answers, the state table, partitions
+    siteconfig.py  MaxArraySize from `scontrol show config`, kept in the user's cache per slurm.conf
     hostlist.py    hostlist expressions as `scontrol show hostnames` expands them
     noderange.py   node counts and MIN-MAX node ranges of a stage
     submitenv.py   what a new job must not inherit from the allocation it is submitted from

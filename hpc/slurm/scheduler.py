@@ -14,8 +14,8 @@ TIMEOUT whatever its state word (Reason=TimeLimit). Why a pending job will never
 from its upstream jobs' states in that same answer (never_starts).
 
 Running the clients and asking whether SLURM is here is hpc.slurm.cli's; acting on jobs (requeue,
-cancel, ...) is hpc.slurm.jobcontrol's. Both are re-exported here, so `hpc.slurm.scheduler` stays the one name
-callers use.
+cancel, ...) is hpc.slurm.jobcontrol's; MaxArraySize, kept per slurm.conf, hpc.slurm.siteconfig's. All
+are re-exported here, so `hpc.slurm.scheduler` stays the one name callers use.
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 from hpc.slurm.cli import PING_TIMEOUT_S, Kind, SlurmExit, detect, ping  # noqa: F401 (re-exported)
 from hpc.slurm.cli import run as _run
 from hpc.slurm.jobcontrol import cancel, job_info, node_states, requeue, start_now, update_job  # noqa: F401 (re-exported)
+from hpc.slurm.siteconfig import SHOW_CONFIG, max_array_size, parse_max_array_size  # noqa: F401 (re-exported)
 
 # SLURM state (first word of sacct's State, squeue's %T) -> hpc state
 STATES: Dict[str, str] = {
@@ -91,24 +92,6 @@ def partitions() -> List[str]:
     """Partitions of the cluster (one sinfo call)."""
     out = _run(["sinfo", "-h", "-o", "%P"])
     return sorted({line.strip().rstrip("*") for line in out.splitlines() if line.strip()})
-
-
-SHOW_CONFIG = ["scontrol", "show", "config"]
-
-
-def max_array_size() -> int:
-    """The most tasks one array may have (one `scontrol show config` call)."""
-    return parse_max_array_size(_run(SHOW_CONFIG))
-
-
-def parse_max_array_size(text: str) -> int:
-    """MaxArraySize from `scontrol show config`: task ids run from 0 to it - 1, so an array holds
-    that many tasks; 0 (arrays disabled) means one task per submission. SLURM's default is 1001."""
-    for line in text.splitlines():
-        key, sep, value = line.partition("=")
-        if sep and key.strip() == "MaxArraySize" and value.strip().isdigit():
-            return max(1, int(value.strip()))
-    return 1001
 
 
 # ---------------------------------------------------------------- job states, one call per poll
