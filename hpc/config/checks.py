@@ -10,7 +10,6 @@ changed check may refuse a config it kept.
 from __future__ import annotations
 
 import re
-import unicodedata
 from typing import Any, Dict, Iterator, Optional, Tuple
 
 from hpc.slurm import noderange
@@ -110,6 +109,12 @@ def _texts(node: Any, path: str = "") -> Iterator[Tuple[str, str]]:
         yield path, node
 
 
+# Unicode's categories Cc (C0 and C1 controls, DEL: a set its stability policy never changes), Zl and
+# Zp (U+2028, U+2029) as a character class: importing unicodedata costs a submission more than every
+# check here (tests/test_config_checks.py compares the two over every code point).
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
 def has_control(text: str) -> bool:
     """Control characters (\\n, \\r, \\t, \\x00, ...) and the Unicode line and paragraph separators."""
-    return any(unicodedata.category(c) in ("Cc", "Zl", "Zp") for c in text)
+    return _CONTROL.search(text) is not None

@@ -10,7 +10,6 @@ yaml are imported here, inside the functions: only a config that is not in the c
 """
 from __future__ import annotations
 
-import difflib
 import re
 from importlib import resources
 from importlib.abc import Traversable
@@ -164,6 +163,8 @@ def _clash_message(cfg: DictConfig, layer: Any, origin: str, detail: str) -> str
 def close_keys(name: str, valid: Sequence[str]) -> List[str]:
     """The names in `valid` that a misspelt `name` most likely meant: spelt alike, or one inside the
     other ('lr' -> feature_lr, rgb_lr)."""
+    import difflib  # only for a misspelt key: a submission that spells its keys right never loads it
+
     alike = difflib.get_close_matches(name, valid, n=5, cutoff=0.6)
     inside = [v for v in valid if name and (name in v or v in name)] if len(name) > 1 else []
     return list(dict.fromkeys(alike + inside))[:8]
