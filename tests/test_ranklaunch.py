@@ -122,4 +122,6 @@ def test_run_is_subprocess_run_under_an_interpreter_wrapper(tmp_path):
     assert report(tmp_path, 0)["env"] == env and report(tmp_path, 0)["argv"] == ["probe.py", "x"]
     failed = ranklaunch.run([wrapper, "probe.py"], cwd=tmp_path, env={**env, "END": "raise"})
     assert failed.returncode == 1 and "ValueError: rank fails on purpose" in failed.stderr
-    assert len([z for z in ranklaunch._warm.values() if z.proc.poll() is None]) == 1
+    # one zygote for this wrapper's text, alive, serving both runs (other tests' wrappers have their own)
+    mine = ranklaunch._warm[wrapper.read_bytes()]
+    assert mine.proc.poll() is None and list(ranklaunch._warm.values()).count(mine) == 1
