@@ -6,7 +6,9 @@ from typing import Any, Callable, Dict
 import pytest
 from omegaconf import OmegaConf
 
-from hpc.config import schema as config, cache as configcache
+from hpc.config import cache as configcache
+from hpc.config import schema as config
+from hpc.fs import filestamp
 
 
 @dataclass
@@ -126,13 +128,16 @@ def project(tmp_path, monkeypatch):
         del sys.modules[name]
 
 
-def test_a_changed_helper_module_of_the_settle_hook_builds_the_config_anew(templates, project, monkeypatch):
+@pytest.mark.parametrize("racy_ns", [None, 0])  # 0: no file is racy, its ctime alone tells the edit
+def test_a_changed_helper_module_of_the_settle_hook_builds_the_config_anew(templates, project, monkeypatch, racy_ns):
     import importlib
     import importlib.util
     import os
 
     from settlepkg import helper, hook
 
+    if racy_ns is not None:
+        monkeypatch.setattr(filestamp, "RACY_NS", racy_ns)
     count = builds(monkeypatch)
     settle = lambda: config.load(Schema, "p", "small", [], None, templates=templates,  # noqa: E731
                                  extra=["base.yaml"], settle=hook.settle)

@@ -9,11 +9,13 @@ give the same config, so load() keeps each result it built under a digest of eve
 result depends on: the schema (every dataclass reachable from it: field names, types and defaults),
 the text of each template, of the saved config and of the profile, the overrides, and the code that
 merges and checks (hpc.config.schema, hpc.config.checks, hpc.slurm.noderange and OmegaConf's files).
-A pipeline's settle hook may call any module of its own project: the digest covers the content of
-every source file of the package tree the hook's module belongs to (settle_sources), and a build
-whose hook ran code outside that tree, the standard library and installed packages (outside()) is
-not kept. Hashing hpc's own tree for LangSplat's hook (about 140 files, 0.8 MB) costs 3 to 8 ms; a hit
-saves the ~0.5 s that importing OmegaConf and building take. An entry holds the result three ways: its plain data
+A pipeline's settle hook may call any module of its own project: the digest covers every source
+file of the package tree the hook's module belongs to (settle_sources), and a build whose hook ran
+code outside that tree, the standard library and installed packages (outside()) is not kept. A
+source file counts by its stat where that vouches for its content (hpc.fs.filestamp: git's rule),
+by its content where it was modified within a timestamp tick: stat-ing hpc's own tree for
+LangSplat's hook (about 175 files) costs a few tenths of a ms, reading and hashing it about 2 ms;
+a hit saves the ~0.5 s that importing OmegaConf and building take. An entry holds the result three ways: its plain data
 and its YAML text, which a submission reads through hpc.config.view without importing OmegaConf or
 yaml, and the pickled DictConfig, which a sweep needs to vary it; and the notes the build made.
 Only configs that passed every check are kept: a bad input is always built, and refused, anew. A
@@ -31,12 +33,14 @@ import importlib.util
 import os
 import pickle
 import sys
+import time
 import typing
 from pathlib import Path
 from typing import Any, Callable, Collection, Iterator, List, Optional, Sequence, Set, Tuple
 
 from hpc.config.view import ConfigView
 from hpc.fs.atomic import write_bytes
+from hpc.fs.filestamp import stamp
 from hpc.fs.usercache import cache_dir
 
 MAX_ENTRIES = 256
@@ -83,10 +87,15 @@ def key(schema: type, texts: Sequence[Tuple[str, Optional[str]]], overrides: Seq
     if described is None or any("${" in (t or "") for _, t in texts) or any("${" in o for o in overrides):
         return None
     h = hashlib.sha256(f"{described}\n".encode())
-    # By content, not by size and mtime: an edit within the file system's timestamp tick keeps both.
+    # By stat where it vouches for the content (hpc.fs.filestamp), else by content: an edit within the
+    # file system's timestamp tick keeps size and times, and such a file is racy
+    now = time.time_ns()
     for file in dict.fromkeys((*SOURCES, *code)):
-        with open(file, "rb") as fh:
-            h.update(f"{file}\0".encode(errors="surrogateescape") + hashlib.sha256(fh.read()).digest())
+        seen = stamp(file, now)
+        if seen is None:
+            with open(file, "rb") as fh:
+                seen = hashlib.sha256(fh.read()).hexdigest()
+        h.update(f"{file}\0{seen}\0".encode(errors="surrogateescape"))
     # OmegaConf by its stat, found without importing it (the point of a hit is not to); pip replaces
     # the file, so its inode and ctime change with a new version whatever its size and mtime
     spec = importlib.util.find_spec("omegaconf")

@@ -11,6 +11,7 @@ Parts::
 
     atomic.py     the one atomic write (write_bytes, write_text, replacing) and batched directory syncs
     sharedfs.py   NFS, Lustre, GPFS, BeeGFS, CIFS: mmap or read, listing instead of stat, lock support
+    filestamp.py  a file's stat standing in for its content, and when it cannot (racy files)
     usercache.py  the user's cache directory ($HPC_CACHE_DIR): configs, snapshots, carried copies, SLURM limits
     __main__.py   python -m hpc.fs PATH
 

@@ -23,16 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
+from hpc.fs.filestamp import RACY_NS  # a file modified this close before its listing is racy
 from hpc.rundir.run import MANIFEST
 from hpc.rundir.sweepdir import RECORD, made_by_hpc
 from hpc.rundir.treecopy import digest
 
 UNTRACKED_MAX_BYTES = 2 << 20  # an untracked (or, without git, any) file larger than this is data
 MAX_FILES = 50_000  # more than this is not a code tree (a home directory, a dataset)
-# A file modified this close before its listing was made is racy: a later edit within the same
-# timestamp tick (1 s on Lustre and many NFS servers) keeps its size, mtime and ctime. One tick, and
-# a second more for the file server's clock against the submitting host's.
-RACY_NS = 2_000_000_000
 PRUNE = frozenset({"__pycache__", "node_modules"})  # never code, walked without git
 HINT = ("HINT: add what is not code to .gitignore, raise run.snapshot_max_mb, or pass --no-snapshot "
         "(the jobs then import the live tree)")

@@ -7,10 +7,11 @@ so it must know the limit; `scontrol show config` says it, at about the CPU of o
 client's start, munge and a call to slurmctld). The answer is kept in the user's cache
 (hpc.fs.usercache) as slurm/<digest of the client's environment>.json, beside the stat of the
 slurm.conf that scontrol names (its SLURM_CONF line), and used again while that file keeps its size,
-mtime, ctime and inode, for at most MAX_AGE_S: SLURM requires the same slurm.conf on every node and
-reads a changed limit from a changed file (`scontrol reconfigure`). Never kept: on a configless client
-(no slurm.conf here to watch), nor while the file was modified within RACY_NS (an edit whose
-reconfigure may still be on its way). A cache that cannot be read or written only costs the call.
+mtime, ctime and inode (hpc.fs.filestamp), for at most MAX_AGE_S: SLURM requires the same slurm.conf
+on every node and reads a changed limit from a changed file (`scontrol reconfigure`). Never kept: on a
+configless client (no slurm.conf here to watch), nor while the file is racy (modified within
+hpc.fs.filestamp.RACY_NS: its reconfigure may still be on its way). A cache that cannot be read or
+written only costs the call.
 """
 from __future__ import annotations
 
@@ -19,15 +20,15 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Optional, Tuple
+from typing import Optional
 
 from hpc.fs.atomic import write_bytes
+from hpc.fs.filestamp import stamp
 from hpc.fs.usercache import cache_dir
 from hpc.slurm.cli import run as _run
 
 SHOW_CONFIG = ["scontrol", "show", "config"]
 MAX_AGE_S = 3600  # an answer older than this is asked again, whatever the file says
-RACY_NS = 2_000_000_000  # a slurm.conf modified this recently: its reconfigure may not have happened yet
 FOLDER = "slurm"  # under hpc.fs.usercache.cache_dir()
 
 
@@ -67,16 +68,12 @@ def _entry() -> Path:
     return cache_dir() / FOLDER / f"{hashlib.sha256(site.encode(errors='surrogateescape')).hexdigest()[:16]}.json"
 
 
-def _stat(conf: str) -> Tuple[int, int, int, int]:
-    st = os.stat(conf)
-    return st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino
-
-
 def _kept(path: Path) -> Optional[int]:
     try:
         entry = json.loads(path.read_text())
         age_ns = time.time_ns() - int(entry["at"])
-        if not 0 <= age_ns <= MAX_AGE_S * 1_000_000_000 or list(_stat(entry["conf"])) != entry["stat"]:
+        seen = stamp(entry["conf"])
+        if not 0 <= age_ns <= MAX_AGE_S * 1_000_000_000 or seen is None or list(seen) != entry["stat"]:
             return None
         size = entry["max_array_size"]
         return size if isinstance(size, int) and size >= 1 else None
@@ -88,10 +85,10 @@ def _keep(path: Path, conf: str, size: int) -> None:
     """Keep `size` against the stat of `conf` (best effort; atomic, not fsynced: a lost entry costs a call)."""
     now = time.time_ns()
     try:
-        stat = _stat(conf) if conf else None
-        if stat is None or now - max(stat[1], stat[2]) < RACY_NS:
+        seen = stamp(conf, now) if conf else None
+        if seen is None:
             return
-        write_bytes(path, json.dumps({"conf": conf, "stat": stat, "at": now, "max_array_size": size}).encode(),
+        write_bytes(path, json.dumps({"conf": conf, "stat": seen, "at": now, "max_array_size": size}).encode(),
                     durable=False)
     except OSError:
         pass

@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from hpc.slurm import siteconfig
+from hpc.fs import filestamp
 from tests.slurm.test_arrays import ONE_RANK, tiny  # noqa: F401 (tiny: the pipeline, registered for each test)
 from tests.slurm.test_pipeline import run_tiny
 
@@ -36,14 +36,14 @@ def cancel(run_dir):
 def test_max_array_size_is_asked_once_per_slurm_conf(slurm_cluster, tmp_path, monkeypatch, capsys):
     calls = show_config_calls(tmp_path, monkeypatch)
     monkeypatch.setenv("HPC_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(siteconfig, "RACY_NS", 0)  # the session cluster's slurm.conf may be seconds old
+    monkeypatch.setattr(filestamp, "RACY_NS", 0)  # the session cluster's slurm.conf may be seconds old
     for name in ("a", "b"):
         run_tiny(tmp_path / name, "tiny.parts=[0,1,2,3,4,5]", *ONE_RANK)
         cancel(tmp_path / name)
     assert calls() == 1  # the second submission read the answer kept by the first
     conf = slurm_cluster.conf
     original = conf.read_text()
-    monkeypatch.setattr(siteconfig, "RACY_NS", 2_000_000_000)
+    monkeypatch.setattr(filestamp, "RACY_NS", 2_000_000_000)
     try:
         conf.write_text(re.sub(r"(?m)^MaxArraySize=\d+\n", "", original) + "MaxArraySize=4\n")
         subprocess.run(["scontrol", "reconfigure"], check=True)
