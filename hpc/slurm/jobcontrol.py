@@ -3,7 +3,9 @@
 Polling the states of many jobs at once (sacct, squeue) is hpc.slurm.scheduler's. Each call here is one
 SLURM client run (hpc.slurm.cli.run): a refusal raises SlurmExit with SLURM's words, a SLURM that
 cannot be asked raises RuntimeError. `env` is the environment the client runs in (default: this
-process's), so a caller can act on another cluster than the one its shell points at.
+process's), so a caller can act on another cluster than the one its shell points at. A busy
+controller is asked again (hpc.slurm.cli.run) until `deadline_s` (default HPC_SLURM_RETRY_S, 60 s): a
+caller bounded by a grace time passes what it has left.
 """
 from __future__ import annotations
 
@@ -14,28 +16,30 @@ from hpc.slurm.cli import run
 
 
 def job_info(job_id: str, env: Optional[Mapping[str, str]] = None, timeout_s: float = 30,
-             runner: Callable[..., Any] = subprocess.run) -> Dict[str, str]:
+             runner: Callable[..., Any] = subprocess.run, deadline_s: Optional[float] = None) -> Dict[str, str]:
     """`scontrol -o show job JOBID` as a dict (JobState, Reason, Restarts, PreemptTime, ...): hpc's one
     parser of it. Raises SlurmExit, with SLURM's words, if the job is unknown; RuntimeError if SLURM
     cannot be asked. `runner` runs the command (subprocess.run's arguments)."""
-    out = run(["scontrol", "-o", "show", "job", str(job_id)], env, timeout_s, runner)
+    out = run(["scontrol", "-o", "show", "job", str(job_id)], env, timeout_s, runner, deadline_s)
     return dict(tok.split("=", 1) for tok in out.split() if "=" in tok)
 
 
 def requeue(job_id: str, env: Optional[Mapping[str, str]] = None,
-            runner: Callable[..., Any] = subprocess.run) -> None:
+            runner: Callable[..., Any] = subprocess.run, deadline_s: Optional[float] = None) -> None:
     """Put the job back in the queue; SLURM then holds it back for a while (start_now lifts that)."""
-    run(["scontrol", "requeue", str(job_id)], env, runner=runner)
+    run(["scontrol", "requeue", str(job_id)], env, runner=runner, deadline_s=deadline_s)
 
 
-def start_now(job_id: str, env: Optional[Mapping[str, str]] = None) -> None:
+def start_now(job_id: str, env: Optional[Mapping[str, str]] = None, deadline_s: Optional[float] = None) -> None:
     """Lift a requeued job's begin-time hold (SLURM holds it back about two minutes)."""
-    update_job(job_id, {"StartTime": "now"}, env)
+    update_job(job_id, {"StartTime": "now"}, env, deadline_s)
 
 
-def update_job(job_id: str, fields: Mapping[str, str], env: Optional[Mapping[str, str]] = None) -> None:
+def update_job(job_id: str, fields: Mapping[str, str], env: Optional[Mapping[str, str]] = None,
+               deadline_s: Optional[float] = None) -> None:
     """`scontrol update JobId=J KEY=VALUE ...` (StartTime, NumTasks, ExcNodeList, ...)."""
-    run(["scontrol", "update", f"JobId={job_id}", *(f"{k}={v}" for k, v in fields.items())], env)
+    run(["scontrol", "update", f"JobId={job_id}", *(f"{k}={v}" for k, v in fields.items())], env,
+        deadline_s=deadline_s)
 
 
 def node_states(nodes: str, env: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
