@@ -12,10 +12,13 @@ into the run directory once this one has ended: the submission itself belongs to
 """
 from __future__ import annotations
 
+import json
 import subprocess
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
+from hpc.fs import atomic
 from hpc.recovery import hostact, nodefail, preemption, requeue
 from hpc.rundir import sweepdir
 from hpc.rundir.run import RunDir
@@ -32,6 +35,7 @@ def after_step(run: RunDir, env: Mapping[str, str], resubmit_after: Resubmit, sr
     `resubmit_after(job_id, run_dir, stage, exclude, info)` submits the job that submits the stage
     again once this one has ended, where SLURM refuses the requeue; it returns that job's id."""
     job_id = env["SLURM_JOB_ID"]
+    stop = hostact.request_path(str(run.path), job_id, env.get("SLURM_RESTART_COUNT") or "0")  # as hpc.afterstep
     array_task = env.get("SLURM_ARRAY_TASK_ID")
     key = f"{env['SLURM_ARRAY_JOB_ID']}_{array_task}" if array_task else job_id  # as the manifest has it
     run = sweepdir.run_for(run.path, key, points)  # a sweep's array task: the run directory of its point
@@ -49,6 +53,8 @@ def after_step(run: RunDir, env: Mapping[str, str], resubmit_after: Resubmit, sr
     done = carry_out(action, job_id, info, already, restart, str(run.path), stage, env, resubmit_after)
     if task_dir and action.do != "none":
         nodefail.record(task_dir, history, action, key, restart, failed, mark, done)
+    if action.do != "none":
+        note_next(stop, done)
     return action, f"{action.why}: {done}"
 
 
@@ -64,18 +70,28 @@ def carry_out(action: nodefail.Action, job_id: str, info: Dict[str, str], alread
             return f"stopped; SLURM's requeue of job {job_id} cancelled"
         return "stopped"
     exclude = sorted(set(requeue.excluded(info)) | set(action.exclude))
-    if not already:
-        try:
-            scheduler.requeue(job_id)
-        except RuntimeError as err:
-            info = preemption.job_info(job_id)
-            if not nodefail.requeued(info, restart):  # nor has SLURM requeued it meanwhile
-                new = resubmit_after(job_id, run_dir, stage, exclude, info)
-                seen = str(err).partition(" HINT:")[0]
-                without = f", excluding {','.join(exclude)}" if exclude else ""
-                return (f"requeue refused ({seen}); job {new} submits the task again into the run "
-                        f"directory once job {job_id} has ended{without}")
+    if not already:  # asked again while the controller does not answer, until the job's EndTime is near
+        seen, _ = requeue.until_queued(lambda run: scheduler.requeue(job_id, runner=run),
+                                       lambda: nodefail.requeued(preemption.job_info(job_id, tries=1), restart),
+                                       requeue.within_grace(info), subprocess.run)
+        if seen:  # refused, or no answer in time, and SLURM has not requeued it meanwhile
+            new = resubmit_after(job_id, run_dir, stage, exclude, info)
+            without = f", excluding {','.join(exclude)}" if exclude else ""
+            return (f"requeue refused ({seen}); job {new} submits the task again into the run "
+                    f"directory once job {job_id} has ended{without}")
     return _said(requeue.after_requeue(job_id, exclude, env), f"requeued as job {job_id}")
+
+
+def note_next(request: str, done: str) -> None:
+    """Where this attempt's stop was not requeued (its rank's request, settled: `request`.done), its
+    record (the history the request named, checkpoints/requeue.json) says what happened next: `done`,
+    the requeue or the resubmission carried out once srun had ended."""
+    record = hostact.pending(request + ".done") or {}
+    if record.get("history") and (record.get("outcome") or {}).get("requeue") is False:
+        history = preemption.load_history(Path(record["history"]))
+        if history.get("events"):
+            history["events"][-1]["next"] = done
+            atomic.write_text(Path(record["history"]), json.dumps(history, indent=1))
 
 
 def _said(values: Dict[str, str], what: str) -> str:
@@ -91,8 +107,10 @@ def settle_request(path: str, runner: Callable[..., Any] = subprocess.run) -> st
         return f"no stop request at {path}"
     try:
         if request["reason"] == hostact.SUBMITIT:  # submitit counted the timeouts and checkpointed: requeue only
-            refused = preemption.requeue_job(str(request["job_id"]), int(request["restart"]), True, runner)
-            outcome = {"requeue": not refused, "why": refused or "submitit's checkpoint at the time limit"}
+            refused, said = preemption.requeue_job(str(request["job_id"]), int(request["restart"]), True, runner,
+                                                   requeue.within_grace(preemption.job_info(str(request["job_id"]))))
+            outcome = {"requeue": not refused, "why": refused or "submitit's checkpoint at the time limit",
+                       "slurm": said}
         else:
             outcome = asdict(preemption.settle(request["reason"], request["history"], str(request["job_id"]),
                                                int(request["restart"]), int(request["max_timeouts"]), runner))

@@ -79,12 +79,15 @@ def load_history(path: Path) -> dict[str, Any]:
         return {"timeouts": 0, "preemptions": 0, "events": []}
 
 
-def _record(path: Path, history: dict[str, Any], decision: Decision, info: dict[str, str]) -> None:
+def _record(path: Path, history: dict[str, Any], decision: Decision, info: dict[str, str],
+            at: float | None = None, slurm: str = "") -> None:
+    """Append the stop decided at `at` to the history, once carried out: `decision.requeue` is whether
+    the job is queued again, `slurm` what SLURM did (hpc.afterstep adds `next` where it did not)."""
     history["timeouts" if decision.kind == "timeout" else "preemptions"] += decision.kind in (
         "timeout", "preempt")
     history["hangs"] = history.get("hangs", 0) + (decision.kind == "hang")
-    history["events"].append({"time": time.time(), "restart": info.get("Restarts"),
-                              "state": info.get("JobState"), **asdict(decision)})
+    history["events"].append({"time": time.time() if at is None else at, "restart": info.get("Restarts"),
+                              "state": info.get("JobState"), **asdict(decision), "slurm": slurm})
     atomic.write_text(Path(path), json.dumps(history, indent=1))
 
 
@@ -136,50 +139,41 @@ def settle(reason: str, history: str | os.PathLike, job_id: str, restarts: int,
     past = load_history(Path(history))
     decision = decide(kind, evidence, past["timeouts"], max_timeouts, "slurm" if by_slurm else "hpc",
                       past.get("hangs", 0))
-    _record(Path(history), past, decision, info)
     log.warning("stop at SLURM JobState=%s Reason=%s: %s", state, info.get("Reason"), decision.why)
-    if decision.requeue:
-        refused = requeue_job(job_id, restarts, decision.by == "hpc", runner)
+    at, said = time.time(), "nothing asked of SLURM"
+    if decision.requeue:  # the record is written once SLURM has answered: it says what SLURM did
+        refused, said = requeue_job(job_id, restarts, decision.by == "hpc", runner, requeue.within_grace(info, at))
         if refused:
-            return Decision(False, None, refused, kind)
+            decision = Decision(False, None, refused, kind)
+    _record(Path(history), past, decision, info, at, said)
     return decision
 
 
-def requeue_job(job_id: str, restarts: int, ask: bool = True, runner: Callable[..., Any] = subprocess.run) -> str:
-    """Requeue the job (`ask`: with scontrol; else SLURM already did) and give its node range back;
-    '' once it is queued again, else SLURM's words with a HINT."""
-    refused = _requeue(job_id, restarts, runner) if ask else ""
-    if refused:
-        return f"{refused} HINT: submit with --requeue and check JobRequeue in slurm.conf"
+def requeue_job(job_id: str, restarts: int, ask: bool = True, runner: Callable[..., Any] = subprocess.run,
+                by: float | None = None) -> tuple[str, str]:
+    """Requeue the job (`ask`: with scontrol, retried until `by`, hpc.recovery.requeue.until_queued;
+    else SLURM already did) and give its node range back: ('', what SLURM did) once it is queued
+    again, else (SLURM's words with a HINT, what SLURM did)."""
+    said = "queued again by SLURM itself"
+    if ask:
+        by = requeue.within_grace({}) if by is None else by
+        seen, tries = requeue.until_queued(lambda run: scheduler.requeue(job_id, runner=shielded(run)),
+                                           lambda: _taken(job_id, restarts, requeue.bounded(runner, by)), by, runner)
+        if seen:
+            hint = NO_ANSWER if requeue.transient(RuntimeError(seen)) else "submit with --requeue and check " \
+                "JobRequeue in slurm.conf"
+            return f"{seen} HINT: {hint}", f"not requeued: scontrol requeue failed {tries} time(s), the last: {seen}"
+        said = "queued again by scontrol requeue" + (f" (try {tries}; the ones before failed)" if tries > 1 else "")
     try:  # SLURM pins the node count it last granted: give a node range back (hpc.recovery.requeue)
         requeue.after_requeue(job_id)
     except RuntimeError as err:  # the batch script's hpc.afterstep tries again
         log.warning("node range of job %s not restored: %s", job_id, err)
-    return ""
+    return "", said
 
 
-REQUEUE_TRIES = 3
-
-
-def _requeue(job_id: str, restarts: int, runner: Callable[..., Any]) -> str:
-    """Run `scontrol requeue`; '' once SLURM has the job queued again, else SLURM's words.
-
-    This runs in the job's last seconds: after the time limit's SIGTERM and before KillWait's
-    SIGKILL, while slurmd may signal the step's processes again, and the requeue itself signals
-    them too. The client runs with the stop signals blocked (`shielded`), and one
-    that died of a signal anyway, before SLURM took the request, is run again."""
-    seen = ""
-    for _ in range(REQUEUE_TRIES):
-        try:
-            scheduler.requeue(job_id, runner=shielded(runner))
-            return ""
-        except RuntimeError as err:
-            if _taken(job_id, restarts, runner):
-                return ""
-            seen = str(err).partition(" HINT:")[0]
-            if getattr(err, "returncode", 1) >= 0:  # SLURM answered, and refused: asking again will not help
-                return seen
-    return seen
+REQUEUE_TRIES = requeue.SIGNAL_TRIES  # an scontrol killed by the job's own stop signals is run this often
+NO_ANSWER = ("the controller gave no answer within the job's grace time: see `scontrol ping` and the site's "
+             "slurmctld log; resubmit with --run-dir to resume from the checkpoint")
 
 
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGUSR2, signal.SIGUSR1}

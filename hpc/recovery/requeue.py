@@ -13,6 +13,12 @@
   the requeue has begun (COMPLETING) or the job pends. The job's processes are being ended then
   (SIGTERM, and SIGKILL KillWait seconds later): an scontrol started meanwhile can die of that
   SIGTERM, so each update is tried again.
+- `scontrol requeue` at a stop runs in the job's last seconds, against a controller that may be busy
+  or restarting ("Socket timed out on send/recv operation", "Unable to contact slurm controller"):
+  such an answer is no refusal, and until_queued asks again, with backoff and jitter, until the
+  deadline the job's EndTime leaves (within_grace: a preemption's GraceTime, or the time limit). After
+  any failed call it asks whether SLURM took the request all the same (a call that timed out on the
+  way back). A refusal (requeue disabled, access denied, an unknown job) is never asked again.
 - Where requeue is refused (JobRequeue=0, a site's job_submit plugin, `scontrol requeue` denied),
   hpc.afterstep submits a one-task job that waits for this one to end (afterany) and then submits
   the stage again into the same run directory with the failed nodes excluded, as a user would; the
@@ -22,9 +28,11 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import time
-from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
+from hpc.recovery import deadline
 from hpc.slurm import hostlist, noderange, scheduler
 
 log = logging.getLogger(__name__)
@@ -80,3 +88,59 @@ def retry(call: Any, tries: int, pause_s: float = 0.2) -> Any:
                 raise
             log.warning("try %d of %d: %s", attempt, tries, err)
             time.sleep(pause_s * attempt)
+
+
+# SLURM's words for a controller that gave no answer this time (busy, restarting, the network): asked again.
+TRANSIENT = ("timed out", "unable to contact", "connect failure", "connection refused", "temporarily unavailable",
+             "zero bytes were transmitted", "communication connection failure", "in standby mode",
+             "controller is busy", "try again")
+SIGNAL_TRIES = 3  # a client killed by the job's own stop signals: the job is being ended, more will not help
+MARGIN_S = 2.0  # the last retry ends this long before EndTime, leaving the ranks time to exit on the answer
+PAUSE_S, MAX_PAUSE_S = 0.25, 2.0  # the first pause between tries, doubled each time up to the cap
+
+
+def within_grace(info: Mapping[str, str], now: Optional[float] = None) -> float:
+    """The Unix time until which a stop's requeue is retried: the job's EndTime (PreemptTime + GraceTime
+    on a preemption, the time limit otherwise) less MARGIN_S, at most half of what is left
+    (hpc.recovery.deadline.decide_by); a few seconds when SLURM gave no EndTime."""
+    return deadline.decide_by(info, time.time() if now is None else now, MARGIN_S)
+
+
+def transient(err: RuntimeError) -> bool:
+    """Whether a client's failure was no answer (asked again) rather than SLURM's refusal (never)."""
+    code = getattr(err, "returncode", 1)
+    return code < 0 or any(word in str(err).lower() for word in TRANSIENT)
+
+
+def until_queued(ask: Callable[[Callable[..., Any]], None], taken: Callable[[], bool], by: float,
+                 runner: Callable[..., Any]) -> Tuple[str, int]:
+    """Run `ask(runner)` (an scontrol requeue) until the job is queued again: ('', tries) once it is,
+    else (SLURM's last words, tries). A transient error is asked again until `by` (a Unix time:
+    within_grace), each call's own timeout cut to what is left; a refusal is not. After each failure
+    `taken()` says whether SLURM requeued the job anyway."""
+    tries, died = 0, 0
+    while True:
+        tries += 1
+        try:
+            ask(bounded(runner, by))
+            return "", tries
+        except RuntimeError as err:
+            if taken():
+                return "", tries
+            seen = str(err).partition(" HINT:")[0]
+            died += getattr(err, "returncode", 1) < 0
+            left = by - time.time()
+            if not transient(err) or left <= 0 or died >= SIGNAL_TRIES:
+                return seen, tries
+            log.warning("try %d, %.1f s left to requeue: %s", tries, left, seen)
+            if getattr(err, "returncode", 1) >= 0:  # the controller's own trouble: give it a moment
+                time.sleep(min(left, MAX_PAUSE_S, PAUSE_S * 2 ** (tries - 1)) * random.uniform(0.5, 1.0))
+
+
+def bounded(runner: Callable[..., Any], by: float) -> Callable[..., Any]:
+    """`runner` whose `timeout` never reaches past `by` (at least a second): one call that hangs
+    cannot use up the time left for the others."""
+    def run(*args: Any, **kwargs: Any) -> Any:
+        kwargs["timeout"] = max(1.0, min(kwargs.get("timeout") or float("inf"), by - time.time()))
+        return runner(*args, **kwargs)
+    return run
