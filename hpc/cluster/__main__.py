@@ -2,6 +2,7 @@
 
     python -m hpc.cluster up [--dir DIR] [--nodes N] [--gpus-per-node G] [--cpus-per-node C] [--install]
                              [--configless] [--no-accounting] [--min-job-age S] [--max-array-size N]
+                             [--limits] [--max-submit-jobs N]
     python -m hpc.cluster env|status|down [--dir DIR]
     python -m hpc.cluster preempt JOBID [--dir DIR]
     python -m hpc.cluster install
@@ -29,7 +30,8 @@ def _up(args: argparse.Namespace) -> None:
     LocalCluster(args.dir, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
                  cpus_per_node=args.cpus_per_node, port_base=args.port_base, configless=args.configless,
                  accounting=not args.no_accounting, min_job_age_s=args.min_job_age,
-                 max_array_size=args.max_array_size).up()
+                 max_array_size=args.max_array_size, limits=args.limits or None,
+                 max_submit_jobs=args.max_submit_jobs).up()
 
 
 def _down(args: argparse.Namespace) -> None:
@@ -84,6 +86,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                     help="seconds slurmctld keeps an ended job (squeue -t all, scontrol) (default 600)")
     up.add_argument("--max-array-size", type=int,
                     help="MaxArraySize: tasks an array may hold, ids 0 to N-1 (default: as before, else 1001)")
+    up.add_argument("--limits", action="store_true",
+                    help="enforce associations, limits and QOS (AccountingStorageEnforce), as production sites do")
+    up.add_argument("--max-submit-jobs", type=int,
+                    help="with --limits: jobs one user may have queued or running (QOS normal's "
+                         "MaxSubmitJobsPerUser; each array task counts; 0: no limit)")
     sub.add_parser("down", parents=[common], help="stop every process the cluster started")
     sub.add_parser("env", parents=[common], help="print what a shell of this site exports")
     sub.add_parser("status", parents=[common], help="daemons and sinfo")

@@ -6,6 +6,8 @@ Each step is idempotent, so `up()` can run them again on a cluster that was stop
 
 from __future__ import annotations
 
+import os
+import pwd
 import subprocess
 import time
 from typing import Callable
@@ -15,6 +17,7 @@ from hpc.cluster.daemons import ClusterError
 from hpc.cluster.daemonset import find_binary
 
 Run = Callable[..., subprocess.CompletedProcess]
+ACCOUNT = "hpc"  # the account of the user's association on a cluster with limits
 
 
 def init_db(c: L.ClusterLayout, env: dict[str, str]) -> None:
@@ -64,3 +67,22 @@ def register_cluster(c: L.ClusterLayout, run: Run) -> None:
         time.sleep(0.5)
     raise ClusterError(f"sacctmgr could not register cluster {name}: {out.stderr.strip()}. "
                        f"HINT: read {c.path('log', 'slurmdbd.log')}.")
+
+
+def apply_limits(c: L.ClusterLayout, run: Run) -> None:
+    """On a cluster with limits: an association for the user running `up` (account `hpc`, QOS
+    normal), and QOS normal's MaxSubmitJobsPerUser as c.max_submit_jobs says (-1 clears it)."""
+    if not c.limits:
+        return
+    user = pwd.getpwuid(os.getuid()).pw_name
+    steps = [["sacctmgr", "-i", "add", "account", ACCOUNT, f"cluster={c.name}"],
+             ["sacctmgr", "-i", "add", "user", user, f"account={ACCOUNT}", f"cluster={c.name}",
+              f"defaultaccount={ACCOUNT}"],
+             ["sacctmgr", "-i", "modify", "qos", "where", "name=normal", "set",
+              f"MaxSubmitJobsPerUser={c.max_submit_jobs or -1}"]]
+    for argv in steps:
+        out = run(argv, check=False)
+        said = out.stdout + out.stderr
+        if out.returncode and "already exist" not in said and "Nothing" not in said:
+            raise ClusterError(f"`{' '.join(argv)}` failed: {said.strip()}. "
+                               f"HINT: read {c.path('log', 'slurmdbd.log')}.")

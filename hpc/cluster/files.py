@@ -112,7 +112,15 @@ AccountingStoragePass={c.munge_socket}
 AccountingStorageTRES=gres/gpu
 JobAcctGatherType=jobacct_gather/linux
 JobAcctGatherFrequency=30
-"""
+""" + _enforce(c)
+
+
+def _enforce(c: ClusterLayout) -> str:
+    if not c.limits:
+        return ""
+    return ("# Limits as production sites enforce them: sbatch refuses a job without an association or past\n"
+            "# a QOS or association limit (MaxSubmitJobsPerUser: python -m hpc.cluster up --max-submit-jobs).\n"
+            "AccountingStorageEnforce=associations,limits,qos\n")
 
 
 def _configless(c: ClusterLayout) -> str:

@@ -57,6 +57,11 @@ class ClusterLayout:
     accounting: bool = True
     min_job_age_s: int = 600  # how long slurmctld (squeue, scontrol) remembers an ended job
     max_array_size: int = 1001  # MaxArraySize: an array's task ids run from 0 to this - 1 (SLURM's default)
+    # limits=True: AccountingStorageEnforce=associations,limits,qos, as production sites set it; the
+    # user who runs `up` gets an association (account `hpc`). max_submit_jobs > 0: QOS normal's
+    # MaxSubmitJobsPerUser (each array task counts as a job); 0: none.
+    limits: bool = False
+    max_submit_jobs: int = 0
     # FirstJobId: clusters that run side by side on one host (parallel test workers, a user's two
     # clusters) start their job ids apart, since a DDP job's MASTER_PORT is derived from its job id
     # (hpc.runtime.distenv). None: from the port block (job_id_start).
@@ -67,7 +72,8 @@ class ClusterLayout:
     def create(cls, directory: str | Path, *, nodes: int = 2, gpus_per_node: int = 4,
                cpus_per_node: int = 8, port_base: int | None = None, configless: bool = False,
                accounting: bool = True, min_job_age_s: int = 600, max_array_size: int = 1001,
-               first_job_id: int | None = None) -> "ClusterLayout":
+               first_job_id: int | None = None, limits: bool = False,
+               max_submit_jobs: int = 0) -> "ClusterLayout":
         path = str(Path(directory).expanduser().resolve())
         if not 1 <= nodes <= MAX_NODES:
             raise ValueError(f"--nodes {nodes}: expected 1..{MAX_NODES}. HINT: pass a smaller --nodes.")
@@ -84,6 +90,12 @@ class ClusterLayout:
         if first_job_id is not None and not 1 <= first_job_id <= MAX_JOB_ID:
             raise ValueError(f"first job id {first_job_id}: expected 1 to {MAX_JOB_ID} (SLURM's range). "
                              "HINT: e.g. 1, SLURM's default.")
+        if limits and not accounting:
+            raise ValueError("--limits with --no-accounting: SLURM enforces limits through slurmdbd. "
+                             "HINT: leave out --no-accounting.")
+        if max_submit_jobs < 0 or (max_submit_jobs and not limits):
+            raise ValueError(f"--max-submit-jobs {max_submit_jobs}: expected a count >= 1 (0: no limit) on a "
+                             "cluster with --limits. HINT: e.g. --limits --max-submit-jobs 3.")
         if port_base is not None and not 1024 <= port_base <= 65536 - PORT_BLOCK:
             raise ValueError(f"--port-base {port_base}: expected 1024 to {65536 - PORT_BLOCK} (the cluster takes "
                              f"{PORT_BLOCK} ports from it). HINT: leave it out to take a free block, or e.g. "
@@ -94,7 +106,8 @@ class ClusterLayout:
         return cls(dir=path, name="hpc" + digest[:8], hostname=socket.gethostname().split(".")[0],
                    port_base=port_base, nodes=nodes, gpus_per_node=gpus_per_node,
                    cpus_per_node=cpus_per_node, configless=configless, accounting=accounting,
-                   min_job_age_s=min_job_age_s, max_array_size=max_array_size, first_job_id=first_job_id)
+                   min_job_age_s=min_job_age_s, max_array_size=max_array_size, first_job_id=first_job_id,
+                   limits=limits, max_submit_jobs=max_submit_jobs)
 
     @property
     def job_id_start(self) -> int:

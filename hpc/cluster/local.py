@@ -39,11 +39,13 @@ class LocalCluster:
                  cpus_per_node: int | None = None, port_base: int | None = None,
                  configless: bool | None = None, accounting: bool | None = None,
                  min_job_age_s: int | None = None, max_array_size: int | None = None,
-                 first_job_id: int | None = None):
+                 first_job_id: int | None = None, limits: bool | None = None,
+                 max_submit_jobs: int | None = None):
         existing = L.ClusterLayout.load(directory)
         given = dict(nodes=nodes, gpus_per_node=gpus_per_node, cpus_per_node=cpus_per_node,
                      configless=configless, accounting=accounting, min_job_age_s=min_job_age_s,
-                     max_array_size=max_array_size, first_job_id=first_job_id,
+                     max_array_size=max_array_size, first_job_id=first_job_id, limits=limits,
+                     max_submit_jobs=max_submit_jobs,
                      # keep the ports already chosen for this directory (they may have been moved off a busy block)
                      port_base=port_base)
         kw = {k: v if v is not None else getattr(existing, k) if existing else None for k, v in given.items()}
@@ -82,6 +84,8 @@ class LocalCluster:
                                "`python -m hpc.cluster install` (as root), or "
                                "`apt-get install -y slurm-wlm slurmdbd mariadb-server munge`.")
         if self.is_up():
+            self.layout.save()  # a new --max-submit-jobs takes effect at once (slurmdbd tells slurmctld)
+            db.apply_limits(self.layout, self._run)
             log(f"cluster {self.layout.name} already up in {self.dir}")
             return
         self._choose_munged(log)
@@ -109,6 +113,7 @@ class LocalCluster:
             db.grant_db(self.layout, env)
             log("starting slurmdbd"); by_name["slurmdbd"].start(env)
             db.register_cluster(self.layout, self._run)
+            db.apply_limits(self.layout, self._run)
         log("starting slurmctld"); by_name["slurmctld"].start(env)
         for d in daemons:
             if d.name.startswith("slurmd-"):
@@ -117,7 +122,8 @@ class LocalCluster:
     def variant(self) -> str:
         c = self.layout
         return ", ".join([("configless" if c.configless else "slurm.conf"),
-                          ("accounting" if c.accounting else "no accounting")])
+                          ("accounting" if c.accounting else "no accounting")]
+                         + ([f"limits (max submit jobs per user: {c.max_submit_jobs or 'none'})"] if c.limits else []))
 
     def is_up(self) -> bool:
         """Every daemon of this cluster runs and every node answers."""
