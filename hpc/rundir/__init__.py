@@ -14,7 +14,9 @@ Parts::
     codeversion.py  which code a submission ran: the git commit of the user's checkout, hpc's version
     logdirs.py    where a job's submitit files are: a folder per job, one per array for its tasks
     sweepdir.py   SweepDir: the grid a sweep records, its points, a point's name in words
-    snapshot.py   the code snapshot: taken at submission, entered by each job (JobCode), drift
+    snapshot.py   the code snapshot: taken at submission, entered by each job (JobCode)
+    codefiles.py  which files of a tree are code, and whether they are as a listing says
+    codedrift.py  how the live tree differs from a snapshot: hpc.status's line about the code
     snapcache.py  hard links to an earlier run's snapshot of the same files
     treecopy.py   a directory made whole or not at all, and files copied into it (the snapshot's, carry's)
     tracking.py   run ids for experiment trackers, the same in every attempt

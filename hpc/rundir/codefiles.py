@@ -1,4 +1,4 @@
-"""The files of a code tree: which are code, their digests, and how a live tree differs from a listing.
+"""The files of a code tree: which are code, their digests, and whether a live tree is as a listing says.
 
     python -c "from pathlib import Path; from hpc.rundir.codefiles import Source, listing; print(len(listing(Source(Path.cwd(), True))[0]))"
 
@@ -77,11 +77,12 @@ def listing(source: Source) -> Tuple[Dict[str, os.stat_result], List[str]]:
         excluded |= hpc_dirs(root, entries)
     files: Dict[str, os.stat_result] = {}
     skipped: List[str] = []
+    base = root.rstrip("/") + "/"  # joined by hand: git's and walk()'s paths are relative
     for rel, tracked in entries:
         if excluded and under(rel, excluded):
             continue
         try:
-            st = os.lstat(os.path.join(root, rel))
+            st = os.lstat(base + rel)
         except OSError:  # tracked but deleted in the working tree: an uncommitted deletion
             continue
         if not (stat.S_ISREG(st.st_mode) or is_link(st)):  # a submodule's directory, a socket
@@ -171,8 +172,6 @@ def is_link(st: os.stat_result) -> bool:
     return stat.S_ISLNK(st.st_mode)
 
 
-
-
 def load_table(path: Path) -> Optional[Dict[str, Any]]:
     try:
         table = json.loads(Path(path).read_text())
@@ -221,40 +220,3 @@ def unchanged(table: Mapping[str, Any], files: Mapping[str, os.stat_result]) -> 
         except OSError:  # gone since it was listed
             return False
     return True
-
-
-@dataclass(frozen=True)
-class Drift:
-    """How the live tree differs from a snapshot (all empty: it does not)."""
-
-    changed: Tuple[str, ...]
-    added: Tuple[str, ...]
-    removed: Tuple[str, ...]
-
-    def __bool__(self) -> bool:
-        return bool(self.changed or self.added or self.removed)
-
-    def summary(self, n: int = 3) -> str:
-        parts = []
-        for what, paths in (("changed", self.changed), ("added", self.added), ("removed", self.removed)):
-            if paths:
-                parts.append(f"{len(paths)} {what} ({', '.join(paths[:n])}{' ...' if len(paths) > n else ''})")
-        return "; ".join(parts)
-
-
-def drift(table: Mapping[str, Any]) -> Drift:
-    """Compare the live tree with a snapshot's listing: only files that are not clean by their stat
-    are read and hashed."""
-    source = Source(Path(table["root"]), bool(table["git"]), tuple(table.get("exclude", ())))
-    files, _ = listing(source)
-    listed = table["files"]
-    listed_ns = table.get("listed_ns")
-    changed = []
-    for rel in sorted(files.keys() & listed.keys()):
-        st, entry = files[rel], listed[rel]
-        if clean(entry, st, listed_ns) if isinstance(listed_ns, int) else same_stat(entry, st):
-            continue  # a listing made before ctimes were kept: compared by size and mtime as then
-        if content(source.root, rel, st) != entry[2]:
-            changed.append(rel)
-    return Drift(tuple(changed), tuple(sorted(files.keys() - listed.keys())),
-                 tuple(sorted(listed.keys() - files.keys())))

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from hpc.fs import atomic
-from hpc.rundir import codefiles, snapcache, treecopy
+from hpc.rundir import snapcache, treecopy
 from hpc.rundir.codefiles import HINT, UNTRACKED_MAX_BYTES, SnapshotError, Source, listing, load_table, unchanged
 
 CODE = "code"  # <run>/code/<hash>/ and <run>/code/<hash>.json
@@ -191,10 +191,8 @@ def _copy(root: Path, dest: Path, files: Mapping[str, os.stat_result]) -> Dict[s
 
 def tree_hash(stats: Mapping[str, Stat]) -> str:
     """The snapshot's name: a digest of every path, content digest and executable bit."""
-    h = hashlib.sha256()
-    for rel in sorted(stats):
-        h.update(f"{rel}\0{stats[rel][2]}\0{stats[rel][3]:o}\n".encode(errors="surrogateescape"))
-    return h.hexdigest()[:16]
+    lines = "".join(f"{rel}\0{stats[rel][2]}\0{stats[rel][3]:o}\n" for rel in sorted(stats))
+    return hashlib.sha256(lines.encode(errors="surrogateescape")).hexdigest()[:16]  # one update: the same digest
 
 
 def _largest(files: Mapping[str, os.stat_result], n: int = 3) -> str:
@@ -215,22 +213,7 @@ def recorded(record: Mapping[str, Any]) -> Optional[Snapshot]:
 
 
 def status_line(record: Optional[Mapping[str, Any]]) -> str:
-    """hpc.status's line about the code: which snapshot the jobs run, and whether the live code
-    still matches it."""
-    if not record:
-        return "code: no snapshot (run.snapshot=false, or submitted before snapshots): the jobs run the live tree"
-    listing_path = Path(f"{record['dir']}.json")  # <code>/<hash>.json, beside the copy
-    table = load_table(listing_path)
-    where = f"code: snapshot {record['hash']} of {record['root']}"
-    if table is None:
-        return f"{where}: its listing {listing_path} is missing, so the live code is not compared"
-    if not Path(table["root"]).is_dir():
-        return f"{where}: the live tree is gone"
-    try:
-        found = codefiles.drift(table)
-    except (SnapshotError, OSError) as err:
-        return f"{where}: the live code could not be compared ({err})"
-    if not found:
-        return f"{where}: the live code matches it"
-    return (f"{where}: the live code differs ({found.summary()}); the jobs of this run import the snapshot, "
-            "a resubmission snapshots the live code")
+    """hpc.status's line about the code (hpc.rundir.codedrift.status_line)."""
+    from hpc.rundir import codedrift  # only hpc.status compares the live tree: a submission never loads it
+
+    return codedrift.status_line(record)
