@@ -5,7 +5,8 @@
 
 Site variants, each its own cluster in its own directory, brought up only when a test asks for it
 and taken down at the end of the session: `configless_cluster` (configless, no accounting) and
-`no_accounting_cluster` (no accounting, ended jobs forgotten after MinJobAge=2 s). Their
+`no_accounting_cluster` (no accounting, ended jobs forgotten after MinJobAge=2 s), and
+`limits_cluster` (AccountingStorageEnforce, a submit limit per user). Their
 fixtures leave the process environment alone; `site_env(cluster)` gives a test the shell of that
 site (HPC_TEST_CONFIGLESS_DIR / HPC_TEST_NO_ACCOUNTING_DIR reuse a running one and leave it up).
 
@@ -64,7 +65,7 @@ if "PYTHONPYCACHEPREFIX" not in os.environ:
     if "PYTEST_XDIST_WORKER" not in os.environ:
         seed_pycache(os.environ["PYTHONPYCACHEPREFIX"])
 
-VARIANTS = ("main", "configless", "no_accounting")
+VARIANTS = ("main", "configless", "no_accounting", "limits")
 
 
 def _worker_index() -> int:
@@ -211,6 +212,13 @@ def configless_cluster():
 @pytest.fixture(scope="session")
 def no_accounting_cluster():
     yield from _variant("no_accounting", accounting=False, min_job_age_s=2)
+
+
+@pytest.fixture(scope="session")
+def limits_cluster():
+    """Limits enforced as production sites do (hpc.cluster up --limits); QOS normal's
+    MaxSubmitJobsPerUser starts at 3 (`up --max-submit-jobs N` changes it)."""
+    yield from _variant("limits", limits=True, max_submit_jobs=3)
 
 
 @pytest.fixture

@@ -31,7 +31,7 @@ from hpc.pipeline.request import Request, Submitted
 from hpc.rundir import codefiles, snapshot
 from hpc.rundir.codeversion import code_version
 from hpc.rundir.run import RunDir
-from hpc.slurm import scheduler
+from hpc.slurm import limits, scheduler
 
 MakeBackend = Callable[[str, Sequence[str]], launcher.Backend]  # (executor kind, cluster.setup) -> Backend
 
@@ -190,6 +190,8 @@ def start(req: Request, backends: Optional[Mapping[str, MakeBackend]] = None) ->
         if not plan.jobs:
             print(f"nothing to submit: every task of {run.path} is done or queued")
             return Submitted(run.path, str(kind), {})
+        if kind == "slurm":  # a run the site's submit limit cannot take whole is refused before any sbatch
+            limits.refuse_past_limit([len(job.items) for job in plan.jobs])
         snap = take_snapshot(cfg, run.path, kind, code, run.manifest().get("snapshot") if req.same_snapshot else None)
         # pipeline_arg: how to name the pipeline again, for a resubmission from a job (hpc.afterstep)
         run_id = run.start(pipe.name, hconfig.to_yaml(cfg), kind,
