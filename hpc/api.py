@@ -99,7 +99,7 @@ def submit_request(req: Request) -> Submitted:
 
 def _here(kind: str, setup: Sequence[str]) -> Any:
     """`--cluster here`'s backend of the launch path: srun steps of this shell's allocation."""
-    from hpc.pipeline.here import Here  # here, not above: only --cluster here loads it
+    from hpc.here.backend import Here  # here, not above: only --cluster here loads it
 
     return Here(kind, setup)
 

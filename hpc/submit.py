@@ -121,7 +121,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (ConfigError, RuntimeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # --cluster here: the steps stopped at their checkpoints (hpc.pipeline.here)
+    except KeyboardInterrupt:  # --cluster here: the steps stopped at their checkpoints (hpc.here)
         return 130
     except OSError as err:  # the run dir's file system: full, read-only, gone
         print(f"error: {err}; expected a writable run directory. HINT: free space or pass another --run-dir.",

@@ -12,7 +12,9 @@ import pytest
 
 from hpc import submit
 from hpc.config.checks import ConfigError
-from hpc.pipeline import here, herealloc, herestop, submission
+from hpc.here import alloc as herealloc
+from hpc.here import backend, steps, stops
+from hpc.pipeline import submission
 from hpc.pipeline.plan import make_plan
 from hpc.pipeline.request import Request
 from hpc.recovery import deadline, hostact
@@ -60,7 +62,7 @@ def test_stage_bigger_than_the_allocation_is_refused_with_the_numbers(alloc, see
 
 def test_refused_before_anything_runs(monkeypatch, tmp_path, capsys):
     # scontrol has no cluster to ask here: the allocation is given, everything else is the command's
-    monkeypatch.setattr(here, "current", lambda: herealloc.Allocation("7", nodes=1, cpus_per_node=8, gpus_per_node=4))
+    monkeypatch.setattr(backend, "current", lambda: herealloc.Allocation("7", nodes=1, cpus_per_node=8, gpus_per_node=4))
     code = submit.main(["langsplat", "--profile", "sandbox", "--levels", "1", "--cluster", "here",
                         "--run-dir", str(tmp_path / "run")])
     assert code == 2
@@ -106,23 +108,23 @@ def test_a_stage_in_a_container_runs_its_steps_in_it_as_a_batch_job_does(box):
     """Each step's ranks get the batch srun line's container words (the carried hpc included), and its
     shell lines run on the host before srun, then cluster.setup, as in the batch script."""
     alloc = herealloc.Allocation.from_info("7", INFO)
-    plan = here.as_steps(sandbox_plan(*box), alloc)
+    plan = backend.as_steps(sandbox_plan(*box), alloc)
     for job in plan.jobs:
-        argv = here.step_argv(job, alloc, "/L/7.h1", "/L/7.h1_task.pkl", ["module load cuda"])
+        argv = steps.step_argv(job, alloc, "/L/7.h1", "/L/7.h1_task.pkl", ["module load cuda"])
         assert argv[:2] == ["bash", "-c"] and argv[3:5] == ["bash", "srun"]
         assert argv[2] == "export FOO=bar; " * any("env=" in b for b in box) + 'module load cuda; exec "$@"'
         srun = argv[4:]
         at = len(herealloc.srun_argv(job, alloc, "/L/7.h1", "hpc-x"))
         batch = shlex.split(next(line for line in job.sbatch_text().splitlines() if line.startswith("srun ")))
         inside = batch[batch.index("--kill-on-bad-exit=1") + 1:batch.index("submitit.core._submit") - 2]
-        assert srun[at:] == [*inside, "-u", "-m", "hpc.pipeline.herestep", "/L/7.h1_task.pkl"]
+        assert srun[at:] == [*inside, "-u", "-m", "hpc.here.rank", "/L/7.h1_task.pkl"]
         assert any("/carry/" in w for w in inside) and any(w.startswith(("--container-image", "apptainer", "env"))
                                                            for w in inside)
-        assert shlex.join(here.step_argv(job, alloc, "<logs>", "<task.pkl>")) in "\n".join(plan.notes)
+        assert shlex.join(steps.step_argv(job, alloc, "<logs>", "<task.pkl>")) in "\n".join(plan.notes)
 
 
-def _step(tmp_path, proc=None) -> here.Step:
-    step = here.Step(sandbox_plan().jobs[0], None, "7.h1", proc, host=hostact.request_path(str(tmp_path), "7.h1"))
+def _step(tmp_path, proc=None) -> steps.Step:
+    step = steps.Step(sandbox_plan().jobs[0], None, "7.h1", proc, host=hostact.request_path(str(tmp_path), "7.h1"))
     os.makedirs(os.path.dirname(step.host), exist_ok=True)
     return step
 
@@ -130,12 +132,12 @@ def _step(tmp_path, proc=None) -> here.Step:
 def test_what_the_ranks_ask_the_host_is_answered(tmp_path, monkeypatch):
     """The allocation's EndTime, for a `run` stage's stop deadline (scontrol is the driver's, never the
     rank's), and a stop request, answered with no requeue: a step is resumed by the same command."""
-    monkeypatch.setattr(here.scheduler, "job_info", lambda job: {"JobId": job, "EndTime": "2026-11-26T18:00:00"})
+    monkeypatch.setattr(steps.scheduler, "job_info", lambda job: {"JobId": job, "EndTime": "2026-11-26T18:00:00"})
     step = _step(tmp_path)
     alloc = herealloc.Allocation("7", nodes=1, cpus_per_node=1, gpus_per_node=0)
     hostact.ask_end(step.host)
     hostact.ask(step.host, {"reason": "preempt"})
-    here.serve(step, alloc, "SIGINT")
+    steps.serve(step, alloc, "SIGINT")
     told = hostact.end_fields(step.host)
     assert told["JobId"] == "7" and told[deadline.UNIX_END] == deadline.end_time({"EndTime": "2026-11-26T18:00:00"})
     outcome = hostact.answer(step.host, wait_s=0)
@@ -163,10 +165,10 @@ RUNNING = {"JobState": "RUNNING", "Reason": "None", "PreemptTime": "None", "EndT
 def test_a_stop_is_told_what_stopped_it(tmp_path, monkeypatch, reason, info, got, kind, words):
     """Read from the request the rank wrote and from SLURM, in that order, then the command's own signal:
     a hang's verdict, the allocation's end, Ctrl-C, or a signal from elsewhere; never a requeue."""
-    monkeypatch.setattr(here.scheduler, "job_info", lambda job: dict(info))
+    monkeypatch.setattr(steps.scheduler, "job_info", lambda job: dict(info))
     step = _step(tmp_path)
     hostact.ask(step.host, {"reason": reason, "job_id": "7", "restart": 0})
-    here.serve(step, herealloc.Allocation("7", nodes=1, cpus_per_node=1, gpus_per_node=0), got)
+    steps.serve(step, herealloc.Allocation("7", nodes=1, cpus_per_node=1, gpus_per_node=0), got)
     outcome = hostact.answer(step.host, wait_s=0)
     assert outcome["requeue"] is False and outcome["kind"] == kind and words in outcome["why"], outcome
     assert outcome["why"].endswith("resume from this checkpoint")
@@ -175,14 +177,14 @@ def test_a_stop_is_told_what_stopped_it(tmp_path, monkeypatch, reason, info, got
 def test_a_request_not_readable_yet_is_answered_at_a_later_look(tmp_path, monkeypatch):
     """A request listed but not yet readable (another node's write not visible here yet) is not taken
     for answered: the rank would wait for an answer that never comes."""
-    monkeypatch.setattr(here.scheduler, "job_info", lambda job: dict(RUNNING))
+    monkeypatch.setattr(steps.scheduler, "job_info", lambda job: dict(RUNNING))
     step = _step(tmp_path)
     alloc = herealloc.Allocation("7", nodes=1, cpus_per_node=1, gpus_per_node=0)
     Path(step.host).write_text('{"reason": "ha')  # as a reader on another node may see it for a while
-    here.serve(step, alloc, "")
+    steps.serve(step, alloc, "")
     assert hostact.answer(step.host, wait_s=0) is None and os.path.exists(step.host)
     hostact.ask(step.host, {"reason": "hang"})
-    here.serve(step, alloc, "")
+    steps.serve(step, alloc, "")
     assert hostact.answer(step.host, wait_s=0)["kind"] == "hang"
 
 
@@ -193,14 +195,14 @@ def _session_sleeper() -> "subprocess.Popen[bytes]":
 def test_steps_do_not_outlive_an_error_of_the_driver(tmp_path):
     step = _step(tmp_path, _session_sleeper())
     with pytest.raises(OSError):
-        with herestop.Reaper([step]):
+        with stops.Reaper([step]):
             raise OSError(28, "No space left on device")
     assert step.proc.wait(timeout=10) == -signal.SIGTERM
 
 
 def test_sigterm_and_sighup_stop_gently_and_a_third_signal_kills(tmp_path):
     step = _step(tmp_path, subprocess.Popen(["sh", "-c", "trap '' TERM; sleep 60"], start_new_session=True))
-    with herestop.Interrupt() as stop:
+    with stops.Interrupt() as stop:
         os.kill(os.getpid(), signal.SIGTERM)
         assert stop.asked and not stop.forced
         os.kill(os.getpid(), signal.SIGHUP)

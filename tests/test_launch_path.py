@@ -21,13 +21,13 @@ LAUNCH = ("hpc.pipeline.launcher", "launch")
 CALLERS: Dict[str, Set[Tuple[str, str]]] = {
     "start_job": {LAUNCH},
     "submit_array": {("hpc.pipeline.launcher", "Submitit.start_job")},
-    "start_step": {("hpc.pipeline.here", "Here.start_job")},
+    "start_step": {("hpc.here.backend", "Here.start_job")},
 }
 # submitit's own submission (executor.submit, its _submit_command): inside submit_array, and in the
 # srun wrapper's helper job that resubmits a run (through the launch path: hpc.afterstep.resubmit)
 SUBMITIT = {("hpc.pipeline.executor", "submit_array"), ("hpc.afterstep", "resubmit_after")}
 STEP_PACKAGES = ("hpc.pipeline", "hpc.sweep", "hpc.here")  # where a Popen would start a stage's step
-STEP = {("hpc.pipeline.here", "start_step")}  # srun of one task's step
+STEP = {("hpc.here.steps", "start_step")}  # srun of one task's step
 
 
 def calls(path: Path) -> Iterator[Tuple[str, str, str]]:

@@ -22,7 +22,8 @@ from submitit.core import core, job_environment, utils
 from submitit.slurm import slurm
 
 from hpc import submit as submit_cmd
-from hpc.pipeline import herestep, launcher, plan, sbatch, submission
+from hpc.here import rank
+from hpc.pipeline import launcher, plan, sbatch, submission
 
 VERSION = f"submitit {submitit.__version__}, cloudpickle {cloudpickle.__version__}"
 
@@ -123,12 +124,12 @@ def test_the_file_names_and_formats_hpc_reads_and_writes(tmp_path):
     assert "%j" in pattern, moved("JobPaths.submitted_pickle", "hpc/pipeline/executor.py:submit_array",
                                   f"no %j in {pattern}")
     paths = utils.JobPaths(tmp_path, job_id="7_1", task_id=0)
-    assert str(paths.result_pickle) == herestep.result_path(str(tmp_path / "7_1")), moved(
-        "JobPaths.result_pickle", "hpc/pipeline/herestep.py:result_path", f"now {paths.result_pickle}")
+    assert str(paths.result_pickle) == rank.result_path(str(tmp_path / "7_1")), moved(
+        "JobPaths.result_pickle", "hpc/here/rank.py:result_path", f"now {paths.result_pickle}")
     assert paths.result_pickle.parent == paths.folder
-    herestep.write_outcome(str(paths.result_pickle), ("success", {"merged": 3}))
+    rank.write_outcome(str(paths.result_pickle), ("success", {"merged": 3}))
     assert submitit.SlurmJob(tmp_path, "7_1").result() == {"merged": 3}, moved(
-        "the result pickle", "hpc/pipeline/herestep.py:write_outcome", "submitit reads another format")
+        "the result pickle", "hpc/here/rank.py:write_outcome", "submitit reads another format")
     delayed = utils.DelayedSubmission(Checkpointable())
     assert list(inspect.signature(delayed.set_timeout).parameters) == ["timeout_min", "max_num_timeout"], moved(
         "DelayedSubmission.set_timeout", "hpc/pipeline/executor.py:submit_array", "another signature")
@@ -145,11 +146,11 @@ def test_cloudpickles_by_value_registry(monkeypatch):
                                        "hpc/pipeline/executor.py:_dumps", "gone")
     module = types.ModuleType("hpc_contract_probe")
     monkeypatch.setitem(sys.modules, module.__name__, module)
-    assert not registry, "a module is registered for by-value pickling already: hpc pickles through cloudpickle"
+    before = set(registry)  # a test of this process may have registered its workload module
     cloudpickle.register_pickle_by_value(module)
     try:
-        assert registry, moved("cloudpickle.cloudpickle._PICKLE_BY_VALUE_MODULES", "hpc/pipeline/executor.py:_dumps",
+        assert module.__name__ in registry, moved("cloudpickle.cloudpickle._PICKLE_BY_VALUE_MODULES", "hpc/pipeline/executor.py:_dumps",
                                "register_pickle_by_value no longer fills it")
     finally:
         cloudpickle.unregister_pickle_by_value(module)
-    assert not registry
+    assert set(registry) == before

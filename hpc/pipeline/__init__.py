@@ -26,10 +26,6 @@ Parts::
     submission.py  start(): the engine python -m hpc.submit, hpc.submit() and sweeps call; a run's Book
     launcher.py    launch(plan, book, backend): the one function that starts a plan's jobs; submitit's Backend
     short.py       define()/stage(): a PipelineDef from plain functions (hpc.define, hpc.stage)
-    here.py        --cluster here: the plan's tasks as srun steps of the current salloc allocation
-    herealloc.py   the allocation it runs in, and each step's exact share of it (not the allocation's shape)
-    herestep.py    what each rank of such a step runs: the StageTask, and its result file
-    herestop.py    Ctrl-C there: this run's steps stopped at a checkpoint, then ended; what stopped a step
 
 Everything but executor.py's task imports without torch: --dry-run stays fast.
 """

@@ -13,7 +13,7 @@ waits for (answer) and acts on: a requeue that SLURM refused is not taken for on
 a srun of the user's own, without the wrapper, has no HPC_HOST_ACTS and settles it in the rank.
 A request holds the stop's `reason` (timeout, preempt, hang, or SUBMITIT), the task's requeue
 `history`, `job_id`, `restart` and `max_timeouts`; the answer, `requeue`, `why`, `kind` (or `error`).
-In a `--cluster here` step the command that runs it is the host (hpc.pipeline.here): it never
+In a `--cluster here` step the command that runs it is the host (hpc.here): it never
 requeues, and answers with what stopped the step, from the reason and the allocation's state.
 A rank that needs the job's EndTime (a `run` stage's deadline: hpc.recovery.deadline) asks the host
 for it the same way (ask_end, end_fields): no SLURM client in the task.

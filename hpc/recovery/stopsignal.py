@@ -24,7 +24,7 @@ PREEMPT_SIGNAL = "TERM"
 # Stop reasons as all-reduce codes: MAX across ranks, so a preemption seen anywhere wins.
 REASON_CODES = {None: 0, "timeout": 1, "preempt": 2}
 CODE_REASONS = {v: k for k, v in REASON_CODES.items()}
-# Set in every step of a `--cluster here` run (hpc.pipeline.here): a stop there is the user's Ctrl-C,
+# Set in every step of a `--cluster here` run (hpc.here): a stop there is the user's Ctrl-C,
 # never requeued (hpc.recovery.preemption.handle_stop); the same command resumes from the checkpoint.
 INTERACTIVE_ENV = "HPC_INTERACTIVE_STEP"
 

@@ -42,7 +42,7 @@ from hpc.pipeline.request import Request, Submitted
 from hpc.rundir.codeversion import code_version
 from hpc.rundir.run import RunDir, RunDirError
 from hpc.rundir.sweepdir import SweepDir
-from hpc.slurm import scheduler
+from hpc.slurm import limits, scheduler
 from hpc.sweep import grid as hgrid
 from hpc.sweep import launch
 from hpc.sweep import points as sweepconfig
@@ -54,7 +54,7 @@ def start(req: Request) -> Submitted:
     (none for a dry run or when all is done or queued). A dry run prints the plan and changes nothing."""
     req, recorded = _recorded(req)
     pipe, base, run, kind, notes = hsubmit.build(req, view=False)
-    if kind == "here":  # hpc.pipeline.here runs one run's stages, not a grid of arrays
+    if kind == "here":  # hpc.here runs one run's stages, not a grid of arrays
         raise hconfig.ConfigError("a sweep does not run with --cluster here; expected slurm, local or debug. "
                                   "HINT: run each point on its own (--cluster here key=value), or sbatch the sweep.")
     sweep = SweepDir(run.path)
@@ -78,6 +78,8 @@ def start(req: Request) -> Submitted:
         if not plan.jobs:
             print(f"nothing to submit: every task of every point of {sweep.path} is done or queued")
             return Submitted(sweep.path, str(kind), {})
+        if kind == "slurm":  # the site's submit limit takes the whole sweep, or nothing is submitted
+            limits.refuse_past_limit([len(job.items) for job in plan.jobs])
         # pipeline_arg: how a job names the pipeline to resubmit its point (hpc.afterstep, as hpc.submit)
         module_file = hsubmit.user_module_file(req.pipeline)
         code = {**code_version(module_file), "pipeline_arg": req.pipeline}

@@ -1,4 +1,4 @@
-"""The allocation a `--cluster here` run is in, and each step's exact share of it (hpc.pipeline.here).
+"""The allocation a `--cluster here` run is in, and each step's exact share of it (hpc.here.steps).
 
     salloc -N 2 --ntasks-per-node=2 --gres=gpu:2      # then, in its shell:
     python -m hpc.submit langsplat --profile sandbox --levels 1 --cluster here --dry-run

@@ -1,11 +1,11 @@
-"""Ctrl-C in a `--cluster here` run (hpc.pipeline.here): the running steps stopped at a checkpoint, gently
+"""Ctrl-C in a `--cluster here` run (hpc.here.backend): the running steps stopped at a checkpoint, gently
 first, and never left behind; and what the ranks of a stopped step are told stopped it.
 
     with Interrupt() as stop, Reaper(running): ... stop.act(running, alloc)   # once per wait slice
 
 A first SIGINT, SIGTERM or SIGHUP sends SIGTERM to the tasks of every running step of this command
 (`scancel --signal=TERM JOB.STEP`, not to srun, which would end the step at once), as a preemption
-would; a second ends the steps through srun; a third kills srun. A step here is hpc.pipeline.here.Step:
+would; a second ends the steps through srun; a third kills srun. A step here is hpc.here.steps.Step:
 its stage's job, its srun process (in a session of its own), its step name, unique to this command's
 run (another run in the same allocation numbers its steps alike: only the name tells them apart), and
 whether it was asked to stop. A stopped rank asks the command what stopped it (stopped(): a hang, the

@@ -1,11 +1,11 @@
-"""One task of a `--cluster here` run, in every rank of its srun step (hpc.pipeline.here starts it).
+"""One task of a `--cluster here` run, in every rank of its srun step (hpc.here.steps starts it).
 
-    srun ... python -u -m hpc.pipeline.herestep RUN/STAGE/logs/ID/ID_task.pkl
+    srun ... python -u -m hpc.here.rank RUN/STAGE/logs/ID/ID_task.pkl
 
 Unpickles the StageTask and calls it, as submitit's runner does in a batch job; rank 0 then writes
 the outcome beside the logs, in submitit's result file and format (("success", result) or
 ("error", traceback)), which hpc.status reads for a task that has no scheduler record. A step that
-ends with none (srun refused it, or a rank died first) gets one from hpc.pipeline.here, with srun's words.
+ends with none (srun refused it, or a rank died first) gets one from hpc.here.steps, with srun's words.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ TASK_SUFFIX = "_task.pkl"
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 1 or not args[0].endswith(TASK_SUFFIX):
-        print(f"usage: python -m hpc.pipeline.herestep PATH/ID{TASK_SUFFIX}", file=sys.stderr)
+        print(f"usage: python -m hpc.here.rank PATH/ID{TASK_SUFFIX}", file=sys.stderr)
         return 2
     path = Path(args[0])
     task = pickle.loads(path.read_bytes())
