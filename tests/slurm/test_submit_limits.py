@@ -72,3 +72,14 @@ def test_a_run_within_the_limit_is_submitted(limited, tmp_path, capsys):
     set_submit_limit(limited, 5)
     assert submit_tiny(tmp_path / "run") == 0
     assert len(queued(limited)) == 5
+
+
+def test_a_sweep_past_the_limit_is_refused_before_any_sbatch(limited, tmp_path, capsys):
+    set_submit_limit(limited, 3)
+    code = submit.main(["tiny", "--cluster", "slurm", "--run-dir", str(tmp_path / "sweep"), "tiny.parts=[0]",
+                        "--sweep", "tiny.score=1,2"])
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert "this run needs 4 jobs in the queue at once (an array of 2 + an array of 2)" in err, err
+    assert len(err.splitlines()) == 1
+    assert queued(limited) == []
