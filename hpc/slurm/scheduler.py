@@ -8,6 +8,13 @@ one of two back ends:
   slurmctld still holds, the ended ones included for MinJobAge seconds. A job missing from that
   answer has ended; its outcome is read from what it left in the run directory (hpc.status).
   scontrol would know nothing more (it reads the same memory), so it costs no call per job.
+  squeue also answers a poll whose sacct fails for another reason (slurmdbd down or slow: sacct is
+  retried for SACCT_RETRY_S only), and hpc says once on stderr that accounting is unreachable.
+
+An empty squeue answer for jobs that were asked about is not taken on trust (a loaded controller
+may answer nothing): `scontrol show job` of the newest of them says whether slurmctld has forgotten
+them (then the answer stands) or not (then squeue is asked once more, and a second empty answer is
+an error: a submission never resubmits tasks whose state it cannot know).
 
 SLURM states map to hpc states through a table, not branches; a job ended by its time limit is
 TIMEOUT whatever its state word (Reason=TimeLimit). Why a pending job will never start is inferred
@@ -20,12 +27,14 @@ are re-exported here, so `hpc.slurm.scheduler` stays the one name callers use.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from hpc.slurm.cli import PING_TIMEOUT_S, Kind, SlurmExit, detect, ping  # noqa: F401 (re-exported)
 from hpc.slurm.cli import run as _run
 from hpc.slurm.jobcontrol import cancel, job_info, node_states, requeue, start_now, update_job  # noqa: F401 (re-exported)
+from hpc.slurm.retry import deadline_s as _deadline_s
 from hpc.slurm.siteconfig import SHOW_CONFIG, max_array_size, parse_max_array_size  # noqa: F401 (re-exported)
 
 # SLURM state (first word of sacct's State, squeue's %T) -> hpc state
@@ -55,6 +64,7 @@ HISTORY_FIELDS = ("JobID", "Submit", "Eligible", "Start", "End", "State", "Reaso
 SQUEUE_FIELDS = ("JobArrayID", "State", "Reason", "TimeUsed", "StartTime", "EndTime", "NodeList", "RestartCnt")
 NO_ACCOUNTING = "accounting storage is disabled"  # sacct's words on a site without slurmdbd
 UNKNOWN_JOB = "Invalid job id specified"
+SACCT_RETRY_S = 5.0  # slurmdbd down or slow: squeue answers the poll after this, not after a minute
 
 
 @dataclass(frozen=True)
@@ -112,18 +122,56 @@ def query(job_ids: Iterable[str]) -> Answer:
         return Answer({}, "squeue" if _site() in _NO_ACCOUNTING else "sacct")
     if _site() not in _NO_ACCOUNTING:
         try:
-            out = _run(["sacct", "-X", "-D", "-P", "-n", "-o", ",".join(SACCT_FIELDS), "-j", ",".join(base_ids(ids))])
+            out = _run(["sacct", "-X", "-D", "-P", "-n", "-o", ",".join(SACCT_FIELDS), "-j", ",".join(base_ids(ids))],
+                       deadline_s=min(SACCT_RETRY_S, _deadline_s()))
             return Answer(parse_sacct(out, ids), "sacct")
         except RuntimeError as err:  # slurmdbd down: squeue answers this poll; disabled: every poll
             if NO_ACCOUNTING in str(err):
                 _NO_ACCOUNTING.add(_site())
+            else:
+                _say_unreachable(str(err))
+    return Answer(parse_squeue(_squeue_checked(ids), ids), "squeue")
+
+
+_SAID: set = set()
+
+
+def _say_unreachable(err: str) -> None:
+    """One line per process on stderr: sacct failed, so the states come from squeue."""
+    if _site() not in _SAID:
+        _SAID.add(_site())
+        words = err.split(". HINT:")[0]
+        print(f"[hpc] accounting unreachable ({words}): states from squeue, which lists only the jobs "
+              "slurmctld still holds", file=sys.stderr, flush=True)
+
+
+def _squeue_known(ids: Sequence[str]) -> str:
     try:
-        out = _squeue(ids)
+        return _squeue(ids)
     except RuntimeError as err:
         if UNKNOWN_JOB not in str(err):
             raise
-        out = ""  # squeue -j with a single id that slurmctld has forgotten fails; with several it lists the rest
-    return Answer(parse_squeue(out, ids), "squeue")
+        return ""  # squeue -j with a single id that slurmctld has forgotten fails; with several it lists the rest
+
+
+def _squeue_checked(ids: Sequence[str]) -> str:
+    """squeue's answer for `ids`; an empty one is checked with scontrol (see the module's doc)."""
+    out = _squeue_known(ids)
+    if out.strip():
+        return out
+    newest = max(base_ids(ids), key=lambda b: (len(b), b))
+    try:
+        job_info(newest)
+    except SlurmExit as err:
+        if UNKNOWN_JOB in str(err):
+            return out  # slurmctld has forgotten them: they have ended
+        raise
+    out = _squeue_known(ids)
+    if out.strip():
+        return out
+    raise RuntimeError(f"squeue answered nothing twice for {len(base_ids(ids))} job(s) while scontrol still shows "
+                       f"job {newest}; expected their states. HINT: try again when the controller is less busy: "
+                       "hpc does not resubmit tasks whose state it cannot know")
 
 
 def confirm_active(answer: Answer) -> Answer:
