@@ -19,6 +19,7 @@ allocation (hpc.here). It also shapes the plan for itself (plans, shape) and sho
 from __future__ import annotations
 
 import contextlib
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple
@@ -110,11 +111,26 @@ def launch(plan: Plan, book: Book, backend: Backend) -> Dict[str, List[str]]:
                     now.extend(jid for _, jid in started)
                     book.record(job, started, order, plan.kind)
 
-                ended = backend.start_job(job, book.tasks(job), order, record)
+                try:
+                    ended = backend.start_job(job, book.tasks(job), order, record)
+                except Exception:
+                    _say_partly_submitted(plan, job, ids, book)
+                    raise
                 failed = ended is False and book.stops
     finally:
         book.close()
     return ids
+
+
+def _say_partly_submitted(plan: Plan, job: JobSpec, ids: Dict[str, List[str]], book: Book) -> None:
+    """When `job` could not start after earlier jobs did (sbatch refused it: a limit hpc could not
+    read), one line on stderr naming what is queued and what is not, before the refusal itself."""
+    queued = [f"{label} ({' '.join(jids)})" for label, jids in ids.items() if jids]
+    if queued and plan.kind == "slurm":
+        rest = [j.label for j in plan.jobs[plan.jobs.index(job):]]
+        print(f"submitted in part: queued {', '.join(queued)}; not submitted: {', '.join(rest)}. HINT: "
+              f"python -m hpc.status {book.where} shows the queued tasks; the same command again, once there "
+              "is room, submits only the tasks neither done nor queued.", file=sys.stderr, flush=True)
 
 
 def _order(job: JobSpec, book: Book, ids: Dict[str, List[str]]) -> Order:

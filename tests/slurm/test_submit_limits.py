@@ -15,6 +15,7 @@ import pytest
 from hpc import submit
 from hpc.cluster import LocalCluster
 from hpc.pipeline import plan
+from hpc.rundir.run import RunDir
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slurm
@@ -83,3 +84,18 @@ def test_a_sweep_past_the_limit_is_refused_before_any_sbatch(limited, tmp_path, 
     assert "this run needs 4 jobs in the queue at once (an array of 2 + an array of 2)" in err, err
     assert len(err.splitlines()) == 1
     assert queued(limited) == []
+
+
+def test_a_limit_hpc_cannot_read_says_what_was_queued_and_what_not(limited, tmp_path, capsys):
+    """GrpSubmit (the QOS's total, all users together) is not read: sbatch refuses the second stage."""
+    set_submit_limit(limited, 0)
+    limited.run(["sacctmgr", "-i", "modify", "qos", "where", "name=normal", "set", "GrpSubmit=3"])
+    try:
+        assert submit_tiny(tmp_path / "run") == 2
+    finally:
+        limited.run(["sacctmgr", "-i", "modify", "qos", "where", "name=normal", "set", "GrpSubmit=-1"])
+    err = capsys.readouterr().err
+    first = RunDir(tmp_path / "run").tasks()
+    assert [t["stage"] for t in first] == ["first"]
+    assert f"submitted in part: queued first ({first[0]['job_id']}); not submitted: second. HINT:" in err, err
+    assert "the scheduler refused" in err.strip().splitlines()[-1]
