@@ -15,6 +15,7 @@ StageTask (executor.py) enters the snapshot, imports the stage's function and wr
 Parts::
 
     plan.py        PipelineDef, StageDef, the registry of pipelines, make_plan -> Plan of JobSpecs
+    resources.py   a stage's resources as the plan takes them: its section and container checked, its notes
     arrays.py      a stage's items as sbatch arrays within MaxArraySize; per-item dependencies (aftercorr at
                    the upstream tasks' ids, --array=3,7,12-20)
     sbatch.py      Resources -> submitit parameters and the sbatch text they produce

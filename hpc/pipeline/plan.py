@@ -4,7 +4,8 @@
 
 Pipelines register in PIPELINES (name -> module exposing PIPELINE, a PipelineDef); modules are
 imported lazily so that planning never imports torch. make_plan() decides which stages and array
-items still need to run (no done marker, not already queued) and which stage each waits for.
+items still need to run (no done marker, not already queued) and which stage each waits for; each
+stage's resources, their checks and notes come from hpc.pipeline.resources.
 """
 from __future__ import annotations
 
@@ -13,9 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple, Union
 
 from hpc.config.checks import ConfigError
-from hpc.config.schema import to_dict
 from hpc.container import spec
-from hpc.pipeline import arrays, earlysignal, sbatch, worlds
+from hpc.pipeline import arrays, resources, sbatch, worlds
 from hpc.rundir import logdirs
 from hpc.rundir.run import task_key
 
@@ -210,16 +210,10 @@ def make_plan(pipe: PipelineDef, cfg: Any, run_dir: str, kind: str,
                 skipped.append(f"{task_key(*key)}: already queued or running")
         if not todo:
             continue
-        res = dict(to_dict(cfg.stages[stage.resources or stage.name]))
-        res["container"] = _container(cfg, stage.resources or stage.name, res, run_dir) if kind == "slurm" else None
-        if kind == "slurm" and stage.batch:  # every node count SLURM may grant, not only the ends
-            worlds.check_batch(f"stages.{stage.resources or stage.name}.nodes", res, stage.batch[0])
-        ranks, note = worlds.worlds(stage.name, res, kind)
-        if note:
-            notes.append(note)
-        early = earlysignal.note(f"stages.{stage.resources or stage.name}", res) if kind == "slurm" else None
-        if early and early not in notes:  # stages sharing one resources section: one note
-            notes.append(early)
+        res, ranks, note, early = resources.of_stage(cfg, stage.name, stage.resources or stage.name, stage.batch,
+                                                     kind, run_dir)
+        notes += [note] * bool(note)
+        notes += [early] * bool(early and early not in notes)  # stages sharing one resources section: one note
         # wait for what is submitted now or still queued from an earlier submission
         after = tuple(s for s in stage.after if any(j.stage == s for j in jobs) or any(k[0] == s for k in queued))
         up_item = stage.per_item_of or (lambda i: i)
@@ -247,18 +241,11 @@ def make_plan(pipe: PipelineDef, cfg: Any, run_dir: str, kind: str,
                           part=(k, len(split)), task_ids=part.ids, item_of=stage.per_item_of)
             placed.update({(stage.name, i): (job.label, t) for t, i in zip(part.task_ids, part.items)})
             jobs.append(job)
-    notes += _fallback_notes(pipe, cfg, getattr(kind, "why_not_slurm", ""))
+    notes += resources.fallback_notes(pipe.stages(cfg), cfg, getattr(kind, "why_not_slurm", ""))
     if kind != "slurm" and len(jobs) > 1:
         notes.append("the local executor has no afterok: stages run one after another, "
                      "and submit waits for each before starting the next")
     return Plan(pipe.name, run_dir, kind, tuple(jobs), tuple(skipped), tuple(notes))
-
-
-def _container(cfg: Any, key: str, res: Mapping[str, Any], run_dir: str) -> Optional[Dict[str, Any]]:
-    """The stage's container section, checked, with hpc's mounts (hpc.container.spec); None: the host."""
-    section = spec.effective(res.get("container") or {}, to_dict(cfg.cluster).get("container") or {})
-    where = f"stages.{key}.container" if (res.get("container") or {}).get("runtime") else "cluster.container"
-    return spec.resolve(section, where, run_dir, to_dict(cfg), key) if section.get("runtime") else None
 
 
 def _check_per_item(stage: StageDef, defined: Mapping[str, StageDef]) -> None:
@@ -283,18 +270,3 @@ def _item_wait(job: JobSpec, how: str) -> List[str]:
         return [f"{task_key(job.item_after, (job.item_of or (lambda i: i))(job.items[0]))} (afterok)"]
     array = job.waits[0][0] if isinstance(job.waits[0], tuple) else f"job {job.waits[0].split('_')[0]}"
     return [f"{job.item_after}[k] for each item k (aftercorr on {array})"]
-
-
-def _fallback_notes(pipe: PipelineDef, cfg: Any, why_not_slurm: str) -> List[str]:
-    """What `--cluster auto` falling back to the local executor means for each stage that asks for
-    GPUs, in words, with the reason no SLURM answered."""
-    if not why_not_slurm:
-        return []
-    notes = []
-    for stage in pipe.stages(cfg):
-        res = to_dict(cfg.stages[stage.resources or stage.name])
-        if res["gpus_per_node"]:
-            notes.append(f"no SLURM answered ({why_not_slurm}); stage {stage.name} asks for "
-                         f"{res['gpus_per_node']} GPUs per node and runs as {res['local_tasks']} CPU "
-                         "process(es) here")
-    return notes or [f"no SLURM answered ({why_not_slurm}); running on this machine"]
