@@ -19,7 +19,7 @@ class ConfigError(ValueError):
     """Bad user configuration: the message says what was seen, what is valid, and a HINT."""
 
 
-CLUSTER_KINDS = ("auto", "slurm", "local", "debug", "here")  # here: srun steps of this salloc (hpc.pipeline.here)
+CLUSTER_KINDS = ("auto", "slurm", "local", "debug", "here")  # here: srun steps of this salloc (hpc.here)
 # Values that end up as sbatch options: one shell-safe token (submitit quotes them too; a newline
 # inside a #SBATCH value would still start a new script line, so refuse it outright). fullmatch, not
 # match with `$`: `$` also matches before a trailing newline.
