@@ -15,7 +15,7 @@ used) and SubmissionError (the scheduler refused; its own words in the message a
 from __future__ import annotations
 
 import sys
-from typing import Any, Iterable, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence, Union
 
 from hpc.config.checks import ConfigError
 from hpc.pipeline import options as hoptions
@@ -23,9 +23,20 @@ from hpc.pipeline.plan import PipelineDef, get_pipeline
 from hpc.pipeline.request import Request, Submitted
 from hpc.rundir import sweepdir
 from hpc.rundir.run import RunDirError
-from hpc.runs import Run, Sweep
+
+if TYPE_CHECKING:
+    from hpc.runs import Run, Sweep
 
 __all__ = ["ConfigError", "RunDirError", "SubmissionError", "submit", "submit_request", "Run", "Sweep"]
+
+
+def __getattr__(name: str) -> Any:
+    """hpc.api.Run and hpc.api.Sweep, loaded on first use (hpc.runs)."""
+    if name in ("Run", "Sweep"):
+        from hpc import runs  # on first use: a submission from the command never loads it
+
+        return getattr(runs, name)
+    raise AttributeError(f"module 'hpc.api' has no attribute {name!r}")
 
 
 class SubmissionError(RuntimeError):
@@ -71,6 +82,8 @@ def submit(pipeline: Union[str, PipelineDef], overrides: Iterable[str] = (), pro
     done = submit_request(req)
     if req.dry_run:
         return None
+    from hpc.runs import Run, Sweep  # the object returned: python -m hpc.submit builds none, nor loads its modules
+
     found = Sweep(done.path) if sweepdir.is_sweep(str(done.path)) else Run(done.path)
     if wait:
         found.wait(timeout=timeout)
