@@ -24,7 +24,6 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from hpc.config import schema as hconfig
 from hpc.container import spec
-from hpc.monitor import status
 from hpc.pipeline import launcher
 from hpc.pipeline import plan as hplan
 from hpc.pipeline.request import Request, Submitted
@@ -94,6 +93,8 @@ def current_state(pipe: hplan.PipelineDef, cfg: Any, run: RunDir, kind: str, ans
     tasks = {(t["stage"], t["item"]): t["job_id"] for t in run.tasks()}
     if kind != "slurm" or not tasks:
         return finished, {}, []
+    from hpc.monitor import status  # a run with jobs only: a first submission never loads the monitor
+
     records, never = answer or confirmed(status.query_run(run))
     # sacct lists a job once slurmdbd has it: one just submitted is queued, as hpc.status says
     unlisted = set(run.slurm_jobs()) if records.source == "sacct" else set()
