@@ -23,16 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from hpc.config import defaults, resolved
+from hpc.config import defaults
 from hpc.fs import atomic
 from hpc.pipeline import arraytasks
-from hpc.recovery import hostact
 from hpc.rundir import logdirs, tracking
 from hpc.rundir.run import RunDir, task_key
 from hpc.rundir.snapshot import JobCode
 from hpc.rundir.sweepdir import SweepDir, is_sweep
-from hpc.runtime.distenv import master_port_for
-from hpc.runtime.envparse import from_environ
 
 
 def drop_unexpanded_folder(folder: str) -> None:
@@ -70,6 +67,11 @@ class StageTask:
         self.run_id = run_id  # the manifest's run id (hpc.rundir.tracking)
 
     def __call__(self) -> Any:
+        # the job's own modules, loaded where it runs: a submission pickles tasks without them
+        from hpc.config import resolved
+        from hpc.recovery import hostact
+        from hpc.runtime.envparse import from_environ
+
         started = time.time()
         run = RunDir(self.run_dir)
         missing = [task_key(*k) for k in getattr(self, "needs", ()) if not run.is_done(*k)]  # older pickles: none
@@ -131,6 +133,9 @@ def _local_env() -> Any:
     world = env.get("SUBMITIT_LOCAL_NTASKS", "1")
     if world == "1":
         return None
+    from hpc.runtime.distenv import master_port_for  # the job's side only, as in StageTask.__call__
+    from hpc.runtime.envparse import from_environ
+
     job_id = env.get("SUBMITIT_LOCAL_JOB_ID", "0")
     mapping = {"RANK": env["SUBMITIT_LOCAL_GLOBALID"], "LOCAL_RANK": env["SUBMITIT_LOCAL_LOCALID"],
                "WORLD_SIZE": world, "LOCAL_WORLD_SIZE": world, "MASTER_ADDR": "127.0.0.1",
