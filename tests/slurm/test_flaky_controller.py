@@ -7,11 +7,12 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from faults.slurmshim import EMPTY, INVALID_PARTITION, TIMEOUT, SlurmShim
+from faults.slurmshim import DBD_DOWN, EMPTY, INVALID_PARTITION, TIMEOUT, SlurmShim
 from hpc.rundir.run import RunDir
 from hpc.slurm import scheduler
 
@@ -32,7 +33,17 @@ def _hpc(module: str, *args: str, env: dict) -> subprocess.CompletedProcess:
 @pytest.fixture
 def queued_run(no_accounting_cluster, site_env, tmp_path):
     """A tiny run on the site without accounting whose tasks are all running or queued; cancelled after."""
-    site_env(no_accounting_cluster)
+    yield from _queued(no_accounting_cluster, site_env, tmp_path)
+
+
+@pytest.fixture
+def queued_accounting_run(slurm_cluster, site_env, tmp_path):
+    """The same on the site with accounting."""
+    yield from _queued(slurm_cluster, site_env, tmp_path)
+
+
+def _queued(cluster, site_env, tmp_path):
+    site_env(cluster)
     out = _hpc("hpc.submit", "tiny", "--cluster", "slurm", "--run-dir", str(tmp_path / "run"), *HOLD,
                env=dict(os.environ))
     assert out.returncode == 0, out.stderr
@@ -74,3 +85,22 @@ def test_a_refused_submission_is_not_retried_and_says_so_once(no_accounting_clus
     said = [line for line in out.stderr.splitlines() if line.startswith("error: ")]  # sbatch's own line above it
     assert len(said) == 1 and "Invalid partition name specified" in said[0], out.stderr
     assert "retrying" not in out.stderr and "Traceback" not in out.stderr
+
+
+def test_status_answers_from_squeue_within_seconds_while_slurmdbd_is_down(queued_accounting_run, tmp_path):
+    shim = SlurmShim(tmp_path / "shim").rule("sacct", range(1, 100), DBD_DOWN)
+    start = time.monotonic()
+    out = _hpc("hpc.status", str(queued_accounting_run.path), "--json", env=shim.env())
+    took = time.monotonic() - start
+    assert out.returncode == 0, out.stderr
+    assert "[hpc] accounting unreachable (sacct " in out.stderr and "Connection refused" in out.stderr, out.stderr
+    assert out.stderr.count("accounting unreachable") == 1
+    assert {r["state"] for r in json.loads(out.stdout)} <= {"RUNNING", "PENDING"}
+    assert took < 15, f"{took:.0f} s"
+
+
+def test_a_controller_that_keeps_answering_nothing_gets_no_blind_resubmission(queued_run, tmp_path):
+    shim = SlurmShim(tmp_path / "shim").rule("squeue", [1, 2], EMPTY)
+    out = _hpc("hpc.submit", "tiny", "--cluster", "slurm", "--run-dir", str(queued_run.path), *HOLD, env=shim.env())
+    assert out.returncode == 2 and shim.calls("sbatch") == [], out.stdout + out.stderr
+    assert "squeue answered nothing twice" in out.stderr and "HINT: " in out.stderr and "Traceback" not in out.stderr
