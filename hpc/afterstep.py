@@ -64,8 +64,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"[hpc] cannot make {os.path.dirname(request)} for the ranks' stop requests: {err}. HINT: the run "
               "directory must be writable from the batch script's node", file=sys.stderr, flush=True)
         return 1
-    return supervise(["srun", *args[2:]], lambda why: act(args[0], why, points), lambda: serve(request),
-                     {**os.environ, HOST_ACTS: request})
+    env = {**os.environ, HOST_ACTS: request}  # srun's, and the ranks': their own retry deadline
+    # This process calls SLURM only at a stop, within the grace time: a controller that does not answer
+    # is asked again for STOP_RETRY_S at most (the requeue itself, until the job's EndTime is near).
+    os.environ[RETRY_ENV] = str(min(STOP_RETRY_S, _seconds(os.environ.get(RETRY_ENV))))
+    return supervise(["srun", *args[2:]], lambda why: act(args[0], why, points), lambda: serve(request), env)
+
+
+RETRY_ENV = "HPC_SLURM_RETRY_S"  # hpc.slurm.retry.DEADLINE_ENV, a literal here as HOST_ACTS is
+STOP_RETRY_S = 5.0
+
+
+def _seconds(text: Optional[str]) -> float:
+    try:
+        return float(text) if text else STOP_RETRY_S
+    except ValueError:
+        return STOP_RETRY_S
 
 
 WAIT_SLICE_S = 0.5  # supervise's wait for srun, in slices: see there

@@ -31,3 +31,9 @@ def test_a_request_not_readable_at_first_is_settled_at_a_later_look(tmp_path):
     assert os.path.exists(request + ".done"), sorted(os.listdir(os.path.dirname(request)))
     # settled (here it cannot be carried out: no history, no SLURM), and the rank is told so
     assert "error" in json.loads(open(request + ".done").read())["outcome"] and not os.path.exists(request)
+
+
+def test_the_wrappers_retry_deadline_is_the_one_slurm_calls_read():
+    from hpc.slurm import retry
+
+    assert afterstep.RETRY_ENV == retry.DEADLINE_ENV

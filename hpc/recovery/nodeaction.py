@@ -71,9 +71,9 @@ def carry_out(action: nodefail.Action, job_id: str, info: Dict[str, str], alread
         return "stopped"
     exclude = sorted(set(requeue.excluded(info)) | set(action.exclude))
     if not already:  # asked again while the controller does not answer, until the job's EndTime is near
-        seen, _ = requeue.until_queued(lambda run: scheduler.requeue(job_id, runner=run),
-                                       lambda: nodefail.requeued(preemption.job_info(job_id, tries=1), restart),
-                                       requeue.within_grace(info), subprocess.run)
+        seen = requeue.until_queued(lambda run, left: scheduler.requeue(job_id, runner=run, deadline_s=left),
+                                    lambda: nodefail.requeued(preemption.job_info(job_id, tries=1), restart),
+                                    requeue.within_grace(info), subprocess.run)
         if seen:  # refused, or no answer in time, and SLURM has not requeued it meanwhile
             new = resubmit_after(job_id, run_dir, stage, exclude, info)
             without = f", excluding {','.join(exclude)}" if exclude else ""

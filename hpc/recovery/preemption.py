@@ -53,18 +53,21 @@ from hpc.slurm import scheduler
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_TIMEOUTS = defaults.MAX_TIMEOUTS  # for a loop run outside a pipeline, as in its config
+INFO_DEADLINE_S = 4.0  # a stop reads SLURM within its grace time (30 s by default): the requeue needs the rest
 
 
 def job_info(job_id: str, runner: Callable[..., Any] = subprocess.run, tries: int = 3) -> dict[str, str]:
     """hpc.slurm.scheduler.job_info (JobState, PreemptTime, ...), or {} when SLURM cannot say: the signal
     then decides. An scontrol that exits non-zero is asked again: while a step is being ended (time
     limit, requeue) slurmstepd signals every process of the step, and an scontrol started then can
-    die of it (no stderr)."""
+    die of it (no stderr). A controller that does not answer is asked again for INFO_DEADLINE_S."""
     for attempt in range(1, tries + 1):
         try:
-            return scheduler.job_info(job_id, runner=runner)
+            return scheduler.job_info(job_id, runner=runner, deadline_s=INFO_DEADLINE_S)
         except scheduler.SlurmExit as err:
             log.warning("try %d of %d: %s", attempt, tries, err)
+            if requeue.no_answer(str(err)):  # asked again already, for as long as a stop can spare
+                return {}
             time.sleep(0.2 * attempt)
         except RuntimeError as err:  # scontrol could not run or gave no answer in time
             log.warning("could not ask SLURM about job %s: %s", job_id, err)
@@ -157,13 +160,12 @@ def requeue_job(job_id: str, restarts: int, ask: bool = True, runner: Callable[.
     said = "queued again by SLURM itself"
     if ask:
         by = requeue.within_grace({}) if by is None else by
-        seen, tries = requeue.until_queued(lambda run: scheduler.requeue(job_id, runner=shielded(run)),
-                                           lambda: _taken(job_id, restarts, requeue.bounded(runner, by)), by, runner)
+        seen = requeue.until_queued(lambda run, left: scheduler.requeue(job_id, runner=shielded(run), deadline_s=left),
+                                    lambda: _taken(job_id, restarts, requeue.bounded(runner, by)), by, runner)
         if seen:
-            hint = NO_ANSWER if requeue.transient(RuntimeError(seen)) else "submit with --requeue and check " \
-                "JobRequeue in slurm.conf"
-            return f"{seen} HINT: {hint}", f"not requeued: scontrol requeue failed {tries} time(s), the last: {seen}"
-        said = "queued again by scontrol requeue" + (f" (try {tries}; the ones before failed)" if tries > 1 else "")
+            hint = NO_ANSWER if requeue.no_answer(seen) else "submit with --requeue and check JobRequeue in slurm.conf"
+            return f"{seen} HINT: {hint}", f"not requeued: {seen}"
+        said = "queued again by scontrol requeue"
     try:  # SLURM pins the node count it last granted: give a node range back (hpc.recovery.requeue)
         requeue.after_requeue(job_id)
     except RuntimeError as err:  # the batch script's hpc.afterstep tries again

@@ -15,10 +15,10 @@
   SIGTERM, so each update is tried again.
 - `scontrol requeue` at a stop runs in the job's last seconds, against a controller that may be busy
   or restarting ("Socket timed out on send/recv operation", "Unable to contact slurm controller"):
-  such an answer is no refusal, and until_queued asks again, with backoff and jitter, until the
-  deadline the job's EndTime leaves (within_grace: a preemption's GraceTime, or the time limit). After
-  any failed call it asks whether SLURM took the request all the same (a call that timed out on the
-  way back). A refusal (requeue disabled, access denied, an unknown job) is never asked again.
+  such an answer is no refusal, and it is asked again (hpc.slurm.cli.run) until the deadline the
+  job's EndTime leaves (within_grace: a preemption's GraceTime, or the time limit). until_queued then
+  asks whether SLURM took the request all the same (an answer lost on its way back). A refusal
+  (requeue disabled, access denied, an unknown job) is never asked again.
 - Where requeue is refused (JobRequeue=0, a site's job_submit plugin, `scontrol requeue` denied),
   hpc.afterstep submits a one-task job that waits for this one to end (afterany) and then submits
   the stage again into the same run directory with the failed nodes excluded, as a user would; the
@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import time
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 from hpc.recovery import deadline
 from hpc.slurm import hostlist, noderange, scheduler
+from hpc.slurm import retry as slurm_retry
 
 log = logging.getLogger(__name__)
 UNSET = {"", "(null)", "None"}  # what scontrol shows for a field without a value
@@ -90,51 +90,42 @@ def retry(call: Any, tries: int, pause_s: float = 0.2) -> Any:
             time.sleep(pause_s * attempt)
 
 
-# SLURM's words for a controller that gave no answer this time (busy, restarting, the network): asked again.
-TRANSIENT = ("timed out", "unable to contact", "connect failure", "connection refused", "temporarily unavailable",
-             "zero bytes were transmitted", "communication connection failure", "in standby mode",
-             "controller is busy", "try again")
 SIGNAL_TRIES = 3  # a client killed by the job's own stop signals: the job is being ended, more will not help
-MARGIN_S = 2.0  # the last retry ends this long before EndTime, leaving the ranks time to exit on the answer
-PAUSE_S, MAX_PAUSE_S = 0.25, 2.0  # the first pause between tries, doubled each time up to the cap
+MARGIN_S = 2.0  # the retries end this long before EndTime (at most half of what is left): see within_grace
 
 
 def within_grace(info: Mapping[str, str], now: Optional[float] = None) -> float:
-    """The Unix time until which a stop's requeue is retried: the job's EndTime (PreemptTime + GraceTime
-    on a preemption, the time limit otherwise) less MARGIN_S, at most half of what is left
-    (hpc.recovery.deadline.decide_by); a few seconds when SLURM gave no EndTime."""
+    """The Unix time until which a stop's requeue is asked again: the job's EndTime (PreemptTime +
+    GraceTime on a preemption, the time limit otherwise) less MARGIN_S, at most half of what is left
+    (hpc.recovery.deadline.decide_by), so that the ranks still exit on the answer before SLURM ends
+    the job; a few seconds when SLURM gave no EndTime."""
     return deadline.decide_by(info, time.time() if now is None else now, MARGIN_S)
 
 
-def transient(err: RuntimeError) -> bool:
-    """Whether a client's failure was no answer (asked again) rather than SLURM's refusal (never)."""
-    code = getattr(err, "returncode", 1)
-    return code < 0 or any(word in str(err).lower() for word in TRANSIENT)
+def no_answer(words: str) -> bool:
+    """Whether SLURM's `words` say the controller gave no answer (hpc.slurm.retry's table), not a refusal."""
+    return slurm_retry.classify(words) == slurm_retry.TRANSIENT
 
 
-def until_queued(ask: Callable[[Callable[..., Any]], None], taken: Callable[[], bool], by: float,
-                 runner: Callable[..., Any]) -> Tuple[str, int]:
-    """Run `ask(runner)` (an scontrol requeue) until the job is queued again: ('', tries) once it is,
-    else (SLURM's last words, tries). A transient error is asked again until `by` (a Unix time:
-    within_grace), each call's own timeout cut to what is left; a refusal is not. After each failure
-    `taken()` says whether SLURM requeued the job anyway."""
-    tries, died = 0, 0
-    while True:
-        tries += 1
+def until_queued(ask: Callable[[Callable[..., Any], float], None], taken: Callable[[], bool], by: float,
+                 runner: Callable[..., Any]) -> str:
+    """`ask(runner, seconds)` (an scontrol requeue, which hpc.slurm.cli.run asks again, with backoff
+    and jitter, while the controller gives no answer, for the seconds given: until `by`, a Unix time,
+    within_grace) until the job is queued again: '' once it is, else SLURM's last words. After a
+    failure `taken()` says whether SLURM requeued the job all the same (an answer lost on its way
+    back); a client killed by a signal is run again, up to SIGNAL_TRIES times; a refusal is final."""
+    for tries in range(1, SIGNAL_TRIES + 1):
         try:
-            ask(bounded(runner, by))
-            return "", tries
+            ask(bounded(runner, by), max(0.0, by - time.time()))
+            return ""
         except RuntimeError as err:
             if taken():
-                return "", tries
+                return ""
             seen = str(err).partition(" HINT:")[0]
-            died += getattr(err, "returncode", 1) < 0
-            left = by - time.time()
-            if not transient(err) or left <= 0 or died >= SIGNAL_TRIES:
-                return seen, tries
-            log.warning("try %d, %.1f s left to requeue: %s", tries, left, seen)
-            if getattr(err, "returncode", 1) >= 0:  # the controller's own trouble: give it a moment
-                time.sleep(min(left, MAX_PAUSE_S, PAUSE_S * 2 ** (tries - 1)) * random.uniform(0.5, 1.0))
+            if getattr(err, "returncode", 1) >= 0 or time.time() >= by:
+                return seen
+            log.warning("try %d of %d: %s", tries, SIGNAL_TRIES, seen)
+    return seen
 
 
 def bounded(runner: Callable[..., Any], by: float) -> Callable[..., Any]:
