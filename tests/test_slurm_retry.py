@@ -123,5 +123,5 @@ def test_a_controller_that_cannot_be_reached_is_retried_for_sbatch_too(no_sleep)
 
 def test_a_bad_deadline_setting_is_one_line_with_a_hint(monkeypatch):
     monkeypatch.setenv(retry.DEADLINE_ENV, "soon")
-    with pytest.raises(ValueError, match="HINT: export HPC_SLURM_RETRY_S=60"):
+    with pytest.raises(RuntimeError, match="HINT: export HPC_SLURM_RETRY_S=60"):
         retry.deadline_s()

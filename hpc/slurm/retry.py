@@ -70,9 +70,9 @@ def deadline_s() -> float:
     raw = os.environ.get(DEADLINE_ENV, "")
     try:
         return max(0.0, float(raw)) if raw.strip() else DEFAULT_DEADLINE_S
-    except ValueError:
-        raise ValueError(f"{DEADLINE_ENV}={raw!r}: expected seconds (a number). "
-                         f"HINT: export {DEADLINE_ENV}=60, or unset it") from None
+    except ValueError:  # a RuntimeError, as the clients' failures: every command says it in one line
+        raise RuntimeError(f"{DEADLINE_ENV}={raw!r}: expected seconds (a number). "
+                           f"HINT: export {DEADLINE_ENV}=60, or unset it") from None
 
 
 def wait_s(attempt: int, rng: random.Random = random._inst) -> float:  # type: ignore[attr-defined]
