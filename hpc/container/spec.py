@@ -50,7 +50,6 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from hpc.config.checks import ConfigError
 from hpc.config.schema import to_dict
-from hpc.container import carry, squash
 from hpc.rundir import snapcache
 from hpc.rundir.sweepdir import is_sweep
 
@@ -113,6 +112,9 @@ def resolve(section: Mapping[str, Any], where: str, run_dir: str, cfg: Mapping[s
         if not os.path.exists(image):
             raise ConfigError(f"{where}.image={image!r} does not exist on this machine; expected the image "
                               "file. HINT: fix the path, or import it first (enroot import / apptainer pull).")
+    # a stage's container alone loads these: a submission without one never does
+    from hpc.container import carry, squash
+
     pull = str(section.get("squash") or "")
     if pull:  # pyxis: the registry image imported once to this file, at submission (prepare)
         squash.check(pull, image, runtime, where)
@@ -150,7 +152,12 @@ def prepare(jobs: Sequence[Any]) -> List[str]:
     and a Pyxis image's .sqsh file (hpc.container.squash); what each cost, in words, once each."""
     boxes = [j.resources.get("container") or {} for j in jobs]
     pulls = {b["image"]: b["pull"] for b in boxes if b.get("pull")}
-    return [*(carry.ensure(where).summary() for where in sorted({b.get("carry") for b in boxes} - {None, ""})),
+    carried = sorted({b.get("carry") for b in boxes} - {None, ""})
+    if not carried and not pulls:
+        return []
+    from hpc.container import carry, squash  # as in resolve(): only for a stage's container
+
+    return [*(carry.ensure(where).summary() for where in carried),
             *(squash.ensure(path, image) for path, image in sorted(pulls.items()))]
 
 
@@ -182,6 +189,8 @@ def launch(c: Mapping[str, Any], gpus_per_node: int) -> Launch:
     setup = tuple(f"export {exported}{k}={shlex.quote(v)}" for k, v in env.items())
     python, workdir, mounts = str(c["python"]), c.get("workdir"), ",".join(c["mounts"])
     if c.get("carry"):  # hpc's copy first on PYTHONPATH inside the image
+        from hpc.container import carry  # as in resolve(): only for a stage's container
+
         python = carry.wrap(c["carry"], python)
     if c["runtime"] == "pyxis":
         args = [f"--container-image={c['image']}", f"--container-mounts={mounts}", f"--container-name={c['name']}",
