@@ -1,4 +1,6 @@
-"""Pure parts of hpc.slurm.scheduler: sacct and squeue parsing, array ids, the state table, detection."""
+"""Pure parts of hpc.slurm.scheduler: sacct and squeue parsing, array ids, the state table, detection,
+and how it takes an empty squeue answer (over fake clients wrapped by faults.slurmshim)."""
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -88,8 +90,8 @@ def test_auto_without_scontrol_says_so(monkeypatch):
 
 
 def test_plan_says_which_gpu_stage_runs_on_the_cpu_when_auto_fell_back():
-    from tests.tiny_pipeline import PIPELINE
     from hpc.config import schema as config
+    from tests.tiny_pipeline import PIPELINE
 
     cfg = config.load(PIPELINE.schema, "tiny", None, ["stages.second.gpus_per_node=8",
                                                       "stages.second.local_tasks=2"], None)
@@ -150,3 +152,44 @@ def test_a_failing_slurm_client_is_one_line_with_its_deciding_error(monkeypatch,
     else:
         raise AssertionError("a failing sinfo must raise")
     assert "\n" not in message and "the decisive one" in message and "first" not in message
+
+
+def _fake_site(tmp_path, monkeypatch, scontrol_says: str):
+    """A site without accounting whose squeue lists job 5 pending; faults.slurmshim wraps the clients."""
+    from faults.slurmshim import SlurmShim
+
+    real = tmp_path / "real"
+    real.mkdir(parents=True)
+    clients = {"sacct": "echo 'sacct: error: Slurm accounting storage is disabled' >&2; exit 1",
+               "squeue": "echo '5|PENDING|Priority|0:00|N/A|N/A||0|'",
+               "scontrol": scontrol_says}
+    for name, body in clients.items():
+        (real / name).write_text(f"#!/bin/sh\n{body}\n")
+        (real / name).chmod(0o755)
+    shim = SlurmShim(tmp_path / "shim")
+    for key, value in shim.env({"PATH": f"{real}:/usr/bin:/bin"}).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "slurm.conf"))  # a site of its own
+    return shim
+
+
+def test_an_empty_squeue_answer_for_a_job_slurmctld_still_holds_is_asked_again(tmp_path, monkeypatch):
+    from faults.slurmshim import EMPTY
+
+    shim = _fake_site(tmp_path, monkeypatch, "echo 'JobId=5 JobState=PENDING'").rule("squeue", [1], EMPTY)
+    answer = scheduler.query(["5"])
+    assert answer.source == "squeue" and answer["5"].state == "PENDING"
+    assert [c[0] for c in shim.calls()] == ["sacct", "squeue", "scontrol", "squeue"]
+
+
+def test_an_empty_squeue_answer_for_forgotten_jobs_stands_and_twice_empty_is_an_error(tmp_path, monkeypatch):
+    from faults.slurmshim import EMPTY
+
+    forgot = "echo 'slurm_load_jobs error: Invalid job id specified' >&2; exit 1"
+    shim = _fake_site(tmp_path, monkeypatch, forgot).rule("squeue", [1], EMPTY)
+    assert scheduler.query(["5"]) == {}
+    assert [c[0] for c in shim.calls()] == ["sacct", "squeue", "scontrol"]
+    shim = _fake_site(tmp_path / "b", monkeypatch, "echo 'JobId=5 JobState=PENDING'").rule("squeue", [1, 2], EMPTY)
+    with pytest.raises(RuntimeError, match="squeue answered nothing twice .* HINT: "):
+        scheduler.query(["5"])
+    assert len(shim.calls("squeue")) == 2
