@@ -6,7 +6,8 @@
 The campaigns are faults.checkpoint, faults.disk, faults.resume, faults.exits (normal exits of
 DDP jobs on a local SLURM cluster), faults.hangs (hung ranks and the watchdog), faults.sharedfs
 (NFS and Lustre behaviours, injected), faults.nodefail (a node of a local SLURM cluster failed
-under a 2-node training job, which hpc requeues without it) and, for run directories,
+under a 2-node training job, which hpc requeues without it), faults.controller (a preemption whose
+`scontrol requeue` times out: the job keeps its place) and, for run directories,
 tests.submit_race (simultaneous submissions into one run dir). "Lost" counts checkpoints that were
 committed and then did not load (or loads that raised, returned nothing or mixed two checkpoints),
 resumed runs that did not end bitwise equal to the uninterrupted one, second writers let in,
@@ -68,6 +69,7 @@ def _normal_exits(workload: str):
 def campaigns() -> List[Campaign]:
     from faults import checkpoint as fc
     from faults import sharedfs as fs
+    from faults.controller import requeue_timeouts
     from faults.disk import full_disk
     from faults.hangs import hung_ranks
     from faults.nodefail import node_failures
@@ -92,6 +94,8 @@ def campaigns() -> List[Campaign]:
                  _normal_exits("trainloop-fsdp"), 200, 4),
         Campaign("a rank hung (SIGSTOP, or asleep in its step): watchdog", hung_ranks, 10, 2),
         Campaign("a node failed under a 2-node training job: requeued without it", node_failures, 5, 1),
+        Campaign("requeue timing out at a preemption (scontrol requeue: Socket timed out, 1 or 2 times)",
+                 requeue_timeouts, 5, 1),
         Campaign("shared FS: directory fsync answers EINVAL", fs.dir_fsync_einval, 30, 4),
         Campaign("shared FS: NFS negative lookup cache while rank 0 commits", fs.negative_cache, 20, 3),
         Campaign("shared FS: checkpoint pruned after an NFS load", fs.pruned_after_load, 20, 3),
