@@ -37,3 +37,36 @@ def test_the_wrappers_retry_deadline_is_the_one_slurm_calls_read():
     from hpc.slurm import retry
 
     assert afterstep.RETRY_ENV == retry.DEADLINE_ENV
+
+
+def test_the_stop_record_is_written_once_slurm_answered_and_says_a_failed_requeue_failed(tmp_path, monkeypatch):
+    """A preempted job's requeue that the controller never answers (within the grace time the job's
+    EndTime leaves): the record is not written before SLURM answered, and it says the requeue failed,
+    and with SLURM's words, not `requeue: true`."""
+    import subprocess
+    import time
+
+    from hpc.recovery import hostact, nodeaction
+
+    history, asked = tmp_path / "requeue.json", []
+    end = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() + 6))  # GraceTime almost over
+
+    def scontrol(argv, **kw):
+        asked.append(argv[1])
+        if argv[1] == "requeue":
+            assert not history.exists()  # nothing recorded before SLURM has answered
+            return subprocess.CompletedProcess(argv, 1, "", "scontrol: error: Socket timed out on send/recv operation\n")
+        return subprocess.CompletedProcess(argv, 0, f"JobId=5 JobState=RUNNING PreemptTime=x EndTime={end}", "")
+
+    monkeypatch.setattr(subprocess, "run", scontrol)  # the requeue's node range step too: never reached
+    request = str(tmp_path / "request.json")
+    hostact.ask(request, {"reason": "preempt", "history": str(history), "job_id": "5", "restart": 0,
+                          "max_timeouts": 3})
+    started = time.monotonic()
+    line = nodeaction.settle_request(request, scontrol)
+    assert time.monotonic() - started < 6 and asked.count("requeue") >= 2, asked  # asked again, within the time
+    [event] = json.loads(history.read_text())["events"]
+    assert (event["kind"], event["requeue"]) == ("preempt", False) and "(requeued)" not in line
+    assert event["slurm"].startswith("not requeued: scontrol requeue exited 1: scontrol: error: Socket timed out")
+    assert "HINT: the controller gave no answer within the job's grace time" in event["why"]
+    assert json.loads(open(request + ".done").read())["outcome"]["requeue"] is False
