@@ -31,7 +31,7 @@ import os
 import time
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
-from hpc.recovery import deadline
+from hpc.recovery import deadline, hostact
 from hpc.slurm import hostlist, noderange, scheduler
 from hpc.slurm import retry as slurm_retry
 
@@ -98,8 +98,10 @@ def within_grace(info: Mapping[str, str], now: Optional[float] = None) -> float:
     """The Unix time until which a stop's requeue is asked again: the job's EndTime (PreemptTime +
     GraceTime on a preemption, the time limit otherwise) less MARGIN_S, at most half of what is left
     (hpc.recovery.deadline.decide_by), so that the ranks still exit on the answer before SLURM ends
-    the job; a few seconds when SLURM gave no EndTime."""
-    return deadline.decide_by(info, time.time() if now is None else now, MARGIN_S)
+    the job; a few seconds when SLURM gave no EndTime. Never more than half of the time a rank waits
+    for the host's answer (hpc.recovery.hostact.ANSWER_WAIT_S): a hang's EndTime is the time limit."""
+    now = time.time() if now is None else now
+    return min(deadline.decide_by(info, now, MARGIN_S), now + hostact.ANSWER_WAIT_S / 2)
 
 
 def no_answer(words: str) -> bool:
