@@ -27,7 +27,7 @@ from bench.report import Section, load, machine, render, save, stamp
 # name -> (module, title, target): the order of the report.
 BENCHMARKS = {
     "submission": ("bench.submission", "Submission wall time",
-                   "a real submission within 0.5 s and at most 1.0x plain submitit; a dry run within 0.3 s"),
+                   "a real submission within 0.5 s and at most 1.25x plain submitit's CPU; a dry run within 0.3 s"),
     "checkpoint": ("bench.checkpoint_stall", "Checkpoint stall per save",
                    "training blocked per background save <= 10% of a synchronous torch.save"),
     "preemption": ("bench.preempt_safe", "Preemption to safe",
