@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
 from typing import Any, Dict, List, Mapping, Sequence
 
 from hpc.slurm import cli
 
+ASK_S = 5.0  # how long a Ctrl-C's squeue and scancel calls retry a busy controller: the terminal waits
 STOP_WAIT_S = 300.0  # after Ctrl-C, how long the steps get to checkpoint before they are ended
 
 
@@ -86,7 +86,7 @@ class Interrupt:
 def steps(alloc: Any) -> Dict[str, List[str]]:
     """The allocation's running steps: name -> their ids (JOB.STEP); {} when SLURM cannot say."""
     try:
-        out = cli.run(["squeue", "-h", "-s", "-j", alloc.job_id, "-o", "%i|%j"])
+        out = cli.run(["squeue", "-h", "-s", "-j", alloc.job_id, "-o", "%i|%j"], deadline_s=ASK_S)
     except RuntimeError:
         return {}
     named: Dict[str, List[str]] = {}
@@ -102,7 +102,10 @@ def signal_step(step: Any, listed: Mapping[str, Sequence[str]]) -> bool:
     does not list it yet (it is starting): asked again at the next slice."""
     mine = listed.get(step.name, ())
     for step_id in mine:
-        subprocess.run(["scancel", "--signal=TERM", step_id], capture_output=True)
+        try:
+            cli.run(["scancel", "--signal=TERM", step_id], deadline_s=ASK_S)
+        except RuntimeError:  # a step that ended meanwhile; a controller that does not answer: the wait ends it
+            pass
     return bool(mine) or step.proc.poll() is not None
 
 
