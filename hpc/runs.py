@@ -21,15 +21,15 @@ import json
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Union
 
 from hpc.fs.sharedfs import listed
-from hpc.monitor import logs as tasklogs
-from hpc.monitor import results, sweeps
-from hpc.monitor import status as hstatus
 from hpc.rundir import sweepdir
 from hpc.rundir.run import RunDir, RunDirError, task_key
 from hpc.slurm import scheduler
+
+if TYPE_CHECKING:
+    from hpc.monitor.status import TaskStatus
 
 POLL_S = 2.0  # wait()'s interval between scheduler calls: one sacct per poll, whatever the run's size
 
@@ -50,7 +50,10 @@ class Run:
         check(str(path))
         return Sweep(path) if sweepdir.is_sweep(str(path)) else Run(path)
 
-    def rows(self) -> List[hstatus.TaskStatus]:
+    def rows(self) -> List[TaskStatus]:
+        # the monitor loads at a run's first look at its tasks: hpc.submit() returns a Run without it
+        from hpc.monitor import status as hstatus
+
         return hstatus.collect(RunDir(self.path))
 
     def status(self) -> List[Dict[str, Any]]:
@@ -71,6 +74,8 @@ class Run:
                   err: bool = False) -> List[Path]:
         """The log file of each chosen task's newest job (every task of `stage`, or of the run, when
         not narrowed); RunDirError or ValueError names what exists, ranks included."""
+        from hpc.monitor import logs as tasklogs  # as in rows(): on first use
+
         paths = tasklogs.select(RunDir(self.path), stage, None if task is None else str(task), rank,
                                 "err" if err else "out")
         for path in paths:
@@ -99,6 +104,8 @@ class Run:
 
     def outputs(self) -> Dict[str, List[Path]]:
         """Task -> the files and directories it made in its directory (what hpc.status lists)."""
+        from hpc.monitor import status as hstatus  # as in rows(): on first use
+
         run = RunDir(self.path)
         out = {}
         for t in run.tasks():
@@ -110,6 +117,8 @@ class Run:
         """What the function of `stage` returned in the task of `item` (None: the stage's one task),
         as submitit's job.result() gives it (hpc.monitor.results). ResultError (its `.state`) when
         the task has not completed; ValueError naming the stages or items there are."""
+        from hpc.monitor import results  # as in rows(): on first use
+
         return results.result(RunDir(self.path), stage, item)
 
     def cancel(self, stage: Optional[str] = None) -> List[str]:
@@ -157,6 +166,8 @@ class Sweep:
 
     def status(self) -> List[Dict[str, Any]]:
         """One dict per point: what python -m hpc.status --json prints for a sweep."""
+        from hpc.monitor import sweeps  # as in Run.rows(): on first use
+
         return sweeps.json_rows(sweeps.collect(sweepdir.SweepDir(self.path)))
 
     def wait(self, timeout: Optional[float] = None, poll_s: float = POLL_S) -> List[Dict[str, Any]]:
