@@ -206,7 +206,8 @@ def _finish(sec: Section, injected: int, lost: int, not_run: List[str], carried:
         "None once a checkpoint existed, or mixed files of two steps; a resumed run whose parameters "
         "are not torch.equal to the uninterrupted run's; a second writer let in; a manifest entry missing; "
         "a job whose node failed that did not end COMPLETED off the node, resumed from its newest "
-        "checkpoint, with the uninterrupted run's model (within 1e-12: 4 ranks became 2)",
+        "checkpoint, with the uninterrupted run's model (within 1e-12: 4 ranks became 2); a preempted job whose "
+        "requeue timed out that did not end COMPLETED with every step done, submitted once and restarted once",
         f"seed {seed}; victims are forked and their whole process group SIGKILLed, as SLURM kills a "
         "job; the full disk is an 8 MiB tmpfs filled by a ballast file",
         "the same campaigns run with small counts in tests/test_checkpoint_faults.py and "
