@@ -12,7 +12,7 @@ Parts::
     stopsignal.py   stop signals as a flag; the step every rank agrees to stop at, without a per-step sync
     verdict.py      what happened to a stopped job (SLURM's fields) and the requeue table; pure
     preemption.py   a stop carried out: SLURM asked, the verdict recorded, the job requeued or ended
-    requeue.py      a requeued job gets its node range back and its failed nodes excluded
+    requeue.py      a stop's requeue asked again within the grace time; a requeued job's node range and exclusions
     nodefail.py     was it a node or the code, and is another attempt worth it (the task's history)
     nodeaction.py   what the srun wrapper (python -m hpc.afterstep) reads, decides and carries out
     watchdog.py     no step for watchdog_s: every rank's stacks, the stuck ranks named, a requeue
