@@ -9,8 +9,11 @@ Usage::
 Parts::
 
     cli.py         running scontrol, sacct, squeue, scancel with a timeout; does a controller answer
+    retry.py       which of SLURM's failures are transient (retried with backoff under a deadline) or final
     jobcontrol.py  one job: show, requeue, release, update, cancel (one client call each)
-    scheduler.py   the one parser of sacct's and squeue's answers, the state table, partitions
+    scheduler.py   job states from one call per poll (sacct, else squeue; empty answers checked), partitions
+    jobstates.py   the state table and the one parser of sacct's and squeue's answers (pure)
+    limits.py      the site's submit limits (sacctmgr), read once and kept; a run that cannot fit is refused
     siteconfig.py  MaxArraySize from `scontrol show config`, kept in the user's cache per slurm.conf
     hostlist.py    hostlist expressions as `scontrol show hostnames` expands them
     noderange.py   node counts and MIN-MAX node ranges of a stage
