@@ -211,16 +211,15 @@ def resubmit_after(job_id: str, run_dir: str, stage: str, exclude: Sequence[str]
     """Submit (through submitit) the job that resubmits `stage` into `run_dir` once `job_id` has
     ended; returns its id. It runs in this job's partition, account and QOS, from this job's working
     directory, where the pipeline's module is importable, without this job's SLURM_* variables."""
-    # here, not at the top: a wrapper that only runs srun never needs them
-    import submitit
-
-    # nor these: hpc.recovery and the scheduler's calls only once the job must be submitted again
+    # here, not at the top: a wrapper that only runs srun never needs them (submitit's executor, whose
+    # sbatch is queued once however SLURM answers), hpc.recovery and the scheduler's calls
+    from hpc.pipeline.submitonce import SlurmExecutor
     from hpc.recovery import requeue
     from hpc.slurm.submitenv import submission_env
 
     extra = {"dependency": f"afterany:{job_id}", **{flag: info[key] for key, flag in (
         ("Account", "account"), ("QOS", "qos")) if info.get(key, "") not in requeue.UNSET}}
-    executor = submitit.SlurmExecutor(folder=f"{run_dir}/{stage}/logs/resubmit-%j")
+    executor = SlurmExecutor(folder=f"{run_dir}/{stage}/logs/resubmit-%j")
     partition = {"partition": info["Partition"]} if info.get("Partition", "") not in requeue.UNSET else {}
     executor.update_parameters(job_name=f"hpc-resubmit-{stage}", nodes=1, ntasks_per_node=1, cpus_per_task=1,
                                time=10, additional_parameters=extra, **partition)

@@ -89,6 +89,27 @@ def test_submit_command_submits_the_text_hpc_mirrors(stand_ins):
         "PicklingExecutor._submit_command", "hpc/pipeline/executor.py:submit_array", "another sbatch script")
 
 
+
+def test_every_sbatch_goes_through_the_one_method_hpc_overrides(stand_ins):
+    from hpc.pipeline import submitonce
+
+    where = "hpc/pipeline/submitonce.py:SlurmExecutor._submit_command"
+    for owner, name in ((submitit.SlurmExecutor, "_make_submission_file_text"), (submitit.SlurmExecutor, "_num_tasks"),
+                        (submitit.SlurmExecutor, "_make_submission_command"), (utils.JobPaths, "move_temporary_file"),
+                        (submitit.SlurmExecutor, "_get_job_id_from_submission_command"),
+                        (utils.JobPaths, "get_first_id_independent_folder")):
+        assert callable(getattr(owner, name, None)), moved(f"{owner.__name__}.{name}", where, "gone")
+    executor = submitonce.SlurmExecutor(stand_ins / "logs" / "%j", 3, python="PYTHON")
+    executor.update_parameters(job_name="contract", time=5, comment="mine")
+    job = executor.submit(print, "hello")  # submitit's own path to sbatch: it must call _submit_command
+    assert isinstance(job, submitit.SlurmJob) and job.job_id == "4242", moved(
+        "PicklingExecutor._submit_command", where, f"returned {job!r}")
+    script = (stand_ins / "script.sh").read_text()
+    assert "#SBATCH --comment='mine hpc:" in script, moved(  # sbatch drops the quotes
+        "PicklingExecutor._submit_command", where, "submit() no longer sends sbatch through it")
+    assert job.paths.submission_file.exists() and job.paths.submitted_pickle.exists(), moved(
+        "JobPaths.move_temporary_file", where, "the job's files are elsewhere")
+
 class Checkpointable:
     """A task submitit checkpoints on the time-limit signal, as hpc's StageTask is."""
 

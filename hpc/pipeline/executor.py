@@ -11,7 +11,8 @@ the same task, so it runs the same snapshot. On SIGUSR2 (time limit near) submit
 checkpoint(), which resubmits the same task (snapshot included); it resumes from what the stage
 saved under its task directory. Preemption (SIGTERM, PreemptMode=REQUEUE) is requeued by SLURM
 itself with the same job id. submit_array() submits an array whose task ids are chosen by the plan
-(aftercorr after a partial resubmission, hpc.pipeline.arrays), not submitit's 0..n-1.
+(aftercorr after a partial resubmission, hpc.pipeline.arrays), not submitit's 0..n-1. Every sbatch
+of either carries a token and is queued once however SLURM answers (hpc.pipeline.submitonce).
 """
 from __future__ import annotations
 
@@ -159,6 +160,8 @@ def submit_array(executor: Any, tasks: Sequence[Any], task_ids: Sequence[int] = 
     import submitit
     from submitit.core import utils
 
+    from hpc.pipeline.submitonce import SlurmExecutor  # its sbatch carries a token: queued once (submitonce)
+
     task_ids = list(task_ids) or list(range(len(tasks)))
     assert len(task_ids) == len(tasks) == len(set(task_ids)) > 1, (task_ids, len(tasks))
     timeout = (executor.parameters.get("time", 5), executor.max_num_timeout)
@@ -169,7 +172,7 @@ def submit_array(executor: Any, tasks: Sequence[Any], task_ids: Sequence[int] = 
         pickles[task_id] = _dumps(delayed)
     pattern = str(utils.JobPaths(executor.folder).submitted_pickle)  # %j left in: the task fills it in
     atomic.write_bytes(tasks_file, arraytasks.encode(pickles, pattern))
-    array = submitit.SlurmExecutor(executor.folder, executor.max_num_timeout, python=executor.python)
+    array = SlurmExecutor(executor.folder, executor.max_num_timeout, python=executor.python)
     array.update_parameters(**executor.parameters)
     array.parameters["map_count"] = len(tasks)  # the %A_%a log names; an explicit --array line is ours
     first = array._submit_command(array._submitit_command_str)
@@ -189,8 +192,10 @@ def make_executor(kind: str, folder: str, max_timeouts: int = defaults.MAX_TIMEO
     (a container's, hpc.container.spec; None: this process's)."""
     import submitit
 
-    if kind == "slurm":
-        return submitit.SlurmExecutor(folder=folder, max_num_timeout=max_timeouts, python=python)
+    if kind == "slurm":  # submitit's, each sbatch queued once however SLURM answers (hpc.pipeline.submitonce)
+        from hpc.pipeline.submitonce import SlurmExecutor
+
+        return SlurmExecutor(folder=folder, max_num_timeout=max_timeouts, python=python)
     if kind == "local":
         return submitit.LocalExecutor(folder=folder)
     if kind == "debug":
