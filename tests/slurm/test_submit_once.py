@@ -79,6 +79,15 @@ def test_an_array_queued_before_sbatch_timed_out_is_one_array(submitted, tmp_pat
     assert len(shim.calls("sbatch")) == 2
 
 
+
+@pytest.mark.slurm
+def test_a_sweep_array_queued_before_sbatch_timed_out_is_one_array(submitted, tmp_path):
+    shim = SlurmShim(tmp_path / "shim").rule("sbatch", [1], QUEUED_THEN_TIMEOUT)  # `first` of both points
+    out = submitted(shim, "tiny.parts=[0]", "--sweep", "tiny.score=1,2")
+    assert out.returncode == 0, out.stdout + out.stderr
+    queued = queued_by(tmp_path)
+    assert len(queued) == 2 and len(shim.calls("sbatch")) == 2, queued  # one array per stage, each once
+
 def test_the_lookup_finds_the_job_carrying_its_token():
     out = "41|hpc:aa11\n42|my run hpc:bb22\n43|hpc:cc33\n43|hpc:cc33\n44|(null)\n|hpc:dd44\n"
     assert submitonce.find_token(out, "bb22") == "42"  # after the job's own comment
