@@ -80,7 +80,9 @@ def run(cmd: List[str], env: Optional[Mapping[str, str]] = None, timeout_s: floa
     tried again only when `lookup` is given and finds nothing: `lookup()` returns the stdout the lost
     answer would have been (the job id) when the job is in the queue after all, else None."""
     budget = retry.deadline_s() if deadline_s is None else deadline_s
-    start, attempt, wait = time.monotonic(), 1, timeout_s
+    # a caller's own deadline bounds the first try too (a stop has its grace time, not a minute)
+    first = timeout_s if deadline_s is None else min(timeout_s, max(1.0, deadline_s))
+    start, attempt, wait = time.monotonic(), 1, first
     while True:
         words, code, said = _try(cmd, env, wait, runner)
         if code == 0:
@@ -88,7 +90,12 @@ def run(cmd: List[str], env: Optional[Mapping[str, str]] = None, timeout_s: floa
         left = budget - (time.monotonic() - start)
         unsure = cmd[0] == "sbatch" and retry.may_have_acted(said)
         if unsure and lookup is not None:
-            found = lookup()
+            try:
+                found = lookup()
+            except RuntimeError as err:  # the controller that lost sbatch's answer may not answer squeue either
+                raise SlurmExit(f"{' '.join(cmd[:2])} {'exited ' + str(code) + ': ' if code else ''}{words}; the job "
+                                f"may have been queued all the same, and looking for it failed ({err}). HINT: "
+                                "see squeue --me before you submit again", code or 1) from None
             if found is not None:
                 return found
         pause = retry.wait_s(attempt)

@@ -41,14 +41,15 @@ TRANSIENT_WORDS: Tuple[str, ...] = (
     "connection reset", "connection timed out", "communication connection failure",
     "slurm_persist_conn_open", "problem talking to the database", "unable to connect to database",
     "slurmdbd", "backup controller in standby mode", "temporarily unable to accept job",
-    "network is unreachable", "no route to host", "slurm_load_jobs error: unexpected message",
+    "network is unreachable", "no route to host", "send/receive error", "slurm_load_jobs error: unexpected message",
     "gave no answer within",  # hpc's words for a client that outlived its timeout (hpc.slurm.cli)
 )
 
 # Failures after which a submission may have been queued all the same (the answer was lost, not the
 # request): sbatch is asked again only once its caller has looked for the job (cli.run's `lookup`).
 MAY_HAVE_ACTED: Tuple[str, ...] = ("socket timed out", "zero bytes were transmitted", "connection reset",
-                                   "transport endpoint is not connected", "gave no answer within")
+                                   "transport endpoint is not connected", "send/receive error",
+                                   "gave no answer within")
 
 
 def classify(words: str) -> str:
