@@ -235,3 +235,25 @@ def test_only_the_scheduler_adapter_runs_scontrol():
             if isinstance(node, ast.List) and node.elts and isinstance(node.elts[0], ast.Constant)
             and node.elts[0].value == "scontrol"]
     assert runs == []
+
+
+def test_a_requeue_while_the_controller_restarts_is_asked_again_past_a_few_seconds(tmp_path, monkeypatch):
+    """A slurmctld restart: `scontrol show job` gives no answer, so no EndTime (GraceTime) is known. The
+    requeue is still asked again for half of what the rank waits for the host's answer
+    (hostact.ANSWER_WAIT_S), not a few seconds: a controller back after four failed tries (whose
+    pauses add up to 7.5 s at least) takes it, and the job keeps its place in the queue."""
+    slept = []  # the pauses pass on a clock of their own, at once
+    monkeypatch.setattr(time, "sleep", slept.append)
+    monkeypatch.setattr(time, "monotonic", lambda: sum(slept))
+    down = "scontrol: error: Unable to contact slurm controller (connect failure)\n"
+    asked = []
+
+    def runner(argv, **kw):
+        asked.append(argv[1])
+        if argv[1] == "-o" or asked.count("requeue") <= 4:
+            return subprocess.CompletedProcess(argv, 1, "", down)
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    d = pre.handle_stop(pre.StopRequest("preempt", "SIGTERM"), tmp_path / "h.json", job_id="5", runner=runner)
+    assert d.requeue and asked.count("requeue") == 5, (d, asked)
+    assert sum(slept) < 30

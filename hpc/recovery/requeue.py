@@ -98,10 +98,18 @@ def within_grace(info: Mapping[str, str], now: Optional[float] = None) -> float:
     """The Unix time until which a stop's requeue is asked again: the job's EndTime (PreemptTime +
     GraceTime on a preemption, the time limit otherwise) less MARGIN_S, at most half of what is left
     (hpc.recovery.deadline.decide_by), so that the ranks still exit on the answer before SLURM ends
-    the job; a few seconds when SLURM gave no EndTime. Never more than half of the time a rank waits
-    for the host's answer (hpc.recovery.hostact.ANSWER_WAIT_S): a hang's EndTime is the time limit."""
+    the job. Never more than half of the time a rank waits for the host's answer
+    (hpc.recovery.hostact.ANSWER_WAIT_S): a hang's EndTime is the time limit."""
     now = time.time() if now is None else now
-    return min(deadline.decide_by(info, now, MARGIN_S), now + hostact.ANSWER_WAIT_S / 2)
+    bound = now + hostact.ANSWER_WAIT_S / 2
+    if deadline.end_time(info) is None:
+        # No EndTime: `scontrol show job` gave no answer, most often a controller restarting, the very
+        # case the retries are for; decide_by's few seconds would give the requeue one try, and the job
+        # would lose its place to a resubmission (which needs that same controller). The GraceTime is
+        # unknown, but the rank's wait is not: the host answers within it, and this bound leaves the
+        # other half for what follows the requeue (the node range, a resubmission, the answer).
+        return bound
+    return min(deadline.decide_by(info, now, MARGIN_S), bound)
 
 
 def no_answer(words: str) -> bool:
