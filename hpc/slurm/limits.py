@@ -1,46 +1,67 @@
 """The site's submit limits: how many jobs this user may have queued, asked of sacctmgr at most once.
 
-    python -c "from hpc.slurm import limits; print(limits.submit_limit())"
+    python -c "from hpc.slurm import limits; print(limits.submit_limits())"
 
 Sites that enforce limits (AccountingStorageEnforce=limits,qos) refuse an sbatch that would take the
 user past MaxSubmitJobsPerUser of the job's QOS (`QOSMaxSubmitJobPerUserLimit`) or MaxSubmitJobs of
 the user's association (`AssocMaxSubmitJobLimit`); each task of an array counts as one job. A
-submission checks its whole plan against the strictest of the two (check) before its first sbatch,
-so that a run is never left half submitted by a limit hpc could read.
+submission checks its whole plan against both before its first sbatch, so that a run is never left
+half submitted by a limit hpc could read. A QOS's limit counts the user's jobs in that QOS, an
+association's those in its account (whatever their QOS); a stage that asks for another QOS or account
+(resources qos/account, or extra) than the one the limit was read for is not checked against it:
+sbatch enforces that one, and the submission's partial-submission line names what it refused.
+HPC_SUBMIT_LIMITS=off skips the check.
 
 One `sacctmgr` call (its commands on stdin: the user's default account, associations and the QOS)
-reads the limits; the answer, a limit or none, is kept in the user's cache (hpc.fs.usercache) as
-limits-<its name> beside hpc.slurm.siteconfig's entry for MAX_AGE_S, so a site without accounting
-or without limits costs that call once per MAX_AGE_S. Only where a limit exists is the user's count
-of queued and running jobs asked of squeue, on every submission. Limits shared with other users or
-the account (GrpSubmit, MaxSubmitPA) are not read: sbatch still refuses past them.
+reads the limits; the answer, the limits or none, is kept in the user's cache (hpc.fs.usercache) as
+slurm/limits-<digest>.json, named by the user and the cluster (hpc.slurm.siteconfig.site_key: the
+client's environment and its slurm.conf's stat), for MAX_AGE_S, so a site without accounting or
+without limits costs that call once per MAX_AGE_S. Only where a limit applies is the user's count of
+queued and running jobs asked of squeue (one call per limit), on every submission; a squeue that
+fails leaves the count unknown: one line on stderr, and the plan is not refused. Limits shared with
+other users or the account (GrpSubmit, MaxSubmitPA) are not read: sbatch still refuses past them.
 """
 from __future__ import annotations
 
 import functools
-import getpass
+import hashlib
 import json
+import os
+import pwd
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from hpc.fs.atomic import write_bytes
+from hpc.fs.usercache import cache_dir
 from hpc.slurm.cli import run as _run
-from hpc.slurm.siteconfig import _entry as site_entry
+from hpc.slurm.siteconfig import FOLDER, site_key
 
 MAX_AGE_S = 300  # a kept answer older than this is asked again (sacctmgr changes a limit at once)
 ASK_TIMEOUT_S = 10.0  # sacctmgr's one try: a site whose slurmdbd does not answer submits unchecked
 ECHO = "sacctmgr: "  # sacctmgr reading commands from stdin echoes each one before its answer
+OFF = "HPC_SUBMIT_LIMITS"  # =off: no check before the first sbatch (sbatch still enforces the limits)
 
 
 @dataclass(frozen=True)
 class SubmitLimit:
-    """The most jobs (array tasks counted one by one) this user may have queued or running."""
+    """The most jobs (array tasks counted one by one) this user may have queued or running in `qos`
+    (of == "qos") or in `account` (of == "account"); both name what the limit was read for."""
 
     jobs: int
     name: str  # what sets it, as the refusal names it: "QOS normal's MaxSubmitJobsPerUser"
+    of: str = "qos"  # what it counts: the user's jobs in its "qos", or in its "account"
+    qos: str = ""  # the QOS it was read for: the association's default ('' when none is known)
+    account: str = ""  # the account of the association it was read for
+
+    def applies(self, qos: Optional[str], account: Optional[str]) -> bool:
+        """Whether a job asking for `qos` and `account` (None: the default) counts against it."""
+        if self.of == "qos" and qos is not None:
+            return qos == self.qos
+        return account is None or account == self.account
 
 
 def commands(user: str) -> str:
@@ -50,10 +71,10 @@ def commands(user: str) -> str:
             "show qos format=Name,MaxSubmitPU\n")
 
 
-def parse(text: str) -> Optional[SubmitLimit]:
-    """The strictest per-user submit limit in sacctmgr's answer to commands() (-n -P), None when none
-    is set. The association is the default account's (a job without --account gets it), else the
-    strictest of the user's; its QOS is DefaultQOS, else normal when listed, else the only one."""
+def parse(text: str) -> List[SubmitLimit]:
+    """The per-user submit limits in sacctmgr's answer to commands() (-n -P), strictest first; []
+    when none is set. The association is the default account's (a job without --account gets it),
+    else each of the user's; its QOS is DefaultQOS, else normal when listed, else the only one."""
     sections = _sections(text)
     default_account = next((row[1] for row in sections.get("user", []) if len(row) > 1), "")
     assocs = [row for row in sections.get("assoc", []) if len(row) >= 6 and row[2] == ""]
@@ -61,13 +82,14 @@ def parse(text: str) -> Optional[SubmitLimit]:
     qos_limit = {row[0]: int(row[1]) for row in sections.get("qos", []) if len(row) > 1 and row[1].isdigit()}
     found: List[SubmitLimit] = []
     for account, _, _, max_submit, qos_list, default_qos in (row[:6] for row in assocs):
-        if max_submit.isdigit():
-            found.append(SubmitLimit(int(max_submit), f"the association of account {account}'s MaxSubmitJobs"))
         listed = [q for q in qos_list.split(",") if q]
         qos = default_qos or ("normal" if "normal" in listed or not listed else listed[0] if len(listed) == 1 else "")
+        if max_submit.isdigit():
+            found.append(SubmitLimit(int(max_submit), f"the association of account {account}'s MaxSubmitJobs",
+                                     "account", qos, account))
         if qos in qos_limit:
-            found.append(SubmitLimit(qos_limit[qos], f"QOS {qos}'s MaxSubmitJobsPerUser"))
-    return min(found, key=lambda limit: limit.jobs, default=None)
+            found.append(SubmitLimit(qos_limit[qos], f"QOS {qos}'s MaxSubmitJobsPerUser", "qos", qos, account))
+    return sorted(found, key=lambda limit: limit.jobs)
 
 
 def _sections(text: str) -> Dict[str, List[List[str]]]:
@@ -98,50 +120,91 @@ def check(jobs: Sequence[int], limit: Optional[SubmitLimit], queued: int) -> Opt
             "site for a higher limit (sacctmgr show qos).")
 
 
-def submit_limit() -> Optional[SubmitLimit]:
-    """This user's submit limit: kept, else one sacctmgr call (then kept). A sacctmgr that fails
-    (a site without accounting, a slurmdbd that does not answer) counts as no limit, kept too."""
+def submit_limits() -> List[SubmitLimit]:
+    """This user's submit limits, strictest first: kept, else one sacctmgr call (then kept). A
+    sacctmgr that fails (a site without accounting, a slurmdbd that does not answer) counts as no
+    limit, kept too."""
     path = _entry()
     try:
-        entry = json.loads(path.read_text())
+        entry = json.loads(path.read_text()) if path else {}
         if 0 <= time.time_ns() - int(entry["at"]) <= MAX_AGE_S * 1_000_000_000:
-            return SubmitLimit(**entry["limit"]) if entry["limit"] else None
+            return [SubmitLimit(**kept) for kept in entry["limits"]]
     except (OSError, ValueError, KeyError, TypeError):
         pass
     try:
-        stdin = functools.partial(subprocess.run, input=commands(getpass.getuser()))
+        stdin = functools.partial(subprocess.run, input=commands(user()))
         # one try, not retried: sbatch enforces the limit all the same, this only warns ahead of it
-        limit = parse(_run(["sacctmgr", "-n", "-P"], runner=stdin, timeout_s=ASK_TIMEOUT_S, deadline_s=0))
+        found = parse(_run(["sacctmgr", "-n", "-P"], runner=stdin, timeout_s=ASK_TIMEOUT_S, deadline_s=0))
     except RuntimeError:
-        limit = None
+        found = []
     try:
-        write_bytes(path, json.dumps({"at": time.time_ns(), "limit": limit and limit.__dict__}).encode(),
-                    durable=False)
+        if path:
+            write_bytes(path, json.dumps({"at": time.time_ns(), "limits": [f.__dict__ for f in found]}).encode(),
+                        durable=False)
     except OSError:
         pass
-    return limit
+    return found
 
 
-def queued_jobs() -> int:
-    """The user's jobs pending or running, each array task counted (squeue -r)."""
-    out = _run(["squeue", "-h", "-r", "-u", getpass.getuser(), "-t", "PENDING,RUNNING,SUSPENDED,REQUEUED",
-                "-o", "%i"])
+def queued_jobs(limit: SubmitLimit) -> Optional[int]:
+    """The user's jobs pending or running that count against `limit` (those in its QOS, or in its
+    account), each array task counted (squeue -r); None, after one line on stderr, when squeue fails."""
+    where = ["-q", limit.qos] if limit.of == "qos" else ["-A", limit.account]
+    try:
+        out = _run(["squeue", "-h", "-r", "-u", user(), *where, "-t", "PENDING,RUNNING,SUSPENDED,REQUEUED",
+                    "-o", "%i"])
+    except RuntimeError as err:
+        said = (str(err).splitlines() or [repr(err)])[0].split(" HINT:")[0]
+        print(f"note: the submit limit was not checked, counting your queued jobs failed ({said}); "
+              "sbatch enforces it", file=sys.stderr)
+        return None
     return len(out.split())
 
 
-def refuse_past_limit(jobs: Sequence[int]) -> None:
-    """Raise LimitError with check()'s line when the plan's `jobs` cannot all be queued now."""
-    limit = submit_limit()
-    line = check(jobs, limit, queued_jobs()) if limit is not None else None
-    if line:
-        raise LimitError(line)
+def refuse_past_limit(jobs: Sequence[int], asks: Sequence[Mapping[str, Any]] = ()) -> None:
+    """Raise LimitError with check()'s line when the plan's `jobs` cannot all be queued now; `asks`:
+    each job's resources (its qos, account, extra), those of the default QOS and account when absent."""
+    if os.environ.get(OFF, "").strip().lower() == "off":
+        return
+    wants = [_qos_account(res) for res in asks] + [(None, None)] * (len(jobs) - len(asks))
+    for limit in submit_limits():
+        counted = [n for n, (qos, account) in zip(jobs, wants) if limit.applies(qos, account)]
+        if not sum(counted):
+            continue
+        queued = queued_jobs(limit)
+        if queued is None:  # unknown: the other limits would ask the same squeue
+            return
+        line = check(counted, limit, queued)
+        if line:
+            raise LimitError(line)
+
+
+def _qos_account(res: Mapping[str, Any]) -> Tuple[Optional[str], Optional[str]]:
+    """The QOS and account a job's resources ask for (None: the default); extra's sbatch options last,
+    as they come last in the job's script."""
+    options = {str(k).lstrip("-").replace("_", "-"): v for k, v in dict(res.get("extra") or {}).items()}
+    qos = options.get("qos", options.get("q", res.get("qos")))
+    account = options.get("account", options.get("A", res.get("account")))
+    return (None if qos is None else str(qos)), (None if account is None else str(account))
 
 
 class LimitError(RuntimeError):
     """A plan larger than the site lets this user queue; nothing was submitted."""
 
 
-def _entry() -> Path:
-    """Beside MaxArraySize's entry of this shell's SLURM (hpc.slurm.siteconfig), under its own name."""
-    kept = site_entry()
-    return kept.with_name(f"limits-{kept.name}")
+def user() -> str:
+    """This process's user as SLURM sees it: the name of its uid (not $USER, which may say otherwise)."""
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return str(os.getuid())
+
+
+def _entry() -> Optional[Path]:
+    """Where the answer is kept: named by the user and the cluster (siteconfig.site_key); None while
+    the cluster's slurm.conf is racy."""
+    site = site_key()
+    if site is None:
+        return None
+    key = hashlib.sha256(f"{site}\0{user()}".encode(errors="surrogateescape")).hexdigest()[:16]
+    return cache_dir() / FOLDER / f"limits-{key}.json"

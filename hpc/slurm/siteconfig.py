@@ -61,11 +61,32 @@ def _value(text: str, name: str) -> str:
     return ""
 
 
+def site_key() -> Optional[str]:
+    """Which SLURM this shell talks to, for what is kept per cluster (hpc.slurm.limits): the variables
+    that choose the client and its config, and the stat of the slurm.conf it reads ($SLURM_CONF, else
+    the one scontrol named when MaxArraySize was kept; none known on a configless client). None while
+    that file is racy (hpc.fs.filestamp): its stat does not yet tell it from another."""
+    conf = os.environ.get("SLURM_CONF", "")
+    try:
+        conf = conf or str(json.loads(_entry().read_text())["conf"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    try:
+        seen = stamp(conf) if conf else ()
+    except OSError:
+        seen = ()
+    return None if seen is None else f"{_site()}\0{conf}\0{list(seen)}"
+
+
+def _site() -> str:
+    """The variables that choose the client and its config (PATH finds scontrol, whose build names
+    the default slurm.conf)."""
+    return "\0".join(os.environ.get(k, "") for k in ("SLURM_CONF", "SLURM_CONF_SERVER", "PATH"))
+
+
 def _entry() -> Path:
-    """Where the answer for this shell's SLURM is kept: the variables that choose the client and its
-    config (PATH finds scontrol, whose build names the default slurm.conf)."""
-    site = "\0".join(os.environ.get(k, "") for k in ("SLURM_CONF", "SLURM_CONF_SERVER", "PATH"))
-    return cache_dir() / FOLDER / f"{hashlib.sha256(site.encode(errors='surrogateescape')).hexdigest()[:16]}.json"
+    """Where the answer for this shell's SLURM is kept: named by a digest of _site()."""
+    return cache_dir() / FOLDER / f"{hashlib.sha256(_site().encode(errors='surrogateescape')).hexdigest()[:16]}.json"
 
 
 def _kept(path: Path) -> Optional[int]:

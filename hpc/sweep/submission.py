@@ -79,7 +79,7 @@ def start(req: Request) -> Submitted:
             print(f"nothing to submit: every task of every point of {sweep.path} is done or queued")
             return Submitted(sweep.path, str(kind), {})
         if kind == "slurm":  # the site's submit limit takes the whole sweep, or nothing is submitted
-            limits.refuse_past_limit([len(job.items) for job in plan.jobs])
+            limits.refuse_past_limit([len(job.items) for job in plan.jobs], [job.resources for job in plan.jobs])
         # pipeline_arg: how a job names the pipeline to resubmit its point (hpc.afterstep, as hpc.submit)
         module_file = hsubmit.user_module_file(req.pipeline)
         code = {**code_version(module_file), "pipeline_arg": req.pipeline}
