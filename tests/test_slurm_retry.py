@@ -125,3 +125,30 @@ def test_a_bad_deadline_setting_is_one_line_with_a_hint(monkeypatch):
     monkeypatch.setenv(retry.DEADLINE_ENV, "soon")
     with pytest.raises(RuntimeError, match="HINT: export HPC_SLURM_RETRY_S=60"):
         retry.deadline_s()
+
+
+LOST = (None, "", "")  # scancel's answer lost: the client gave none within its timeout
+ENDING = "scancel: error: Kill job error on job id {}: Job/step already completing or completed"
+GONE = "scancel: error: Kill job error on job id {}: Invalid job id specified"
+
+
+def test_a_cancel_asked_again_after_its_answer_was_lost_is_done_when_slurm_says_the_jobs_are_ending(no_sleep):
+    """The first scancel ended the jobs but its answer was lost; SLURM's words to the retry say so."""
+    from hpc.slurm import scheduler
+
+    both = f"{ENDING.format(12)}\n{GONE.format('13_2')}\n"
+    script = Script(LOST, (1, "", both))
+    assert scheduler.cancel(["13_2", "12"], runner=script) == ["12", "13_2"] and script.calls == 2
+    script = Script((1, "", "scancel: error: Socket timed out on send/recv operation\n"), (1, "", ENDING.format(12)))
+    assert scheduler.cancel(["12"], runner=script) == ["12"] and script.calls == 2
+
+
+def test_a_cancel_is_still_refused_for_a_job_not_asked_a_refusal_or_a_first_answer(no_sleep):
+    from hpc.slurm import scheduler
+
+    for answers in ([LOST, (1, "", ENDING.format(14))],  # a job not asked for
+                    [LOST, (1, "", f"{ENDING.format(12)}\nscancel: error: Kill job error on job id 13: "
+                                   "Access/permission denied\n")],
+                    [(1, "", GONE.format(12))]):  # no retry: the id itself is wrong
+        with pytest.raises(cli.SlurmExit):
+            scheduler.cancel(["12", "13"], runner=Script(*answers))

@@ -9,10 +9,11 @@ caller bounded by a grace time passes what it has left.
 """
 from __future__ import annotations
 
+import re
 import subprocess
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional
 
-from hpc.slurm.cli import run
+from hpc.slurm.cli import SlurmExit, run
 
 
 def job_info(job_id: str, env: Optional[Mapping[str, str]] = None, timeout_s: float = 30,
@@ -49,9 +50,30 @@ def node_states(nodes: str, env: Optional[Mapping[str, str]] = None) -> Dict[str
     return {r["NodeName"]: r.get("State", "") for r in rows if "NodeName" in r}
 
 
-def cancel(job_ids: Iterable[str], env: Optional[Mapping[str, str]] = None) -> List[str]:
-    """Cancel the jobs with one scancel call (none for no ids); returns their ids, sorted."""
+# scancel's words for a job that is ending or gone: after a retry, the first call's work (its answer was lost)
+ENDED = re.compile(r"error: Kill job error on job id (\S+): (Job/step already completing or completed|"
+                   r"Invalid job id specified)$")
+
+
+def cancel(job_ids: Iterable[str], env: Optional[Mapping[str, str]] = None,
+           runner: Callable[..., Any] = subprocess.run) -> List[str]:
+    """Cancel the jobs with one scancel call (none for no ids); returns their ids, sorted. A call asked
+    again (hpc.slurm.cli.run: the first answer was lost, not the request) that SLURM answers with "already
+    completing or completed" or "Invalid job id specified" for the ids asked, and nothing else, is done."""
     ids = sorted(set(job_ids))
-    if ids:
-        run(["scancel", *ids], env)
+    if not ids:
+        return ids
+    answers: List[Any] = []
+
+    def kept(*args: Any, **kwargs: Any) -> Any:
+        answers.append(None)  # a try that gives no answer (its timeout) stays None
+        answers[-1] = runner(*args, **kwargs)
+        return answers[-1]
+
+    try:
+        run(["scancel", *ids], env, runner=kept)
+    except SlurmExit:
+        said = (answers[-1].stderr or "").strip().splitlines() if len(answers) > 1 and answers[-1] else []
+        if not said or not all((m := ENDED.search(line.strip())) and m.group(1) in ids for line in said):
+            raise
     return ids
