@@ -67,8 +67,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     env = {**os.environ, HOST_ACTS: request}  # srun's, and the ranks': their own retry deadline
     # This process calls SLURM only at a stop, within the grace time: a controller that does not answer
     # is asked again for STOP_RETRY_S at most (the requeue itself, until the job's EndTime is near).
-    os.environ[RETRY_ENV] = str(min(STOP_RETRY_S, _seconds(os.environ.get(RETRY_ENV))))
-    return supervise(["srun", *args[2:]], lambda why: act(args[0], why, points), lambda: serve(request), env)
+    # Its own calls only: resubmit_after's sbatch, and the job it queues, get the user's (submission_env).
+    from hpc.slurm.submitenv import own_setting  # here, not at the top, as the rest of hpc
+
+    with own_setting(RETRY_ENV, str(min(STOP_RETRY_S, _seconds(os.environ.get(RETRY_ENV))))):
+        return supervise(["srun", *args[2:]], lambda why: act(args[0], why, points), lambda: serve(request), env)
 
 
 RETRY_ENV = "HPC_SLURM_RETRY_S"  # hpc.slurm.retry.DEADLINE_ENV, a literal here as HOST_ACTS is

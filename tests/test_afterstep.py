@@ -9,6 +9,8 @@ import json
 import os
 import sys
 
+import pytest
+
 from hpc import afterstep
 
 # a rank's request as a reader on another node may see it for a while: listed, but half-written; then whole
@@ -70,3 +72,38 @@ def test_the_stop_record_is_written_once_slurm_answered_and_says_a_failed_requeu
     assert event["slurm"].startswith("not requeued: scontrol requeue exited 1: scontrol: error: Socket timed out")
     assert "HINT: the controller gave no answer within the job's grace time" in event["why"]
     assert json.loads(open(request + ".done").read())["outcome"]["requeue"] is False
+
+
+@pytest.mark.parametrize("users", ["120", None])
+def test_a_resubmission_from_the_wrapper_gets_the_users_retry_deadline_not_the_wrappers_cap(users, tmp_path,
+                                                                                            monkeypatch):
+    """The wrapper asks SLURM again for 5 s at most at a stop (HPC_SLURM_RETRY_S, for its own calls); the
+    resubmission it submits where a requeue was refused, and every job that one submits, is not held to
+    it: sbatch exports the user's value, or none."""
+    from hpc.recovery import nodeaction, nodefail
+
+    bin_dir, seen = tmp_path / "bin", tmp_path / "sbatch.env"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text("#!/bin/sh\nexit 1\n")  # the step failed: the wrapper acts
+    (bin_dir / "sbatch").write_text(f'#!/bin/sh\nenv > "{seen}"\necho "Submitted batch job 42"\n')
+    for name in ("srun", "sbatch"):
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_JOB_ID", "41")
+    if users is None:
+        monkeypatch.delenv(afterstep.RETRY_ENV, raising=False)
+    else:
+        monkeypatch.setenv(afterstep.RETRY_ENV, users)
+    run_dir, during = str(tmp_path / "run"), []
+
+    def refused_requeue(run, env, resubmit_after, srun_ended=True, points=None):  # SLURM's side, as decided
+        during.append(os.environ.get(afterstep.RETRY_ENV))
+        new = resubmit_after("41", run_dir, "train", ["n2"], {})
+        return nodefail.Action("requeue", "node n2 failed", ("n2",)), f"job {new} submits the task again"
+
+    monkeypatch.setattr(nodeaction, "after_step", refused_requeue)
+    assert afterstep.main([run_dir, "--", "true"]) == 1
+    assert [float(v) for v in during] == [afterstep.STOP_RETRY_S]  # the wrapper's own calls: capped
+    exported = dict(line.split("=", 1) for line in seen.read_text().splitlines() if "=" in line)
+    assert exported.get(afterstep.RETRY_ENV) == users
+    assert os.environ.get(afterstep.RETRY_ENV) == users  # and the wrapper's process is as it was

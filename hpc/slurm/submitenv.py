@@ -1,16 +1,19 @@
 """The environment a new job is submitted with: nothing of the allocation or launcher it is submitted from.
 
     with submission_env(): executor.submit(task)     # SLURM_*, SBATCH_*, RANK, ... hidden meanwhile
+    with own_setting("HPC_SLURM_RETRY_S", "5"): ...  # this process's calls only, not the jobs it submits
 
 sbatch exports the submitting process's environment into the job, so a submission from inside an
 allocation (an salloc shell, a job that submits the next stage) or from under a launcher would hand
-the new job the old one's variables. Only how the clients find the controller is kept.
+the new job the old one's variables. Only how the clients find the controller is kept. A setting a
+process makes for its own SLURM calls (own_setting: hpc.afterstep's short retry deadline at a stop)
+is not the new job's either: the job gets the value from before it, or none.
 """
 from __future__ import annotations
 
 import contextlib
 import os
-from typing import Dict, Iterator, MutableMapping
+from typing import Dict, Iterator, MutableMapping, Optional
 
 # Submitting from inside an allocation (an salloc shell, a job that submits the next stage) or a
 # launcher: sbatch exports the submitting environment into the new job, sbatch reads SBATCH_* as its
@@ -28,12 +31,41 @@ def inherited(name: str) -> bool:
     return name not in CLIENT_CONFIG and (name.startswith(INHERITED_PREFIXES) or name in INHERITED_NAMES)
 
 
+# The settings made with own_setting that are in force, each with its value from before (None: unset).
+OWN: Dict[str, Optional[str]] = {}
+
+
+@contextlib.contextmanager
+def own_setting(name: str, value: str, environ: MutableMapping[str, str] = os.environ) -> Iterator[None]:
+    """`name`=`value` in `environ` meanwhile, for this process's own clients; a job submitted meanwhile
+    (submission_env) gets the value from before. The value from before is back afterwards."""
+    OWN[name] = environ.get(name)
+    environ[name] = value
+    try:
+        yield
+    finally:
+        _put(environ, name, OWN.pop(name))
+
+
+def _put(environ: MutableMapping[str, str], name: str, value: Optional[str]) -> None:
+    if value is None:
+        environ.pop(name, None)
+    else:
+        environ[name] = value
+
+
 @contextlib.contextmanager
 def submission_env(environ: MutableMapping[str, str] = os.environ) -> Iterator[Dict[str, str]]:
-    """Hide the inherited variables while jobs are submitted (and, for the local executors, run);
-    they are put back afterwards, so the submitting process itself is unchanged."""
+    """Hide the inherited variables while jobs are submitted (and, for the local executors, run), and
+    give the own settings (own_setting) their values from before; all are put back afterwards, so the
+    submitting process itself is unchanged."""
     hidden = {name: environ.pop(name) for name in [n for n in environ if inherited(n)]}
+    own = {name: environ.get(name) for name in OWN}
+    for name, before in OWN.items():
+        _put(environ, name, before)
     try:
         yield hidden
     finally:
         environ.update(hidden)
+        for name, value in own.items():
+            _put(environ, name, value)
