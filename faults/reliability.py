@@ -7,7 +7,8 @@ The campaigns are faults.checkpoint, faults.disk, faults.resume, faults.exits (n
 DDP jobs on a local SLURM cluster), faults.hangs (hung ranks and the watchdog), faults.sharedfs
 (NFS and Lustre behaviours, injected), faults.nodefail (a node of a local SLURM cluster failed
 under a 2-node training job, which hpc requeues without it), faults.controller (a preemption whose
-`scontrol requeue` times out: the job keeps its place) and, for run directories,
+`scontrol requeue` times out: the job keeps its place), faults.submitfaults (sbatch answers lost
+after queueing, squeue answering nothing while slurmdbd is down: each task queued once) and, for run directories,
 tests.submit_race (simultaneous submissions into one run dir). "Lost" counts checkpoints that were
 committed and then did not load (or loads that raised, returned nothing or mixed two checkpoints),
 resumed runs that did not end bitwise equal to the uninterrupted one, second writers let in,
@@ -74,6 +75,7 @@ def campaigns() -> List[Campaign]:
     from faults.hangs import hung_ranks
     from faults.nodefail import node_failures
     from faults.resume import dropout_resume
+    from faults.submitfaults import empty_squeue, queued_then_timeout
 
     return [
         Campaign("SIGKILL during saves, thread writer", _sigkill("thread"), 60, 4),
@@ -96,6 +98,8 @@ def campaigns() -> List[Campaign]:
         Campaign("a node failed under a 2-node training job: requeued without it", node_failures, 5, 1),
         Campaign("requeue timing out at a preemption (scontrol requeue: Socket timed out, 1 or 2 times)",
                  requeue_timeouts, 5, 1),
+        Campaign("sbatch queued, then timed out (or timed out before queueing)", queued_then_timeout, 10, 5),
+        Campaign("squeue answering nothing, then a resubmission (slurmdbd down)", empty_squeue, 3, 1),
         Campaign("shared FS: directory fsync answers EINVAL", fs.dir_fsync_einval, 30, 4),
         Campaign("shared FS: NFS negative lookup cache while rank 0 commits", fs.negative_cache, 20, 3),
         Campaign("shared FS: checkpoint pruned after an NFS load", fs.pruned_after_load, 20, 3),
@@ -207,7 +211,9 @@ def _finish(sec: Section, injected: int, lost: int, not_run: List[str], carried:
         "are not torch.equal to the uninterrupted run's; a second writer let in; a manifest entry missing; "
         "a job whose node failed that did not end COMPLETED off the node, resumed from its newest "
         "checkpoint, with the uninterrupted run's model (within 1e-12: 4 ranks became 2); a preempted job whose "
-        "requeue timed out that did not end COMPLETED with every step done, submitted once and restarted once",
+        "requeue timed out that did not end COMPLETED with every step done, submitted once and restarted once; "
+        "a task with no queued job, queued twice, recorded under another id than squeue's, or submitted again "
+        "blindly (a resubmission that squeue answered nothing for twice must refuse)",
         f"seed {seed}; victims are forked and their whole process group SIGKILLed, as SLURM kills a "
         "job; the full disk is an 8 MiB tmpfs filled by a ballast file",
         "the same campaigns run with small counts in tests/test_checkpoint_faults.py and "
