@@ -15,12 +15,14 @@ import json
 import os
 import pathlib
 import pickle
+import re
 import tracemalloc
 
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from torch.distributed.checkpoint import metadata as dcp_md
 
 from hpc.checkpoint import SHARDED_KEY, CheckpointStore, StoreReader, dcp_pickle
 from hpc.checkpoint.dcp_engine import DcpEngine, UnsafeCheckpoint
@@ -194,6 +196,63 @@ def _state_on_a_class():
 _CRAFTED["state set on DCP's Metadata class"] = _state_on_a_class()
 
 
+def _text(text):
+    raw = text.encode()
+    if len(raw) < 256:
+        return _op("SHORT_BINUNICODE", bytes([len(raw)]) + raw)
+    return _op("BINUNICODE", len(raw).to_bytes(4, "little") + raw)
+
+
+def _global(module, name):
+    return _text(module) + _text(name) + _op("STACK_GLOBAL") + _op("MEMOIZE")
+
+
+def _get(at):
+    return _op("BINGET", bytes([at]))
+
+
+def _many(setup, each, times):
+    """A file that builds `setup` once (memoized as 0, 1, ...), then a list of `times` of what
+    `each` builds from it: a few bytes of file each, which must not build more than a few bytes."""
+    return _op("PROTO", b"\x04") + setup + _op("EMPTY_LIST") + _op("MARK") + each * times + _op("APPENDS") + _op("STOP")
+
+
+_INTS = (_op("EMPTY_LIST") + _op("MEMOIZE") + _op("MARK")
+         + b"".join(_op("BININT2", i.to_bytes(2, "little")) for i in range(10000)) + _op("APPENDS"))
+_KEYS = (_op("EMPTY_DICT") + _op("MEMOIZE") + _op("MARK")
+         + b"".join(_text(f"k{i}") + _op("BININT1", b"\x00") for i in range(10000)) + _op("SETITEMS"))
+_DCP = "torch.distributed.checkpoint.metadata"
+_CRAFTED.update({
+    "torch.Size of one list of 10000 ints, 2000 times": _many(
+        _INTS + _global("torch", "Size"), _get(1) + _get(0) + _op("TUPLE1") + _op("REDUCE"), 2000),
+    "torch.Size.__new__ of one list of 10000 ints, 2000 times": _many(
+        _INTS + _global("torch", "Size"), _get(1) + _get(0) + _op("TUPLE1") + _op("NEWOBJ"), 2000),
+    "MetadataIndex offset by one list of 10000 ints, 2000 times": _many(
+        _INTS + _global(_DCP, "MetadataIndex"), _get(1) + _text("w") + _get(0) + _op("TUPLE2") + _op("REDUCE"), 2000),
+    "one state of 10000 keys set on 500 records": _many(
+        _KEYS + _global(_DCP, "Metadata"), _get(1) + _op("EMPTY_TUPLE") + _op("NEWOBJ") + _get(0) + _op("BUILD"), 500),
+    "a path of 2000 parts, 20000 times": _many(
+        _text("a/" * 2000) + _op("MEMOIZE") + _global("pathlib", "PosixPath"),
+        _get(1) + _get(0) + _op("TUPLE1") + _op("REDUCE"), 20000),
+    # lists of lists, each twice: printed, 2**21 of them, as _MEM_FORMAT_ENCODING's error prints its value
+    "an enum's value of 2**21 lists": _op("PROTO", b"\x04") + _op("EMPTY_LIST") + _op("MEMOIZE") + b"".join(
+        _op("EMPTY_LIST") + _op("MEMOIZE") + _op("MARK") + _get(k) + _get(k) + _op("APPENDS") for k in range(21))
+    + _global(_DCP, "_MEM_FORMAT_ENCODING") + _get(21) + _op("TUPLE1") + _op("REDUCE") + _op("STOP"),
+})
+
+
+def _shared_chunks(tensors=1000, chunks=1000):
+    """DCP's Metadata whose tensors all list one list of chunks: a reader that walks each tensor's
+    chunks (hpc's merge of the parts) walks tensors x chunks."""
+    listed = [dcp_md.ChunkStorageMetadata(torch.Size([i]), torch.Size([1])) for i in range(chunks)]
+    values = {f"t{i}": dcp_md.TensorStorageMetadata(dcp_md.TensorProperties(), torch.Size([chunks]), listed)
+              for i in range(tensors)}
+    return pickle.dumps(dcp_md.Metadata(values, storage_data={}))
+
+
+_CRAFTED["one list of 1000 chunks in 1000 tensors"] = _shared_chunks()
+
+
 def _bounded(data, path):
     """load_index(data): (its result or its exception, the peak of memory the reader allocated)."""
     tracemalloc.start()
@@ -267,3 +326,46 @@ def test_a_mutated_real_index_loads_or_is_refused(edits, real_index, tmp_path):
     result, peak = _bounded(bytes(data), tmp_path / "x")
     assert isinstance(result, UnsafeCheckpoint) or _works(result) is None, repr(result)
     assert peak < 16 * 2**20
+
+
+def _called(func, *args):
+    return pickle.dumps(Reduced(func, *args), protocol=4)
+
+
+def _new_metadata(*then):
+    """A file that makes DCP's Metadata (memo 0) as pickle does, then does `then` with it."""
+    return _op("PROTO", b"\x04") + _global(_DCP, "Metadata") + _op("EMPTY_TUPLE") + _op("NEWOBJ") + b"".join(then) \
+        + _op("STOP")
+
+
+_VERSION = _op("EMPTY_DICT") + _text("version") + _text("1") + _op("SETITEM")
+# Each call and record an index names, with arguments DCP never writes: refused before it builds.
+_CHECKED = {
+    "torch.Size of 65 dimensions": (_called(torch.Size, (1,) * 65), "torch.Size of a tuple"),
+    "torch.Size of a negative size": (_called(torch.Size, (-1,)), "torch.Size of a tuple"),
+    "torch.Size of strings": (_called(torch.Size, ["a"]), "torch.Size of a list"),
+    "a layout named by a list": (_called(torch.serialization._get_layout, ["torch.strided"]),
+                                 "layout named by a list"),
+    "a memory format numbered by a string": (_called(dcp_md._MEM_FORMAT_ENCODING, "0"),
+                                             "memory format numbered by a str"),
+    "a call of DCP's MetadataIndex": (_called(dcp_md.MetadataIndex, "w", list(range(100))), "a call of MetadataIndex"),
+    "a record from arguments": (_op("PROTO", b"\x04") + _global(_DCP, "Metadata") + _op("BININT1", b"\x01")
+                                + _op("TUPLE1") + _op("NEWOBJ") + _op("STOP"), "not a DCP record from no arguments"),
+    "a record's state that is not its fields": (
+        _new_metadata(_op("EMPTY_DICT"), _text("crafted"), _op("NONE"), _op("SETITEM"), _op("BUILD")),
+        "a dict as the state of a Metadata"),
+    "a long string referenced twice": (pickle.dumps(["x" * 5000] * 2, protocol=4),
+                                       "a second reference to a string of 5000 characters"),
+    "a record referenced before its fields are set": (_new_metadata(_op("MEMOIZE"), _get(1)),
+                                                      "one Metadata before its fields are set"),
+    "a record's fields set twice": (_new_metadata(_VERSION, _op("BUILD"), _VERSION, _op("BUILD")), "set twice"),
+}
+
+
+@pytest.mark.parametrize("what", list(_CHECKED))
+def test_a_call_or_record_dcp_never_writes_is_refused(what, tmp_path):
+    """Each check by itself: none of these shares a list, which the memo's check refuses first."""
+    data, expected = _CHECKED[what]
+    with pytest.raises(UnsafeCheckpoint, match=re.escape(expected)) as err:
+        load_index(io.BytesIO(data), tmp_path / "x")
+    assert "\n" not in str(err.value) and str(tmp_path / "x") in str(err.value)

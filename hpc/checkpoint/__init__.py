@@ -59,7 +59,7 @@ Parts (one concept each)::
     dcp_claim.py          what each rank wrote in two numbers: the commit checks the parts cover the state
     dcp_reader.py         DCP's reader of a checkpoint: its index read once, every byte checked as read
     dcp_pickle.py         DCP's pickled index read without running pickled code: DCP's types and opcodes only
-    dcp_shape.py          whether an unpickled index has the shape of DCP's Metadata
+    dcp_shape.py          whether an unpickled index has the shape of DCP's Metadata; the calls and references it admits
     optim_state.py        an optimizer's state for DCP as it is, without DCP's zero-gradient step
     complete.py           whether a checkpoint a framework wrote (users' scripts) is whole; torch-free
     (hpc.fs.atomic           atomic small-file writes and directory fsync, torch-free)

@@ -10,11 +10,15 @@ evaluation job reading another user's run included, and the marker's checksums d
 author of the file writes the marker too). Here a reader admits only what torch 2.13's DCP writes
 into an index (its metadata classes, its storage records, torch's Size, dtypes and layouts, a
 path), only the opcodes that pickle's protocols 4 and 5 use for those, and at most MAX_BYTES; the
-result must have the shape of DCP's Metadata (dcp_shape). Every other outcome of a file, a crafted
-one's included, is one UnsafeCheckpoint. Python's own unpickler, not the C one: the C reader sizes
-its memo and a bytes object from numbers in the file before reading on (a 9-byte file asks for
-gigabytes), where Python's keeps its memo in a dict and its reads stop at the data's end.
-It costs about 5x the C reader's: 12 ms for a rank's 66 kB part (bench.rank_costs).
+result must have the shape of DCP's Metadata (dcp_shape). Nothing a few bytes of a file name
+builds much: a call is one of dcp_shape.CALLS, which check their arguments, and builds in all
+no more elements than the file has bytes; a record is made as DCP pickles one (no arguments,
+then its own fields, once); a second reference is only to what dcp_shape.shared admits. Every
+other outcome of a file, a crafted one's included, is one UnsafeCheckpoint. Python's own
+unpickler, not the C one: the C reader sizes its memo and a bytes object from numbers in the
+file before reading on (a 9-byte file asks for gigabytes), where Python's keeps its memo in a
+dict and its reads stop at the data's end.
+It costs about 14x the C reader's: 11 ms for a rank's 66 kB part (bench.index_merge's parts).
 """
 
 from __future__ import annotations
@@ -23,14 +27,14 @@ import dataclasses
 import io
 import pathlib
 import pickle
+import struct
 from typing import IO, Any
 
-from hpc.checkpoint.dcp_shape import problem
+from hpc.checkpoint.dcp_shape import CALLS, PATH_MAX, atoms, field_names, problem, shared
 
 __all__ = ["UnsafeCheckpoint", "ADMITTED", "OPCODES", "MAX_BYTES", "load", "refusal"]
 
 MAX_BYTES = 2**30  # DCP's coordinator's .metadata at 512 ranks and 300 sharded tensors: 25 MB (BENCHMARKS.md)
-_PATH_MAX = 4096  # a path's length, at most, on Linux
 
 
 class UnsafeCheckpoint(ValueError):
@@ -45,7 +49,7 @@ ADMITTED: dict[str, set[str]] = {
     "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
     "torch.serialization": {"_get_layout"},  # a layout from its name (torch.strided)
     "torch": {"Size"},  # and every torch.dtype (_admitted)
-    "pathlib": {"PosixPath"},  # StorageMeta.checkpoint_id, through _path
+    "pathlib": {"PosixPath"},  # StorageMeta.checkpoint_id; these four through dcp_shape.CALLS
 }
 
 # What pickle's protocols 4 and 5 write for those: numbers, strings, containers, the memo by
@@ -68,12 +72,17 @@ def _admitted(module: str, name: str) -> bool:
     return name in ADMITTED.get(module, ())
 
 
-def _path(*parts: Any) -> pathlib.PosixPath:
-    """PosixPath(*parts), for parts that make one path: joined, a file's repeated references
-    to one long string would build a string many times the file's size."""
-    if not all(isinstance(part, str) for part in parts) or sum(map(len, parts)) > _PATH_MAX:
-        raise ValueError(f"a path of {len(parts)} parts that is not one path of {_PATH_MAX} characters at most")
-    return pathlib.PosixPath(*parts)
+def _built(obj: Any) -> int:
+    """The elements a checked call built: a Size's dimensions, a path's characters."""
+    return 1 + (len(obj) if isinstance(obj, tuple) else len(str(obj)) if isinstance(obj, pathlib.PurePath) else 0)
+
+
+def _named(obj: Any) -> str:
+    return obj.__name__ if isinstance(obj, type) else f"a {type(obj).__name__}"
+
+
+def not_an_index(path: Any, wrong: str) -> str:
+    return f"{path} is not a DCP index ({wrong}). HINT: delete this checkpoint or read another one"
 
 
 def refusal(path: Any, what: str) -> str:
@@ -101,6 +110,8 @@ class _Unpickler(pickle._Unpickler):  # type: ignore[name-defined]
     def __init__(self, data: bytes, path: Any) -> None:
         super().__init__(io.BytesIO())
         self.data, self.at, self.path = data, 0, path
+        self.budget = len(data) + PATH_MAX  # elements the checked calls may build: a file spells out its Sizes
+        self.atoms = atoms()
 
     def read(self, n: int) -> bytes:  # what every opcode's handler reads its argument with
         start, end = self.at, self.at + n
@@ -129,19 +140,59 @@ class _Unpickler(pickle._Unpickler):  # type: ignore[name-defined]
     def find_class(self, module: str, name: str) -> Any:
         if not _admitted(module, name):
             raise UnsafeCheckpoint(refusal(self.path, f"{module}.{name}"))
-        return _path if module == "pathlib" else super().find_class(module, name)
+        return CALLS.get(name) or super().find_class(module, name)
+
+    def refuse(self, wrong: str) -> None:
+        raise UnsafeCheckpoint(not_an_index(self.path, wrong))
+
+    def load_reduce(self) -> None:
+        """A call of the checked callables only, as DCP pickles a Size, a path, a layout, an enum."""
+        call, args = self.stack[-2], self.stack[-1]
+        if not any(call is known for known in CALLS.values()) or type(args) is not tuple:
+            self.refuse(f"a call of {_named(call)}, not of {', '.join(CALLS)}")
+        del self.stack[-2:]
+        self.append(obj := call(*args))
+        self.budget -= _built(obj)
+        if self.budget < 0:
+            self.refuse(f"calls that build more elements than the file's {len(self.data)} bytes")
+
+    def load_newobj(self) -> None:
+        """A DCP record, as pickle writes a dataclass: its class's __new__ with no arguments."""
+        cls, args = self.stack[-2], self.stack[-1]
+        if not isinstance(cls, type) or not dataclasses.is_dataclass(cls) or type(args) is not tuple or args:
+            self.refuse(f"a new {_named(cls)} from {_named(args)}, not a DCP record from no arguments")
+        del self.stack[-2:]
+        self.append(cls.__new__(cls))
 
     def load_build(self) -> None:
         """State is set on a DCP record this file built, never on a class, an enum's member or a
-        dtype, which every later user of torch shares."""
-        target = self.stack[-2]
+        dtype, which every later user of torch shares; and only the record's fields, once, as DCP
+        pickles them (a tuple of them for TensorProperties, which sets them itself)."""
+        target, state = self.stack[-2], self.stack[-1]
         if isinstance(target, type) or not dataclasses.is_dataclass(target):
             raise UnsafeCheckpoint(refusal(self.path, f"state to set on a {type(target).__name__}"))
+        if vars(target):  # once, before a second reference to it: dcp_shape.shared
+            self.refuse(f"the fields of one {type(target).__name__} set twice")
+        fields = field_names(type(target))
+        if not (type(state) is tuple and len(state) == len(fields) if hasattr(target, "__setstate__")
+                else type(state) is dict and fields.issuperset(state)):
+            self.refuse(f"{_named(state)} as the state of a {type(target).__name__}, not its fields")
         pickle._Unpickler.load_build(self)  # type: ignore[attr-defined]
 
+    def get(self, at: int) -> None:
+        """BINGET and LONG_BINGET: a second reference, to what DCP's index shares only."""
+        obj = self.memo.get(at, self.memo)  # the memo itself: no entry
+        if type(obj) in self.atoms or type(obj) is str and len(obj) <= PATH_MAX:
+            return self.append(obj)  # the most of an index's references: a class, a dtype, a name
+        wrong = f"the memo's entry {at}, which the file did not make" if obj is self.memo else shared(obj)
+        if wrong:
+            self.refuse(f"a second reference to {wrong}")
+        self.append(obj)
+
     dispatch = _Opcodes({code: pickle._Unpickler.dispatch[code] for code in OPCODES})  # type: ignore[attr-defined]
-    dispatch[pickle.BUILD[0]] = load_build
-    dispatch[pickle.FRAME[0]] = load_frame
+    dispatch.update({pickle.BUILD[0]: load_build, pickle.FRAME[0]: load_frame, pickle.REDUCE[0]: load_reduce,
+                     pickle.NEWOBJ[0]: load_newobj, pickle.BINGET[0]: lambda self: self.get(self.read(1)[0]),
+                     pickle.LONG_BINGET[0]: lambda self: self.get(struct.unpack("<I", self.read(4))[0])})
 
 
 def _read(file: IO[bytes], path: Any) -> bytes:
@@ -168,6 +219,5 @@ def load(file: IO[bytes], path: Any) -> Any:
     except Exception as err:  # MemoryError and RecursionError too: whatever a crafted file leads to
         wrong = f"{type(err).__name__}: {' '.join(str(err).split())[:200]}"
     if wrong:
-        raise UnsafeCheckpoint(f"{path} is not a DCP index ({wrong}). HINT: delete this checkpoint or read "
-                               "another one")
+        raise UnsafeCheckpoint(not_an_index(path, wrong))
     return index
