@@ -118,12 +118,14 @@ def earlier_rows(report: Path) -> Dict[str, List[str]]:
         cols = [c.strip() for c in line.strip().strip("|").split("|")]
         if line.startswith("| ") and len(cols) == 5 and cols[0] not in ("faults", "**total**"):
             rows[cols[0]] = cols
-    produced = next((ln for ln in lines if ln.startswith("Produced by")), "")
-    # rows that report carried over itself keep the date of the run that measured them
-    carried = next((ln for ln in lines if "carried over from the earlier report (produced by" in ln), "")
+    own_date = next((ln for ln in lines if ln.startswith("Produced by")), "")
+    # rows that report carried over itself keep the date of the oldest run that measured them; the
+    # next report names that and the report itself, the last that may have measured some of them
+    carried = next((ln for ln in lines if "carried over from the earlier report" in ln and "(produced by" in ln), "")
+    oldest = own_date
     if carried:
-        produced = "Produced by" + carried.split("(produced by", 1)[1].split("):", 1)[0]
-    return {**rows, "": [produced]} if rows else {}
+        oldest = "Produced by" + carried.split("(produced by", 1)[1].split("):", 1)[0].split("; the last report", 1)[0]
+    return {**rows, "": [oldest, own_date]} if rows else {}
 
 
 def run(ctx: Context, seed: int = SEED, only: Sequence[str] = (), earlier: Optional[Dict[str, List[str]]] = None,
@@ -202,8 +204,9 @@ def _finish(sec: Section, injected: int, lost: int, not_run: List[str], carried:
     sec.verdicts.append(("every campaign ran" + (f" (not run: {', '.join(not_run)})" if not_run else ""),
                          not not_run))
     if carried:
-        when = (earlier or {}).get("", [""])[0].replace("Produced by", "produced by")
-        sec.notes.append(f"{len(carried)} rows are carried over from the earlier report ({when.rstrip('. ')}): "
+        dates = [d.replace("Produced by", "produced by").rstrip(". ") for d in (earlier or {}).get("", [""])]
+        when = dates[0] if len(set(dates)) < 2 else f"{dates[0]}; the last report before this one {dates[-1]}"
+        sec.notes.append(f"{len(carried)} rows are carried over from the earlier report ({when}): "
                          f"`{command}` reran only the others")
     sec.notes += [
         "lost: a committed checkpoint that did not load afterwards; a load that raised, returned "

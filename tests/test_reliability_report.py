@@ -2,6 +2,7 @@
 over from an earlier report keep the date of the run that measured them."""
 from types import SimpleNamespace
 
+from bench.report import Section
 from faults import reliability
 from faults.common import Outcome
 
@@ -37,4 +38,13 @@ def test_rows_carried_twice_keep_the_date_of_their_measurement(tmp_path):
         "on 2026-11-24 04:46 UTC, load 1 2 3): `python -m faults.reliability --only x` reran only the others\n")
     rows = reliability.earlier_rows(report)
     assert rows["some kind"][:3] == ["some kind", "3", "0"]
-    assert rows[""] == ["Produced by `python -m faults.reliability` on 2026-11-24 04:46 UTC, load 1 2 3"]
+    oldest = "Produced by `python -m faults.reliability` on 2026-11-24 04:46 UTC, load 1 2 3"
+    last = "Produced by `python -m faults.reliability --only x` on 2026-11-26 04:41 UTC."
+    assert rows[""] == [oldest, last]
+    # the next report names both: the oldest run of its carried rows, and the report it replaces
+    sec = reliability._finish(Section("r", "t", "g", "c"), 0, 0, [], ["some kind"], rows, "cmd --only y", 0)
+    note = next(n for n in sec.notes if "carried over" in n)
+    assert "on 2026-11-24 04:46 UTC" in note and "the last report before this one produced by" in note
+    assert "on 2026-11-26 04:41 UTC" in note
+    report.write_text(report.read_text().split("- note:")[0] + f"- note: {note}\n")
+    assert reliability.earlier_rows(report)[""][0] == oldest  # a third report still finds the oldest
