@@ -3,6 +3,7 @@ of preemption, time limits and requeues."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -81,3 +82,11 @@ def steps_of(ckpt: Path, rank: int) -> int:
         return int((ckpt / f"steps-rank{rank}").read_text())
     except (FileNotFoundError, ValueError):
         return 0
+
+
+def events(ckpt: Path) -> list:
+    """The stop record's events (checkpoints/requeue.json), [] until it exists and reads whole."""
+    try:
+        return json.loads((ckpt / "requeue.json").read_text())["events"]
+    except (FileNotFoundError, ValueError, KeyError):
+        return []

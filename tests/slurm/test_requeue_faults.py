@@ -10,7 +10,6 @@ has answered: it says what SLURM did, and where the requeue failed, what the wra
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 
@@ -19,7 +18,7 @@ import pytest
 from faults.slurmshim import RULES_ENV, TIMEOUT, SlurmShim
 from hpc.cluster.preempt import job_field, preempt
 from hpc.rundir.run import RunDir
-from tests.slurm.requeue_helpers import SIGNAL_SCRIPT, release, steps_of, submit_run, wait_for
+from tests.slurm.requeue_helpers import SIGNAL_SCRIPT, events, release, steps_of, submit_run, wait_for
 
 pytestmark = pytest.mark.slurm
 STEPS = 80  # of 0.2 s each: the job trains for about 16 s uninterrupted
@@ -44,13 +43,6 @@ def start(tmp_path):
     ckpt = run_dir / "main" / "checkpoints"
     wait_for(lambda: steps_of(ckpt, 0) >= 3 and steps_of(ckpt, 1) >= 3, "both ranks stepping")
     return run_dir, ckpt, job_id
-
-
-def events(ckpt) -> list:
-    try:
-        return json.loads((ckpt / "requeue.json").read_text())["events"]
-    except (FileNotFoundError, ValueError, KeyError):
-        return []
 
 
 def states(job_id: str) -> list:

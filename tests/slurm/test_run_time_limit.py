@@ -7,14 +7,13 @@ each time before SLURM would end the job.
 
 from __future__ import annotations
 
-import json
 import subprocess
 
 import pytest
 
 from hpc.cluster.preempt import job_field, preempt
 from hpc.recovery.deadline import end_time
-from tests.slurm.requeue_helpers import release, steps_of, submit_run, wait_for
+from tests.slurm.requeue_helpers import events, release, steps_of, submit_run, wait_for
 
 pytestmark = pytest.mark.slurm
 
@@ -37,13 +36,6 @@ while True:
     (ckpt / "tmp").mkdir(exist_ok=True)
     tmp = ckpt / "tmp" / count.name; tmp.write_text(str(step)); os.replace(tmp, count)
 """
-
-
-def events(ckpt) -> list:
-    try:
-        return json.loads((ckpt / "requeue.json").read_text())["events"]
-    except (FileNotFoundError, ValueError, KeyError):
-        return []
 
 
 def test_a_script_that_ignores_stop_signals_is_requeued_in_time_at_a_limit_and_a_preemption(slurm_cluster,
