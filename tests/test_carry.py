@@ -3,7 +3,6 @@ and enough on its own to import what a rank imports of hpc, with no site-package
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ import pytest
 
 from hpc.container import carry
 from hpc.rundir import treecopy
+from tests.midcopy import kill_mid_copy
 
 
 @pytest.fixture
@@ -85,14 +85,7 @@ def test_a_copy_from_a_killed_submission_is_never_used(packages, tmp_path, monke
     parent = tmp_path / "cache" / carry.FOLDER
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(carry.__file__).parents[2]), str(packages)])}
     proc = subprocess.Popen([sys.executable, "-c", KILLED.format(src=str(packages))], env=env)
-    try:
-        deadline = time.monotonic() + 60
-        while not [p for p in parent.glob(".tmp-*/**/*") if p.is_file()]:
-            assert proc.poll() is None and time.monotonic() < deadline, "the submission never started copying"
-            time.sleep(0.05)
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+    kill_mid_copy(proc, parent)
     (half,) = parent.glob(".tmp-*")
     assert not os.path.exists(carry.folder())  # the half-made copy is not under the name the jobs use
     # another submission still copying: this host's with its process alive, another host's while young

@@ -7,13 +7,13 @@ git checkout, with the pipeline's module elsewhere on PYTHONPATH: the snapshot c
 directory (hpc.rundir.snapshot). The local executor runs the one stage.
 """
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+
+from tests.midcopy import kill_mid_copy
 
 ROOT = Path(__file__).resolve().parents[1]
 PIPELINE = """
@@ -72,14 +72,7 @@ def test_a_snapshot_killed_mid_copy_leaves_no_temporary_after_the_next(where, tm
     run = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-c", SLOW, "lonelypipe:PIPE", "--cluster", "local", "--run-dir",
                              str(run)], cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 60
-        while not [p for p in (run / "code").glob(".tmp-*/*") if p.is_file()]:
-            assert proc.poll() is None and time.monotonic() < deadline, "the submission never started copying"
-            time.sleep(0.05)
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+    kill_mid_copy(proc, run / "code")
     assert list((run / "code").glob(".tmp-*"))  # what the kill left
     out = submit(cwd, env, run)
     assert out.returncode == 0, out.stderr[-2000:]
