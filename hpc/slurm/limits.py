@@ -25,17 +25,15 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import os
 import pwd
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from hpc.fs.atomic import write_bytes
+from hpc.fs import usercache
 from hpc.fs.usercache import cache_dir
 from hpc.slurm.cli import run as _run
 from hpc.slurm.siteconfig import FOLDER, site_key
@@ -125,11 +123,11 @@ def submit_limits() -> List[SubmitLimit]:
     sacctmgr that fails (a site without accounting, a slurmdbd that does not answer) counts as no
     limit, kept too."""
     path = _entry()
+    entry = usercache.kept(path, MAX_AGE_S)
     try:
-        entry = json.loads(path.read_text()) if path else {}
-        if 0 <= time.time_ns() - int(entry["at"]) <= MAX_AGE_S * 1_000_000_000:
-            return [SubmitLimit(**kept) for kept in entry["limits"]]
-    except (OSError, ValueError, KeyError, TypeError):
+        if entry is not None:
+            return [SubmitLimit(**limit) for limit in entry["limits"]]
+    except (KeyError, TypeError):
         pass
     try:
         stdin = functools.partial(subprocess.run, input=commands(user()))
@@ -137,12 +135,7 @@ def submit_limits() -> List[SubmitLimit]:
         found = parse(_run(["sacctmgr", "-n", "-P"], runner=stdin, timeout_s=ASK_TIMEOUT_S, deadline_s=0))
     except RuntimeError:
         found = []
-    try:
-        if path:
-            write_bytes(path, json.dumps({"at": time.time_ns(), "limits": [f.__dict__ for f in found]}).encode(),
-                        durable=False)
-    except OSError:
-        pass
+    usercache.keep(path, {"limits": [f.__dict__ for f in found]})
     return found
 
 

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from hpc.fs.atomic import write_bytes
+from hpc.fs import usercache
 from hpc.fs.filestamp import stamp
 from hpc.fs.usercache import cache_dir
 from hpc.slurm.cli import run as _run
@@ -90,15 +90,14 @@ def _entry() -> Path:
 
 
 def _kept(path: Path) -> Optional[int]:
+    entry = usercache.kept(path, MAX_AGE_S)
     try:
-        entry = json.loads(path.read_text())
-        age_ns = time.time_ns() - int(entry["at"])
-        seen = stamp(entry["conf"])
-        if not 0 <= age_ns <= MAX_AGE_S * 1_000_000_000 or seen is None or list(seen) != entry["stat"]:
+        seen = stamp(entry["conf"]) if entry else None
+        if seen is None or list(seen) != entry["stat"]:
             return None
         size = entry["max_array_size"]
         return size if isinstance(size, int) and size >= 1 else None
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, KeyError, TypeError):
         return None
 
 
@@ -107,9 +106,7 @@ def _keep(path: Path, conf: str, size: int) -> None:
     now = time.time_ns()
     try:
         seen = stamp(conf, now) if conf else None
-        if seen is None:
-            return
-        write_bytes(path, json.dumps({"conf": conf, "stat": seen, "at": now, "max_array_size": size}).encode(),
-                    durable=False)
     except OSError:
-        pass
+        return
+    if seen is not None:
+        usercache.keep(path, {"conf": conf, "stat": seen, "max_array_size": size}, at=now)
