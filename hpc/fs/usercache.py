@@ -5,9 +5,9 @@
 $HPC_CACHE_DIR, else $XDG_CACHE_HOME/hpc, else ~/.cache/hpc. Its users: the resolved configs
 (hpc.config.cache), the newest snapshot of each tree (hpc.rundir.snapcache), the carried copies for
 containers (hpc.container.carry), what the SLURM controller's config says (hpc.slurm.siteconfig)
-and the site's submit limits (hpc.slurm.limits). Each keeps its own folder in it and reads an entry it cannot use as a miss. A dated answer (the
-SLURM site's config and limits) is kept with keep() and read back with kept(), which gives
-nothing once the answer is older than its owner allows.
+and the site's submit limits (hpc.slurm.limits). Each keeps its own folder in it and reads an
+entry it cannot use as a miss. A dated answer (the SLURM site's config and limits) is kept with
+keep() and read back with kept(), which gives nothing once the answer is older than its owner allows.
 """
 from __future__ import annotations
 
