@@ -49,6 +49,20 @@ class Container:
 
 
 @dataclass
+class NodeCheck:
+    """One short check per node before a stage's ranks start, as one srun step (hpc.recovery.nodecheck,
+    docs/nodecheck.md); a node that fails is excluded, one that fails `avoid_after` times avoided."""
+
+    enabled: bool = False  # run the check before each srun of the stage (a `command` turns it on too)
+    builtin: bool = True  # hpc's own check: the job's GPUs (or GPU files) answer, the CPU computes; false: command only
+    command: str = ""  # a site's check, run by the shell on each node; a non-zero exit fails the node
+    collective: bool = False  # also an all_reduce of collective_mb across the nodes (gloo; nccl with GPUs)
+    collective_mb: float = 4.0
+    timeout_s: float = 60.0  # the whole check's bound; a node without an answer by then has failed it
+    avoid_after: int = 2  # failed checks in a run after which a node is avoided for the rest of the run
+
+
+@dataclass
 class Resources:
     """What one job (or one array task) of a stage asks SLURM for."""
 
@@ -69,6 +83,7 @@ class Resources:
     array_parallelism: Optional[int] = None  # array tasks running at once (sbatch --array=0-N%P); None: submitit's 256
     extra: Dict[str, str] = field(default_factory=dict)  # further sbatch options, name -> value
     container: Container = field(default_factory=Container)  # this stage's image; runtime '': cluster.container's
+    node_check: NodeCheck = field(default_factory=NodeCheck)  # each node checked before the ranks start
 
 
 @dataclass
