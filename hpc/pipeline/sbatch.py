@@ -8,6 +8,7 @@ shlex.quote there; config values were already restricted to plain tokens in hpc.
 """
 from __future__ import annotations
 
+import json
 import shlex
 import sys
 from typing import Any, Dict, Mapping, Optional, Sequence
@@ -80,7 +81,15 @@ def afterstep_setup(res: Mapping[str, Any], run_dir: str, python: Optional[str] 
     where = f" --points {shlex.quote(points)}" * bool(points) + f" --tasks {shlex.quote(tasks)}" * bool(tasks)
     return ["trap true TERM  # hpc: a preemption, requeue or node failure: wait for srun under hpc.afterstep",
             f'srun() {{ {python} -u -m hpc.afterstep {shlex.quote(run_dir)}{where} -- "$@"; }}',
-            f"export HPC_NODES={shlex.quote(str(res['nodes']))} HPC_MAX_NODE_FAILURES={limit}"]
+            f"export HPC_NODES={shlex.quote(str(res['nodes']))} HPC_MAX_NODE_FAILURES={limit}",
+            *node_check(res.get("node_check") or {})]
+
+
+def node_check(section: Mapping[str, Any]) -> list:
+    """The stage's node check (hpc.recovery.nodecheck) for hpc.afterstep, as JSON in HPC_NODE_CHECK; [] when off."""
+    if not (section.get("enabled") or section.get("command")):
+        return []
+    return [f"export HPC_NODE_CHECK={shlex.quote(json.dumps(dict(section), sort_keys=True))}"]
 
 
 def local_parameters(res: Mapping[str, Any]) -> Dict[str, Any]:
