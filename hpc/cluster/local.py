@@ -163,6 +163,22 @@ class LocalCluster:
             lines.append(self._run(["sinfo"], check=False).stdout.rstrip())
         return "\n".join(lines)
 
+    def stop_daemon(self, name: str) -> bool:
+        """Stop one daemon ('slurmctld', 'slurmdbd', 'slurmd-n1') as an outage or a restart does: SIGTERM,
+        so it saves its state; jobs and the other daemons run on. False if it was not running."""
+        return self._daemon(name).stop()
+
+    def start_daemon(self, name: str) -> int:
+        """Start again a daemon stop_daemon stopped: the same command line and state; its pid."""
+        return self._daemon(name).start(self._slurmd_env() if name.startswith("slurmd-") else self._daemon_env())
+
+    def _daemon(self, name: str) -> Daemon:
+        daemons = {d.name: d for d in self._daemons()}
+        if name not in daemons:
+            raise ClusterError(f"no daemon {name!r} in cluster {self.dir}; expected one of {', '.join(daemons)}. "
+                               "HINT: slurmdbd runs only on a cluster with accounting.")
+        return daemons[name]
+
     def run(self, argv: list[str], check: bool = True) -> subprocess.CompletedProcess:
         """Run a SLURM client command against this cluster."""
         return self._run(argv, check=check)
