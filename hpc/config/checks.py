@@ -31,7 +31,7 @@ _OPTION_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")  # a long sbatch option, as
 LIMITS: Dict[str, Tuple[int, Optional[int]]] = {
     "nodes": (1, 10_000), "gpus_per_node": (0, 64), "tasks_per_node": (1, 1024), "cpus_per_task": (1, 1024),
     "time_min": (1, 366 * 24 * 60), "signal_delay_s": (0, None), "max_timeouts": (0, 1000), "local_tasks": (1, 64),
-    "max_node_failures": (0, 1000),
+    "max_node_failures": (0, 1000), "max_restarts_in_place": (0, 1000), "spare_nodes": (0, 10_000),
 }
 
 

@@ -10,3 +10,4 @@ no import of the config machinery.
 
 MAX_TIMEOUTS = 3  # requeues of a job that hit its time limit
 MAX_NODE_FAILURES = 3  # requeues of a job after a node failure, the failed nodes excluded
+MAX_RESTARTS_IN_PLACE = 3  # new srun steps in the same allocation after a failure it can recover from

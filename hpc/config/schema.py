@@ -79,6 +79,10 @@ class Resources:
     signal_delay_s: int = 120  # SIGUSR2 this many seconds before the time limit (checkpoint window)
     max_timeouts: int = defaults.MAX_TIMEOUTS  # how often a job that hit its time limit is requeued
     max_node_failures: int = defaults.MAX_NODE_FAILURES  # how often a job is requeued after a node failure, failed nodes excluded (hpc.recovery.nodefail)
+    # new srun steps in the same allocation, from the newest checkpoint, after a crashed or hung rank or a lost
+    # node, before falling back to a requeue (hpc.recovery.inplace); 0: every failure goes through the queue
+    max_restarts_in_place: int = defaults.MAX_RESTARTS_IN_PLACE
+    spare_nodes: int = 0  # nodes held beyond `nodes` (sbatch --no-kill): a failed node is replaced without the queue
     local_tasks: int = 1  # processes when run by the local executor (CPU, one machine)
     array_parallelism: Optional[int] = None  # array tasks running at once (sbatch --array=0-N%P); None: submitit's 256
     extra: Dict[str, str] = field(default_factory=dict)  # further sbatch options, name -> value

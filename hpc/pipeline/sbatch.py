@@ -28,7 +28,10 @@ def slurm_parameters(res: Mapping[str, Any], job_name: str, dependency: Optional
     task ids (hpc.pipeline.executor.submit_array submits it) instead of submitit's 0..n-1;
     `points`: a sweep array's file naming each task's point (hpc.rundir.sweepdir.SweepDir.write_points);
     `tasks`: an array's file of its tasks' pickles (hpc.pipeline.arraytasks)."""
-    lo, hi = noderange.bounds(res["nodes"])
+    # spare nodes: the job holds them beyond its training nodes, and survives a node's loss (--no-kill):
+    # hpc.afterstep trains on `nodes` of them and restarts on healthy ones in place (hpc.recovery.inplace)
+    spare = int(res.get("spare_nodes") or 0)
+    lo, hi = (n + spare for n in noderange.bounds(res["nodes"]))
     params: Dict[str, Any] = {
         "job_name": job_name,
         # submitit counts the job's tasks from an integer: the fewest it may get (a range goes below)
@@ -47,7 +50,7 @@ def slurm_parameters(res: Mapping[str, Any], job_name: str, dependency: Optional
         if res.get(key) is not None:
             params[key] = res[key]
     # requeue: a preempted job (PreemptMode=REQUEUE) comes back with the same id and resumes.
-    extra: Dict[str, Any] = {"requeue": True, **dict(res.get("extra") or {})}
+    extra: Dict[str, Any] = {"requeue": True, **({"no_kill": True} if spare else {}), **dict(res.get("extra") or {})}
     if hi != lo:  # overrides submitit's --nodes line: sbatch --nodes=MIN-MAX
         extra["nodes"] = noderange.show((lo, hi))
     if dependency:
@@ -81,8 +84,15 @@ def afterstep_setup(res: Mapping[str, Any], run_dir: str, python: Optional[str] 
     where = f" --points {shlex.quote(points)}" * bool(points) + f" --tasks {shlex.quote(tasks)}" * bool(tasks)
     return ["trap true TERM  # hpc: a preemption, requeue or node failure: wait for srun under hpc.afterstep",
             f'srun() {{ {python} -u -m hpc.afterstep {shlex.quote(run_dir)}{where} -- "$@"; }}',
-            f"export HPC_NODES={shlex.quote(str(res['nodes']))} HPC_MAX_NODE_FAILURES={limit}",
+            f"export HPC_NODES={shlex.quote(str(res['nodes']))} HPC_MAX_NODE_FAILURES={limit}" + in_place(res),
             *node_check(res.get("node_check") or {})]
+
+
+def in_place(res: Mapping[str, Any]) -> str:
+    """The stage's restarts in place and spare nodes (hpc.recovery.inplace), where not the defaults."""
+    restarts = int(res.get("max_restarts_in_place", defaults.MAX_RESTARTS_IN_PLACE))
+    return (f" HPC_MAX_RESTARTS_IN_PLACE={restarts}" * (restarts != defaults.MAX_RESTARTS_IN_PLACE)
+            + f" HPC_SPARE_NODES={int(res.get('spare_nodes') or 0)}" * bool(res.get("spare_nodes")))
 
 
 def node_check(section: Mapping[str, Any]) -> list:
