@@ -1,0 +1,43 @@
+"""A failed node check carried out: the job requeued without the failed and avoided nodes, before any rank starts.
+
+    nodecheckact.requeue_without(run_dir, os.environ, ["n2"], "node check failed on n2 (...)", resubmit_after)
+
+The requeue is hpc.recovery.nodeaction's (scontrol requeue asked again while the controller gives
+no answer, then the nodes added to the job's ExcNodeList and its node range restored; where SLURM
+refuses the requeue, `resubmit_after` submits the stage again with the nodes in its extra.exclude).
+Bounded: a job requeued for failed checks stages.X.max_node_failures times (HPC_MAX_NODE_FAILURES)
+is stopped instead, so that a check that fails everywhere (a wrong site command) cannot requeue a
+job until every node of the partition is excluded.
+"""
+from __future__ import annotations
+
+import signal
+from typing import Callable, Mapping, Optional, Sequence
+
+from hpc.recovery import nodeaction, nodefail, preemption
+from hpc.recovery import nodecheckrecord as record
+from hpc.rundir import sweepdir
+
+
+def requeue_without(run_dir: str, env: Mapping[str, str], exclude: Sequence[str], why: str,
+                    resubmit_after: Callable[..., str], points: Optional[str] = None) -> str:
+    """Requeue this job without `exclude` (or stop it past the limit); what was done, in words.
+    SIGTERM is ignored meanwhile: the requeue sends it to this process too (as hpc.afterstep does)."""
+    job_id = env["SLURM_JOB_ID"]
+    limit = nodefail.env_limit(env)
+    if record.requeues(run_dir, job_id) >= limit:
+        return (f"stopped: requeued {limit} time(s) already for failed node checks (stages.X.max_node_failures)."
+                " HINT: check the nodes (sinfo -R) and the stage's node_check.command, then resubmit with --run-dir")
+    array_task = env.get("SLURM_ARRAY_TASK_ID")
+    key = f"{env['SLURM_ARRAY_JOB_ID']}_{array_task}" if array_task else job_id  # as the manifest has it
+    run = sweepdir.run_for(run_dir, key, points)
+    task = next((t for t in run.tasks() if any(j["job_id"] == key for j in t["jobs"])), None)
+    stage = task["stage"] if task else env.get("SLURM_JOB_NAME", "?")
+    restart = int(env.get("SLURM_RESTART_COUNT") or 0)
+    held = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        info = preemption.job_info(job_id)
+        action = nodefail.Action("requeue", why, tuple(exclude))
+        return nodeaction.carry_out(action, job_id, info, False, restart, str(run.path), stage, env, resubmit_after)
+    finally:
+        signal.signal(signal.SIGTERM, held)
