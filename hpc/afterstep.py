@@ -64,6 +64,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"[hpc] cannot make {os.path.dirname(request)} for the ranks' stop requests: {err}. HINT: the run "
               "directory must be writable from the batch script's node", file=sys.stderr, flush=True)
         return 1
+    if os.environ.get("HPC_NODE_CHECK"):  # the stage's node check before any rank starts (hpc.recovery.nodecheck)
+        from hpc.recovery import nodecheck
+
+        verdict = nodecheck.before_step(args[0], os.environ, resubmit_after, points)
+        print(f"[hpc] {verdict.line}", file=sys.stderr, flush=True)
+        if not verdict.go:
+            return verdict.code
     env = {**os.environ, HOST_ACTS: request}  # srun's, and the ranks': their own retry deadline
     # This process calls SLURM only at a stop, within the grace time: a controller that does not answer
     # is asked again for STOP_RETRY_S at most (the requeue itself, until the job's EndTime is near).
