@@ -21,6 +21,7 @@ from hpc.config.checks import ConfigError
 from hpc.pipeline import options as hoptions
 from hpc.pipeline.plan import PipelineDef, get_pipeline
 from hpc.pipeline.request import Request, Submitted
+from hpc.remote import clusters
 from hpc.rundir import sweepdir
 from hpc.rundir.run import RunDirError
 
@@ -84,7 +85,10 @@ def submit(pipeline: Union[str, PipelineDef], overrides: Iterable[str] = (), pro
         return None
     from hpc.runs import Run, Sweep  # the object returned: python -m hpc.submit builds none, nor loads its modules
 
-    found = Sweep(done.path) if sweepdir.is_sweep(str(done.path)) else Run(done.path)
+    if done.kind == "remote":  # the run lives on a named cluster: its Run is watched over ssh
+        found = Run.attach(f"{cluster}:{done.path}")
+    else:
+        found = Sweep(done.path) if sweepdir.is_sweep(str(done.path)) else Run(done.path)
     if wait:
         found.wait(timeout=timeout)
     return found
@@ -92,6 +96,10 @@ def submit(pipeline: Union[str, PipelineDef], overrides: Iterable[str] = (), pro
 
 def submit_request(req: Request) -> Submitted:
     """The one way into the submission engines, for the API and python -m hpc.submit alike."""
+    if clusters.is_named(req.cluster):  # a cluster of clusters.yaml: pushed and submitted over ssh
+        from hpc.remote import submission as remote  # ssh and the push: only for a named cluster
+
+        return remote.start(req)
     try:
         if req.sweep is not None or req.sweep_file or sweepdir.is_sweep(req.run_dir):
             from hpc.sweep import submission as sweeps  # a grid of runs; here, not above: yaml stays off a run's path

@@ -2,6 +2,7 @@
 
     python -m hpc.cancel RUN_DIR [--stage S]
     python -m hpc.cancel SWEEP_DIR [--stage S]     # all points: their stages share array jobs
+    python -m hpc.cancel NAME:RUN_DIR              # a run on a named cluster, over ssh (hpc.remote.watch)
 
 The API's Run.cancel (hpc.runs) with its output printed: one scancel for all of the jobs (latest attempt of each task); done tasks keep their markers, so a
 later resubmission into the same directory re-runs only what did not finish. A directory that is no
@@ -15,6 +16,7 @@ import sys
 from typing import Optional, Sequence
 
 from hpc import runs
+from hpc.remote import watch
 from hpc.rundir import sweepdir
 from hpc.rundir.run import RunDirError
 
@@ -24,6 +26,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("run_dir", help="a run directory, or a sweep's")
     p.add_argument("--stage", help="only this stage")
     args = p.parse_args(argv)
+    remote = watch.forward("hpc.cancel", sys.argv[1:] if argv is None else argv, args.run_dir)  # NAME:RUN_DIR
+    if remote is not None:
+        return remote
     try:
         runs.check(args.run_dir, args.stage)
         if not sweepdir.slurm_jobs(args.run_dir, args.stage):

@@ -1,6 +1,7 @@
 """Show the logs of a run's tasks.
 
     python -m hpc.logs RUN_DIR [--stage features] [--task 2] [--rank 0] [--err] [-f]
+    python -m hpc.logs NAME:RUN_DIR -f          # a run on a named cluster: the same, over ssh
 
 Logs are submitit's per-rank files under <run>/<stage>/logs/<jobid>/; the manifest says which job
 ran each task (the newest attempt). hpc.Run(RUN_DIR).logs(...) is the same from Python.
@@ -12,6 +13,7 @@ import sys
 from typing import Optional, Sequence
 
 from hpc.monitor.logs import follow
+from hpc.remote import watch
 from hpc.rundir.run import RunDirError
 from hpc.runs import Run
 
@@ -25,6 +27,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--err", action="store_true", help="stderr instead of stdout")
     p.add_argument("-f", "--follow", action="store_true")
     args = p.parse_args(argv)
+    remote = watch.forward("hpc.logs", sys.argv[1:] if argv is None else argv, args.run_dir)  # NAME:RUN_DIR
+    if remote is not None:
+        return remote
     try:
         paths = Run(args.run_dir).log_paths(args.stage, args.task, args.rank, args.err)
     except (ValueError, RunDirError) as err:

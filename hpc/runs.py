@@ -24,12 +24,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Union
 
 from hpc.fs.sharedfs import listed
+from hpc.remote import watch as remote
 from hpc.rundir import sweepdir
 from hpc.rundir.run import RunDir, RunDirError, task_key
 from hpc.slurm import scheduler
 
 if TYPE_CHECKING:
     from hpc.monitor.status import TaskStatus
+    from hpc.remote.watch import RemoteRun
 
 POLL_S = 2.0  # wait()'s interval between scheduler calls: one sacct per poll, whatever the run's size
 
@@ -45,8 +47,12 @@ class Run:
         return f"hpc.Run({str(self.path)!r})"
 
     @staticmethod
-    def attach(path: Any) -> Union["Run", "Sweep"]:
-        """The run (or sweep) in `path`; RunDirError when it is neither."""
+    def attach(path: Any) -> Union["Run", "Sweep", "RemoteRun"]:
+        """The run (or sweep) in `path`, or on a named cluster: NAME:RUN_DIR (hpc.remote.watch);
+        RunDirError when it is neither."""
+        found = remote.attach(str(path))
+        if found is not None:
+            return found
         check(str(path))
         return Sweep(path) if sweepdir.is_sweep(str(path)) else Run(path)
 

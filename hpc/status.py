@@ -1,6 +1,8 @@
 """Where a run stands, per stage and task; a sweep, per point.
 
     python -m hpc.status runs/langsplat-20260101-120000 [--json] [--timeline run.svg]
+    python -m hpc.status NAME:RUN_DIR      # a run on a named cluster (hpc.remote.watch), the same output
+    python -m hpc.status                   # recent runs on every named cluster, one line each
 
 The table, the JSON and the picture come from hpc.monitor (status, sweeps, timeline); this command
 only reads its arguments and prints. From Python: hpc.Run(RUN_DIR).status() (hpc.runs), the same rows
@@ -15,17 +17,24 @@ from dataclasses import asdict
 from typing import Optional, Sequence
 
 from hpc.monitor import status, sweeps, table, timeline_plot
+from hpc.remote import watch
 from hpc.rundir import snapshot, sweepdir
 from hpc.rundir.run import RunDir
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m hpc.status", description="state of a run's jobs")
-    p.add_argument("run_dir")
+    p.add_argument("run_dir", nargs="?", help="a run or sweep directory, or NAME:RUN_DIR; none: recent runs "
+                   "on every named cluster")
     p.add_argument("--json", action="store_true", help="print the same as JSON")
     p.add_argument("--timeline", metavar="FILE", help="draw each task's attempts over time into FILE "
                    "(.svg or .png; needs pip install 'hpc[plot]')")
     args = p.parse_args(argv)
+    if args.run_dir is None:
+        return watch.recent()
+    remote = watch.forward("hpc.status", sys.argv[1:] if argv is None else argv, args.run_dir)  # NAME:RUN_DIR
+    if remote is not None:
+        return remote
     run = RunDir(args.run_dir)
     if not run.manifest_path.exists() and not sweepdir.is_sweep(args.run_dir):
         print(f"error: {run.manifest_path} not found; expected a run directory made by python -m hpc.submit. "

@@ -7,6 +7,7 @@
     python -m hpc.submit run --no-rank-env -- python train.py          # one process, no RANK/WORLD_SIZE
     python -m hpc.submit run --resume-if 'out/ckpt.pt' --resume-args '--init_from=resume' -- python train.py
     python -m hpc.submit tiny [key=value ...] --sweep tiny.score=1,2 tiny.sleep_s=0,1
+    python -m hpc.submit tests.tiny_pipeline --cluster NAME     # a cluster named in clusters.yaml, over ssh
 
 hpc.submit's own options are the engine's; --levels, --nodes, -- COMMAND and the like are the named
 pipeline's own (PipelineDef.options, hpc.pipeline.options), shown by --help under that pipeline.
@@ -27,6 +28,7 @@ from hpc.config.checks import CLUSTER_KINDS, ConfigError
 from hpc.pipeline import options as hoptions
 from hpc.pipeline.plan import PIPELINES, PipelineDef, get_pipeline
 from hpc.pipeline.request import Request
+from hpc.remote import clusters
 from hpc.rundir import sweepdir
 
 VALUE_OPTIONS = ("--run-dir", "--profile", "--cluster", "--sweep-file")  # take one value; and a pipeline's own
@@ -59,6 +61,8 @@ def parse_args(argv: Sequence[str]) -> Request:
         else:
             (overrides if "=" in a and not a.startswith("-") else rest).append(a)
     args = p.parse_args(rest)
+    if clusters.is_named(args.cluster):
+        clusters.find(args.cluster)  # an unknown name: refused with the closest names
     pipe = pipes[args.pipeline]
     given = {opt.name: getattr(args, opt.name) for opt in pipe.options if opt.form != hoptions.REST}
     tail = [opt.name for opt in pipe.options if opt.form == hoptions.REST]
@@ -90,7 +94,8 @@ def parser(pipes: Mapping[str, PipelineDef]) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m hpc.submit", description=__doc__.split("\n\n")[0])
     p.add_argument("pipeline", help=f"one of {sorted(PIPELINES)}, or a module path (mypkg.pipeline)")
     p.add_argument("overrides", nargs="*", help="dotted key=value config overrides, anywhere before --")
-    p.add_argument("--cluster", choices=CLUSTER_KINDS, help="where to run (default: config, auto)")
+    p.add_argument("--cluster", help=f"where to run: one of {', '.join(CLUSTER_KINDS)} or a cluster named in "
+                   "~/.config/hpc/clusters.yaml (docs/remote.md) (default: config, auto)")
     p.add_argument("--profile", help="cluster profile from templates/profiles/")
     p.add_argument("--run-dir", help="run directory; an existing one resumes (done tasks are skipped)")
     p.add_argument("--dry-run", action="store_true", help="print the plan and sbatch scripts only")

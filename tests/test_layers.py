@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS: List[Set[str]] = [
     {"jobs"},
     {"commands"},
-    {"hpc.sweep", "hpc.here"},
+    {"hpc.sweep", "hpc.here", "hpc.remote"},
     {"hpc.pipeline"},
     {"hpc.monitor", "hpc.runtime", "hpc.scripts", "hpc.container"},
     {"hpc.checkpoint", "hpc.recovery", "hpc.cluster"},
