@@ -112,11 +112,24 @@ class RunSettings:
 
 
 @dataclass
+class ResumeSettings:
+    """What a resumed attempt accepts (hpc.rundir.attempts)."""
+
+    # warn: a resume onto other software (torch, CUDA, NCCL, driver, packages, image) is shown by hpc.status,
+    # and is not bitwise; require: such a resume is refused
+    same_software: str = "warn"
+
+
+SAME_SOFTWARE = ("warn", "require")
+
+
+@dataclass
 class PipelineConfig:
     """Sections every pipeline has; a pipeline's schema adds `stages` and its own section."""
 
     run: RunSettings = field(default_factory=RunSettings)
     cluster: ClusterSettings = field(default_factory=ClusterSettings)
+    resume: ResumeSettings = field(default_factory=ResumeSettings)
 
 
 def load(schema: type, pipeline: str, profile: Optional[str] = None,
@@ -217,6 +230,10 @@ def _build(schema: type, pipeline: str, profile: Optional[str], overrides: Seque
     check_resources(cfg)
     plain = to_dict(cfg)
     check_text(plain)
+    same = (plain.get("resume") or {}).get("same_software", "warn")
+    if same not in SAME_SOFTWARE:
+        raise ConfigError(f"resume.same_software={same!r}; expected one of {list(SAME_SOFTWARE)}. HINT: "
+                          "resume.same_software=require refuses a resume onto other software, warn shows it.")
     return cfg, plain, pure
 
 
