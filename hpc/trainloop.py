@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -41,6 +42,7 @@ from hpc.checkpoint import SHARDED_KEY, CheckpointStore, optim_state
 from hpc.checkpoint.layout import marker_files
 from hpc.recovery import preemption, stopsignal, watchdog
 from hpc.recovery.stopsignal import StopFlag, StopVote
+from hpc.rundir import attempts
 from hpc.runtime import loopstate, resumepoint
 from hpc.runtime.scalars import StepLog
 
@@ -88,6 +90,8 @@ class TrainLoop:
         self.checks = stopsignal.CheckSchedule(self.vote, check_every)  # the steps that poll the vote
         # ends a hung job and requeues it (hpc.recovery.watchdog); None when watchdog_s (HPC_WATCHDOG_S) is 0
         self.watchdog = watchdog.for_loop(self, watchdog_s)
+        # rank 0's record of this attempt: software, first step, checkpoint stalls, end (hpc.rundir.attempts)
+        self.attempt = attempts.AttemptLog.here(self.out_dir, session.is_main)
 
     # ---------------------------------------------------------------- resume
     def resume(self, objects: dict[str, Any]) -> int:
@@ -96,6 +100,7 @@ class TrainLoop:
         Returns the step to continue after (0 on a first run).
         """
         self.objects = dict(objects)
+        self.attempt.start()  # refuses a resume onto changed software under resume.same_software=require
         state = resumepoint.agreed_state(self.store, self.s, self._load_shards)
         step = state["step"] if state else -1
         sharded = state.get(SHARDED_KEY) if state else None
@@ -111,6 +116,7 @@ class TrainLoop:
                           self.s.world_size, self.s.rank, self.seed)
         self.extra = dict(state.get("extra", {}))
         self.step = self.current = self.resumed_step = self._saved_step = step
+        self.attempt.resumed(step)  # rank 0: a later look at the run knows which steps were redone
         log.info("resumed from step %d (SLURM_RESTART_COUNT=%s)", step,
                  os.environ.get("SLURM_RESTART_COUNT", "0"))
         return step
@@ -141,9 +147,11 @@ class TrainLoop:
     def steps(self, total: int) -> Iterator[int]:
         """Yield steps resumed+1 .. total; after each: periodic save and the agreed stop check.
         The watchdog watches from the first step's end to the last's."""
+        self.attempt.start()
         try:
             for step in range(self.step + 1, total + 1):
                 self.current = step
+                self.attempt.first_step()
                 yield step
                 self.step = step
                 self.watchdog.beat(step) if self.watchdog else None
@@ -168,7 +176,9 @@ class TrainLoop:
             self.store.wait() if blocking else None
             return
         shards = self._save_shards if self._engine is not None and self._dcp_names else None
+        held = time.monotonic()
         self.store.save(self.step, self.state(), blocking=blocking, sharded=shards)
+        self.attempt.saved(self.step, time.monotonic() - held)  # rank 0, where it already writes
         self._saved_step = self.step
 
     def _stop(self, request: preemption.StopRequest) -> None:
@@ -177,6 +187,7 @@ class TrainLoop:
         self.vote.close()  # every rank launched the vote in flight: let it end before exiting
         self.watchdog.stop() if self.watchdog else None
         self.save(blocking=True)
+        self.attempt.ended("stopped", self.step, stop=request.reason)
         self.s.barrier()  # rank 0 has committed the checkpoint before anyone is requeued
         decision = None
         if self.s.is_main:
@@ -199,9 +210,11 @@ class TrainLoop:
             return
         self.watchdog.stop() if self.watchdog else None
         self.vote.close()
+        held, counted = time.monotonic(), self.attempt.stall_s
         self.save(blocking=True)
         self.s.barrier()
-        self.store.close()
+        self.store.close()  # the final write's wait is a checkpoint stall too, not training
+        self.attempt.ended("completed", self.step, time.monotonic() - held - (self.attempt.stall_s - counted))
         self._close_engine()
         self.close_writer()
         self._finished = True
@@ -226,6 +239,7 @@ class TrainLoop:
             self.watchdog.wait_for_end()  # in a hang, the watchdog's verdict ends the process
             self.watchdog.stop()
         self.vote.abandon()
+        self.attempt.ended("stopped" if isinstance(exc, SystemExit) else "failed", self.step)
         if not isinstance(exc, (SystemExit, preemption.JobNotRequeued)):
             log.warning("leaving the training loop at step %d on %s: no final checkpoint, the "
                         "newest periodic one stays", self.step, type(exc).__name__)

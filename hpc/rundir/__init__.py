@@ -20,6 +20,8 @@ Parts::
     snapcache.py  hard links to an earlier run's snapshot of the same files
     treecopy.py   a directory made whole or not at all, and files copied into it (the snapshot's, carry's)
     tracking.py   run ids for experiment trackers, the same in every attempt
+    attempts.py   each attempt of a task as rank 0 saw it: software, first step, checkpoints, end
+    software.py   what an attempt runs on: torch, CUDA, NCCL, driver, GPU, Python, hpc, packages, image
 
 Imports no torch: submission and status read it.
 """

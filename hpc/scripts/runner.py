@@ -25,6 +25,7 @@ from typing import Any, Callable, List, Mapping, Optional
 
 from hpc.fs import atomic
 from hpc.recovery import deadline, hostact, preemption, scriptproc, verdict
+from hpc.rundir import attempts
 
 # Rank 0's stop decision for the attempt that wrote it, in the task's checkpoint directory.
 DECISION_FILE = "stop-decision.json"
@@ -50,9 +51,15 @@ def run_argv(ctx: Any, argv: List[str], max_timeouts: int, launch: bool = True,
     # SLURM signals every process of the step: the script gets SIGTERM itself (and may checkpoint);
     # this wrapper passes the time-limit warning on, then decides once the script has exited, or
     # at the deadline (hpc.recovery.deadline) whatever the script is doing.
+    # rank 0's record of this attempt (hpc.rundir.attempts); under resume.same_software=require a
+    # resume onto other software than the checkpoints' is refused here, before the script starts
+    record = attempts.AttemptLog.here(ctx.stage_dir, ctx.env.rank == 0, "run")
+    seen = attempts.checkpoints_seen(ctx.stage_dir) if record.main else []
+    record.start(seen[-1][0] if seen else 0)  # the script resumes from the newest committed step-N/, if any
     with StopFlag() as flag:
         timeout_signal = next(num for num, kind in flag.kinds.items() if kind == "timeout")
         proc = scriptproc.start(cmd, env, cwd and str(cwd), held=timeout_signal)
+        record.first_step()  # seen from outside: the script's start (its own start-up counts as running)
         attempt = {"job": str(ctx.env.job_id), "restart": str(ctx.env.restart_count)}
         stop_now = (_deadline_passed(flag) if ctx.env.rank == 0 else
                     _every(1.0, lambda: _decided(checkpoints / DECISION_FILE, attempt)))
@@ -74,6 +81,9 @@ def run_argv(ctx: Any, argv: List[str], max_timeouts: int, launch: bool = True,
                 if outcome == "interrupted":
                     watcher.write(asdict(decision) if decision else {"requeue": False, "why": "no decision"})
                 code = scriptproc.end_tree(proc)
+    saves = attempts.checkpoints_seen(ctx.stage_dir)
+    record.ended("stopped" if decision is not None else "completed" if code == 0 else "failed",
+                 saves[-1][0] if saves else None, saves=saves)
     if decision is not None:
         preemption.exit_for(decision)
     if code != 0:
