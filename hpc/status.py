@@ -1,6 +1,6 @@
 """Where a run stands, per stage and task; a sweep, per point.
 
-    python -m hpc.status runs/langsplat-20260101-120000 [--json] [--timeline run.svg]
+    python -m hpc.status runs/langsplat-20260101-120000 [--json] [--timeline run.svg] [--cost]
     python -m hpc.status NAME:RUN_DIR      # a run on a named cluster (hpc.remote.watch), the same output
     python -m hpc.status                   # recent runs on every named cluster, one line each
 
@@ -16,7 +16,7 @@ import sys
 from dataclasses import asdict
 from typing import Optional, Sequence
 
-from hpc.monitor import status, sweeps, table, timeline_plot
+from hpc.monitor import cost, status, sweeps, table, timeline_plot
 from hpc.remote import watch
 from hpc.rundir import snapshot, sweepdir
 from hpc.rundir.run import RunDir
@@ -29,6 +29,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--json", action="store_true", help="print the same as JSON")
     p.add_argument("--timeline", metavar="FILE", help="draw each task's attempts over time into FILE "
                    "(.svg or .png; needs pip install 'hpc[plot]')")
+    p.add_argument("--cost", action="store_true", help="what the allocation bought: GPU-hours per task, stage "
+                   "and run split into training, redone, start-up, checkpoint, teardown and failures")
     args = p.parse_args(argv)
     if args.run_dir is None:
         return watch.recent()
@@ -41,6 +43,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               "HINT: pass the 'run dir:' path printed at submission.", file=sys.stderr)
         return 2
     try:
+        if args.cost:  # goodput of the run, or of each point of a sweep (hpc.monitor.cost)
+            return cost.show(args.run_dir, args.json)
         if args.timeline:  # a picture of the run, or of a sweep: one row per point
             return timeline_plot.write(args.run_dir, args.timeline)
         if sweepdir.is_sweep(args.run_dir):

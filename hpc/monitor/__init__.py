@@ -10,4 +10,6 @@ Parts::
     results.py        what a task's stage function returned (submitit's result file, else the done marker)
     timeline.py       each task's attempts over time, from sacct --duplicates or the run directory
     timeline_plot.py  the timeline drawn with matplotlib (an optional extra: pip install 'hpc[plot]')
+    goodput.py        an attempt's allocation split: start-up, training, redone, checkpoint, teardown, failures
+    cost.py           goodput per task, stage, run and sweep from sacct and the records (hpc.status --cost)
 """
