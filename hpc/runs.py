@@ -6,6 +6,7 @@
     run.wait(timeout=600)   # the same rows once no task is queued or running; TimeoutError after `timeout`
     run.logs("features", 1, rank=0)   # the text of that rank's stdout log (err=True: stderr)
     run.metrics()           # task -> its metrics.json;  run.outputs(): task -> the files it made
+    run.metrics(goodput=True)   # ... and each task's 'goodput': python -m hpc.status --cost's figures
     run.result("merge")     # what the stage function returned (item=...: that array task's)
     run.cancel()            # scancel of every queued or running job; done tasks keep their markers
     sweep.metrics()         # a Sweep: point -> task -> ...; sweep.logs(point, ...), sweep.result(point, ...)
@@ -96,14 +97,22 @@ class Run:
             return texts[0]
         return "\n".join(f"==> {p} <==\n{t}" for p, t in zip(paths, texts))
 
-    def metrics(self) -> Dict[str, Any]:
-        """Task ('stage[item]') -> the content of its metrics.json, for the tasks that wrote one."""
+    def metrics(self, goodput: bool = False) -> Dict[str, Any]:
+        """Task ('stage[item]') -> the content of its metrics.json, for the tasks that wrote one;
+        `goodput`: every task also gets 'goodput', python -m hpc.status --cost's figures of it
+        (GPU- or CPU-hours per part, the share that trained, queue wait; hpc.monitor.cost)."""
         run, found = RunDir(self.path), {}
+        if goodput:
+            from hpc.monitor import cost  # as in rows(): on first use
+
+            for row in cost.collect(str(self.path))["tasks"]:
+                found[row["task"]] = {"goodput": {k: v for k, v in row.items() if k not in ("task", "stage")}}
         for t in run.tasks():
             where = run.task_dir(t["stage"], t["item"])
             if "metrics.json" in listed(where):
                 try:
-                    found[task_key(t["stage"], t["item"])] = json.loads((where / "metrics.json").read_text())
+                    key = task_key(t["stage"], t["item"])
+                    found[key] = {**json.loads((where / "metrics.json").read_text()), **found.get(key, {})}
                 except ValueError:
                     continue  # being rewritten: absent this time
         return found
@@ -186,9 +195,9 @@ class Sweep:
         """Run.logs of one point."""
         return self.point(point).logs(stage, task, rank, err)
 
-    def metrics(self) -> Dict[str, Dict[str, Any]]:
-        """Point signature -> task -> its metrics.json (Run.metrics of each point)."""
-        return {sig: run.metrics() for sig, run in self.points().items()}
+    def metrics(self, goodput: bool = False) -> Dict[str, Dict[str, Any]]:
+        """Point signature -> task -> its metrics.json (Run.metrics of each point, `goodput` too)."""
+        return {sig: run.metrics(goodput) for sig, run in self.points().items()}
 
     def outputs(self) -> Dict[str, Dict[str, List[Path]]]:
         """Point signature -> task -> the files it made (Run.outputs of each point)."""

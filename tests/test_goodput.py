@@ -116,3 +116,9 @@ def test_status_cost_splits_a_run_with_a_requeue_and_the_parts_add_up(tmp_path, 
     table = capsys.readouterr().out.splitlines()
     assert table[0].split()[:4] == ["TASK", "ATTEMPTS", "ALLOC", "TRAINING"]
     assert [line.split()[0] for line in table[1:4]] == ["main", "stage", "run"] and "GPU-h" in table[1]
+    import hpc
+
+    (run.task_dir("main") / "metrics.json").write_text('{"loss": 0.5}')
+    got = hpc.Run(run.path).metrics(goodput=True)["main"]
+    assert got["loss"] == 0.5 and got["goodput"]["gpu_hours"] == hours and got["goodput"]["attempts"] == 2
+    assert hpc.Run(run.path).metrics() == {"main": {"loss": 0.5}}
