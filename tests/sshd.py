@@ -126,3 +126,13 @@ def clusters_file(tmp_path, monkeypatch):
         monkeypatch.setenv("HPC_CLUSTERS_FILE", str(where))
         return where
     return write
+
+
+def project(where: Path) -> Path:
+    """A user's project without git: mypkg.tiny, the tiny test pipeline under its own module name."""
+    pkg = where / "mypkg"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    source = (Path(__file__).with_name("tiny_pipeline.py")).read_text()
+    (pkg / "tiny.py").write_text(source.replace("tests.tiny_pipeline", "mypkg.tiny"))
+    return where

@@ -114,3 +114,10 @@ def test_status_of_an_unknown_cluster_address_names_the_closest(tmp_path, monkey
     out = subprocess.run([sys.executable, "-m", "hpc.status", "laptopp:/runs/x"], capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 2 and "did you mean laptop" in out.stderr, out.stderr
+
+
+def test_a_damaged_file_is_one_line_for_status_with_no_argument(tmp_path, monkeypatch):
+    (tmp_path / "clusters.yaml").write_text("here: {ssh: local}\n")
+    monkeypatch.setenv("HPC_CLUSTERS_FILE", str(tmp_path / "clusters.yaml"))
+    out = subprocess.run([sys.executable, "-m", "hpc.status"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "hpc's own kinds" in out.stderr, out.stderr

@@ -11,13 +11,15 @@ import subprocess
 from hpc.cluster.daemons import ClusterError
 from hpc.cluster.daemonset import missing_binaries
 
-# bubblewrap: the container-free stand-in for Pyxis and Apptainer in the SLURM tests (runtime exec)
-PACKAGES = ["slurm-wlm", "slurmdbd", "mariadb-server", "mariadb-client", "munge", "bubblewrap"]
+# bubblewrap: the container-free stand-in for Pyxis and Apptainer in the SLURM tests (runtime exec);
+# openssh-server: the login node the tests of named clusters reach over ssh (tests/sshd.py)
+PACKAGES = ["slurm-wlm", "slurmdbd", "mariadb-server", "mariadb-client", "munge", "bubblewrap", "openssh-server"]
+SSHD = "/usr/sbin/sshd"
 
 
 def install_packages(log=print) -> None:
-    if not missing_binaries():
-        log("SLURM, slurmdbd, MariaDB and munge are already installed")
+    if not missing_binaries() and os.path.exists(SSHD):
+        log("SLURM, slurmdbd, MariaDB, munge and sshd are already installed")
         return
     if os.geteuid() != 0:
         raise ClusterError("installing packages needs root. HINT: sudo apt-get install -y " + " ".join(PACKAGES))
@@ -26,7 +28,7 @@ def install_packages(log=print) -> None:
     _apt(["apt-get", "update", "-q"], env)
     log("apt-get install " + " ".join(PACKAGES))
     _apt(["apt-get", "install", "-y", "-q", "--no-install-recommends", *PACKAGES], env)
-    still = missing_binaries()
+    still = missing_binaries() + ([] if os.path.exists(SSHD) else [SSHD])
     if still:
         raise ClusterError(f"still missing after install: {', '.join(still)}")
 

@@ -72,7 +72,11 @@ def forward(module: str, argv: Sequence[str], address: str) -> Optional[int]:
 
 def recent(out=print) -> int:
     """Recent runs on every named cluster, one line each; a cluster that cannot be reached: one line."""
-    found = clusters.load()
+    try:
+        found = clusters.load()
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     if not found:
         out(f"no named clusters ({clusters.path()} does not exist). HINT: pass a run directory, or name your "
             "clusters there (docs/remote.md).")
