@@ -12,8 +12,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 import hpc
 from hpc.cluster import install
 from hpc.remote import clusters, push, ssh, store
@@ -69,7 +67,7 @@ def test_a_missing_interpreter_hpc_missing_and_another_hpc_are_refused_with_the_
     line = one_line_error(hpc_cmd("hpc.submit", "mypkg.tiny", "--cluster", "bare", cwd=proj))
     assert "hpc is not importable" in line and f"pip install hpc=={hpc.__version__}" in line
     line = one_line_error(hpc_cmd("hpc.submit", "mypkg.tiny", "--cluster", "old", cwd=proj))
-    assert f"runs hpc 0.0.1" in line and f"expected {hpc.__version__}" in line
+    assert "runs hpc 0.0.1" in line and f"expected {hpc.__version__}" in line
 
 
 def test_a_push_sends_only_what_the_cluster_lacks(sshd, clusters_file, tmp_path):  # noqa: F811
