@@ -23,7 +23,6 @@ import socket
 import stat
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Dict, Mapping, Tuple, TypeVar, Union
 
@@ -97,6 +96,8 @@ def _alive(pid: int) -> bool:
 def copy_files(dest: Union[str, Path], files: Mapping[str, Tuple[str, int]]) -> Dict[str, str]:
     """Copy each `relative path -> (source, st_mode)` into dest; returns relative path -> content
     digest (digest()). A mode that is a symlink's copies the link itself."""
+    from concurrent.futures import ThreadPoolExecutor  # a copy only: a reused or linked snapshot never loads it
+
     dest = str(dest)
     for parent in sorted({dest, *(os.path.dirname(os.path.join(dest, rel)) for rel in files)}):
         os.makedirs(parent, exist_ok=True)
