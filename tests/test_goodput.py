@@ -122,3 +122,23 @@ def test_status_cost_splits_a_run_with_a_requeue_and_the_parts_add_up(tmp_path, 
     got = hpc.Run(run.path).metrics(goodput=True)["main"]
     assert got["loss"] == 0.5 and got["goodput"]["gpu_hours"] == hours and got["goodput"]["attempts"] == 2
     assert hpc.Run(run.path).metrics() == {"main": {"loss": 0.5}}
+
+
+def test_the_timeline_shows_lost_time_and_an_attempt_on_new_software(tmp_path, capsys):
+    from hpc import status
+    from hpc.monitor import timeline
+    from tests.test_timeline import T0, fake_run
+
+    run = fake_run(tmp_path)
+    records = [dict(rec("41", 0, first=T0 + 6.25, saves=[(5, T0 + 12.25, 0.5)], stall=0.5), software_digest="a"),
+               dict(rec("41", 1, resumed=5, first=T0 + 22.25, ended=T0 + 29, end="completed"), software_digest="b")]
+    (run.task_dir("main") / "attempts.json").write_text(json.dumps({"attempts": records}))
+    (lane,) = timeline.lanes(run, None, {"main": "COMPLETED"}, T0 + 100)
+    strips = [(s.kind, round(s.start - T0, 2), round(s.end - T0, 2)) for s in lane.segments if s.kind in timeline.LOST]
+    assert strips == [("startup", 2.25, 6.25), ("redone", 12.25, 20.25), ("startup", 20.25, 22.25),
+                      ("teardown", 29, 30)]
+    assert [s.label for s in lane.segments if s.gid] == ["4 ranks", "2 ranks · new software"]
+    out = tmp_path / "run.svg"
+    assert status.main([str(run.path), "--timeline", str(out)]) == 0
+    svg = out.read_text()
+    assert "training redone after a resume" in svg and "new software" in svg and "start-up" in svg

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from hpc.config import resolved
@@ -23,21 +22,8 @@ from hpc.rundir import attempts, sweepdir
 from hpc.rundir.run import RunDir, task_key
 from hpc.slurm import scheduler
 
-WAITS = ("queued", "requeued")  # the lane segments that are queue wait (a dependency is not)
 HEAD = ("TASK", "ATTEMPTS", "ALLOC", "TRAINING", "REDONE", "START-UP", "CHECKPOINT", "TEARDOWN", "FAILURES",
         "GOODPUT", "QUEUE")
-
-
-def records(task_dir: Path) -> List[Dict[str, Any]]:
-    """The task's attempt records: <task>/attempts.json, else the first found up to two folders down
-    (a loop whose out_dir is a subfolder of the task's)."""
-    found = attempts.load(task_dir)
-    if found:
-        return found
-    for level in ("*", "*/*"):
-        for path in sorted(Path(task_dir).glob(f"{level}/{attempts.ATTEMPTS}")):
-            return attempts.load(path.parent)
-    return []
 
 
 def resources(cfg: Mapping[str, Any], stage: str) -> Tuple[str, float, float]:
@@ -52,19 +38,6 @@ def resources(cfg: Mapping[str, Any], stage: str) -> Tuple[str, float, float]:
     return "cpu", float(res.get("cpus_per_task", 1) or 1), ranks
 
 
-def _attempts(lane: timeline.Lane, per_rank: float, ranks: float) -> List[goodput.Attempt]:
-    out, waited = [], 0.0
-    for seg in lane.segments:
-        if not seg.gid:
-            waited += (seg.end - seg.start) if seg.kind in WAITS else 0.0
-            continue
-        _, job, n = seg.gid.rsplit("-", 2)
-        size = float(seg.label.split()[0]) if seg.label else ranks
-        out.append(goodput.Attempt(job, int(n) - 1, seg.start, seg.end, seg.kind, size * per_rank, waited))
-        waited = 0.0
-    return out
-
-
 def run_splits(run: RunDir, history: Optional[Mapping[str, List[Dict[str, str]]]],
                states: Mapping[str, str], now: float) -> List[Tuple[str, str, str, goodput.Split]]:
     """(stage, task, unit, the task's summed split) for each task of the run."""
@@ -72,7 +45,7 @@ def run_splits(run: RunDir, history: Optional[Mapping[str, List[Dict[str, str]]]
     out = []
     for t, lane in zip(run.tasks(), timeline.lanes(run, history, states, now)):
         unit, per_rank, ranks = resources(cfg, t["stage"])
-        found = goodput.task(_attempts(lane, per_rank, ranks), records(run.task_dir(t["stage"], t["item"])))
+        found = goodput.task(timeline.attempts_of(lane.segments, per_rank, ranks), attempts.find(run.task_dir(t["stage"], t["item"])))
         out.append((t["stage"], task_key(t["stage"], t["item"]), unit, goodput.total(found)))
     return out
 

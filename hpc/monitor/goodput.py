@@ -55,6 +55,7 @@ class Split:
     seconds: Dict[str, float] = field(default_factory=lambda: dict.fromkeys(PARTS, 0.0))
     queued_s: float = 0.0
     attempts: int = 0
+    spans: List[tuple] = field(default_factory=list)  # (start, end, part) of the time not spent training
 
     @property
     def allocated_s(self) -> float:
@@ -102,7 +103,9 @@ def split(attempt: Attempt, rec: Optional[Mapping[str, Any]], nxt: Optional[Mapp
     s, e = attempt.start, max(attempt.end, attempt.start)
     out = Split(units=attempt.units, queued_s=attempt.queued_s, attempts=1)
     if not rec:
-        out.seconds[KEPT_WHOLE.get(attempt.state, "failures")] = e - s
+        part = KEPT_WHOLE.get(attempt.state, "failures")
+        out.seconds[part] = e - s
+        out.spans = [(s, e, part)] if part != "training" and e > s else []
         return out
     began = rec.get("first_step", rec.get("began"))
     f = _clamp(began, s, e)
@@ -118,6 +121,8 @@ def split(attempt: Attempt, rec: Optional[Mapping[str, Any]], nxt: Optional[Mapp
     after_k = "failures" if failed else "teardown" if kept is not None and rec.get("step") == kept else "redone"
     out.seconds[after_k] += t - k - after
     out.seconds["failures" if failed else "teardown"] += e - t
+    out.spans = [(a, b, part) for a, b, part in ((s, f, "startup"), (k, t, after_k),
+                                                  (t, e, "failures" if failed else "teardown")) if b > a]
     return out
 
 

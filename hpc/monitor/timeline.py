@@ -18,13 +18,13 @@ from __future__ import annotations
 import json
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from hpc.monitor import status
-from hpc.rundir import sweepdir
+from hpc.monitor import goodput, status
+from hpc.rundir import attempts, sweepdir
 from hpc.rundir.run import RunDir, task_key
 from hpc.slurm import scheduler
 
@@ -41,7 +41,14 @@ KINDS: Dict[str, tuple] = {
     "FAILED": ("failed", "#d62728"),
     "CANCELLED": ("cancelled", "#7f7f7f"),
     "ENDED": ("ended, outcome unknown", "#bcbd22"),
+    # drawn as a strip along the bottom of an attempt's bar: where its allocation bought no kept training
+    "startup": ("start-up (job start to first step)", "#17becf"),
+    "redone": ("training redone after a resume", "#ff9896"),
+    "teardown": ("stop and teardown", "#c5b0d5"),
+    "failures": ("lost to a failure", "#8c564b"),
 }
+LOST = ("startup", "redone", "teardown", "failures")  # hpc.monitor.goodput's parts, as strips
+NEW_SOFTWARE = "new software"  # on the bar of an attempt that ran on other software than the one before
 REQUEUE_WORDS = frozenset({"REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"})  # an attempt SLURM put back in the queue
 # A job that requeues itself (hpc.recovery.preemption) reads REQUEUED in sacct; why it stopped is in the record
 # hpc.recovery.preemption keeps in the task's checkpoint directory: stop kind -> what the picture shows.
@@ -180,8 +187,39 @@ def lanes(run: RunDir, history: Optional[Mapping[str, List[Dict[str, str]]]], st
             done = status.done_info(run, t["stage"], t["item"]) if latest else {}
             segs += from_log(run.log_path(t["stage"], jid), submitted, waits, last, done.get("finished"),
                              sizes, gid, now, stopped)
-        out.append(Lane(key, segs))
+        found = attempts.find(run.task_dir(t["stage"], t["item"]))
+        out.append(Lane(key, segs + lost(segs, found) if found else segs))
     return out
+
+
+def attempts_of(segs: Sequence[Segment], per_rank: float = 1.0, ranks: float = 1.0) -> List[goodput.Attempt]:
+    """A lane's attempts for hpc.monitor.goodput: (job, restart) from each bar's id, its GPUs (or CPUs)
+    from the world size on it (`ranks` where none is) x `per_rank`, the queue wait before it."""
+    out, waited = [], 0.0
+    for seg in segs:
+        if not seg.gid:
+            waited += (seg.end - seg.start) if seg.kind in ("queued", "requeued") else 0.0
+            continue
+        _, job, n = seg.gid.rsplit("-", 2)
+        size = float(seg.label.split()[0]) if seg.label[:1].isdigit() else ranks
+        out.append(goodput.Attempt(job, int(n) - 1, seg.start, seg.end, seg.kind, size * per_rank, waited))
+        waited = 0.0
+    return out
+
+
+def lost(segs: List[Segment], records: List[Dict[str, Any]]) -> List[Segment]:
+    """The strips of time an attempt bought no kept training (LOST), from rank 0's records; an attempt
+    that ran on other software than the one before gets NEW_SOFTWARE on its bar."""
+    digests = {(str(r.get("job")), int(r.get("restart") or 0)): r.get("software_digest") for r in records}
+    before = None
+    for n, seg in enumerate(segs):
+        if seg.gid:
+            _, job, k = seg.gid.rsplit("-", 2)
+            now = digests.get((job, int(k) - 1))
+            if before and now and now != before:
+                segs[n] = replace(seg, label=f"{seg.label} · {NEW_SOFTWARE}".lstrip(" ·"))
+            before = now or before
+    return [Segment(a, b, part) for sp in goodput.task(attempts_of(segs), records) for a, b, part in sp.spans]
 
 
 def collect(path: str) -> List[Row]:

@@ -3,7 +3,9 @@
     python -m hpc.status RUN_DIR --timeline run.svg
 
 One row per task (a sweep: per point, its tasks as lanes), time since the first submission along x.
-Each attempt's bar carries the world size it got and, in an SVG, the id attempt-<task>-<job id>-<n>;
+Each attempt's bar carries the world size it got (and "new software" when it ran on other software than
+the attempt before), in an SVG the id attempt-<task>-<job id>-<n>, and along its bottom a hatched strip
+for each stretch that bought no kept training (start-up, redone, teardown, failures: hpc.monitor.goodput);
 text stays text in an SVG (svg.fonttype none), so the picture can be searched.
 """
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pathlib import Path
 from typing import Any, List, Sequence, Tuple
 
 from hpc.config.checks import ConfigError  # not hpc.config.schema: hpc.status stays off the config machinery
-from hpc.monitor.timeline import KINDS, Row, collect
+from hpc.monitor.timeline import KINDS, LOST, Row, collect
 
 FORMATS = (".svg", ".png")
 ROW_IN = 0.35  # inches of height per lane
@@ -70,6 +72,8 @@ def draw(rows: List[Row], out: str, title: str) -> None:
 
 def _lane(ax: Any, segments: Sequence[Any], y: float, height: float, t0: float, div: float, span: float) -> None:
     for s in segments:
+        if s.kind in LOST:  # a strip along the bottom of its attempt's bar, drawn after it
+            continue
         attempt = bool(s.gid)
         bars = ax.barh(y + height / 2, (s.end - s.start) / div, left=(s.start - t0) / div,
                        height=height if attempt else height * 0.5, color=KINDS[s.kind][1],
@@ -83,6 +87,9 @@ def _lane(ax: Any, segments: Sequence[Any], y: float, height: float, t0: float, 
         ax.text(x / div, y + height / 2, s.label if inside else f" {s.label}", ha="center" if inside else "left",
                 va="center", fontsize=7,
                 color="white" if inside and s.kind in ("COMPLETED", "FAILED", "RUNNING") else "black")
+    for s in (s for s in segments if s.kind in LOST):  # hpc.monitor.goodput: what bought no kept training
+        ax.barh(y + height * 0.12, (s.end - s.start) / div, left=(s.start - t0) / div, height=height * 0.24,
+                color=KINDS[s.kind][1], edgecolor="none", hatch="////")
 
 
 def write(path: str, out: str) -> int:

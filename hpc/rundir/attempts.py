@@ -41,6 +41,16 @@ def load(task_dir: Path) -> List[Dict[str, Any]]:
     return [a for a in found if isinstance(a, dict)] if isinstance(found, list) else []
 
 
+def find(task_dir: Path) -> List[Dict[str, Any]]:
+    """The task's entries: <task>/attempts.json, else the first found up to two folders down (a loop
+    whose out_dir is a subfolder of the task's)."""
+    found = load(task_dir)
+    for level in ("*", "*/*") if not found else ():
+        for path in sorted(Path(task_dir).glob(f"{level}/{ATTEMPTS}")):
+            return load(path.parent)
+    return found
+
+
 def process_start() -> Optional[float]:
     """When this process started (Linux /proc), epoch seconds; None elsewhere."""
     try:
