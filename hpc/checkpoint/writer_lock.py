@@ -54,13 +54,14 @@ class StoreLocked(RuntimeError):
 def generation() -> str:
     """Identifies this attempt of the job, identical on every rank without communication.
 
-    Stale rank files left in a temporary directory by a killed earlier attempt carry another
-    generation, so rank 0 never commits them. Computed in the training process, never in a
-    forked writer (whose parent pid is the training process).
+    Stale rank files left in a temporary directory by a killed earlier attempt (requeued, or
+    restarted in place) carry another generation, so rank 0 never commits them. Computed in the
+    training process, never in a forked writer (whose parent pid is the training process).
     """
     env = os.environ
     job = env.get("SLURM_JOB_ID") or env.get("TORCHELASTIC_RUN_ID") or f"pid{os.getppid()}"
-    return f"{job}.{env.get('SLURM_RESTART_COUNT', '0')}"
+    in_place = env.get("HPC_RESTART_IN_PLACE", "0")  # a new srun step of the same allocation (hpc.recovery.inplace)
+    return f"{job}.{env.get('SLURM_RESTART_COUNT', '0')}" + f".{in_place}" * (in_place not in ("", "0"))
 
 
 def holder(generation: str) -> dict[str, Any]:
