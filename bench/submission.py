@@ -35,7 +35,7 @@ API_RATIO = 1.05  # the same submission through the Python API (hpc.submit) over
 DRY_S = 0.3
 SNAPSHOT_BUDGET_S = 0.1  # the code snapshot's share of TARGET_S, for this repository
 REPEATS = 12
-# The external commands a real submission runs besides sbatch, the very command lines hpc runs:
+# The external commands a real submission may run besides sbatch, the very command lines hpc runs:
 # timed in the same rounds, for the note on where hpc's time goes.
 PROBES = {"git rev-parse": GIT_HEAD, "scontrol show config": SHOW_CONFIG, "git ls-files": GIT_FILES}
 LEVELS = ["0", "1", "2"]
@@ -169,11 +169,12 @@ def where_note(times: Dict[str, List[float]]) -> str:
             "hpc real, no snapshot; `git ls-files`, an lstat per file, then a directory made per directory of the "
             "tree and a hard link per file, the file system's work more than Python's), and the rest "
             f"({fmt_s(rest)}: the command line, the config read back from hpc.config.cache as plain data without "
-            "OmegaConf or yaml, `git rev-parse`, the plan, config.yaml and manifest.json written durably, the tasks' "
-            f"pickles). The commands it may run, as whole processes: {probes}; `scontrol show config` only once per "
-            "slurm.conf (hpc.slurm.siteconfig keeps MaxArraySize while the file keeps its stat, an hour at most), "
-            "so the rounds after the warm-up run none; why the ratio stays above 1.0x: the note 'what bounds the "
-            "ratio from below'")
+            "OmegaConf or yaml, the checkout's commit read from git's files, the plan, config.yaml and manifest.json "
+            f"written durably, the tasks' pickles). The commands it may run, as whole processes: {probes}; "
+            "`git rev-parse` only where git's files do not say the commit as git would (hpc.rundir.codeversion: "
+            "never in this checkout), `scontrol show config` only once per slurm.conf (hpc.slurm.siteconfig keeps "
+            "MaxArraySize while the file keeps its stat, an hour at most), so the rounds after the warm-up run "
+            "neither; why the ratio stays above 1.0x: the note 'what bounds the ratio from below'")
 
 
 def critical_path_note(times: Dict[str, List[float]]) -> str:
