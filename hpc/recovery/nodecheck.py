@@ -154,7 +154,10 @@ def before_step(run_dir: str, env: Mapping[str, str], resubmit_after: Callable[.
     from hpc.recovery import nodecheckact  # here: only a failed check acts on SLURM
 
     exclude = sorted(set(failed) | set(record.avoided(run_dir, int(section.get("avoid_after") or 2))))
-    done = nodecheckact.requeue_without(run_dir, env, exclude, f"node check failed on {said}", resubmit_after,
-                                        points)
+    try:
+        done = nodecheckact.requeue_without(run_dir, env, exclude, f"node check failed on {said}", resubmit_after,
+                                            points)
+    except Exception as err:  # SLURM refused both the requeue and the resubmission: no rank starts on a failed node
+        done = f"stopped: neither requeued nor resubmitted ({type(err).__name__}: {err})"
     record.done(path, done)
     return Verdict(False, f"node check failed on {said}: {done}", 1, tuple(healthy))

@@ -21,8 +21,8 @@ from hpc.rundir import sweepdir
 
 def requeue_without(run_dir: str, env: Mapping[str, str], exclude: Sequence[str], why: str,
                     resubmit_after: Callable[..., str], points: Optional[str] = None) -> str:
-    """Requeue this job without `exclude` (or stop it past the limit); what was done, in words.
-    SIGTERM is ignored meanwhile: the requeue sends it to this process too (as hpc.afterstep does)."""
+    """Requeue this job without `exclude` (or stop it past the limit); what was done, in words. SIGTERM
+    is ignored from then on: the requeue sends it to this process too (as hpc.afterstep does once it acted)."""
     job_id = env["SLURM_JOB_ID"]
     limit = nodefail.env_limit(env)
     if record.requeues(run_dir, job_id) >= limit:
@@ -34,10 +34,9 @@ def requeue_without(run_dir: str, env: Mapping[str, str], exclude: Sequence[str]
     task = next((t for t in run.tasks() if any(j["job_id"] == key for j in t["jobs"])), None)
     stage = task["stage"] if task else env.get("SLURM_JOB_NAME", "?")
     restart = int(env.get("SLURM_RESTART_COUNT") or 0)
-    held = signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    try:
-        info = preemption.job_info(job_id)
-        action = nodefail.Action("requeue", why, tuple(exclude))
-        return nodeaction.carry_out(action, job_id, info, False, restart, str(run.path), stage, env, resubmit_after)
-    finally:
-        signal.signal(signal.SIGTERM, held)
+    # ignored from here to this process's end: the job is being ended, and what is left (the record,
+    # the log's line) must not die of the requeue's SIGTERM, which may come more than once
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    info = preemption.job_info(job_id)
+    action = nodefail.Action("requeue", why, tuple(exclude))
+    return nodeaction.carry_out(action, job_id, info, False, restart, str(run.path), stage, env, resubmit_after)
