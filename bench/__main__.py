@@ -66,6 +66,8 @@ BENCHMARKS = {
     "task-startup": ("bench.task_startup", "A task's start-up CPU and hpc's share",
                      "hpc's share of a task's start-up (batch step and task step) within 60 ms"),
     "langsplat": ("bench.langsplat_cams", "LangSplat stage 2 throughput", "cameras per second at 1 and 2 ranks"),
+    "software-record": ("bench.software_record", "Recording an attempt: software record and attempts.json",
+                        "at most 50 ms of CPU per attempt on rank 0, no collective"),
 }
 MOVED = {"reliability": "python -m faults.reliability"}  # not benchmarks: they count losses, not time
 

@@ -57,11 +57,11 @@ def run_dir(tmp_path: Path, policy: str) -> Path:
     return run / "train"
 
 
-def test_the_record_names_torch_python_hpc_and_a_cached_package_digest(tmp_path):
-    first = software.record(cache=tmp_path)
+def test_the_record_names_torch_python_hpc_and_a_package_digest():
+    first = software.record()
     assert first["torch"] and first["python"] and first["hpc"] and len(first["packages"]) == 16
-    assert list(tmp_path.glob("*.json")), "the digest is kept in the cache"
-    assert software.record(cache=tmp_path) == first
+    assert software.installed()["torch"] == first["torch"].split("+")[0]
+    assert software.record() == first
     changed = dict(first, torch="0.0.1")
     assert software.differences(first, changed) == [f"torch {first['torch']} -> 0.0.1"]
     assert software.digest(first) != software.digest(changed)

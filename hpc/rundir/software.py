@@ -3,11 +3,12 @@ package (one digest), the container image. Imports no torch.
 
     python -c "from hpc.rundir import software; print(software.record())"
 
-Cheap by design (bench/software_record.py, BENCHMARKS.md): versions come from the package metadata
-and from torch's own modules only when the process has already imported torch; the driver and GPU
-model from /proc/driver/nvidia (no nvidia-smi); the packages' digest is over the names and versions
-of importlib.metadata's distributions, kept in the user's cache under a key of the site folders'
-modification times (an install or an upgrade changes its folder's). The container image is named
+Cheap by design (bench/software_record.py, BENCHMARKS.md): the installed packages and their versions
+are the names of the .dist-info folders in the site folders on sys.path (one listing each, no file
+read), and the packages' digest is over them; torch's and CUDA's versions come from torch's own
+modules when the process has imported torch, else from the text of torch/version.py; NCCL's from
+torch when CUDA is up, else from its nvidia-nccl package; the driver and GPU model from
+/proc/driver/nvidia (no nvidia-smi). The container image is named
 by the variable its runtime sets (Apptainer's; HPC_CONTAINER_IMAGE elsewhere) and stamped by its size and time:
 hashing a multi-gigabyte image at every start would cost more than the attempt's first steps.
 differences() says, field by field, what changed between two records; the fields a resumed run's
@@ -24,7 +25,6 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
 import hpc
-from hpc.fs import usercache
 
 NVIDIA = Path("/proc/driver/nvidia")
 # runtime -> the variables that name the image inside it
@@ -35,22 +35,31 @@ IMAGE_VARS = (("apptainer", "APPTAINER_CONTAINER"), ("apptainer", "SINGULARITY_C
 FIELDS = ("torch", "cuda", "nccl", "python", "hpc", "driver", "gpu", "image", "packages")
 
 
-def _version(name: str) -> Optional[str]:
-    from importlib import metadata  # the standard library's, only when a record is made
+def installed() -> Dict[str, str]:
+    """name -> version of every distribution in the site folders on sys.path, from the names of their
+    .dist-info and .egg-info folders (no file read: importlib.metadata parses each METADATA, 40x dearer)."""
+    found: Dict[str, str] = {}
+    for folder in _site_folders():
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            continue
+        for entry in names:
+            stem, dot, kind = entry.rpartition(".")
+            if dot and kind in ("dist-info", "egg-info") and "-" in stem:
+                name, version = stem.split("-", 1)
+                found.setdefault(name.lower().replace("-", "_").replace(".", "_"), version.split("-")[0])
+    return found
 
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
+
+def _nccl(packages: Mapping[str, str]) -> Optional[str]:
+    return next((packages[k] for k in ("nvidia_nccl_cu13", "nvidia_nccl_cu12", "nvidia_nccl_cu11") if k in packages),
+                None)
 
 
-def _nccl_metadata() -> Optional[str]:
-    return next((v for v in map(_version, ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11")) if v), None)
-
-
-def _torch_side(modules: Mapping[str, Any]) -> Dict[str, Optional[str]]:
+def _torch_side(modules: Mapping[str, Any], packages: Mapping[str, str]) -> Dict[str, Optional[str]]:
     """torch, CUDA and NCCL versions: torch's own answers when it is loaded, else the text of its
-    version.py and NCCL's package metadata (importing torch to ask would cost a second)."""
+    version.py and NCCL's installed package (importing torch to ask would cost a second)."""
     torch = modules.get("torch")
     if torch is not None:
         nccl = None
@@ -59,8 +68,8 @@ def _torch_side(modules: Mapping[str, Any]) -> Dict[str, Optional[str]]:
                 nccl = ".".join(map(str, torch.cuda.nccl.version()))
         except Exception:  # a build without NCCL
             nccl = None
-        return {"torch": str(torch.__version__), "cuda": torch.version.cuda, "nccl": nccl or _nccl_metadata()}
-    out: Dict[str, Optional[str]] = {"torch": None, "cuda": None, "nccl": _nccl_metadata()}
+        return {"torch": str(torch.__version__), "cuda": torch.version.cuda, "nccl": nccl or _nccl(packages)}
+    out: Dict[str, Optional[str]] = {"torch": None, "cuda": None, "nccl": _nccl(packages)}
     import importlib.util  # the standard library's: finds torch's folder without importing it
 
     spec = importlib.util.find_spec("torch")
@@ -114,38 +123,22 @@ def _site_folders() -> List[str]:
                                                                                               "dist-packages"))})
 
 
-def packages_digest(cache: Optional[Path] = None) -> str:
-    """sha256 (16 hex digits) over the sorted 'name==version' of every installed distribution; kept
-    in the user's cache keyed by the site folders and their modification times."""
-    folders = _site_folders()
-    stamps = []
-    for folder in folders:
-        try:
-            stamps.append([folder, os.stat(folder).st_mtime_ns])
-        except OSError:
-            continue
-    key = hashlib.sha256(json.dumps([sys.prefix, stamps]).encode()).hexdigest()[:24]
-    path = (cache or usercache.cache_dir() / "software") / f"{key}.json"
-    kept = usercache.kept(path, 7 * 24 * 3600)
-    if kept and isinstance(kept.get("digest"), str):
-        return kept["digest"]
-    from importlib import metadata  # the standard library's: only on a cache miss
-
-    names = sorted({f"{(d.metadata['Name'] or '').lower()}=={d.version}" for d in metadata.distributions()})
-    digest = hashlib.sha256("\n".join(names).encode()).hexdigest()[:16]
-    usercache.keep(path, {"digest": digest, "count": len(names)})
-    return digest
+def packages_digest(packages: Optional[Mapping[str, str]] = None) -> str:
+    """sha256 (16 hex digits) over the sorted 'name==version' of every installed distribution."""
+    found = installed() if packages is None else packages
+    return hashlib.sha256("\n".join(sorted(f"{k}=={v}" for k, v in found.items())).encode()).hexdigest()[:16]
 
 
-def record(modules: Mapping[str, Any] = sys.modules, environ: Mapping[str, str] = os.environ,
-           cache: Optional[Path] = None) -> Dict[str, Optional[str]]:
+def record(modules: Mapping[str, Any] = sys.modules, environ: Mapping[str, str] = os.environ
+           ) -> Dict[str, Optional[str]]:
     """This process's software, FIELDS -> value (None: not here, or not known)."""
-    out: Dict[str, Optional[str]] = dict(_torch_side(modules))
+    packages = installed()
+    out: Dict[str, Optional[str]] = dict(_torch_side(modules, packages))
     out["python"] = platform.python_version()
     out["hpc"] = hpc.__version__
     out.update(_driver_and_gpu())
     out["image"] = _image(environ)
-    out["packages"] = packages_digest(cache)
+    out["packages"] = packages_digest(packages)
     return out
 
 

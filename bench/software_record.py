@@ -1,0 +1,86 @@
+"""The cost of recording an attempt: rank 0's software record and its attempts.json entry, per attempt
+and per checkpoint, in CPU time of a fresh process (no collective: rank 0 writes, nobody waits).
+
+    python -m bench --only software-record
+
+Each case runs in its own interpreter (python -m bench.software_record CASE TASK_DIR CACHE_DIR), after
+`import hpc.rundir.attempts`, and measures the CPU time (time.process_time) of one attempt's record:
+the software record (the site folders listed, torch's version.py read, the driver and GPU from
+/proc, the packages' digest), begin(), one first step, one checkpoint's entry, and the end.
+"without torch" is how a `run` stage's wrapper meets it (hpc.scripts.runner), "torch loaded" how
+hpc's training loop does (torch imported already, its own answers read). Beside it, the CPU of one torch.save of a 1 MiB
+state into the same folder: the order of a small checkpoint's own cost.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from bench.common import Context, median, run_child
+from bench.report import Section
+
+TARGET_MS = 50.0
+REPEATS = 5
+CASES = ("without torch", "torch loaded")
+
+
+def child(case: str, task_dir: str) -> None:
+    """One attempt's record in this process: its CPU time, and one checkpoint entry's on its own."""
+    from bench.common import emit
+
+    if case == "torch loaded":
+        import torch  # noqa: F401  (as in a training loop: loaded before the record)
+    from hpc.rundir import attempts
+
+    t0 = time.process_time()
+    log = attempts.AttemptLog(Path(task_dir), True, "1", 0)
+    log.start()
+    log.first_step()
+    t1 = time.process_time()
+    log.saved(1, 0.01)
+    t2 = time.process_time()
+    log.ended("completed", 1)
+    t3 = time.process_time()
+    out = {"attempt_ms": (t3 - t0) * 1000, "save_entry_ms": (t2 - t1) * 1000}
+    if case == "torch loaded":
+        import torch
+
+        state = {"w": torch.zeros(2**18)}
+        t4 = time.process_time()
+        torch.save(state, Path(task_dir) / "small.pt")
+        out["torch_save_ms"] = (time.process_time() - t4) * 1000
+    emit(out)
+
+
+def run(ctx: Context) -> Section:
+    sec = Section("software-record", "Recording an attempt: software record and attempts.json",
+                  f"at most {TARGET_MS:g} ms of CPU per attempt on rank 0, no collective",
+                  "python -m bench --only software-record" + (" --quick" if ctx.quick else ""),
+                  headers=["case", "CPU per attempt (median)", "per checkpoint entry", "x target"])
+    base = ctx.scratch("software-record")
+    repeats = 2 if ctx.quick else REPEATS
+    saves = []
+    for case in CASES:
+        attempt_ms, entry_ms = [], []
+        for n in range(repeats):
+            task = base / f"task-{case.replace(' ', '-')}-{n}"
+            task.mkdir(parents=True, exist_ok=True)
+            found = run_child("software_record", [case, str(task)])
+            attempt_ms.append(found["attempt_ms"])
+            entry_ms.append(found["save_entry_ms"])
+            saves += [found["torch_save_ms"]] if "torch_save_ms" in found else []
+        took = median(attempt_ms)
+        sec.rows.append([case, f"{took:.1f} ms", f"{median(entry_ms):.2f} ms", f"{took / TARGET_MS:.2f}x"])
+        sec.verdicts.append((f"{case}: {took:.1f} ms of CPU per attempt (target {TARGET_MS:g} ms)", took <= TARGET_MS))
+    if saves:
+        sec.notes.append(f"beside it: torch.save of a 1 MiB state costs {median(saves):.1f} ms of CPU here")
+    sec.notes += [f"median of {repeats} fresh processes per case; no collective in any case (rank 0 writes "
+                  "<task>/attempts.json, the other ranks hold a record that does nothing)",
+                  "the packages' digest is over the .dist-info names of the site folders (one listing each): "
+                  "importlib.metadata's distributions() parsed every METADATA file in 70-80 ms here"]
+    return sec
+
+
+if __name__ == "__main__":
+    child(*sys.argv[1:3])
