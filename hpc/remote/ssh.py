@@ -127,7 +127,9 @@ class Shell:
 
     def failure(self, what: str, said: str) -> str:
         low = said.lower()
-        cause = next((meaning for words, meaning in CAUSES if words in low), "ssh failed")
+        # nothing said: the master connection under this call ended (killed, or the network dropped)
+        cause = next((meaning for words, meaning in CAUSES if words in low), "ssh failed" if said else
+                     "the connection dropped")
         return (f"{what} on cluster {self.cluster.name} ({self.cluster.ssh}): {cause}: ssh said "
                 f"{last_line(said) or 'nothing'!r}; expected a connection. HINT: try {self.shown('true')}")
 
