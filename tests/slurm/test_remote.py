@@ -72,7 +72,11 @@ def laptop(sshd, slurm_cluster, no_accounting_cluster, tmp_path_factory):  # noq
 
 def test_a_pipeline_submitted_to_two_named_clusters_runs_on_each_watched_from_the_laptop(laptop):
     assert shutil.which("sbatch", path=laptop.env["PATH"]) is None
-    addresses = {name: laptop.submit(name, "tiny.parts=[0,1]") for name in "ab"}
+    addresses = {"a": laptop.submit("a", "tiny.parts=[0,1]")}
+    api = laptop.run("-c", "import hpc; run = hpc.submit('mypkg.tiny', cluster='b', overrides=['tiny.parts=[0,1]'], "
+                           "wait=True, timeout=200); print(repr(run), run.done())")
+    assert api.returncode == 0, api.stderr
+    addresses["b"] = re.search(r"hpc.Run\('(\S+)'\) True$", api.stdout, re.M).group(1)
     for name, address in addresses.items():
         assert address.startswith(f"{name}:{laptop.proj.parent / f'runs-{name}'}/tiny-")
         rows = laptop.wait(address)
