@@ -14,6 +14,9 @@ line of its rank-0 log: under a node range it need not be the one requested), th
 and the newest hang its watchdog recorded (the stuck ranks and their hosts, hpc.recovery.hangs) come from the
 run directory. Below the table: the run id, and whether the live code still matches the snapshot the
 jobs import (hpc.rundir.snapshot: a stat of each file, a hash only where one changed).
+A job whose sbatch answer was lost is found by its token (hpc.monitor.lost: one squeue call more,
+only while such a submission is pending) and shown as found so; a task a submission planned but
+never submitted (it stopped before that stage) is a row of its own, UNSUBMITTED.
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from hpc.checkpoint import complete
 from hpc.fs.sharedfs import listed
+from hpc.monitor import lost
 from hpc.monitor.logs import last_match, last_progress, tqdm_progress
 from hpc.recovery import hangs, nodefail
 from hpc.rundir import logdirs
@@ -37,6 +41,9 @@ from hpc.slurm import scheduler
 # have left the queue of a cluster without accounting (then "none" reads ENDED: nothing to go by).
 LEFT_BEHIND = {"done": "COMPLETED", "error": "FAILED", "result": "COMPLETED", "none": "UNKNOWN"}
 ENDED = "ENDED"
+UNSUBMITTED = "UNSUBMITTED"  # planned by a submission that stopped before submitting it
+NOT_SUBMITTED = ("not submitted: the submission stopped before it. HINT: submit again with --run-dir RUN_DIR: "
+                 "only the tasks neither done nor queued are submitted")
 ENDED_WHY = ("ENDED (no accounting; no done marker, no result file): outcome unknown. "
              "HINT: python -m hpc.logs RUN_DIR --err")
 # hpc.pipeline.executor's start line in each rank's stdout log: "[hpc] stage S item I rank 0/24 on 3 node(s) job ..."
@@ -66,14 +73,32 @@ class TaskStatus:
 def collect(run: RunDir, answer: Optional[Tuple[scheduler.Answer, Dict[str, Any]]] = None) -> List[TaskStatus]:
     """`answer`: query_run()'s, when one call asked for several runs (a sweep's points). The
     manifest is read once; each task costs a listing of its directory and one of its job's log
-    folder (an array's tasks share one, listed once), and reads only the files those show (a done marker, a log, a hang report)."""
-    run = run.pin()
+    folder (an array's tasks share one, listed once), and reads only the files those show (a done marker,
+    a log, a hang report). A run with a pending announcement (hpc.monitor.lost) costs one squeue call
+    more; an `answer` must then cover lost.look(run).run's jobs."""
+    looked = lost.look(run)
+    run = looked.run
     records, never = answer or query_run(run)
     in_sweep = functools.lru_cache(maxsize=None)(lambda: is_sweep(str(run.path.parent)))  # asked once, if ever
     folders: Dict[Path, Set[str]] = {}  # log folder -> its names: an array's tasks share one, listed once
     rows = [_row(run, t, records, in_sweep, folders) for t in run.tasks()]
+    rows += [_unsubmitted(run, stage, item) for stage, item in run.unsubmitted()]
     _explain(rows, records, never, run.job_tasks())
+    said = lost.notes(looked)  # the jobs found by token, the sbatch calls whose answer was lost
+    for r in rows:
+        note = said.get(r.task)
+        if note:
+            r.why = note if r.state == UNSUBMITTED or not r.why else f"{note}; {r.why}"
     return rows
+
+
+def _unsubmitted(run: RunDir, stage: str, item: Any) -> TaskStatus:
+    """The row of a task no job was recorded for: COMPLETED by its done marker, else UNSUBMITTED."""
+    here = listed(run.task_dir(stage, item))
+    info = _read_done(run.task_dir(stage, item)) if DONE in here else {}
+    state = "COMPLETED" if DONE in here else UNSUBMITTED
+    return TaskStatus(task_key(stage, item), stage, item, "-", state, 0, _elapsed(info), "", outputs(here),
+                      "" if DONE in here else NOT_SUBMITTED, *_world(info, None))
 
 
 def _row(run: RunDir, t: Dict[str, Any], records: scheduler.Answer, in_sweep: Callable[[], bool],

@@ -12,12 +12,14 @@ import sys
 import time
 from typing import List, Optional
 
+from hpc.monitor import lost
 from hpc.monitor.status import TaskStatus, collect, query_run
 from hpc.rundir.run import RunDir
 from hpc.slurm import scheduler
 
 # The table's order: what needs a look (failed, then running), then what waits, then what is done.
-ORDER = ("NEVER", "FAILED", "TIMEOUT", "CANCELLED", "RUNNING", "PREEMPTED", "ENDED", "UNKNOWN", "PENDING", "COMPLETED")
+ORDER = ("NEVER", "FAILED", "TIMEOUT", "CANCELLED", "RUNNING", "PREEMPTED", "ENDED", "UNKNOWN", "UNSUBMITTED",
+         "PENDING", "COMPLETED")
 
 
 def by_state(states: List[str], what: str = "task") -> str:
@@ -54,7 +56,7 @@ def follow(run: RunDir, interval_s: float = 5.0, out=None) -> int:
     out = out or sys.stdout
     last = None
     while True:
-        pinned = run.pin()
+        pinned = lost.look(run).run  # with the jobs found by token, which the one query then covers
         records, never = answer = query_run(pinned)
         rows = collect(pinned, answer)
         seen = [(r.task, r.state, r.why or r.progress) for r in rows]  # not elapsed: it always moves

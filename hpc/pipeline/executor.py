@@ -173,6 +173,7 @@ def submit_array(executor: Any, tasks: Sequence[Any], task_ids: Sequence[int] = 
     pattern = str(utils.JobPaths(executor.folder).submitted_pickle)  # %j left in: the task fills it in
     atomic.write_bytes(tasks_file, arraytasks.encode(pickles, pattern))
     array = SlurmExecutor(executor.folder, executor.max_num_timeout, python=executor.python)
+    array.intent = executor.intent  # told the token before sbatch (hpc.pipeline.launcher.Recorder)
     array.update_parameters(**executor.parameters)
     array.parameters["map_count"] = len(tasks)  # the %A_%a log names; an explicit --array line is ours
     first = array._submit_command(array._submitit_command_str)

@@ -12,6 +12,9 @@ stage's task (tests/test_launch_path.py).
 A Book says, for a run or a sweep, which tasks a job has (tasks), what they wait for (upstream:
 afterok on a run's upstream tasks, afterany on a sweep's, plus the points file of a sweep's array),
 how their ids are kept (record, close) and whether a failed job stops the later ones (stops).
+Before each sbatch, the Book writes down its token and the tasks it submits (intend:
+hpc.rundir.intents); the launch forgets them once the Book has recorded the job ids and closed, so
+one left behind is a submission whose answer hpc never saw (hpc.monitor.lost finds its job).
 A Backend says how a job's tasks start (start_job): through submitit (Submitit: sbatch on SLURM with
 dependencies; the local and debug executors, each job waited for), or as srun steps of the current
 allocation (hpc.here). It also shapes the plan for itself (plans, shape) and shows the dry run (show).
@@ -28,6 +31,7 @@ from hpc.config.checks import ConfigError
 from hpc.container import spec
 from hpc.pipeline import arraytasks
 from hpc.pipeline.plan import JobSpec, Plan
+from hpc.rundir import intents
 from hpc.slurm.submitenv import submission_env
 
 Started = Sequence[Tuple[int, str]]  # (position in job.items, its job or task id)
@@ -47,6 +51,7 @@ class Book:
     """A run's or a sweep's side of launch(): what the tasks are and where their ids go."""
 
     where: Path  # the run or sweep directory: python -m hpc.status names it
+    code: Any = None  # the snapshot the tasks run (hpc.rundir.snapshot.JobCode); None: the live tree
     run_id: str = ""  # the run's id (hpc.rundir.tracking); a sweep's points each have their own
     stops: bool = True  # a failed job stops the later ones where nothing orders them
 
@@ -63,11 +68,47 @@ class Book:
     def record(self, job: JobSpec, started: Started, order: Order, kind: str) -> None:
         raise NotImplementedError
 
+    def intend(self, job: JobSpec, token: str, order: Order, ids: Sequence[str],
+               pickle: Optional[Tuple[str, str]] = None) -> None:
+        """Before the sbatch carrying `token` runs: its tasks, written down (hpc.rundir.intents)."""
+        intents.announce(self.where, token, job.stage, job.items, ids, order.after, order.each,
+                         self.code.hash if self.code else None, job.folder, pickle)
+
     def close(self) -> None:
         """Called once, however launch() ends."""
 
 
-Record = Callable[[Started], None]
+class Recorder:
+    """A job's record(): its started tasks' ids to the Book. Also the Intent its sbatch tells its
+    token before it runs (hpc.pipeline.submitonce): the Book writes it down, and the launch forgets
+    it once the ids are recorded (`settled`) or sbatch certainly queued nothing."""
+
+    def __init__(self, book: Book, job: JobSpec, order: Order, kind: str, now: List[str], settled: List[str]):
+        self.book, self.job, self.order, self.kind, self.now, self.settled = book, job, order, kind, now, settled
+        self.ids: Sequence[str] = ()
+        self.tokens: List[str] = []
+
+    def __call__(self, started: Started) -> None:
+        self.now.extend(jid for _, jid in started)
+        self.book.record(self.job, started, self.order, self.kind)
+        self.settled.extend(self.tokens)
+        self.tokens = []
+
+    def announcing(self, ids: Sequence[str]) -> "Recorder":
+        """This recorder, as the Intent of an sbatch whose tasks get `ids` (hpc.rundir.intents.id_suffixes)."""
+        self.ids = ids
+        return self
+
+    def before(self, token: str, pickle: Optional[Tuple[str, str]] = None) -> None:
+        self.book.intend(self.job, token, self.order, self.ids, pickle)
+        self.tokens.append(token)
+
+    def refused(self, token: str) -> None:
+        intents.drop(self.book.where, [token])
+        self.tokens.remove(token)
+
+
+Record = Callable[[Started], None]  # what a Backend calls with the ids it started (a Recorder)
 
 
 class Backend:
@@ -95,6 +136,7 @@ def launch(plan: Plan, book: Book, backend: Backend) -> Dict[str, List[str]]:
     """Start every job of the plan; returns JobSpec.label -> the job (or task) ids started now."""
     ids: Dict[str, List[str]] = {}
     failed = False
+    settled: List[str] = []  # tokens whose job ids the Book has recorded
     try:
         for line in spec.prepare(plan.jobs):  # the copy of hpc the containers' srun lines name
             print(line, flush=True)
@@ -105,12 +147,7 @@ def launch(plan: Plan, book: Book, backend: Backend) -> Dict[str, List[str]]:
                           f"(see python -m hpc.status {book.where})", flush=True)
                     break
                 order = _order(job, book, ids) if plan.kind == "slurm" else Order()
-                now = ids.setdefault(job.label, [])
-
-                def record(started: Started, job: JobSpec = job, now: List[str] = now, order: Order = order) -> None:
-                    now.extend(jid for _, jid in started)
-                    book.record(job, started, order, plan.kind)
-
+                record = Recorder(book, job, order, plan.kind, ids.setdefault(job.label, []), settled)
                 try:
                     ended = backend.start_job(job, book.tasks(job), order, record)
                 except Exception:
@@ -119,6 +156,7 @@ def launch(plan: Plan, book: Book, backend: Backend) -> Dict[str, List[str]]:
                 failed = ended is False and book.stops
     finally:
         book.close()
+        intents.drop(book.where, settled)  # after close(): a sweep writes its points' manifests there
     return ids
 
 
@@ -156,7 +194,7 @@ class Submitit(Backend):
     def session(self, book: Book) -> ContextManager[Any]:
         return submission_env()  # the enclosing allocation's variables never reach the jobs
 
-    def start_job(self, job: JobSpec, tasks: Sequence[Any], order: Order, record: Record) -> Optional[bool]:
+    def start_job(self, job: JobSpec, tasks: Sequence[Any], order: Order, record: Recorder) -> Optional[bool]:
         # only when jobs are submitted: a dry run never loads the task and the executors
         from hpc.pipeline.executor import drop_unexpanded_folder, make_executor, submit_array
 
@@ -166,6 +204,8 @@ class Submitit(Backend):
         packed = arraytasks.path_for(job.folder) if slurm and len(tasks) > 1 else None
         if self.kind != "debug":
             executor.update_parameters(**job.executor_parameters(order.dependency, self.setup, order.points, packed))
+        if slurm:  # its sbatch tells `record` its token first (hpc.pipeline.submitonce)
+            executor.intent = record.announcing(intents.id_suffixes(job.task_ids or range(len(tasks)), bool(packed)))
         submitted = submit_array(executor, tasks, job.task_ids if slurm else (), packed)
         record(list(enumerate(str(s.job_id) for s in submitted)))
         if slurm:

@@ -24,6 +24,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from hpc.config import schema as hconfig
 from hpc.container import spec
+from hpc.monitor import lost
 from hpc.pipeline import launcher
 from hpc.pipeline import plan as hplan
 from hpc.pipeline.request import Request, Submitted
@@ -176,12 +177,14 @@ def start(req: Request, backends: Optional[Mapping[str, MakeBackend]] = None) ->
     backend = make(kind, list(cfg.cluster.setup))
     module_file = user_module_file(req.pipeline)
     code = code_version(module_file)
-    if req.dry_run:
-        finished, queued, _ = current_state(pipe, cfg, run, kind)
+    if req.dry_run:  # a job found by its token (sbatch's answer lost) counts as queued, in memory only
+        finished, queued, _ = current_state(pipe, cfg, lost.look(run).run if kind == "slurm" else run, kind)
         notes = [*notes, snapshot_note(cfg, run, kind, code)]
         print(backend.show(plan_for(pipe, cfg, run, backend, finished, queued, notes)))
         return Submitted(run.path, str(kind), {})
     with run.submission_lock(say=lambda line: print(line, file=sys.stderr)):
+        for line in lost.settle(run) if kind == "slurm" else ():  # an earlier sbatch's lost answer, found first
+            print(line)
         finished, queued, never = current_state(pipe, cfg, run, kind)
         scheduler.cancel(never)
         # asked only here: a dry run stays one call cheaper (its plan shows each stage as one array)
@@ -196,7 +199,8 @@ def start(req: Request, backends: Optional[Mapping[str, MakeBackend]] = None) ->
         snap = take_snapshot(cfg, run.path, kind, code, run.manifest().get("snapshot") if req.same_snapshot else None)
         # pipeline_arg: how to name the pipeline again, for a resubmission from a job (hpc.afterstep)
         run_id = run.start(pipe.name, hconfig.to_yaml(cfg), kind,
-                           {**code, "pipeline_arg": req.pipeline, "snapshot": snap and snap.record()})
+                           {**code, "pipeline_arg": req.pipeline, "snapshot": snap and snap.record()},
+                           [(job.stage, item) for job in plan.jobs for item in job.items])
         ids = submit_plan(plan, run, backend, job_code(snap, req.pipeline, module_file), run_id)
     print(f"run dir: {run.path}")
     for stage, jids in ids.items():

@@ -12,6 +12,7 @@ Parts::
 
     run.py        RunDir: manifest, config, task folders, done markers, the submission lock
     codeversion.py  which code a submission ran: the git commit of the user's checkout, hpc's version
+    intents.py    each sbatch's token and tasks, written down before it runs, until the manifest has its ids
     logdirs.py    where a job's submitit files are: a folder per job, one per array for its tasks
     sweepdir.py   SweepDir: the grid a sweep records, its points, a point's name in words
     snapshot.py   the code snapshot: taken at submission, entered by each job (JobCode)

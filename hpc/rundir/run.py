@@ -5,7 +5,9 @@
 Layout:
     <run>/manifest.json        pipeline, run id (hpc.rundir.tracking), the user's code version and hpc's
                                (hpc.rundir.codeversion), its snapshot, submissions (time, job ids per stage
-                               and task, the job ids each job waits for, the snapshot each job runs)
+                               and task, the job ids each job waits for, the snapshot each job runs), and
+                               `planned`: every task a submission set out to submit, submitted or not
+    <run>/.sbatch/<token>.json a submission announced before its sbatch (hpc.rundir.intents)
     <run>/config.yaml          the resolved config
     <run>/code/<hash>/         the code snapshot the jobs import (hpc.rundir.snapshot); <hash>.json lists its files
     <run>/.submit.lock         held (flock) by the submission that is reading state and writing the manifest
@@ -129,13 +131,17 @@ class RunDir:
                            "HINT: restore it, or move it away to start the run's bookkeeping afresh "
                            "(done markers are kept, so finished tasks are still skipped).")
 
-    def start(self, pipeline: str, config_yaml: str, kind: str, code: Optional[Dict[str, Any]] = None) -> str:
+    def start(self, pipeline: str, config_yaml: str, kind: str, code: Optional[Dict[str, Any]] = None,
+              planned: Sequence[Tuple[str, Any]] = ()) -> str:
         """Create the directory (or reopen it) and save config.yaml; keeps earlier submissions.
         `code`: the submitted code's version (code_version()) and its snapshot, recorded with this
-        submission. Returns the run id (hpc.rundir.tracking), made at the first submission and kept."""
+        submission; `planned`: the (stage, item) of each task it is about to submit, so that status
+        shows those it never did. Returns the run id (hpc.rundir.tracking), made at the first
+        submission and kept."""
         self.path.mkdir(parents=True, exist_ok=True)
         atomic.write_text(self.config_path, config_yaml)
         data = self.begin(pipeline, kind, code)
+        add_planned(data, planned)
         self.write_manifest(data)
         return data["run_id"]
 
@@ -163,6 +169,13 @@ class RunDir:
 
     def tasks(self) -> List[Dict[str, Any]]:
         return list(self.manifest().get("tasks", {}).values())
+
+    def unsubmitted(self) -> List[Tuple[str, Any]]:
+        """(stage, item) of each task a submission planned that no job was ever recorded for."""
+        tasks = self.manifest().get("tasks", {})
+        planned = self.manifest().get("planned") or {}
+        return [(stage, item) for stage, items in planned.items() for item in items
+                if task_key(stage, item) not in tasks]
 
     def slurm_jobs(self, stage: Optional[str] = None) -> List[str]:
         """Latest job id of each task that went to SLURM (local jobs have no scheduler to ask)."""
@@ -234,16 +247,28 @@ def _try_lock(fd: int, path: Path) -> bool:
 
 
 def add_jobs(data: Dict[str, Any], stage: str, jobs: Sequence[Tuple[Any, str]], kind: str,
-             after: Sequence[str] = (), each_after: Sequence[Sequence[str]] = (), code: Optional[str] = None) -> None:
+             after: Sequence[str] = (), each_after: Sequence[Sequence[str]] = (), code: Optional[str] = None,
+             token: Optional[str] = None) -> None:
     """RunDir.record_all() on a manifest in memory (RunDir.begin's), for a writer that adds every
-    stage before its one write."""
+    stage before its one write. `token`: the jobs were found by it, sbatch's answer lost (hpc.monitor.lost)."""
     now = _now()
     for n, (item, job_id) in enumerate(jobs):
         entry = data["tasks"].setdefault(task_key(stage, item), {"stage": stage, "item": item, "jobs": []})
         waits = list(after) + [j for j in (each_after[n] if n < len(each_after) else ()) if j]
-        entry["jobs"].append({"job_id": job_id, "executor": kind, "submitted": now, "after": waits, "code": code})
+        job = {"job_id": job_id, "executor": kind, "submitted": now, "after": waits, "code": code}
+        entry["jobs"].append({**job, "found_by_token": token} if token else job)
         entry["job_id"] = job_id
         data["submissions"].append({"time": now, "stage": stage, "item": item, "job_id": job_id})
+
+
+def add_planned(data: Dict[str, Any], planned: Sequence[Tuple[str, Any]]) -> None:
+    """The manifest's `planned` ({stage: [items]}) with the (stage, item) of `planned` added once each."""
+    plan = data.setdefault("planned", {})
+    known = {task_key(stage, item) for stage, items in plan.items() for item in items}
+    for stage, item in planned:
+        if task_key(stage, item) not in known:
+            known.add(task_key(stage, item))
+            plan.setdefault(stage, []).append(item)
 
 
 def task_key(stage: str, item: Any) -> str:
