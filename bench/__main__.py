@@ -68,6 +68,8 @@ BENCHMARKS = {
     "langsplat": ("bench.langsplat_cams", "LangSplat stage 2 throughput", "cameras per second at 1 and 2 ranks"),
     "software-record": ("bench.software_record", "Recording an attempt: software record and attempts.json",
                         "at most 50 ms of CPU per attempt on rank 0, no collective"),
+    "nodecheck": ("bench.nodecheck", "Node check before training: cost per node",
+                  "a builtin check's step within 1 s wall and 100 ms CPU per node"),
 }
 MOVED = {"reliability": "python -m faults.reliability"}  # not benchmarks: they count losses, not time
 
