@@ -142,3 +142,27 @@ def test_the_timeline_shows_lost_time_and_an_attempt_on_new_software(tmp_path, c
     assert status.main([str(run.path), "--timeline", str(out)]) == 0
     svg = out.read_text()
     assert "training redone after a resume" in svg and "new software" in svg and "start-up" in svg
+
+
+def test_status_shows_a_goodput_column_and_a_resume_onto_other_software(tmp_path, capsys):
+    from hpc import status
+    from tests.test_timeline import T0, fake_run
+
+    run = fake_run(tmp_path)
+    soft = {"torch": "2.3.0", "python": "3.11.7", "packages": "abc"}
+    records = [dict(rec("41", 0, first=T0 + 6.25, saves=[(5, T0 + 12.25, 0.5)], stall=0.5), process_start=T0 + 3,
+                    software=soft),
+               dict(rec("41", 1, resumed=5, first=T0 + 22.25, ended=T0 + 29, end="completed"), process_start=T0 + 21,
+                    software=dict(soft, torch="2.4.0"))]
+    (run.task_dir("main") / "attempts.json").write_text(json.dumps({"attempts": records}))
+    assert status.main([str(run.path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].split()[7:9] == ["GOODPUT", "PROGRESS"]
+    share = goodput.share(records, "COMPLETED", T0 + 100)
+    assert out[2].split()[7] == f"{share:.0%}" and 0 < share < 1
+    assert "  main software: attempt 2 (job 41) ran on different software: torch 2.3.0 -> 2.4.0; not a bitwise " \
+           "resume" in out
+    assert status.main([str(run.path), "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["goodput"] == pytest.approx(share) and "torch 2.3.0 -> 2.4.0" in row["software"]
+    assert "attempts.json" not in row["outputs"]

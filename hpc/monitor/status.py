@@ -23,16 +23,17 @@ from __future__ import annotations
 import functools
 import json
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from hpc.checkpoint import complete
 from hpc.fs.sharedfs import listed
-from hpc.monitor import lost
+from hpc.monitor import goodput, lost
 from hpc.monitor.logs import last_match, last_progress, tqdm_progress
 from hpc.recovery import hangs, nodefail
-from hpc.rundir import logdirs
+from hpc.rundir import attempts, logdirs
 from hpc.rundir.run import DONE, RunDir, task_key
 from hpc.rundir.sweepdir import is_sweep
 from hpc.slurm import scheduler
@@ -68,6 +69,8 @@ class TaskStatus:
     hang: str = ""  # the newest hang the watchdog recorded: stuck ranks and hosts (hpc.recovery.hangs)
     recovery: str = ""  # node failures, excluded nodes and the latest decision (hpc.recovery.nodefail)
     set_aside: str = ""  # incomplete checkpoints of a user's script, set aside (hpc.scripts.resume)
+    goodput: Optional[float] = None  # share of its attempts' time that trained and counts (hpc.monitor.goodput)
+    software: str = ""  # the attempts that ran on other software than the one before (hpc.rundir.attempts)
 
 
 def collect(run: RunDir, answer: Optional[Tuple[scheduler.Answer, Dict[str, Any]]] = None) -> List[TaskStatus]:
@@ -118,6 +121,7 @@ def _row(run: RunDir, t: Dict[str, Any], records: scheduler.Answer, in_sweep: Ca
     info = _read_done(task_dir) if DONE in here else {}
     result = logs / f"{jid}_0_result.pkl" if f"{jid}_0_result.pkl" in logged else None
     state = task_state(t, records, lambda: _left(DONE in here, result))
+    tried = attempts.load(task_dir) if attempts.ATTEMPTS in here else []  # rank 0's records, if any
     out, err = (logs / f"{jid}_0_log.{s}" if f"{jid}_0_log.{s}" in logged else None for s in ("out", "err"))
     return TaskStatus(task_key(stage, item), stage, item, jid, state, rec.restarts if rec else 0,
                       rec.elapsed if rec else _elapsed(info),
@@ -125,7 +129,9 @@ def _row(run: RunDir, t: Dict[str, Any], records: scheduler.Answer, in_sweep: Ca
                       outputs(here), "", (err and last_progress(err)) or "", *_world(info, out),
                       hangs.summary(task_dir) if hangs.HANGS in here else "",
                       recovery=nodefail.summary(task_dir) if nodefail.HISTORY in here else "",
-                      set_aside=complete.set_aside_summary(task_dir) if complete.SET_ASIDE in here else "")
+                      set_aside=complete.set_aside_summary(task_dir) if complete.SET_ASIDE in here else "",
+                      goodput=goodput.share(tried, state, time.time()) if tried else None,
+                      software=attempts.software_change(tried))
 
 
 def task_state(t: Dict[str, Any], records: scheduler.Answer, left: Callable[[], str]) -> str:
@@ -256,5 +262,5 @@ def _name(job_id: str, job_tasks: Dict[str, str]) -> str:
 
 
 def outputs(names: Set[str]) -> List[str]:
-    skip = {"logs", DONE, nodefail.HISTORY}
+    skip = {"logs", DONE, nodefail.HISTORY, attempts.ATTEMPTS}
     return sorted(n for n in names if n not in skip and not n.startswith("task-"))

@@ -38,12 +38,16 @@ def format_table(rows: List[TaskStatus]) -> str:
     rows = sorted(rows, key=lambda r: rank(r.state))
     body = [(r.task, r.job_id, r.state, str(r.restarts), r.elapsed, _count(r.world_size), _count(r.nodes),
              r.why or r.progress) for r in rows]
+    if any(r.goodput is not None for r in rows):  # a task with attempt records: hpc.monitor.goodput's share
+        head = (*head[:7], "GOODPUT", head[7])
+        body = [(*b[:7], "-" if r.goodput is None else f"{r.goodput:.0%}", b[7]) for r, b in zip(rows, body)]
     widths = [max(len(x) for x in col) for col in zip(head, *body)] if body else [len(h) for h in head]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in [head, *body]]
     lines += [f"  {r.task} outputs: {', '.join(r.outputs)}" for r in rows if r.outputs]
     lines += [f"  {r.task} hang: {r.hang}" for r in rows if r.hang]
     lines += [f"  {r.task} node failures: {r.recovery}" for r in rows if r.recovery]
     lines += [f"  {r.task} checkpoints: {r.set_aside}" for r in rows if r.set_aside]
+    lines += [f"  {r.task} software: {r.software}" for r in rows if r.software]
     return "\n".join(lines)
 
 
