@@ -81,7 +81,10 @@ def test_the_collective_joins_every_node_and_fails_within_the_bound_without_a_pe
     start = time.monotonic()  # rank 0 alone: its peer never comes
     alone = nodecheck.answers(probe_process(0, job + 1, {**options, "timeout_s": 6}).communicate(timeout=120)[0])
     assert time.monotonic() - start < 40
-    assert not alone["n1"]["ok"] and "all_reduce of 1 MB across 2 node(s)" in alone["n1"]["reasons"][0]
+    assert "all_reduce of 1 MB across 2 node(s)" in alone["n1"]["collective"], alone
+    # every node sees a collective's failure, whichever caused it: it is noted, and fails no node by itself
+    healthy, failed, note = nodecheck.judge(["n1", "n2"], {"n1": alone["n1"]}, [], 6)
+    assert (healthy, failed) == (["n1"], {"n2": "no answer within 6 s"}) and "collective failed" in note
 
 
 def test_judge_fails_what_did_not_answer_and_what_is_avoided_and_blames_no_node_when_none_answered():

@@ -81,7 +81,8 @@ def judge(nodes: Sequence[str], answered: Mapping[str, Mapping[str, Any]], avoid
           timeout_s: float) -> Tuple[List[str], Dict[str, str], str]:
     """(healthy nodes, {failed node: reason}, a note) from the nodes' answers; pure. A node that did
     not answer has failed, unless none did: then the step itself failed (srun refused, the probe could
-    not start anywhere), which is no node's fault, and nothing is excluded for it."""
+    not start anywhere), which is no node's fault, and nothing is excluded for it. A failed collective
+    is noted, not blamed: each node sees the same error, whichever node caused it."""
     failed = {n: f"{record.AVOIDED} failed its check in this run before; not checked again" for n in avoid}
     checked = [n for n in nodes if n not in failed]
     if checked and not answered:
@@ -92,7 +93,9 @@ def judge(nodes: Sequence[str], answered: Mapping[str, Mapping[str, Any]], avoid
             failed[node] = f"no answer within {timeout_s:g} s"
         elif not said.get("ok"):
             failed[node] = "; ".join(said.get("reasons") or ["failed"])
-    return [n for n in nodes if n not in failed], failed, ""
+    together = sorted({str(a["collective"]) for a in answered.values() if a.get("collective")})
+    note = f"the collective failed, which names no node by itself: {together[0]}" if together else ""
+    return [n for n in nodes if n not in failed], failed, note
 
 
 def run_step(command: Sequence[str], bound_s: float, env: Mapping[str, str]) -> Tuple[str, str]:

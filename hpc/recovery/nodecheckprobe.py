@@ -13,7 +13,9 @@ reads from srun's output: no file per node (think 64 nodes of 8 ranks), one reco
   is the reason otherwise.
 - collective: an all_reduce of collective_mb across the step's nodes (nccl where GPUs answered,
   else gloo), within the bound. A node whose own checks failed still joins it, so the others do not
-  wait for it.
+  wait for it. Its failure is answered apart ("collective"): every node sees it, whichever node
+  caused it, so it fails no node by itself; a node that hangs it gives no answer in time, and that
+  fails the node.
 Nothing of torch is imported unless a GPU or the collective needs it (2-3 s of a node's CPU).
 """
 from __future__ import annotations
@@ -170,12 +172,14 @@ def probe(options: Mapping[str, Any], env: Mapping[str, str] = os.environ) -> Di
         reasons += builtin(env, node)
     if options.get("command"):
         reasons += site_command(str(options["command"]), bound - (time.monotonic() - start) - 1, env)
+    together: List[str] = []  # the collective's failure, which names no node by itself (hpc.recovery.nodecheck.judge)
     if options.get("collective") and int(env.get("SLURM_NTASKS", "1")) > 1:
         gpus = bool(gpu_indices(env)) and os.path.exists("/dev/nvidiactl")
         left = bound - (time.monotonic() - start) - 1
-        reasons += collective(env, float(options.get("collective_mb") or 4), left, gpus)
+        together = collective(env, float(options.get("collective_mb") or 4), left, gpus)
     children = os.times()
-    return {"node": node, "ok": not reasons, "reasons": reasons, "wall_s": round(time.monotonic() - start, 4),
+    return {"node": node, "ok": not reasons, "reasons": reasons, "collective": "; ".join(together),
+            "wall_s": round(time.monotonic() - start, 4),
             "cpu_s": round(time.process_time() - cpu + children.children_user + children.children_system, 4)}
 
 
