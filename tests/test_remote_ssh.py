@@ -75,13 +75,13 @@ def test_a_push_sends_only_what_the_cluster_lacks(sshd, clusters_file, tmp_path)
     shell = ssh.Shell(clusters.find("a"))
     proj = project(tmp_path / "proj")
     (proj / "data.bin").write_bytes(bytes(range(256)) * 64)
-    first = push.local_tree(proj)
-    landing, where, sent = push.push(shell, first)
+    runs = str(tmp_path / "runs")
+    where, sent = push.send(shell, push.local_tree(proj), runs)
     assert sent == sum(p.stat().st_size for p in proj.rglob("*") if p.is_file())
     assert (Path(where) / "mypkg" / "tiny.py").read_text() == (proj / "mypkg" / "tiny.py").read_text()
-    assert push.push(shell, push.local_tree(proj))[1:] == (where, 0)  # unchanged: nothing sent
+    assert push.send(shell, push.local_tree(proj), runs) == (where, 0)  # unchanged: nothing sent
     (proj / "mypkg" / "__init__.py").write_text("EDITED = 1\n")
-    _, other, sent = push.push(shell, push.local_tree(proj))
+    other, sent = push.send(shell, push.local_tree(proj), runs)
     assert other != where and sent == len("EDITED = 1\n")
     assert (Path(other) / "mypkg" / "__init__.py").read_text() == "EDITED = 1\n"
 
@@ -91,9 +91,8 @@ def test_a_push_cut_midway_leaves_nothing_a_job_would_use_and_the_next_completes
     shell = ssh.Shell(clusters.find("a"))
     proj = project(tmp_path / "proj")
     (proj / "big.bin").write_bytes(b"x" * (1 << 20))
-    tree = push.local_tree(proj)
-    landing = push.probe(shell, tree)
-    cut = subprocess.Popen(shell.argv(shell.python(["-m", "hpc.remote.store", "put", landing.store])),
+    tree, runs = push.local_tree(proj), str(tmp_path / "runs")
+    cut = subprocess.Popen(shell.argv(shell.python(["-m", "hpc.remote.store", "put", push.store_of(runs)])),
                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     cut.stdin.write(tree.header())
     cut.stdin.flush()
@@ -108,15 +107,15 @@ def test_a_push_cut_midway_leaves_nothing_a_job_would_use_and_the_next_completes
     cut.stdin.flush()
     cut.kill()
     cut.wait()
-    store_dir = Path(landing.store)
+    store_dir = Path(push.store_of(runs))
     deadline = time.monotonic() + 30  # the cluster's side sees its input end and removes its temporary
     while any(store_dir.rglob(".tmp-*")) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not store.object_path(store_dir, big).exists()
     assert not any(store_dir.rglob(".tmp-*"))
     assert not (store_dir / "trees").exists() or not any((store_dir / "trees").iterdir())
-    assert push.probe(shell, tree).tree == ""  # no tree: a submission would push it again
-    _, where, sent = push.push(shell, tree)
+    assert store.existing_tree(store_dir, tree.tree) is None  # no tree: a submission would push it again
+    where, sent = push.send(shell, tree, runs)
     assert (Path(where) / "big.bin").stat().st_size == 1 << 20 and sent < (1 << 20) + 10_000
 
 
@@ -140,10 +139,11 @@ def test_dry_run_shows_the_remote_commands_without_connecting(clusters_file, tmp
                   cwd=project(tmp_path / "proj"))
     assert out.returncode == 0, out.stderr
     commands = [line.strip() for line in out.stdout.splitlines() if line.strip().startswith("ssh ")]
-    assert len(commands) == 3, out.stdout
+    assert len(commands) == 2, out.stdout
+    assert f"-m hpc.remote.land {hpc.__version__} /scratch/alice/runs " in commands[0]
+    assert " -- mypkg.tiny stages.first.partition=gpu stages.second.partition=gpu" in commands[0]
+    assert "--cluster slurm" in commands[0]
     assert "-m hpc.remote.store put /scratch/alice/runs/.hpc-code" in commands[1]
-    assert "-m hpc.submit mypkg.tiny stages.first.partition=gpu stages.second.partition=gpu" in commands[2]
-    assert "--cluster slurm --run-dir /scratch/alice/runs/tiny-" in commands[2]
 
 
 def test_a_local_entry_runs_the_same_commands_without_ssh(clusters_file, tmp_path):  # noqa: F811

@@ -4,9 +4,9 @@
 
 The tree is what a snapshot would copy (hpc.rundir.codefiles.listing: a checkout's files as git
 names them, else the directory's), each file by its digest; the tree hash covers every path, digest
-and mode. A push is two ssh calls at most: probe() asks whether the cluster holds that tree already
-(and which hpc it runs), and only when it does not, send() runs hpc.remote.store put there and sends
-the files whose digests it lacks. An unchanged tree sends its hash and nothing else.
+and mode. A submission names the tree by its hash (hpc.remote.land); only when the cluster does not
+hold it, send() runs hpc.remote.store put there, in one ssh call, and sends the files whose digests
+the store lacks. An unchanged tree sends its hash and nothing else.
 """
 from __future__ import annotations
 
@@ -16,28 +16,13 @@ import os
 import shutil
 import stat
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Tuple
 
-import hpc
 from hpc.remote import ssh
 from hpc.remote.ssh import RemoteError, Shell, last_line
 from hpc.rundir import codefiles
-
-# run by the cluster's interpreter: hpc's version first, then where things are and whether the tree is there
-PROBE = """import os, sys
-try:
-    import hpc
-except ImportError as err:
-    sys.exit(f"hpc-missing: {err}")
-print(hpc.__version__, flush=True)
-from pathlib import Path
-from hpc.remote import store
-root = os.path.abspath(os.path.expanduser(sys.argv[1]))
-print(root, store.existing_tree(Path(root, ".hpc-code"), sys.argv[2]) or "", sep="\\n")
-"""
 
 
 @dataclass(frozen=True)
@@ -50,16 +35,8 @@ class Tree:
         return json.dumps({"tree": self.tree, "files": [list(f) for f in self.files]}).encode() + b"\n"
 
 
-@dataclass(frozen=True)
-class Landing:
-    """What the probe found on the cluster."""
-
-    runs: str  # the runs root, absolute there
-    tree: str  # the tree's path there; '' when it must be pushed
-
-    @property
-    def store(self) -> str:
-        return os.path.join(self.runs, ".hpc-code")
+def store_of(runs: str) -> str:
+    return os.path.join(runs, ".hpc-code")
 
 
 def source_root(cwd: Path) -> Path:
@@ -84,26 +61,10 @@ def mode(st: os.stat_result) -> int:
     return stat.S_IFLNK | 0o777 if stat.S_ISLNK(st.st_mode) else stat.S_IFREG | (0o755 if st.st_mode & 0o111 else 0o644)
 
 
-def probe(shell: Shell, tree: Tree) -> Landing:
-    """One call: refuses a cluster whose hpc is missing or another version; where runs and the tree are."""
-    c = shell.cluster
-    done = shell.run(shell.python(["-c", PROBE, c.runs, tree.tree]), "checking hpc")
-    said = done.stderr.decode(errors="replace")
-    lines = done.stdout.decode(errors="replace").splitlines()
-    fix = shell.shown(f"{c.python} -m pip install hpc=={hpc.__version__}")
-    if "hpc-missing" in said or done.returncode or len(lines) < 3:
-        raise RemoteError(f"hpc is not importable by {c.python} on cluster {c.name} ({last_line(said) or 'no answer'}); "
-                          f"expected hpc {hpc.__version__}. HINT: {fix}, or set python: of {c.name} in clusters.yaml "
-                          "to an interpreter that has it")
-    if lines[0] != hpc.__version__:
-        raise RemoteError(f"cluster {c.name} runs hpc {lines[0]} ({c.python}); expected {hpc.__version__}, this "
-                          f"machine's: a run never mixes two versions of hpc. HINT: {fix}")
-    return Landing(runs=lines[1], tree=lines[2])
-
-
-def send(shell: Shell, tree: Tree, landing: Landing) -> Tuple[str, int]:
-    """(the tree's path there, bytes of file content sent): the files the cluster lacks, in one call."""
-    command = shell.python(["-m", "hpc.remote.store", "put", landing.store])
+def send(shell: Shell, tree: Tree, runs: str) -> Tuple[str, int]:
+    """(the tree's path there, bytes of file content sent): the files the cluster lacks, in one call,
+    into the store under `runs` (absolute there)."""
+    command = shell.python(["-m", "hpc.remote.store", "put", store_of(runs)])
     shell_argv = shell.argv(command)
     ssh.ROUND_TRIPS[0] += 1
     proc = subprocess.Popen(shell_argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -136,13 +97,3 @@ def read(root: Path, rel: str) -> bytes:
     """A file's bytes as the store keeps them: a symlink's target."""
     path = os.path.join(root, rel)
     return os.fsencode(os.readlink(path)) if os.path.islink(path) else Path(path).read_bytes()
-
-
-def push(shell: Shell, tree: Tree, log=lambda msg: print(msg, file=sys.stderr)) -> Tuple[Landing, str, int]:
-    """(landing, the tree's path there, content bytes sent)."""
-    landing = probe(shell, tree)
-    if landing.tree:
-        return landing, landing.tree, 0
-    where, sent = send(shell, tree, landing)
-    log(f"pushed {sent} bytes of code to {shell.cluster.name}:{where}")
-    return landing, where, sent
