@@ -5,7 +5,8 @@ tests/slurm/test_node_failure.py and the node-failure campaign (faults.nodefail)
     fail_node(cluster, "n2", job_id); ...; bring_back(cluster, "n2")
 
 A campaign's cluster (campaign_cluster) is started in its scratch directory and stopped at the end,
-unless HPC_FAULTS_CLUSTER_DIR names one that is already up, which is used and left up.
+unless HPC_FAULTS_CLUSTER_DIR names one that is already up, which is used and left up (not for a
+campaign that needs a site variant: limits enforced, ended jobs forgotten sooner).
 
 A failure is played as a node dies: its slurmd is killed, then the job's processes on it (a node that
 dies takes them along), then SLURM is told that the node is DOWN, as slurmctld says itself once
@@ -30,10 +31,11 @@ OUT_OF_SERVICE = frozenset({"DOWN", "DRAIN", "NOT_RESPONDING"})
 
 
 @contextmanager
-def campaign_cluster(scratch: Path) -> Iterator[LocalCluster]:
-    """A local cluster up for the campaign's duration (see the module docstring)."""
-    given = os.environ.get("HPC_FAULTS_CLUSTER_DIR")
-    cluster = LocalCluster(given or Path(scratch) / "cluster")
+def campaign_cluster(scratch: Path, **variant: Any) -> Iterator[LocalCluster]:
+    """A local cluster up for the campaign's duration (see the module docstring); one given a
+    `variant` (LocalCluster's keywords: min_job_age_s=5, limits=True) is always the campaign's own."""
+    given = None if variant else os.environ.get("HPC_FAULTS_CLUSTER_DIR")
+    cluster = LocalCluster(given or Path(scratch) / "cluster", **variant)
     owned = not cluster.is_up()
     if owned:
         cluster.up(log=lambda msg: None)

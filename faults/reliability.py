@@ -8,7 +8,9 @@ DDP jobs on a local SLURM cluster), faults.hangs (hung ranks and the watchdog), 
 (NFS and Lustre behaviours, injected), faults.nodefail (a node of a local SLURM cluster failed
 under a 2-node training job, which hpc requeues without it), faults.controller (a preemption whose
 `scontrol requeue` times out: the job keeps its place), faults.submitfaults (sbatch answers lost
-after queueing, squeue answering nothing while slurmdbd is down: each task queued once) and, for run directories,
+after queueing, squeue answering nothing while slurmdbd is down: each task queued once), faults.outages
+(the local cluster's slurmctld restarted mid-training, its slurmdbd stopped for a minute),
+faults.qoslimits (a QOS submit limit set with sacctmgr) and, for run directories,
 tests.submit_race (simultaneous submissions into one run dir). "Lost" counts checkpoints that were
 committed and then did not load (or loads that raised, returned nothing or mixed two checkpoints),
 resumed runs that did not end bitwise equal to the uninterrupted one, second writers let in,
@@ -74,6 +76,8 @@ def campaigns() -> List[Campaign]:
     from faults.disk import full_disk
     from faults.hangs import hung_ranks
     from faults.nodefail import node_failures
+    from faults.outages import ctld_restarts, dbd_outage
+    from faults.qoslimits import qos_limits
     from faults.resume import dropout_resume
     from faults.submitfaults import empty_squeue, queued_then_timeout
 
@@ -100,6 +104,10 @@ def campaigns() -> List[Campaign]:
                  requeue_timeouts, 5, 1),
         Campaign("sbatch queued, then timed out (or timed out before queueing)", queued_then_timeout, 10, 5),
         Campaign("squeue answering nothing, then a resubmission (slurmdbd down)", empty_squeue, 3, 1),
+        Campaign("slurmctld stopped and started again mid-training, then a preemption or the time-limit warning",
+                 ctld_restarts, 4, 2),
+        Campaign("slurmdbd stopped for a minute under a run: status and resubmissions meanwhile", dbd_outage, 3, 1),
+        Campaign("a QOS submit limit set with sacctmgr: a run past it, a run within it", qos_limits, 4, 1),
         Campaign("shared FS: directory fsync answers EINVAL", fs.dir_fsync_einval, 30, 4),
         Campaign("shared FS: NFS negative lookup cache while rank 0 commits", fs.negative_cache, 20, 3),
         Campaign("shared FS: checkpoint pruned after an NFS load", fs.pruned_after_load, 20, 3),
@@ -216,7 +224,10 @@ def _finish(sec: Section, injected: int, lost: int, not_run: List[str], carried:
         "checkpoint, with the uninterrupted run's model (within 1e-12: 4 ranks became 2); a preempted job whose "
         "requeue timed out that did not end COMPLETED with every step done, submitted once and restarted once; "
         "a task with no queued job, queued twice, recorded under another id than squeue's, or submitted again "
-        "blindly (a resubmission that squeue answered nothing for twice must refuse)",
+        "blindly (a resubmission that squeue answered nothing for twice must refuse); for a daemon stopped or a "
+        "QOS limit: a run lost, a job submitted twice (an sbatch of a refused run included) or a task rerun "
+        "after completing, a stop record that does not say the job was requeued, a status slower than 15 s "
+        "or wrong while slurmdbd is down, a refusal that is not one line naming the limit",
         f"seed {seed}; victims are forked and their whole process group SIGKILLed, as SLURM kills a "
         "job; the full disk is an 8 MiB tmpfs filled by a ballast file",
         "the same campaigns run with small counts in tests/test_checkpoint_faults.py and "
