@@ -15,7 +15,10 @@ import sys
 import time
 from pathlib import Path
 
-from hpc.pipeline import sbatch
+import pytest
+
+from hpc import submit
+from hpc.pipeline import plan, sbatch
 from hpc.recovery import nodecheck, nodecheckprobe, nodecheckrecord
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -138,3 +141,13 @@ def test_a_check_that_cannot_run_never_stops_the_job(tmp_path):
     verdict = nodecheck.before_step(str(tmp_path), env, lambda *a: "")
     assert verdict.go and verdict.line.startswith("node check not run: FileNotFoundError")
     assert nodecheck.before_step(str(tmp_path), {}, lambda *a: "") == nodecheck.Verdict(True)
+
+
+@pytest.mark.parametrize("key, value", [("timeout_s", 0), ("avoid_after", 0), ("collective_mb", -1)])
+def test_a_check_option_out_of_range_is_refused_at_submission(key, value, tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(plan.PIPELINES, "tiny", "tests.tiny_pipeline")
+    code = submit.main(["tiny", "--cluster", "slurm", "--dry-run", "--run-dir", str(tmp_path / "run"),
+                        "stages.first.node_check.enabled=true", f"stages.first.node_check.{key}={value}"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert f"stages.first.node_check.{key}={value}" in err and "HINT" in err

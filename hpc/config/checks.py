@@ -72,6 +72,11 @@ def check_resources(cfg: Any) -> None:
             raise ConfigError(f"stages.{name}.signal_delay_s={res.signal_delay_s} is not below the time limit "
                               f"stages.{name}.time_min={res.time_min} ({res.time_min * 60} s); expected "
                               "signal_delay_s < 60 * time_min. HINT: lower signal_delay_s or raise time_min.")
+        check = res.get("node_check") or {}
+        for key, low in (("timeout_s", 1), ("collective_mb", 0.001), ("avoid_after", 1)):
+            if key in check and check[key] < low:  # hpc.recovery.nodecheck: a bound, a size, a count
+                raise ConfigError(f"stages.{name}.node_check.{key}={check[key]}; expected a number >= {low}. "
+                                  f"HINT: set stages.{name}.node_check.{key}={low} or more, or leave it out.")
         bad_keys = [k for k in res.extra if not _OPTION_NAME.fullmatch(str(k))]
         if bad_keys:
             raise ConfigError(f"stages.{name}.extra has key(s) {bad_keys} that are not sbatch option names; "
