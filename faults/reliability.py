@@ -252,8 +252,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--keep", action="store_true", help="leave the scratch directory (the logs of what was lost)")
     p.add_argument("--out", help=f"report path (default {REPO / 'RELIABILITY.md'}; with --quick "
                    f"{REPO / 'RELIABILITY-quick.md'})")
-    p.add_argument("--only", nargs="+", default=[], metavar="WORDS",
-                   help="run only the campaigns whose name holds one of these words (e.g. 'normal exits'); "
+    p.add_argument("--only", nargs="+", action="extend", default=[], metavar="WORDS",
+                   help="run only the campaigns whose name holds one of these words (e.g. 'normal exits'; repeat --only for more); "
                         "the other rows are carried over from the report being replaced")
     args = p.parse_args(argv)
     out = Path(args.out or REPO / ("RELIABILITY-quick.md" if args.quick else "RELIABILITY.md"))

@@ -48,3 +48,20 @@ def test_rows_carried_twice_keep_the_date_of_their_measurement(tmp_path):
     assert "on 2026-11-26 04:41 UTC" in note
     report.write_text(report.read_text().split("- note:")[0] + f"- note: {note}\n")
     assert reliability.earlier_rows(report)[""][0] == oldest  # a third report still finds the oldest
+
+
+def test_only_given_twice_runs_the_campaigns_both_name(tmp_path, monkeypatch):
+    order = []
+
+    def campaign(name):
+        def run(scratch, count, seed):
+            order.append(name)
+            return Outcome(count, 0, f"{name} checked")
+        return run
+
+    monkeypatch.setattr(reliability, "campaigns", lambda: [
+        reliability.Campaign(f"{name} kind", campaign(name), 5, 2) for name in ("first", "second", "third")])
+    out = tmp_path / "R.md"
+    assert reliability.main(["--quick", "--only", "first", "--only", "third", "--out", str(out)]) == 0
+    assert order == ["first", "third"]
+    assert "--only 'first' --only 'third'" in out.read_text()
