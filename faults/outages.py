@@ -212,7 +212,8 @@ def _started_twice(cluster: LocalCluster, jobs: List[str]) -> List[str]:
         starts = wait_for(lambda: _ended_starts(cluster, jobs), 90, "accounting to hear of every job's end")
     except TimeoutError as err:
         return [str(err)]
-    return [f"{job} started {len(starts[job])} times ({', '.join(starts[job])})" for job in jobs if len(starts[job]) > 1]
+    return [f"{job} started {len(starts[job])} times ({', '.join(starts[job])})"
+            for job in jobs if len(starts[job]) > 1]
 
 
 def _ended_starts(cluster: LocalCluster, jobs: List[str]) -> Dict[str, List[str]]:

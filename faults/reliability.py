@@ -253,8 +253,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--out", help=f"report path (default {REPO / 'RELIABILITY.md'}; with --quick "
                    f"{REPO / 'RELIABILITY-quick.md'})")
     p.add_argument("--only", nargs="+", action="extend", default=[], metavar="WORDS",
-                   help="run only the campaigns whose name holds one of these words (e.g. 'normal exits'; repeat --only for more); "
-                        "the other rows are carried over from the report being replaced")
+                   help="run only the campaigns whose name holds one of these words (e.g. 'normal exits'; "
+                        "repeat --only for more); the other rows are carried over from the report being replaced")
     args = p.parse_args(argv)
     out = Path(args.out or REPO / ("RELIABILITY-quick.md" if args.quick else "RELIABILITY.md"))
     command = "python -m faults.reliability" + (" --quick" if args.quick else "") + \
