@@ -13,8 +13,9 @@ script exports HPC_NODE_CHECK (stages.X.node_check, hpc.pipeline.sbatch.node_che
 A restart in place or a spare node picks its own nodes with the lower-level call, which runs the
 step and writes the record, and reads the avoid list for any requeue's --exclude::
 
-    healthy, failed = nodecheck.check_before_step(run_dir, job_nodes, options, os.environ)
-    exclude = nodecheckrecord.avoided(run_dir, options["avoid_after"])
+    section = nodecheck.options(os.environ)             # None where the stage has no check
+    healthy, failed = nodecheck.check_before_step(run_dir, job_nodes, section, os.environ)
+    exclude = nodecheck.avoided(run_dir, os.environ)    # [] where the stage has no check
 
 What a node runs is hpc.recovery.nodecheckprobe; the records and the avoid list are
 hpc.recovery.nodecheckrecord's. Why a node is excluded from its job at once but avoided by the
@@ -54,6 +55,13 @@ def options(env: Mapping[str, str]) -> Optional[Dict[str, Any]]:
         return None
     section = json.loads(text)
     return section if section.get("enabled") or section.get("command") else None
+
+
+def avoided(run_dir: Any, env: Mapping[str, str]) -> List[str]:
+    """The run's avoid list where the stage checks its nodes (HPC_NODE_CHECK), else []: what a requeue
+    or a resubmission of the job adds to the nodes it excludes."""
+    section = options(env)
+    return record.avoided(run_dir, int(section.get("avoid_after") or 2)) if section else []
 
 
 def srun_command(nodes: Sequence[str], section: Mapping[str, Any], python: str = sys.executable) -> List[str]:
@@ -156,7 +164,7 @@ def before_step(run_dir: str, env: Mapping[str, str], resubmit_after: Callable[.
         return Verdict(True, f"node check: {len(healthy)} node(s) passed", healthy=tuple(healthy))
     from hpc.recovery import nodecheckact  # here: only a failed check acts on SLURM
 
-    exclude = sorted(set(failed) | set(record.avoided(run_dir, int(section.get("avoid_after") or 2))))
+    exclude = sorted(set(failed) | set(avoided(run_dir, env)))
     try:
         done = nodecheckact.requeue_without(run_dir, env, exclude, f"node check failed on {said}", resubmit_after,
                                             points)
