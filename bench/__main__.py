@@ -64,8 +64,8 @@ BENCHMARKS = {
     "status": ("bench.status_calls", "Status: scheduler calls per poll",
                "one scheduler call per poll, whatever the job count; 10,000 tasks within 2 s"),
     "remote": ("bench.remote", "Submission to a named cluster over ssh",
-               "remote submission within local submission + one ssh round trip + 0.3 s; an unchanged tree pushes "
-               "0 bytes of code; one round trip per status poll, whatever the task count"),
+               "remote submission within local submission + one ssh round trip + the laptop's side + 0.1 s; an "
+               "unchanged tree pushes 0 bytes of code; one round trip per status poll, whatever the task count"),
     "task-startup": ("bench.task_startup", "A task's start-up CPU and hpc's share",
                      "hpc's share of a task's start-up (batch step and task step) within 60 ms"),
     "langsplat": ("bench.langsplat_cams", "LangSplat stage 2 throughput", "cameras per second at 1 and 2 ranks"),
