@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Sequence
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Sequence
 
 from hpc.rundir import intents
 from hpc.rundir.run import RunDir, add_jobs, task_key
@@ -120,24 +121,65 @@ def settle(run: RunDir) -> List[str]:
     pending = intents.pending(run.path)
     if not pending:
         return []
-    why = ("HINT: submit again once `scontrol ping` answers; hpc does not queue work twice "
-           "(python -m hpc.status RUN_DIR shows what it knows)")
-    try:
-        found = look_up()
-    except RuntimeError as err:
-        raise RuntimeError(f"{len(pending)} earlier sbatch call(s) into {run.path} never got their answer, and "
-                           f"looking their tokens up failed ({str(err).split('. HINT:')[0]}); expected squeue's "
-                           f"answer. {why}") from None
-    young = [e for e in pending if e["token"] not in found and intents.age_s(e) < IN_FLIGHT_S]
-    if young:
-        raise RuntimeError(f"an sbatch into {run.path} for stage {young[0]['stage']} (token {tokens.TAG}"
-                           f"{young[0]['token']}) started {intents.age_s(young[0]):.0f} s ago and no job carries its "
-                           f"token yet; expected it queued or gone. HINT: submit again in {IN_FLIGHT_S:.0f} s: "
-                           "an sbatch whose caller was killed may still be on its way")
+    found = _found(run.path, pending)
     data = run.manifest()
     settled = adopt(data, pending, found) if data else []
     if settled:
         run.write_manifest(data)
     intents.drop(run.path, [e["token"] for e in pending])
+    return _said(pending, found, settled)
+
+
+def settle_sweep(where: Path, point: Callable[[str], RunDir]) -> List[str]:
+    """settle() for a sweep directory `where`, whose announcements name (point, item) pairs: each job
+    found goes into its points' manifests (`point`: signature -> its run dir)."""
+    pending = intents.pending(where)
+    if not pending:
+        return []
+    found = _found(where, pending)
+    settled = set()
+    for sig, parts in _by_point([e for e in pending if e["token"] in found]).items():
+        run = point(sig)
+        data = run.manifest() or {"pipeline": "", "submissions": [], "tasks": {}}  # killed before its first write
+        settled.update(adopt(data, parts, found))
+        run.write_manifest(data)
+    intents.drop(where, [e["token"] for e in pending])
+    return _said(pending, found, settled)
+
+
+def _by_point(pending: Sequence[Dict[str, Any]]) -> Dict[str, List[Dict[str, Any]]]:
+    """A sweep's announcements, each cut into one per point: its items, ids and waits of that point."""
+    out: Dict[str, List[Dict[str, Any]]] = {}
+    for entry in pending:
+        each = entry.get("each") or [[]] * len(entry["items"])
+        mine: Dict[str, List[int]] = {}
+        for n, (sig, _) in enumerate(entry["items"]):
+            mine.setdefault(sig, []).append(n)
+        for sig, ns in mine.items():
+            out.setdefault(sig, []).append({
+                **entry, "items": [entry["items"][n][1] for n in ns], "ids": [entry["ids"][n] for n in ns],
+                "each": [each[n] for n in ns], "after": (entry.get("after") or {}).get(sig, [])})
+    return out
+
+
+def _found(where: Path, pending: Sequence[Dict[str, Any]]) -> Dict[str, str]:
+    """look_up() for a resubmission, which refuses when squeue does not answer or a token is too young."""
+    try:
+        found = look_up()
+    except RuntimeError as err:
+        raise RuntimeError(f"{len(pending)} earlier sbatch call(s) into {where} never got their answer, and "
+                           f"looking their tokens up failed ({str(err).split('. HINT:')[0]}); expected squeue's "
+                           "answer. HINT: submit again once `scontrol ping` answers; hpc does not queue work "
+                           "twice (python -m hpc.status RUN_DIR shows what it knows)") from None
+    young = [e for e in pending if e["token"] not in found and intents.age_s(e) < IN_FLIGHT_S]
+    if young:
+        raise RuntimeError(f"an sbatch into {where} for stage {young[0]['stage']} (token {tokens.TAG}"
+                           f"{young[0]['token']}) started {intents.age_s(young[0]):.0f} s ago and no job carries its "
+                           f"token yet; expected it queued or gone. HINT: submit again in {IN_FLIGHT_S:.0f} s: "
+                           "an sbatch whose caller was killed may still be on its way")
+    return found
+
+
+def _said(pending: Sequence[Dict[str, Any]], found: Dict[str, str], settled: Any) -> List[str]:
     return [f"found by its token {tokens.TAG}{e['token']}: job {found[e['token']]}, stage {e['stage']} "
             f"({len(e['items'])} task(s)), whose sbatch answer was lost" for e in pending if e["token"] in settled]

@@ -34,7 +34,7 @@ from hpc.config import layers
 from hpc.config import schema as hconfig
 from hpc.container import spec
 from hpc.fs import atomic
-from hpc.monitor import status
+from hpc.monitor import lost, status
 from hpc.pipeline import arrays
 from hpc.pipeline import plan as hplan
 from hpc.pipeline import submission as hsubmit
@@ -70,6 +70,8 @@ def start(req: Request) -> Submitted:
         return Submitted(sweep.path, str(kind), {})
     # one syncfs makes every point's files durable at the end, instead of two fsyncs per file
     with RunDir(sweep.path).submission_lock(say=print), atomic.batched(sweep.path):
+        for line in lost.settle_sweep(sweep.path, sweep.point) if kind == "slurm" else ():  # lost sbatch answers
+            print(line)
         max_size = scheduler.max_array_size() if kind == "slurm" else None
         plan, states, never = _plan(pipe, base, defs, sweep, kind, max_size)
         scheduler.cancel(never)

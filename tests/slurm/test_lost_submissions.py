@@ -145,3 +145,24 @@ def test_status_shows_the_tasks_a_submission_cut_short_never_submitted(site):
     assert [c[0] for c in asked.calls()] == ["sacct"]  # nothing unresolved: the poll's one call
     table = _hpc("hpc.status", str(run_dir), env=asked.env())
     assert "2 UNSUBMITTED" in table.stdout.splitlines()[0], table.stdout
+
+
+def test_a_sweep_array_whose_answer_and_lookup_were_lost_is_not_queued_again(site):
+    sweep = site / "sweep"
+    shim = SlurmShim(site / "shim").rule("sbatch", [1], QUEUED_THEN_TIMEOUT).rule("squeue", range(1, 50), TIMEOUT)
+    args = ["tiny", "--cluster", "slurm", "--run-dir", str(sweep), "tiny.parts=[0]", *HOLD[1:], LATER,
+            "--sweep", "tiny.score=1,2"]
+    out = _hpc("hpc.submit", *args, env={**shim.env(), "HPC_SLURM_RETRY_S": "0"})
+    assert out.returncode == 2 and "may have been queued" in out.stderr, out.stdout + out.stderr
+    (array, comment), = queued_by(site).items()  # `first` of both points, in one array hpc never heard of
+    assert [e["token"] for e in intents.pending(sweep)] == [comment.split(":")[1]]
+
+    shim.clear()
+    again = _hpc("hpc.submit", *args, env=shim.env())
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"found by its token {comment}: job {array}, stage first (2 task(s))" in again.stdout, again.stdout
+    assert len(queued_by(site)) == 2 and len(shim.calls("sbatch")) == 2, queued_by(site)  # `second` once
+    points = [p for p in sweep.iterdir() if (p / "manifest.json").exists()]
+    firsts = sorted(t["job_id"] for p in points for t in RunDir(p).tasks() if t["stage"] == "first")
+    assert firsts == [f"{array}_0", f"{array}_1"] and intents.pending(sweep) == [], firsts
+    assert (sweep / "first" / "logs" / array).is_dir()  # where SLURM opens its tasks' logs
