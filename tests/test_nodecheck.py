@@ -153,3 +153,8 @@ def test_a_check_option_out_of_range_is_refused_at_submission(key, value, tmp_pa
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1, err
     assert f"stages.first.node_check.{key}={value}" in err and "HINT" in err
+
+
+def test_where_torch_sees_fewer_cuda_devices_than_were_given_the_node_fails():
+    reasons = nodecheckprobe.check_cuda(2)  # this machine's torch sees none
+    assert reasons == ["torch sees 0 CUDA device(s) of the 2 given"]
