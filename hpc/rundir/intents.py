@@ -94,9 +94,12 @@ def complete(entry: Dict[str, Any], first: str) -> None:
     """For the job found for `entry` (sbatch printed `first`): make its log folders and move its
     pickle into place, as the submission would have; what is done already is left as it is."""
     ids = job_ids(entry, first)
-    for path in dict.fromkeys(logdirs.expand(entry["logs"], jid) for jid in ids) if entry.get("logs") else ():
-        os.makedirs(path, exist_ok=True)
-    if entry.get("pickle") and len(ids) == 1:
-        written, reads = entry["pickle"]
-        with contextlib.suppress(FileNotFoundError):  # moved already (a status, a resubmission)
-            os.replace(written, reads.replace(logdirs.JOB, ids[0]))
+    try:
+        for path in dict.fromkeys(logdirs.expand(entry["logs"], jid) for jid in ids) if entry.get("logs") else ():
+            os.makedirs(path, exist_ok=True)
+        if entry.get("pickle") and len(ids) == 1:
+            written, reads = entry["pickle"]
+            with contextlib.suppress(FileNotFoundError):  # moved already (a status, a resubmission)
+                os.replace(written, reads.replace(logdirs.JOB, ids[0]))
+    except OSError:  # another user's run, read-only to this one: status still shows the job
+        pass
