@@ -5,7 +5,8 @@
 A command is a line of README.md, docs/*.md or jobs/langsplat/README.md that starts with
 `python -m hpc.submit` (after an optional `$ ` prompt or a `... && `), joined over `\\` line ends.
 It runs as written plus `--dry-run` (before `--`), in a fresh directory that holds the README's
-`mypkg/pipeline.py` example, so `mypkg.pipeline` is the README's own code. With no SLURM here,
+`mypkg/pipeline.py` example, so `mypkg.pipeline` is the README's own code, and with docs/remote.md's
+clusters.yaml as the named clusters (a dry run to one shows its ssh commands and does not connect). With no SLURM here,
 `--cluster auto` plans for the local executor and a profile's `cluster.kind: slurm` plans the sbatch
 scripts without calling sbatch: what a dry run does on a login node.
 
@@ -30,6 +31,7 @@ NOT_RUN = re.compile(r"^\s*<!-- not-run: (.+?) -->\s*$")
 FENCE = re.compile(r"^\s*(```|~~~)")
 MAX_NOT_RUN = 12  # commands inside marked blocks, all docs together
 EXAMPLE = "# mypkg/pipeline.py"  # the first line of the README's pipeline example
+CLUSTERS = "# ~/.config/hpc/clusters.yaml"  # the first line of docs/remote.md's named clusters
 
 
 def doc_files() -> List[Path]:
@@ -82,6 +84,13 @@ def readme_example() -> str:
     return text[start:text.index("```", start)]
 
 
+def clusters_example() -> str:
+    """docs/remote.md's clusters.yaml, as it shows it: a dry run to a named cluster does not connect."""
+    text = (ROOT / "docs" / "remote.md").read_text(encoding="utf-8")
+    start = text.index(CLUSTERS)
+    return text[start:text.index("```", start)]
+
+
 def dry_run_argv(command: str) -> List[str]:
     argv = shlex.split(command, comments=True)[3:]  # python -m hpc.submit
     argv.insert(argv.index("--") if "--" in argv else len(argv), "--dry-run")
@@ -100,6 +109,8 @@ def workdir(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("HPC_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "clusters.yaml").write_text(clusters_example())
+    monkeypatch.setenv("HPC_CLUSTERS_FILE", str(tmp_path / "clusters.yaml"))
     for name in ("mypkg", "mypkg.pipeline"):
         monkeypatch.delitem(__import__("sys").modules, name, raising=False)
     return tmp_path
@@ -110,7 +121,9 @@ def test_every_documented_submit_command_dry_runs(workdir, capsys, where, comman
     code = submit.main(dry_run_argv(command))
     out = capsys.readouterr()
     assert code == 0, f"{where}: {command}\n{out.err.strip()}"
-    assert "plan: pipeline" in out.out or "sweep: pipeline" in out.out, out.out[:400]
+    # a named cluster's dry run shows the ssh commands instead: the plan is made there (docs/remote.md)
+    assert any(words in out.out for words in ("plan: pipeline", "sweep: pipeline", "would run, over one connection")), \
+        out.out[:400]
 
 
 def test_the_docs_show_commands_and_mark_few_as_not_run():
