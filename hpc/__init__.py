@@ -10,7 +10,9 @@ Packages, layered top to bottom (a package imports only from the layers below it
 keeps it so):
 
     commands and API   submit status logs cancel env launch afterstep (python -m hpc.X); ddp, trainloop
-    sweep/ here/       grids, per-point configs, a sweep's array jobs | --cluster here: srun steps of an salloc
+    sweep/ here/ remote/
+                       grids, per-point configs, a sweep's array jobs | --cluster here: srun steps of an salloc |
+                       --cluster NAME: a named cluster's login node over ssh (clusters.yaml)
     pipeline/          PipelineDef and StageDef, the pure plan, sbatch rendering, the stage task, submission
     monitor/ runtime/ container/
                        where a run stands | what runs inside a task: environment, DDP/FSDP session, data |
