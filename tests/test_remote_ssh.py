@@ -7,10 +7,13 @@ connection per command, --dry-run without connecting.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 import hpc
 from hpc.cluster import install
@@ -150,3 +153,28 @@ def test_a_local_entry_runs_the_same_commands_without_ssh(clusters_file, tmp_pat
     clusters_file({"home": {"ssh": "local", "python": sys.executable, "runs": str(tmp_path / "runs")}})
     out = hpc_cmd("hpc.status")
     assert out.returncode == 0 and out.stdout.strip() == f"home:(no runs under {tmp_path / 'runs'})", out
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 64 KiB file system (tmpfs), where this machine lets the tests mount one."""
+    where = tmp_path / "small"
+    where.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(where)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here (not root, or no CAP_SYS_ADMIN)")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def test_a_full_disk_on_the_cluster_is_one_line_and_leaves_nothing_a_job_would_use(sshd, clusters_file, tmp_path,  # noqa: F811
+                                                                                   full_disk):
+    clusters_file({"a": sshd.entry(runs=str(full_disk / "runs"))})
+    proj = project(tmp_path / "proj")
+    (proj / "data.bin").write_bytes(os.urandom(200_000))
+    line = one_line_error(hpc_cmd("hpc.submit", "mypkg.tiny", "--cluster", "a", cwd=proj))
+    assert line.startswith("error: pushing the code to cluster a failed: push into ") and line.count("error:") == 1
+    assert "No space left on device" in line and "free space there" in line, line
+    code = full_disk / "runs" / ".hpc-code"
+    assert not any(code.rglob(".tmp-*")) and not (code / "trees").exists()

@@ -88,8 +88,8 @@ def send(shell: Shell, tree: Tree, runs: str) -> Tuple[str, int]:
     shell.check(done, "pushing the code")
     where = out.decode(errors="replace").strip().splitlines()
     if done.returncode or not where:
-        raise RemoteError(f"pushing the code to cluster {shell.cluster.name} failed: "
-                          f"{last_line(err.decode(errors='replace')) or 'no answer'}")
+        said = last_line(err.decode(errors="replace")).removeprefix("error: ")
+        raise RemoteError(f"pushing the code to cluster {shell.cluster.name} failed: {said or 'no answer'}")
     return where[-1], sent
 
 
