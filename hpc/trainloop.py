@@ -42,7 +42,7 @@ from hpc.checkpoint import SHARDED_KEY, CheckpointStore, optim_state
 from hpc.checkpoint.layout import marker_files
 from hpc.recovery import preemption, stopsignal, watchdog
 from hpc.recovery.stopsignal import StopFlag, StopVote
-from hpc.rundir import attempts
+from hpc.rundir import attempts, notify
 from hpc.runtime import loopstate, resumepoint
 from hpc.runtime.scalars import StepLog
 
@@ -194,6 +194,8 @@ class TrainLoop:
             decision = preemption.handle_stop(request, self.store.directory / "requeue.json",
                                               max_timeouts=self.max_timeouts)
         decision = self._broadcast(decision)
+        if self.s.is_main:  # requeued, or the time-limit cap reached: the run's sinks hear it (hpc.rundir.notify)
+            notify.stop(self.out_dir, decision, notify.task_key(self.out_dir), *self._attempt_id())
         self.close_writer()
         preemption.exit_for(decision)
 
@@ -250,6 +252,9 @@ class TrainLoop:
         self._engine = None  # no collective here: its group goes with the process
         self.close_writer()
         self._finished = True
+
+    def _attempt_id(self) -> tuple:
+        return self.attempt.entry["job"], self.attempt.entry["restart"]
 
     def _close_engine(self) -> None:
         if self._engine is not None:

@@ -124,12 +124,24 @@ SAME_SOFTWARE = ("warn", "require")
 
 
 @dataclass
+class NotifySettings:
+    """Messages the jobs send about the run (hpc.rundir.notify); none while neither sink is set."""
+
+    webhook: str = ""  # a URL that gets a JSON body Slack, Mattermost and Discord accept
+    template: str = ""  # the body instead: $text, $event, $run, $task filled in (ntfy: '$text')
+    command: List[str] = field(default_factory=list)  # an argv run with the message as its last argument
+    events: List[str] = field(default_factory=list)  # those to send; [] = all of them
+    timeout_s: float = 3.0  # a sink's deadline; a job waits for it at its end no longer than this
+
+
+@dataclass
 class PipelineConfig:
     """Sections every pipeline has; a pipeline's schema adds `stages` and its own section."""
 
     run: RunSettings = field(default_factory=RunSettings)
     cluster: ClusterSettings = field(default_factory=ClusterSettings)
     resume: ResumeSettings = field(default_factory=ResumeSettings)
+    notify: NotifySettings = field(default_factory=NotifySettings)
 
 
 def load(schema: type, pipeline: str, profile: Optional[str] = None,

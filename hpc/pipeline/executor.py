@@ -27,7 +27,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from hpc.config import defaults
 from hpc.fs import atomic
 from hpc.pipeline import arraytasks
-from hpc.rundir import logdirs, tracking
+from hpc.rundir import logdirs, notify, tracking
 from hpc.rundir.run import RunDir, task_key
 from hpc.rundir.snapshot import JobCode
 from hpc.rundir.sweepdir import SweepDir, is_sweep
@@ -107,6 +107,11 @@ class StageTask:
         ctx = StageContext(run.path, stage_dir, cfg, self.stage, self.task_index, self.item, dist)
         try:
             result = func(ctx)
+        except Exception as err:
+            if dist.rank == 0:  # the run's sinks hear of it, once (hpc.rundir.notify)
+                notify.failed(stage_dir, task_key(self.stage, self.item), dist.job_id, dist.restart_count,
+                              f"{type(err).__name__}: {str(err).strip()[-600:]}")
+            raise
         finally:  # a requeue leaves by SystemExit: the next attempt resumes the same tracker run
             if dist.rank == 0:
                 tracking.record(stage_dir)
@@ -114,6 +119,7 @@ class StageTask:
             run.mark_done(self.stage, self.item, {"started": started, "finished": time.time(), "job_id": dist.job_id,
                                                   "world_size": dist.world_size, "nodes": dist.num_nodes,
                                                   "result": result})
+            notify.task_done(run.path, self.stage)  # its stage, or the run, completed: told once
         print(f"[hpc] stage {self.stage} item {self.item} rank {dist.rank} finished", flush=True)
         return result
 

@@ -17,7 +17,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from hpc.fs import atomic
 from hpc.rundir import software
@@ -103,22 +103,27 @@ def refusal(entries: List[Mapping[str, Any]], now: Mapping[str, Any], policy: st
             "that software is, or resubmit with resume.same_software=warn to resume anyway (not bitwise)")
 
 
-def policy(task_dir: Path, environ: Mapping[str, str] = os.environ) -> str:
-    """resume.same_software of the task's run: $HPC_SAME_SOFTWARE, else the run's config.yaml (the
-    task directory or up to two folders above it), else 'warn'."""
-    if environ.get(POLICY_ENV) in POLICIES:
-        return environ[POLICY_ENV]
+def run_of(task_dir: Path) -> Tuple[Optional[Path], Dict[str, Any]]:
+    """The run directory a task directory is in (it or up to two folders above: a loop's out_dir may be
+    a subfolder of the task's) and its config.yaml as plain data; (None, {}) outside a run."""
     for folder in list(Path(task_dir).resolve().parents)[:3]:
         if (folder / "config.yaml").exists() and (folder / "manifest.json").exists():
             import yaml  # only a task inside a run directory reads its config
 
             try:
-                cfg = yaml.safe_load((folder / "config.yaml").read_text()) or {}
-                value = (cfg.get("resume") or {}).get("same_software", "warn")
-            except (OSError, ValueError, AttributeError, yaml.YAMLError):
-                return "warn"
-            return value if value in POLICIES else "warn"
-    return "warn"
+                cfg = yaml.safe_load((folder / "config.yaml").read_text())
+            except (OSError, ValueError, yaml.YAMLError):
+                cfg = None
+            return folder, cfg if isinstance(cfg, dict) else {}
+    return None, {}
+
+
+def policy(task_dir: Path, environ: Mapping[str, str] = os.environ) -> str:
+    """resume.same_software of the task's run: $HPC_SAME_SOFTWARE, else the run's config.yaml, else 'warn'."""
+    if environ.get(POLICY_ENV) in POLICIES:
+        return environ[POLICY_ENV]
+    value = (run_of(task_dir)[1].get("resume") or {}).get("same_software", "warn")
+    return value if value in POLICIES else "warn"
 
 
 class AttemptLog:

@@ -25,7 +25,7 @@ from typing import Any, Callable, List, Mapping, Optional
 
 from hpc.fs import atomic
 from hpc.recovery import deadline, hostact, preemption, scriptproc, verdict
-from hpc.rundir import attempts
+from hpc.rundir import attempts, notify
 
 # Rank 0's stop decision for the attempt that wrote it, in the task's checkpoint directory.
 DECISION_FILE = "stop-decision.json"
@@ -81,6 +81,8 @@ def run_argv(ctx: Any, argv: List[str], max_timeouts: int, launch: bool = True,
                 if outcome == "interrupted":
                     watcher.write(asdict(decision) if decision else {"requeue": False, "why": "no decision"})
                 code = scriptproc.end_tree(proc)
+    if record.main:  # the run's sinks hear of a requeue or a time-limit cap (hpc.rundir.notify)
+        notify.stop(ctx.stage_dir, decision, notify.task_key(ctx.stage_dir), ctx.env.job_id, ctx.env.restart_count)
     saves = attempts.checkpoints_seen(ctx.stage_dir)
     record.ended("stopped" if decision is not None else "completed" if code == 0 else "failed",
                  saves[-1][0] if saves else None, saves=saves)

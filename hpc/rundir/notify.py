@@ -1,0 +1,162 @@
+"""A run tells its user what happened, from the job side: a webhook, or a command, once per event per run.
+
+    python -m hpc.submit run notify.webhook=https://hooks.slack.com/services/... -- python train.py
+
+The config's `notify:` section (a profile can carry it) names the sinks: `webhook`, a URL that gets
+a JSON body Slack, Mattermost and Discord accept ({"text": ..., "content": ...}, plus the event's
+fields) or `template` filled in ($text, $event, $run, $task; ntfy takes a plain text one), and
+`command`, an argv run with the text as its last argument. Events: a task failed (its last line), a
+task requeued (preemption, time limit, hang: which), a time-limit cap reached (not requeued), a
+stage completed, the run completed. They are sent by the job itself (rank 0 of the training loop or
+of a `run` stage's wrapper, the stage task for completions), so nothing runs on the login node; a
+site whose compute nodes reach no network can use SLURM's mail instead (stages.S.extra: mail-type,
+mail-user).
+
+Each event is claimed by creating <run>/notify/<key> (O_EXCL): one message per event per run, whatever
+the requeues and however many tasks see it. A message is sent from a background thread with a
+deadline of `timeout_s`; the process waits for it at exit no longer than that, so a sink that does not
+answer never fails a job and delays its end by at most that; its first failure in a run is logged,
+once (<run>/notify/failed-<sink>).
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import string
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Mapping
+
+from hpc.rundir import attempts
+from hpc.rundir.run import RunDir
+
+FOLDER = "notify"
+EVENTS = ("task_failed", "requeued", "time_limit_cap", "stage_completed", "run_completed")
+_pending: List[threading.Thread] = []
+
+
+def settings(cfg: Mapping[str, Any]) -> Dict[str, Any]:
+    """The run's notify section, {} when it names no sink."""
+    found = cfg.get("notify") or {}
+    return dict(found) if isinstance(found, dict) and (found.get("webhook") or found.get("command")) else {}
+
+
+def claim(run: Path, key: str) -> bool:
+    """Whether this process is the first to send `key` in the run (a file made once, O_EXCL)."""
+    folder = Path(run) / FOLDER
+    folder.mkdir(exist_ok=True)
+    try:
+        os.close(os.open(folder / key.replace("/", "_"), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        return True
+    except FileExistsError:
+        return False
+
+
+def message(event: str, run: Path, task: str, text: str) -> Dict[str, Any]:
+    line = f"[hpc] {Path(run).name} {task}: {event.replace('_', ' ')}" + (f": {text}" if text else "")
+    return {"text": line, "content": line, "event": event, "run": str(run), "task": task, "detail": text,
+            "time": time.time()}
+
+
+def _webhook(url: str, template: str, body: Mapping[str, Any], timeout_s: float) -> None:
+    import urllib.request  # the standard library's, only when a message goes out: it costs a task's start 15 ms
+
+    if template:
+        data = string.Template(template).safe_substitute({k: str(v) for k, v in body.items()}).encode()
+        kind = "application/json" if template.lstrip().startswith("{") else "text/plain"
+    else:
+        data, kind = json.dumps(body).encode(), "application/json"
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": kind}, method="POST")
+    with urllib.request.urlopen(req, timeout=timeout_s) as answer:  # an HTTP error status raises
+        answer.read()
+
+
+def _command(argv: List[str], body: Mapping[str, Any], timeout_s: float) -> None:
+    subprocess.run([*argv, body["text"]], check=True, timeout=timeout_s, capture_output=True)
+
+
+def _deliver(run: Path, conf: Mapping[str, Any], body: Mapping[str, Any]) -> None:
+    timeout_s = float(conf.get("timeout_s") or 3.0)
+    sinks = {"webhook": lambda: _webhook(conf["webhook"], conf.get("template") or "", body, timeout_s),
+             "command": lambda: _command(list(conf["command"]), body, timeout_s)}
+    for name, send in sinks.items():
+        if not conf.get(name):
+            continue
+        try:
+            send()
+        except Exception as err:  # any sink's failure: logged once per run, never raised
+            if claim(run, f"failed-{name}"):
+                print(f"[hpc] notify: the {name} sink failed ({type(err).__name__}: {err}); "
+                      f"{body['event']} not delivered. Later failures of this run are not logged",
+                      file=sys.stderr, flush=True)
+
+
+def send(task_dir: Path, event: str, key: str, text: str = "", task: str = "") -> bool:
+    """Send `event` for the run `task_dir` is in, unless its `key` was sent already in the run;
+    whether it was handed to a sender. Returns at once: the sending is a background thread's."""
+    run, cfg = attempts.run_of(task_dir)
+    conf = settings(cfg)
+    wanted = conf.get("events") or EVENTS
+    if run is None or not conf or event not in wanted or not claim(run, f"{event}-{key}"):
+        return False
+    sender = threading.Thread(target=_deliver, args=(run, conf, message(event, run, task or key, text)),
+                              daemon=True, name="hpc-notify")
+    sender.start()
+    if not _pending:
+        atexit.register(_drain, float(conf.get("timeout_s") or 3.0))
+    _pending.append(sender)
+    return True
+
+
+def _drain(timeout_s: float) -> None:
+    """At exit: give the messages in flight at most `timeout_s` together."""
+    deadline = time.monotonic() + timeout_s
+    for sender in _pending:
+        sender.join(max(0.0, deadline - time.monotonic()))
+
+
+def wait(timeout_s: float = 5.0) -> None:
+    """Wait for the messages in flight (a process that ends by os._exit skips atexit)."""
+    _drain(timeout_s)
+
+
+def stop(task_dir: Path, decision: Any, task: str, job: str, restart: Any) -> None:
+    """A stop's decision as an event: requeued (its kind and why), or the time-limit cap reached."""
+    if decision is None:
+        return
+    if decision.requeue:
+        send(task_dir, "requeued", f"{task}-{job}-{restart}", f"{decision.kind}: {decision.why}", task)
+    elif decision.kind == "timeout":
+        send(task_dir, "time_limit_cap", f"{task}-{job}", decision.why, task)
+
+
+def failed(task_dir: Path, task: str, job: str, restart: Any, text: str) -> None:
+    send(task_dir, "task_failed", f"{task}-{job}-{restart}", text, task)
+
+
+def task_key(task_dir: Path) -> str:
+    """A task's name from its directory: <run>/<stage>[/task-<item>] -> stage or stage[item]."""
+    run, _ = attempts.run_of(task_dir)
+    parts = Path(task_dir).resolve().relative_to(run.resolve()).parts if run else (Path(task_dir).name,)
+    stage = parts[0] if parts else "?"
+    item = parts[1][len("task-"):] if len(parts) > 1 and parts[1].startswith("task-") else None
+    return stage if item is None else f"{stage}[{item}]"
+
+
+def task_done(run_dir: Path, stage: str) -> None:
+    """After a task's done marker: its stage completed, or the whole run, when every task of it has
+    one (read only in a run that names a sink; each sent once)."""
+    where = Path(run_dir) / stage
+    if not settings(attempts.run_of(where)[1]):
+        return
+    run = RunDir(run_dir)
+    done = {(t["stage"], str(t["item"])): run.is_done(t["stage"], t["item"]) for t in run.tasks()}
+    later = run.unsubmitted()  # planned, not submitted yet: the local executor submits stage after stage
+    if all(v for (s, _), v in done.items() if s == stage) and not any(s == stage for s, _ in later):
+        send(where, "stage_completed", stage, "", stage)
+    if done and all(done.values()) and not later:
+        send(where, "run_completed", "run", "", "run")

@@ -1,0 +1,105 @@
+"""Notifications from the job side (hpc.rundir.notify): a real HTTP server on 127.0.0.1 gets the webhooks
+of a run on the local executor, one per event, and a sink that is down or hangs never fails or holds
+a job longer than its deadline. The requeue of a preempted run on the cluster is
+tests/slurm/test_goodput_cluster.py's.
+
+    python -m pytest tests/test_notify.py -q
+"""
+import http.server
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import hpc
+from hpc.rundir import notify
+from hpc.rundir.run import RunDir
+
+
+class Hook:
+    """An HTTP server on 127.0.0.1 that keeps every JSON body POSTed to it (`delay_s`: it answers that late)."""
+
+    def __init__(self, delay_s: float = 0.0):
+        self.bodies, self.delay_s = [], delay_s
+        hook = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                time.sleep(hook.delay_s)
+                hook.bodies.append(json.loads(body))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def events(self):
+        return [(b["event"], b["task"]) for b in self.bodies]
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def tiny(monkeypatch):
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])  # the jobs import tests.tiny_pipeline from here
+
+
+def submit(tmp_path, url, *more):
+    return hpc.submit("tests.tiny_pipeline", cluster="local", run_dir=tmp_path / "run",
+                      overrides=["tiny.parts=[0,1]", f"notify.webhook={url}", "notify.timeout_s=2", *more])
+
+
+def test_a_run_sends_one_message_per_event(tmp_path, tiny):
+    hook = Hook()
+    try:
+        run = submit(tmp_path, hook.url, "tiny.fail_items=[1]")
+        assert [r["state"] for r in run.status()] == ["COMPLETED", "COMPLETED", "FAILED"]
+        assert hook.events() == [("stage_completed", "first"), ("task_failed", "second[1]")]
+        failed = hook.bodies[1]
+        assert "second: item 1 failing on request" in failed["text"] and failed["text"] == failed["content"]
+        # the failed task again, now passing: its stage and the run complete, each told once
+        submit(tmp_path, hook.url, "tiny.fail_items=[]")
+        assert hook.events()[2:] == [("stage_completed", "second"), ("run_completed", "run")]
+        assert not notify.send(run.path / "second", "run_completed", "run")  # claimed on disk already
+    finally:
+        hook.close()
+
+
+def test_a_sink_that_is_down_or_hangs_fails_no_job_and_is_logged_once(tmp_path, tiny):
+    hook = Hook(delay_s=30)  # answers long after the deadline
+    try:
+        t0 = time.monotonic()
+        run = submit(tmp_path, hook.url)
+        took = time.monotonic() - t0
+    finally:
+        hook.close()
+    assert run.done() and took < 25, took  # the sink answers after 30 s: no job waited for it
+    logs = "".join(p.read_text() for p in RunDir(run.path).path.glob("*/logs/**/*_log.err"))
+    assert logs.count("[hpc] notify: the webhook sink failed") == 1, logs
+    down = hpc.submit("tests.tiny_pipeline", cluster="local", run_dir=tmp_path / "down",
+                      overrides=["tiny.parts=[0]", "notify.webhook=http://127.0.0.1:9/nothing"])
+    assert down.done()
+    logs = "".join(p.read_text() for p in down.path.glob("*/logs/**/*_log.err"))
+    assert logs.count("[hpc] notify: the webhook sink failed") == 1 and "URLError" in logs, logs
+
+
+def test_a_template_and_a_command_sink(tmp_path):
+    run = tmp_path / "run"
+    (run / "train").mkdir(parents=True)
+    (run / "manifest.json").write_text("{}")
+    out = tmp_path / "said.txt"
+    (run / "config.yaml").write_text(json.dumps({"notify": {
+        "command": ["sh", "-c", f'printf "%s\\n" "$0" >> {out}'], "events": ["requeued"]}}))
+    assert not notify.send(run / "train", "task_failed", "k1", "boom")  # not among the events asked for
+    assert notify.send(run / "train", "requeued", "k2", "preempt: requeued", "train")
+    notify.wait()
+    assert out.read_text() == f"[hpc] {run.name} train: requeued: preempt: requeued\n"
