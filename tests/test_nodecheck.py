@@ -81,6 +81,7 @@ def test_the_collective_joins_every_node_and_fails_within_the_bound_without_a_pe
     both = [probe_process(rank, job, options) for rank in (0, 1)]
     said = nodecheck.answers("".join(p.communicate(timeout=120)[0] for p in both))
     assert sorted(said) == ["n1", "n2"] and all(a["ok"] for a in said.values()), said
+    assert nodecheck.judge(["n1", "n2"], said, [], 40) == (["n1", "n2"], {}, "the collective passed on 2 node(s)")
     start = time.monotonic()  # rank 0 alone: its peer never comes
     alone = nodecheck.answers(probe_process(0, job + 1, {**options, "timeout_s": 6}).communicate(timeout=120)[0])
     assert time.monotonic() - start < 40
@@ -105,7 +106,8 @@ def test_the_step_is_one_task_per_node_on_the_nodes_named():
     argv = nodecheck.srun_command(["n1", "n3"], {"command": "true"}, python="py")
     assert argv[:5] == ["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--nodelist=n1,n3"]
     assert argv[-5:] == ["py", "-u", "-m", "hpc.recovery.nodecheckprobe", json.dumps({"command": "true"})]
-    output = "junk\n" + nodecheckprobe.MARK + json.dumps({"node": "n3", "ok": True}) + "\n" + nodecheckprobe.MARK + "{\n"
+    mark = nodecheckprobe.MARK
+    output = "junk\n" + mark + json.dumps({"node": "n3", "ok": True}) + "\n" + mark + "{\n"
     assert list(nodecheck.answers(output)) == ["n3"]
 
 
@@ -158,3 +160,10 @@ def test_a_check_option_out_of_range_is_refused_at_submission(key, value, tmp_pa
 def test_where_torch_sees_fewer_cuda_devices_than_were_given_the_node_fails():
     reasons = nodecheckprobe.check_cuda(2)  # this machine's torch sees none
     assert reasons == ["torch sees 0 CUDA device(s) of the 2 given"]
+
+
+def test_a_check_step_that_does_not_end_is_ended_at_its_bound():
+    start = time.monotonic()
+    out, trouble = nodecheck.run_step(["sh", "-c", f"echo '{nodecheckprobe.MARK}{{}}'; sleep 60"], 1.0, os.environ)
+    assert time.monotonic() - start < 15 and trouble == "srun did not end within 1 s"
+    assert out.startswith(nodecheckprobe.MARK)  # what came before the end is still read

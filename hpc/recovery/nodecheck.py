@@ -24,6 +24,7 @@ whole run only after a second failure: docs/nodecheck.md.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -101,8 +102,10 @@ def judge(nodes: Sequence[str], answered: Mapping[str, Mapping[str, Any]], avoid
             failed[node] = f"no answer within {timeout_s:g} s"
         elif not said.get("ok"):
             failed[node] = "; ".join(said.get("reasons") or ["failed"])
-    together = sorted({str(a["collective"]) for a in answered.values() if a.get("collective")})
-    note = f"the collective failed, which names no node by itself: {together[0]}" if together else ""
+    said = [str(a.get("collective") or "") for a in answered.values()]
+    together = sorted({s for s in said if s not in ("", probe.PASSED)})
+    note = f"the collective failed, which names no node by itself: {together[0]}" if together else \
+        f"the collective passed on {said.count(probe.PASSED)} node(s)" * (probe.PASSED in said)
     return [n for n in nodes if n not in failed], failed, note
 
 
@@ -110,17 +113,17 @@ def run_step(command: Sequence[str], bound_s: float, env: Mapping[str, str]) -> 
     """(srun's output, what went wrong or ''); srun is ended after `bound_s` (two SIGINTs: SLURM ends
     the step's tasks, so the ranks' step never waits on a node's hung check for its CPUs)."""
     proc = subprocess.Popen(list(command), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(env), stdin=subprocess.DEVNULL)
+                            env=dict(env), stdin=subprocess.DEVNULL, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=bound_s)
         return out, "" if proc.returncode == 0 else f"srun exited {proc.returncode}: {err.strip()[-300:]}"
     except subprocess.TimeoutExpired:
-        for sig in (signal.SIGINT, signal.SIGINT):
-            proc.send_signal(sig)
+        for sig in (signal.SIGINT, signal.SIGINT):  # its own process group: whatever holds its output ends too
+            os.killpg(proc.pid, sig)
         try:
             out, _ = proc.communicate(timeout=10)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)
             out, _ = proc.communicate()
         return out, f"srun did not end within {bound_s:g} s"
 

@@ -34,6 +34,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 # port shifted by half the span, so the check never holds the port its job's ranks bind next.
 PORT_BASE, PORT_SPAN = 20000, 12000
 CPU_BYTES = 4 << 20  # the CPU check's input: a few MB hashed, a few ms
+PASSED = "passed"  # a collective that was run and gave the right sum
 MARK = "HPC_NODECHECK "  # starts each answer's line: srun's output may hold other lines (a profile's echo)
 _FILE = re.compile(r"(?:^|\s)File=(\S+)")
 _NODE = re.compile(r"(?:^|\s)NodeName=(\S+)")
@@ -176,7 +177,7 @@ def probe(options: Mapping[str, Any], env: Mapping[str, str] = os.environ) -> Di
     if options.get("collective") and int(env.get("SLURM_NTASKS", "1")) > 1:
         gpus = bool(gpu_indices(env)) and os.path.exists("/dev/nvidiactl")
         left = bound - (time.monotonic() - start) - 1
-        together = collective(env, float(options.get("collective_mb") or 4), left, gpus)
+        together = collective(env, float(options.get("collective_mb") or 4), left, gpus) or [PASSED]
     children = os.times()
     return {"node": node, "ok": not reasons, "reasons": reasons, "collective": "; ".join(together),
             "wall_s": round(time.monotonic() - start, 4),

@@ -32,7 +32,8 @@ def pipelines(monkeypatch):
 
 
 def fails_on(node):
-    return f"stages.{{}}.node_check.command='[ \"$SLURMD_NODENAME\" != {node} ] || (echo GPU 0 has fallen off the bus; exit 3)'"
+    command = f'[ "$SLURMD_NODENAME" != {node} ] || (echo GPU 0 has fallen off the bus; exit 3)'
+    return f"stages.{{}}.node_check.command='{command}'"
 
 
 def releasing(cluster, run, done, timeout_s, what):
@@ -55,13 +56,15 @@ def checks(run):
 def test_a_node_that_fails_its_check_is_excluded_before_the_first_training_step(slurm_cluster, tmp_path):
     bad, good = slurm_cluster.nodes[-1], slurm_cluster.nodes[0]
     assert submit.main(["elastic", "--cluster", "slurm", "--run-dir", str(tmp_path / "run"), "stages.train.nodes=1-2",
-                        "elastic.steps=2", fails_on(bad).format("train")]) == 0
+                        "elastic.steps=2", fails_on(bad).format("train"),
+                        "stages.train.node_check.collective=true"]) == 0
     run = RunDir(tmp_path / "run")
     out, job = run.task_dir("train"), job_ids(run)[("train", None)]
     releasing(slurm_cluster, run, lambda: (out / DONE).is_file(), 240, "training to finish")
     first, second = checks(run)
     assert (first["job"], first["restart"], first["nodes"]) == (job, "0", [good, bad])
     assert first["failed"] == {bad: "site check exited 3: GPU 0 has fallen off the bus"}, first
+    assert first["note"] == "the collective passed on 2 node(s)", first  # the bad node joined it all the same
     assert first["done"].startswith("requeued") and bad in first["done"]
     assert (second["restart"], second["nodes"], second["failed"]) == ("1", [good], {})
     # no rank ever started on the bad node: the one attempt that trained is the requeued one, on one node
@@ -76,7 +79,8 @@ def test_a_node_that_fails_its_check_is_excluded_before_the_first_training_step(
 def test_a_node_that_fails_twice_in_a_run_is_avoided_without_a_check_on_the_requeue(slurm_cluster, tmp_path):
     bad, good = slurm_cluster.nodes[-1], slurm_cluster.nodes[0]
     stages = ("first", "second", "third")
-    options = [f"stages.{s}.{key}" for s in stages for key in ("nodes=1-2", "tasks_per_node=2", "node_check.avoid_after=2")]
+    options = [f"stages.{s}.{key}" for s in stages
+               for key in ("nodes=1-2", "tasks_per_node=2", "node_check.avoid_after=2")]
     assert submit.main(["tiny", "--cluster", "slurm", "--run-dir", str(tmp_path / "run"), "tiny.parts=[0]",
                         "tiny.third=true", *options, *[fails_on(bad).format(s) for s in stages]]) == 0
     run = RunDir(tmp_path / "run")
