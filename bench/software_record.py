@@ -9,7 +9,9 @@ the software record (the site folders listed, torch's version.py read, the drive
 /proc, the packages' digest), begin(), one first step, one checkpoint's entry, and the end.
 "without torch" is how a `run` stage's wrapper meets it (hpc.scripts.runner), "torch loaded" how
 hpc's training loop does (torch imported already, its own answers read). Beside it, the CPU of one torch.save of a 1 MiB
-state into the same folder: the order of a small checkpoint's own cost.
+state into the same folder: the order of a small checkpoint's own cost. Last, one notification per
+event (hpc.rundir.notify): the CPU its sender spends in send() (the claim on disk, a thread started)
+and the wall time until an HTTP server on 127.0.0.1 has it, which the job does not wait for.
 """
 from __future__ import annotations
 
@@ -53,8 +55,44 @@ def child(case: str, task_dir: str) -> None:
     emit(out)
 
 
+def notify_child(task_dir: str) -> None:
+    """One notification in this process: the CPU its sender spends in send() (the claim on disk and
+    the thread's start), and the wall time until a local HTTP server has the message."""
+    import http.server
+    import json
+    import threading
+
+    from bench.common import emit
+
+    got = threading.Event()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.end_headers()
+            got.set()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    run = Path(task_dir)
+    (run / "train").mkdir(parents=True, exist_ok=True)
+    (run / "manifest.json").write_text("{}")
+    (run / "config.yaml").write_text(json.dumps({"notify": {"webhook": f"http://127.0.0.1:{server.server_address[1]}/"}}))
+    from hpc.rundir import notify
+
+    t0, w0 = time.process_time(), time.perf_counter()
+    notify.send(run / "train", "requeued", "train-1-0", "preempt: requeued", "train")
+    t1 = time.process_time()
+    got.wait(10)
+    emit({"send_ms": (t1 - t0) * 1000, "delivered_ms": (time.perf_counter() - w0) * 1000})
+
+
 def run(ctx: Context) -> Section:
-    sec = Section("software-record", "Recording an attempt: software record and attempts.json",
+    sec = Section("software-record", "Recording an attempt: software record and attempts.json; a notification",
                   f"at most {TARGET_MS:g} ms of CPU per attempt on rank 0, no collective",
                   "python -m bench --only software-record" + (" --quick" if ctx.quick else ""),
                   headers=["case", "CPU per attempt (median)", "per checkpoint entry", "x target"])
@@ -75,6 +113,9 @@ def run(ctx: Context) -> Section:
         sec.verdicts.append((f"{case}: {took:.1f} ms of CPU per attempt (target {TARGET_MS:g} ms)", took <= TARGET_MS))
     if saves:
         sec.notes.append(f"beside it: torch.save of a 1 MiB state costs {median(saves):.1f} ms of CPU here")
+    sent = [run_child("software_record", ["notify", str(base / f"notify-{n}")]) for n in range(repeats)]
+    sec.rows.append(["a notification (webhook, 127.0.0.1)", f"{median([x['send_ms'] for x in sent]):.1f} ms in send()",
+                     f"delivered in {median([x['delivered_ms'] for x in sent]):.0f} ms (wall, in the background)", "-"])
     sec.notes += [f"median of {repeats} fresh processes per case; no collective in any case (rank 0 writes "
                   "<task>/attempts.json, the other ranks hold a record that does nothing)",
                   "the packages' digest is over the .dist-info names of the site folders (one listing each): "
@@ -83,4 +124,4 @@ def run(ctx: Context) -> Section:
 
 
 if __name__ == "__main__":
-    child(*sys.argv[1:3])
+    notify_child(sys.argv[2]) if sys.argv[1] == "notify" else child(*sys.argv[1:3])
