@@ -7,8 +7,8 @@ give each attempt's span and the queue waits; each task's attempts.json (hpc.run
 happened inside; the run's config.yaml what an attempt was allocated (stages.S.gpus_per_node, or
 cpus_per_task without GPUs, per rank the attempt's start line reports). hpc.monitor.goodput splits
 them; this module gathers, sums per task, stage, run and sweep, and draws the table. The status
-table's GOODPUT column (records()) reads only the run directory: no scheduler call beyond the one
-the table makes, and an attempt's span from the process start its record holds.
+table's GOODPUT column (hpc.monitor.goodput.share) reads only the run directory: no scheduler call
+beyond the one the table makes, and an attempt's span from the process start its record holds.
 """
 from __future__ import annotations
 
