@@ -81,24 +81,24 @@ def test_the_collective_joins_every_node_and_fails_within_the_bound_without_a_pe
     both = [probe_process(rank, job, options) for rank in (0, 1)]
     said = nodecheck.answers("".join(p.communicate(timeout=120)[0] for p in both))
     assert sorted(said) == ["n1", "n2"] and all(a["ok"] for a in said.values()), said
-    assert nodecheck.judge(["n1", "n2"], said, [], 40) == (["n1", "n2"], {}, "the collective passed on 2 node(s)")
+    assert nodecheck.judge(["n1", "n2"], said, [], "-") == (["n1", "n2"], {}, "the collective passed on 2 node(s)")
     start = time.monotonic()  # rank 0 alone: its peer never comes
     alone = nodecheck.answers(probe_process(0, job + 1, {**options, "timeout_s": 6}).communicate(timeout=120)[0])
     assert time.monotonic() - start < 40
     assert "all_reduce of 1 MB across 2 node(s)" in alone["n1"]["collective"], alone
     # every node sees a collective's failure, whichever caused it: it is noted, and fails no node by itself
-    healthy, failed, note = nodecheck.judge(["n1", "n2"], {"n1": alone["n1"]}, [], 6)
-    assert (healthy, failed) == (["n1"], {"n2": "no answer within 6 s"}) and "collective failed" in note
+    healthy, failed, note = nodecheck.judge(["n1", "n2"], {"n1": alone["n1"]}, [], "none within 6 s")
+    assert (healthy, failed) == (["n1"], {"n2": "no answer (none within 6 s)"}) and "collective failed" in note
 
 
 def test_judge_fails_what_did_not_answer_and_what_is_avoided_and_blames_no_node_when_none_answered():
     ok = {"ok": True, "reasons": []}
-    healthy, failed, note = nodecheck.judge(["n1", "n2", "n3"], {"n1": ok, "n3": {"ok": False, "reasons": ["x", "y"]}},
-                                            [], 30)
-    assert (healthy, failed, note) == (["n1"], {"n2": "no answer within 30 s", "n3": "x; y"}, "")
-    healthy, failed, _ = nodecheck.judge(["n1", "n2"], {"n1": ok}, ["n2"], 30)
+    said = {"n1": ok, "n3": {"ok": False, "reasons": ["x", "y"]}}
+    healthy, failed, note = nodecheck.judge(["n1", "n2", "n3"], said, [], "srun: error: n2: task 1: Exited")
+    assert (healthy, failed, note) == (["n1"], {"n2": "no answer (srun: error: n2: task 1: Exited)", "n3": "x; y"}, "")
+    healthy, failed, _ = nodecheck.judge(["n1", "n2"], {"n1": ok}, ["n2"], "-")
     assert healthy == ["n1"] and failed["n2"].startswith(nodecheckrecord.AVOIDED)
-    healthy, failed, note = nodecheck.judge(["n1", "n2"], {}, [], 30)
+    healthy, failed, note = nodecheck.judge(["n1", "n2"], {}, [], "-")
     assert (healthy, failed) == (["n1", "n2"], {}) and "check step failed" in note
 
 

@@ -87,11 +87,12 @@ def answers(output: str) -> Dict[str, Dict[str, Any]]:
 
 
 def judge(nodes: Sequence[str], answered: Mapping[str, Mapping[str, Any]], avoid: Sequence[str],
-          timeout_s: float) -> Tuple[List[str], Dict[str, str], str]:
+          silent: str) -> Tuple[List[str], Dict[str, str], str]:
     """(healthy nodes, {failed node: reason}, a note) from the nodes' answers; pure. A node that did
-    not answer has failed, unless none did: then the step itself failed (srun refused, the probe could
-    not start anywhere), which is no node's fault, and nothing is excluded for it. A failed collective
-    is noted, not blamed: each node sees the same error, whichever node caused it."""
+    not answer has failed (`silent`: what srun said, or the bound), unless none did: then the step
+    itself failed (srun refused, the probe could not start anywhere), which is no node's fault, and
+    nothing is excluded for it. A failed collective is noted, not blamed: each node sees the same
+    error, whichever node caused it."""
     failed = {n: f"{record.AVOIDED} failed its check in this run before; not checked again" for n in avoid}
     checked = [n for n in nodes if n not in failed]
     if checked and not answered:
@@ -99,7 +100,7 @@ def judge(nodes: Sequence[str], answered: Mapping[str, Mapping[str, Any]], avoid
     for node in checked:
         said = answered.get(node)
         if said is None:
-            failed[node] = f"no answer within {timeout_s:g} s"
+            failed[node] = f"no answer ({silent})"
         elif not said.get("ok"):
             failed[node] = "; ".join(said.get("reasons") or ["failed"])
     said = [str(a.get("collective") or "") for a in answered.values()]
@@ -143,7 +144,7 @@ def check(run_dir: Any, job_nodes: Sequence[str], section: Mapping[str, Any], en
     todo = [n for n in job_nodes if n not in avoid]
     out, trouble = run_step(srun_command(todo, section), bound + SRUN_MARGIN_S, env) if todo else ("", "")
     said = answers(out)
-    healthy, failed, note = judge(job_nodes, said, avoid, bound)
+    healthy, failed, note = judge(job_nodes, said, avoid, trouble or f"none within {bound:g} s")
     note = "; ".join(w for w in (note, trouble) if w)
     path = record.write(run_dir, env.get("SLURM_JOB_ID", "0"), env.get("SLURM_RESTART_COUNT") or "0",
                         job_nodes, failed, said, note)
