@@ -2,8 +2,9 @@
 
     srun --ntasks-per-node=1 python -m hpc.recovery.nodecheckprobe '{"builtin": true, "command": "", "timeout_s": 60}'
 
-Prints one line, MARK and JSON {"node", "ok", "reasons", "wall_s", "cpu_s"}, which the batch script's wrapper
-reads from srun's output: no file per node (think 64 nodes of 8 ranks), one record per attempt.
+Prints one line, MARK and JSON {"node", "ok", "reasons", "collective", "wall_s", "cpu_s"}, which the
+batch script's wrapper reads from srun's output: no file per node (think 64 nodes of 8 ranks), one
+record per check.
 - builtin: the GPUs the job was given (SLURM_STEP_GPUS / SLURM_JOB_GPUS / CUDA_VISIBLE_DEVICES) each
   have a device file that opens: /dev/nvidiaN, or the node's `File=` in gres.conf, which is where
   the sandbox's fake GPUs live. Where the NVIDIA driver is loaded (/dev/nvidiactl), torch must see as
