@@ -122,7 +122,10 @@ def test_a_node_is_avoided_after_avoid_after_failed_checks_in_the_run(tmp_path):
     assert nodecheckrecord.avoided(tmp_path, 2) == ["n2"]
     check({"n2": nodecheckrecord.AVOIDED + " not checked again", "n1": "x"}, job="8")  # avoided: not counted again
     assert nodecheckrecord.failures(nodecheckrecord.records(tmp_path)) == {"n2": 2, "n1": 1}
-    assert sorted(p.name for p in (tmp_path / "nodecheck").iterdir()) == ["7-0-0.json", "8-0-0.json", "8-0-1.json"]
+    check({}, job="9")
+    assert sorted(p.name for p in (tmp_path / "nodecheck").iterdir()) == \
+        ["7-0-0.failed.json", "8-0-0.failed.json", "8-0-1.failed.json", "9-0-0.json"]
+    assert len(nodecheckrecord.records(tmp_path)) == 4 and len(nodecheckrecord.records(tmp_path, True)) == 3
     on = {nodecheck.ENV: json.dumps({"enabled": True, "avoid_after": 2})}
     assert nodecheck.avoided(tmp_path, on) == ["n2"] and nodecheck.avoided(tmp_path, {}) == []
     nodecheckrecord.done(first, "requeued with ExcNodeList=n2")
