@@ -40,7 +40,7 @@ import torch.distributed as dist
 
 from hpc.checkpoint import SHARDED_KEY, CheckpointStore, optim_state
 from hpc.checkpoint.layout import marker_files
-from hpc.recovery import preemption, stopsignal, watchdog
+from hpc.recovery import hangs, preemption, stopsignal, watchdog
 from hpc.recovery.stopsignal import StopFlag, StopVote
 from hpc.rundir import attempts, notify
 from hpc.runtime import loopstate, resumepoint
@@ -92,6 +92,8 @@ class TrainLoop:
         self.watchdog = watchdog.for_loop(self, watchdog_s)
         # rank 0's record of this attempt: software, first step, checkpoint stalls, end (hpc.rundir.attempts)
         self.attempt = attempts.AttemptLog.here(self.out_dir, session.is_main)
+        if self.watchdog is not None and session.is_main:  # its verdict ends the process: told first
+            self.watchdog.exit = self._told_hang(self.watchdog.exit)
 
     # ---------------------------------------------------------------- resume
     def resume(self, objects: dict[str, Any]) -> int:
@@ -252,6 +254,17 @@ class TrainLoop:
         self._engine = None  # no collective here: its group goes with the process
         self.close_writer()
         self._finished = True
+
+    def _told_hang(self, end: Any) -> Any:
+        """The watchdog's exit, after the run's sinks have heard its verdict (the stuck ranks and hosts,
+        hpc.recovery.hangs): the process ends by os._exit, so the message is waited for here."""
+        def told(code: int) -> Any:
+            verdict = hangs.summary(self.out_dir) or "no verdict written"
+            notify.send(self.out_dir, "hang", "-".join(map(str, self._attempt_id())),
+                        f"{verdict}; {'requeued' if code == 0 else 'not requeued'}", notify.task_key(self.out_dir))
+            notify.wait()
+            return end(code)
+        return told
 
     def _attempt_id(self) -> tuple:
         return self.attempt.entry["job"], self.attempt.entry["restart"]

@@ -103,3 +103,25 @@ def test_a_template_and_a_command_sink(tmp_path):
     assert notify.send(run / "train", "requeued", "k2", "preempt: requeued", "train")
     notify.wait()
     assert out.read_text() == f"[hpc] {run.name} train: requeued: preempt: requeued\n"
+
+
+def test_a_hang_verdict_names_the_stuck_rank(tmp_path):
+    """Two ranks of hpc's loop, rank 1 stopped after step 3 (tests/test_watchdog.py's run): rank 0's
+    watchdog ends its process only after the run's webhook has the verdict."""
+    from tests.hang_workload import launch
+
+    hook = Hook()
+    run = tmp_path / "run"
+    (run / "train").mkdir(parents=True)
+    (run / "manifest.json").write_text("{}")
+    (run / "config.yaml").write_text(json.dumps({"notify": {"webhook": hook.url}}))
+    procs = launch("stall", 2, run / "train", {"watchdog_s": 2, "stop_rank": 1, "stop_at": 3, "steps": 50,
+                                                "timeout_s": 600})
+    try:
+        assert procs[0].wait(timeout=120) == 1
+    finally:
+        procs[1].kill()
+        procs[1].wait()
+        hook.close()
+    assert hook.events() == [("hang", "train")]
+    assert "rank 1" in hook.bodies[0]["detail"] and hook.bodies[0]["detail"].endswith("; not requeued")

@@ -5,9 +5,9 @@
 The config's `notify:` section (a profile can carry it) names the sinks: `webhook`, a URL that gets
 a JSON body Slack, Mattermost and Discord accept ({"text": ..., "content": ...}, plus the event's
 fields) or `template` filled in ($text, $event, $run, $task; ntfy takes a plain text one), and
-`command`, an argv run with the text as its last argument. Events: a task failed (its last line), a
-task requeued (preemption, time limit, hang: which), a time-limit cap reached (not requeued), a
-stage completed, the run completed. They are sent by the job itself (rank 0 of the training loop or
+`command`, an argv run with the text as its last argument. Events: a task failed (its error), a
+task requeued (preemption, time limit, hang: which), a hang verdict (the stuck ranks and hosts), a
+time-limit cap reached (not requeued), a stage completed, the run completed. They are sent by the job itself (rank 0 of the training loop or
 of a `run` stage's wrapper, the stage task for completions), so nothing runs on the login node; a
 site whose compute nodes reach no network can use SLURM's mail instead (stages.S.extra: mail-type,
 mail-user).
@@ -15,8 +15,8 @@ mail-user).
 Each event is claimed by creating <run>/notify/<key> (O_EXCL): one message per event per run, whatever
 the requeues and however many tasks see it. A message is sent from a background thread with a
 deadline of `timeout_s`; the process waits for it at exit no longer than that, so a sink that does not
-answer never fails a job and delays its end by at most that; its first failure in a run is logged,
-once (<run>/notify/failed-<sink>).
+answer never fails a job and delays its end by at most that and a second; its first failure in a run
+is logged, once (<run>/notify/failed-<sink>).
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ from hpc.rundir import attempts
 from hpc.rundir.run import RunDir
 
 FOLDER = "notify"
-EVENTS = ("task_failed", "requeued", "time_limit_cap", "stage_completed", "run_completed")
+EVENTS = ("task_failed", "requeued", "hang", "time_limit_cap", "stage_completed", "run_completed")
 _pending: List[threading.Thread] = []
 
 
@@ -106,8 +106,8 @@ def send(task_dir: Path, event: str, key: str, text: str = "", task: str = "") -
     sender = threading.Thread(target=_deliver, args=(run, conf, message(event, run, task or key, text)),
                               daemon=True, name="hpc-notify")
     sender.start()
-    if not _pending:
-        atexit.register(_drain, float(conf.get("timeout_s") or 3.0))
+    if not _pending:  # the sink's own deadline, then a second to log its failure
+        atexit.register(_drain, float(conf.get("timeout_s") or 3.0) + 1.0)
     _pending.append(sender)
     return True
 
