@@ -34,12 +34,15 @@ def test_a_job_found_by_its_token_joins_the_manifest_once_with_its_folder_and_pi
     intents.announce(run.path, "bb22", "second", [0, 1], ["_0", "_1"], ["12"], [], None, logs.replace("%j", "%A"))
     data = run.manifest()
     pending = intents.pending(run.path)
+    assert lost.adopt({"tasks": {}}, pending, {"aa11": "12"}, move=False) == ["aa11"]  # a status: a copy
+    assert pickle.exists() and (tmp_path / "run" / "first" / "logs" / "12" / "12_submitted.pkl").exists()
     assert lost.adopt(data, pending, {"aa11": "12"}) == ["aa11"]
     assert lost.adopt(data, pending, {"aa11": "12"}) == ["aa11"]  # recorded already: not added twice
     run.write_manifest(data)
     (task,) = RunDir(run.path).tasks()
     assert task["job_id"] == "12" and len(task["jobs"]) == 1 and task["jobs"][0]["found_by_token"] == "aa11"
     assert (tmp_path / "run" / "first" / "logs" / "12" / "12_submitted.pkl").read_bytes() == b"p"
+    assert not pickle.exists()  # a resubmission moves it
     assert RunDir(run.path).unsubmitted() == [("second", 0), ("second", 1)]
 
 

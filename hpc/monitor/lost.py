@@ -9,7 +9,8 @@ all of them (hpc.slurm.tokens; a second only when the first answers nothing, whi
 controller may do), and none when nothing is pending. A job found is added to the run's manifest,
 marked `found_by_token`: in memory for python -m hpc.status (look), written by a resubmission before
 it plans (settle), so that it never queues the work a second time. Either also does for it what the
-submission would have done after sbatch (its log folder, its pickle: hpc.rundir.intents.complete),
+submission would have done after sbatch (its log folder, its pickle: hpc.rundir.intents.complete;
+status copies the pickle, as the submission it looks at may still be running and move it itself),
 so that the job runs when it starts; one that started before anyone looked has failed (submitit waits
 60 s for its pickle), and a resubmission submits its tasks again. An announcement no queued job
 carries was never queued, or its job ended before slurmctld's MinJobAge: its tasks' done markers
@@ -45,9 +46,11 @@ def look_up() -> Dict[str, str]:
     return tokens.parse(out if out.strip() else tokens.queued())
 
 
-def adopt(data: Dict[str, Any], pending: Sequence[Dict[str, Any]], found: Dict[str, str]) -> List[str]:
+def adopt(data: Dict[str, Any], pending: Sequence[Dict[str, Any]], found: Dict[str, str],
+          move: bool = True) -> List[str]:
     """Add to the manifest `data`, in memory, the jobs `found` (token -> id) for the announcements
-    `pending`; returns the tokens whose jobs `data` now holds (added now or recorded before)."""
+    `pending`; returns the tokens whose jobs `data` now holds (added now or recorded before).
+    `move`: intents.complete's (False outside the submission lock)."""
     data.setdefault("tasks", {})
     data.setdefault("submissions", [])
     known = {j["job_id"] for t in data["tasks"].values() for j in t["jobs"]}
@@ -56,7 +59,7 @@ def adopt(data: Dict[str, Any], pending: Sequence[Dict[str, Any]], found: Dict[s
         first = found.get(entry["token"])
         if first is None:
             continue
-        intents.complete(entry, first)  # its log folder and pickle: the job may start any moment
+        intents.complete(entry, first, move)  # its log folder and pickle: the job may start any moment
         each = entry.get("each") or [()] * len(entry["items"])
         new = [(item, jid, waits) for item, jid, waits in zip(entry["items"], intents.job_ids(entry, first), each)
                if jid not in known]
@@ -84,7 +87,7 @@ def look(run: RunDir) -> Looked:
         adopted.looked = Looked(adopted, [], pending, str(err).split(". HINT:")[0])
         return adopted.looked
     adopted._pinned = copy.deepcopy(run.manifest())
-    settled = adopt(adopted._pinned, pending, found)
+    settled = adopt(adopted._pinned, pending, found, move=False)  # a submission may be under way
     adopted.looked = Looked(adopted, settled, [e for e in pending if e["token"] not in settled])
     return adopted.looked
 

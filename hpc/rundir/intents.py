@@ -90,16 +90,22 @@ def age_s(entry: Dict[str, Any]) -> float:
     return max(0.0, time.time() - at) if isinstance(at, (int, float)) else float("inf")
 
 
-def complete(entry: Dict[str, Any], first: str) -> None:
+def complete(entry: Dict[str, Any], first: str, move: bool = True) -> None:
     """For the job found for `entry` (sbatch printed `first`): make its log folders and move its
-    pickle into place, as the submission would have; what is done already is left as it is."""
+    pickle into place, as the submission would have; what is done already is left as it is.
+    `move=False` (a status, which may run while that very submission goes on): copy the pickle, so
+    that submitit's own move after sbatch answers still finds it."""
     ids = job_ids(entry, first)
     try:
         for path in dict.fromkeys(logdirs.expand(entry["logs"], jid) for jid in ids) if entry.get("logs") else ():
             os.makedirs(path, exist_ok=True)
         if entry.get("pickle") and len(ids) == 1:
             written, reads = entry["pickle"]
-            with contextlib.suppress(FileNotFoundError):  # moved already (a status, a resubmission)
-                os.replace(written, reads.replace(logdirs.JOB, ids[0]))
+            target = reads.replace(logdirs.JOB, ids[0])
+            with contextlib.suppress(FileNotFoundError):  # moved already (a resubmission, submitit)
+                if move:
+                    os.replace(written, target)
+                elif not os.path.exists(target):
+                    atomic.write_bytes(target, Path(written).read_bytes())
     except OSError:  # another user's run, read-only to this one: status still shows the job
         pass
