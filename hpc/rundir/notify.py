@@ -13,18 +13,18 @@ site whose compute nodes reach no network can use SLURM's mail instead (stages.S
 mail-user).
 
 Each event is claimed by creating <run>/notify/<key> (O_EXCL): one message per event per run, whatever
-the requeues and however many tasks see it. A message is sent from a background thread with a
-deadline of `timeout_s`; the process waits for it at exit no longer than that, so a sink that does not
-answer never fails a job and delays its end by at most that and a second; its first failure in a run
-is logged, once (<run>/notify/failed-<sink>).
+the requeues and however many tasks see it. A process's messages are sent in order by one background
+thread, each with a deadline of `timeout_s`; the process waits for them at exit no longer than that
+and a second, so a sink that does not answer never fails a job; its first failure in a run is
+logged, once (<run>/notify/failed-<sink>).
 """
 from __future__ import annotations
 
 import atexit
 import json
 import os
+import queue
 import string
-import subprocess
 import sys
 import threading
 import time
@@ -36,7 +36,7 @@ from hpc.rundir.run import RunDir
 
 FOLDER = "notify"
 EVENTS = ("task_failed", "requeued", "hang", "time_limit_cap", "stage_completed", "run_completed")
-_pending: List[threading.Thread] = []
+_sender: Dict[str, Any] = {"queue": queue.Queue(), "thread": None}  # this process's messages, in order
 
 
 def settings(cfg: Mapping[str, Any]) -> Dict[str, Any]:
@@ -76,6 +76,8 @@ def _webhook(url: str, template: str, body: Mapping[str, Any], timeout_s: float)
 
 
 def _command(argv: List[str], body: Mapping[str, Any], timeout_s: float) -> None:
+    import subprocess  # the standard library's, only for a command sink: a task's start stays without it
+
     subprocess.run([*argv, body["text"]], check=True, timeout=timeout_s, capture_output=True)
 
 
@@ -97,26 +99,35 @@ def _deliver(run: Path, conf: Mapping[str, Any], body: Mapping[str, Any]) -> Non
 
 def send(task_dir: Path, event: str, key: str, text: str = "", task: str = "") -> bool:
     """Send `event` for the run `task_dir` is in, unless its `key` was sent already in the run;
-    whether it was handed to a sender. Returns at once: the sending is a background thread's."""
+    whether it was handed to the sender. Returns at once: one background thread sends this
+    process's messages, in the order they were handed to it."""
     run, cfg = attempts.run_of(task_dir)
     conf = settings(cfg)
     wanted = conf.get("events") or EVENTS
     if run is None or not conf or event not in wanted or not claim(run, f"{event}-{key}"):
         return False
-    sender = threading.Thread(target=_deliver, args=(run, conf, message(event, run, task or key, text)),
-                              daemon=True, name="hpc-notify")
-    sender.start()
-    if not _pending:  # the sink's own deadline, then a second to log its failure
-        atexit.register(_drain, float(conf.get("timeout_s") or 3.0) + 1.0)
-    _pending.append(sender)
+    if _sender["thread"] is None:
+        _sender["thread"] = threading.Thread(target=_send_all, daemon=True, name="hpc-notify")
+        _sender["thread"].start()
+        atexit.register(_drain, float(conf.get("timeout_s") or 3.0) + 1.0)  # its deadline, then a second to log
+    _sender["queue"].put((run, conf, message(event, run, task or key, text)))
     return True
+
+
+def _send_all() -> None:
+    while True:
+        run, conf, body = _sender["queue"].get()
+        try:
+            _deliver(run, conf, body)
+        finally:
+            _sender["queue"].task_done()
 
 
 def _drain(timeout_s: float) -> None:
     """At exit: give the messages in flight at most `timeout_s` together."""
-    deadline = time.monotonic() + timeout_s
-    for sender in _pending:
-        sender.join(max(0.0, deadline - time.monotonic()))
+    done = threading.Thread(target=_sender["queue"].join, daemon=True)
+    done.start()
+    done.join(timeout_s)
 
 
 def wait(timeout_s: float = 5.0) -> None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
 import sys
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
@@ -134,7 +133,7 @@ def record(modules: Mapping[str, Any] = sys.modules, environ: Mapping[str, str] 
     """This process's software, FIELDS -> value (None: not here, or not known)."""
     packages = installed()
     out: Dict[str, Optional[str]] = dict(_torch_side(modules, packages))
-    out["python"] = platform.python_version()
+    out["python"] = ".".join(map(str, sys.version_info[:3]))
     out["hpc"] = hpc.__version__
     out.update(_driver_and_gpu())
     out["image"] = _image(environ)
