@@ -17,7 +17,6 @@ from typing import Optional, Sequence
 
 from hpc import runs
 from hpc.remote import watch
-from hpc.rundir import sweepdir
 from hpc.rundir.run import RunDirError
 
 
@@ -31,7 +30,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return remote
     try:
         runs.check(args.run_dir, args.stage)
-        if not sweepdir.slurm_jobs(args.run_dir, args.stage):
+        if not runs.slurm_jobs(args.run_dir, args.stage):
             print("no SLURM jobs recorded in this run (local jobs end with their submitting process)")
             return 0
         cancelled = runs.cancel(args.run_dir, args.stage)  # hpc.Run(...).cancel(), the API's

@@ -275,14 +275,24 @@ def check(path: str, stage: Optional[str] = None) -> None:
 
 
 def cancel(path: str, stage: Optional[str] = None) -> List[str]:
-    """One scancel for the latest job of every task still queued or running (of a run or of every
-    point of a sweep, whose stages share array jobs); returns the ids cancelled. Refuses what check()
+    """One scancel for the latest job of every task still queued or running (of a run, jobs found by
+    their token included, or of every point of a sweep, whose stages share array jobs); returns the ids cancelled. Refuses what check()
     refuses: 'nothing to cancel' there would leave one believing the jobs were cancelled."""
     check(path, stage)
-    slurm_ids = sweepdir.slurm_jobs(path, stage)
+    slurm_ids = slurm_jobs(path, stage)
     if not slurm_ids:
         return []
     records = scheduler.query(slurm_ids)
     # a job submitted a moment ago may not be in the accounting yet: unknown counts as active
     active = [jid for jid in slurm_ids if jid not in records or records[jid].state in scheduler.ACTIVE]
     return scheduler.cancel(active)
+
+
+def slurm_jobs(path: str, stage: Optional[str] = None) -> List[str]:
+    """The SLURM job ids of a run (those found by their token included, whose sbatch answer was lost:
+    hpc.monitor.lost) or of a sweep's points (hpc.rundir.sweepdir.slurm_jobs)."""
+    if sweepdir.is_sweep(path):
+        return sweepdir.slurm_jobs(path, stage)
+    from hpc.monitor import lost  # the monitor loads at a run's first look at its jobs
+
+    return lost.look(RunDir(path)).run.slurm_jobs(stage)

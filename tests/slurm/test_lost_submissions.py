@@ -166,3 +166,15 @@ def test_a_sweep_array_whose_answer_and_lookup_were_lost_is_not_queued_again(sit
     firsts = sorted(t["job_id"] for p in points for t in RunDir(p).tasks() if t["stage"] == "first")
     assert firsts == [f"{array}_0", f"{array}_1"] and intents.pending(sweep) == [], firsts
     assert (sweep / "first" / "logs" / array).is_dir()  # where SLURM opens its tasks' logs
+
+
+def test_cancel_reaches_a_job_whose_answer_and_lookup_were_lost(site):
+    run_dir = site / "run"
+    shim = SlurmShim(site / "shim").rule("sbatch", [1], QUEUED_THEN_TIMEOUT).rule("squeue", range(1, 50), TIMEOUT)
+    out = submit(run_dir, {**shim.env(), "HPC_SLURM_RETRY_S": "0"})
+    assert out.returncode == 2, out.stdout + out.stderr
+    (job, _), = queued_by(site).items()
+    out = _hpc("hpc.cancel", str(run_dir), env=dict(os.environ))
+    assert out.returncode == 0 and job in out.stdout, out.stdout + out.stderr
+    state = subprocess.run(["squeue", "-h", "-t", "all", "-j", job, "-o", "%T"], capture_output=True, text=True)
+    assert state.stdout.strip() == "CANCELLED", state
