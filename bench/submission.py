@@ -9,22 +9,23 @@ Each figure is the wall time of the whole command, interpreter start included, a
 the variants are interleaved and the median of the repeats is kept. The nodes are drained while
 this runs so that the submitted jobs stay pending (they are cancelled afterwards) and no training
 competes with the measurement. The commands run from this checkout, so a real submission snapshots
-it (hpc.rundir.snapshot); `--no-snapshot` beside it, and the snapshot alone (a first copy into a new run
-directory, and the reuse of a resubmission whose files did not change), say what the snapshot costs.
+it (hpc.rundir.snapshot); `--no-snapshot` beside it, and the snapshot alone (a first copy into a run root's
+store, a link into another root's, and a run dir that runs its root's snapshot of the same files as it
+is), say what the snapshot costs.
 """
 from __future__ import annotations
 
 import json
 import os
-import resource
 import sys
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Dict, List
 
 from bench.common import REPO, Context, best_effort, fmt_s, median
 from bench.common import timed as timed_wall
 from bench.interleave import paired_ratio
 from bench.report import Section
+from bench.snapshot_cost import cpu, snapshot_cost
 from hpc.rundir.codefiles import GIT_FILES
 from hpc.rundir.codeversion import GIT_HEAD
 from hpc.slurm.siteconfig import SHOW_CONFIG
@@ -101,9 +102,10 @@ def run(ctx: Context) -> Section:
                          str(len(times[name]))])
     for name, label in (("snapshot copy", "`hpc.rundir.snapshot.take` of this checkout into a new run dir, nothing "
                                           "snapshotted before (in process)"),
-                        ("snapshot linked", "the same, into another new run dir: hard links to the first "
-                                            "(hpc.rundir.snapcache)"),
-                        ("snapshot reused", "the same, into a run dir whose snapshot has the same files")):
+                        ("snapshot linked", "the same, into a new run dir under another root: hard links to "
+                                            "the first in that root's store (hpc.rundir.snapcache)"),
+                        ("snapshot reused", "the same, into another new run dir of the first's root: its "
+                                            "store's snapshot of the same files, run as it is")):
         sec.rows.append([name, label, fmt_s(median(snap[name])), fmt_s(median(snap[f"{name} cpu"])),
                          str(len(snap[name]))])
     real = median(times["hpc real"])
@@ -143,8 +145,9 @@ def run(ctx: Context) -> Section:
         "wall time of the whole command including the Python interpreter start; the nodes are drained "
         "so the submitted jobs stay pending and are cancelled after each round",
         "hpc real also creates the run directory (manifest.json, config.yaml), reads the resolved config and "
-        "snapshots this checkout (git ls-files, then hard links to the previous round's snapshot of the same "
-        "files, hpc.rundir.snapcache; a copy of each file, hashed as it is read, when nothing was snapshotted before); "
+        "snapshots this checkout (git ls-files, then the previous round's snapshot of the same files in the "
+        "run root's store, run as it is, hpc.rundir.snapcache; a copy of each file, hashed as it is read, when "
+        "nothing was snapshotted before); "
         "one warm-up round, dropped, writes the bytecode and hpc's user cache (the resolved config, "
         "hpc.config.cache; the newest snapshot), which every round after it reads, as a user's second "
         "submission does; the dry-run renders the sbatch scripts through submitit without calling sbatch"]
@@ -166,8 +169,8 @@ def where_note(times: Dict[str, List[float]]) -> str:
             "submitit`; the pipeline's definition and config schema, the launch path, the snapshot's modules, most of "
             "it spent creating their dataclasses; not the monitor, the job's runtime, containers, --cluster here or "
             f"sweeps: tests/slurm/test_submission_path.py), takes the code snapshot ({fmt_s(snap)}: hpc real less "
-            "hpc real, no snapshot; `git ls-files`, an lstat per file, then a directory made per directory of the "
-            "tree and a hard link per file, the file system's work more than Python's), and the rest "
+            "hpc real, no snapshot; `git ls-files`, an lstat per file, and the newest listing of the tree read and "
+            "compared: the run root's store already holds a snapshot of the same files), and the rest "
             f"({fmt_s(rest)}: the command line, the config read back from hpc.config.cache as plain data without "
             "OmegaConf or yaml, the checkout's commit read from git's files, the plan, config.yaml and manifest.json "
             f"written durably, the tasks' pickles). The commands it may run, as whole processes: {probes}; "
@@ -198,42 +201,6 @@ def critical_path_note(times: Dict[str, List[float]]) -> str:
             "submitit, which hpc submits through by design")
 
 
-def snapshot_cost(ctx: Context, repeats: int) -> Dict[str, Any]:
-    """The snapshot of this checkout alone, in this process: a first copy, and a reuse."""
-    from hpc.rundir import codefiles, snapshot
-    from hpc.rundir.codeversion import code_version
-
-    base = ctx.scratch("snapshot")
-    source = codefiles.source_of(code_version(None, REPO)["code_dir"], REPO, [base])
-    out: Dict[str, Any] = {k: [] for k in ("snapshot copy", "snapshot linked", "snapshot reused",
-                                           "snapshot copy cpu", "snapshot linked cpu", "snapshot reused cpu")}
-    before = os.environ.get("HPC_CACHE_DIR")
-
-    def take(name: str, run_dir: Path, cache: Path) -> Any:
-        os.environ["HPC_CACHE_DIR"] = str(cache)  # hpc.rundir.snapcache: an empty cache copies, a warm one links
-        c0 = _cpu(resource.RUSAGE_SELF) + _cpu()  # this process with its copying threads, and git
-        taken = snapshot.take(source, run_dir, max_mb=100)
-        out[f"{name} cpu"].append(_cpu(resource.RUSAGE_SELF) + _cpu() - c0)
-        out[name].append(taken.seconds)
-        return taken
-
-    try:
-        for i in range(repeats):
-            first = take("snapshot copy", base / f"run-{i}", base / f"cache-{i}")
-            linked = take("snapshot linked", base / f"linked-{i}", base / f"cache-{i}")
-            if not take("snapshot reused", base / f"run-{i}", base / f"cache-{i}").reused or not linked.linked:
-                raise RuntimeError(f"the snapshot of {REPO} changed between two takes; is something writing there?")
-    finally:
-        os.environ.pop("HPC_CACHE_DIR", None) if before is None else os.environ.update(HPC_CACHE_DIR=before)
-    out.update(files=first.files, mb=first.bytes / 1e6)
-    return out
-
-
-def _cpu(who: int = resource.RUSAGE_CHILDREN) -> float:
-    use = resource.getrusage(who)
-    return use.ru_utime + use.ru_stime
-
-
 def _measure(ctx: Context, env: Dict[str, str], cluster, repeats: int) -> Dict[str, List[float]]:
     """Wall times per variant, and under "<variant> cpu" the CPU time (user + system) of the
     command and its children: what the command itself costs, whatever the load."""
@@ -243,9 +210,9 @@ def _measure(ctx: Context, env: Dict[str, str], cluster, repeats: int) -> Dict[s
     times.update({f"{k} cpu": [] for k in list(times)})
 
     def timed(argv: List[str], env: Dict[str, str], name: str) -> float:
-        c0 = _cpu()
+        c0 = cpu()
         wall = timed_wall(argv, env=env, cwd=REPO)  # from this checkout, as users submit from theirs
-        times[f"{name} cpu"].append(_cpu() - c0)
+        times[f"{name} cpu"].append(cpu() - c0)
         return wall
     base = ctx.scratch("submission")
     env = bench_env(env, base)

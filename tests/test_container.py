@@ -75,8 +75,9 @@ def test_pyxis_srun_line(site):
     for w in words:
         assert f"--container-image={site}/images/torch.sqsh" in w
         mounts = next(a for a in w if a.startswith("--container-mounts=")).partition("=")[2].split(",")
-        # the run dir (snapshot and submitit folder inside), the cache, the submission dir, the data
-        assert {"/RUN:/RUN", f"{site}/cache:{site}/cache", f"{ROOT}:{ROOT}", f"{site}/data:{site}/data"} == set(mounts)
+        # the run dir (submitit's folder inside), its root's snapshot store, the cache, the submission dir, the data
+        assert {"/RUN:/RUN", "/.hpc-snapshots:/.hpc-snapshots", f"{site}/cache:{site}/cache", f"{ROOT}:{ROOT}",
+                f"{site}/data:{site}/data"} == set(mounts)
         assert "--no-container-mount-home" in w and "--container-workdir=/workspace" in w
         assert "--container-env=NCCL_DEBUG" in w
         assert w[w.index("-u") - 1] == "/usr/bin/python3"  # the interpreter inside the image

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc.rundir import codefiles, snapshot
+from hpc.rundir import codefiles, snapcache, snapshot
 
 
 def git(root, *args):
@@ -54,23 +54,32 @@ def test_a_snapshot_holds_tracked_files_with_their_changes_and_small_untracked_o
     (run / "old").mkdir(parents=True)
     (run / "old" / "x.py").write_text("")
     snap = snapshot.take(codefiles.source_of(str(checkout), checkout, [run]), run, max_mb=10)
-    assert files_in(snap.dir) == [".gitignore", "link.py", "new.py", "pkg/__init__.py", "pkg/mod.py", "run.sh"]
+    listed = [".gitignore", "link.py", "new.py", "pkg/__init__.py", "pkg/mod.py", "run.sh"]
+    assert files_in(snap.dir) == listed
     assert (snap.dir / "pkg" / "mod.py").read_text() == "VERSION = 'uncommitted'\n"
     assert os.readlink(snap.dir / "link.py") == "pkg/mod.py"
     mode = lambda rel: (snap.dir / rel).stat().st_mode & 0o777  # noqa: E731 (root ignores it: test the bits)
     assert mode("run.sh") == 0o555 & ~current_umask() and mode("pkg/mod.py") == 0o444 & ~current_umask()
     assert snap.skipped == ("data.bin",) and "data.bin" in snap.summary()
-    assert snap.dir == run / "code" / snap.hash and (run / "code" / f"{snap.hash}.json").exists()
+    store = checkout / "runs" / snapcache.STORE  # the run root's store, in the checkout: never copied either
+    assert snap.dir == store / snap.hash and (store / f"{snap.hash}.json").exists() and not (run / "code").exists()
     assert snap.record()["files"] == 6 and not snap.reused
+    (checkout / "pkg" / "mod.py").write_text("VERSION = 'edited'\n")
+    other = checkout / "elsewhere" / "r2"  # another run root in the checkout, whose store is not code either
+    again = snapshot.take(codefiles.source_of(str(checkout), checkout, [run, other]), other, max_mb=10)
+    assert files_in(again.dir) == listed and again.dir.parent == checkout / "elsewhere" / snapcache.STORE
 
 
-def test_unchanged_code_reuses_the_snapshot_and_a_change_makes_a_new_one(checkout, tmp_path):
+def test_unchanged_code_reuses_the_snapshot_and_a_change_makes_a_new_one(checkout, tmp_path, monkeypatch):
     source = codefiles.source_of(str(checkout), checkout)
     first = snapshot.take(source, tmp_path / "run", max_mb=10)
     again = snapshot.take(source, tmp_path / "run", max_mb=10, previous=first.hash)
     assert again.reused and again.hash == first.hash
-    other = snapshot.take(source, tmp_path / "other", max_mb=10)  # a fresh copy has the same name
-    assert other.hash == first.hash and not other.reused
+    same_root = snapshot.take(source, tmp_path / "other", max_mb=10)  # another run of the root: the same copy
+    assert same_root.reused and same_root.dir == first.dir and not (tmp_path / "other").exists()
+    monkeypatch.setenv("HPC_CACHE_DIR", str(tmp_path / "empty-cache"))  # nothing to link: copied
+    other = snapshot.take(source, tmp_path / "root2" / "other", max_mb=10)  # a fresh copy has the same name
+    assert other.hash == first.hash and not other.reused and not other.linked
     (checkout / "pkg" / "mod.py").write_text("VERSION = 'edited'\n")
     changed = snapshot.take(source, tmp_path / "run", max_mb=10, previous=first.hash)
     assert not changed.reused and changed.hash != first.hash
@@ -81,16 +90,16 @@ def test_a_new_run_dir_links_an_earlier_snapshot_of_the_same_files_and_copies_af
         checkout, tmp_path, monkeypatch):
     monkeypatch.setenv("HPC_CACHE_DIR", str(tmp_path / "cache"))
     source = codefiles.source_of(str(checkout), checkout)
-    first = snapshot.take(source, tmp_path / "a", max_mb=10)
-    second = snapshot.take(source, tmp_path / "b", max_mb=10)
+    first = snapshot.take(source, tmp_path / "r1" / "a", max_mb=10)
+    second = snapshot.take(source, tmp_path / "r2" / "b", max_mb=10)  # another root: linked into its store
     assert not first.linked and second.linked and not second.reused and "linked" in second.summary()
     assert second.hash == first.hash and files_in(second.dir) == files_in(first.dir)
     assert os.path.samefile(second.dir / "pkg" / "mod.py", first.dir / "pkg" / "mod.py")
     assert os.readlink(second.dir / "link.py") == "pkg/mod.py"
-    listed = lambda run, snap: json.loads((tmp_path / run / "code" / f"{snap.hash}.json").read_text())  # noqa: E731
-    assert listed("b", second)["files"] == listed("a", first)["files"]
+    listed = lambda snap: json.loads(Path(f"{snap.dir}.json").read_text())  # noqa: E731
+    assert listed(second)["files"] == listed(first)["files"]
     (checkout / "pkg" / "mod.py").write_text("VERSION = 'edited'\n")
-    third = snapshot.take(source, tmp_path / "c", max_mb=10)
+    third = snapshot.take(source, tmp_path / "r3" / "c", max_mb=10)
     assert not third.linked and third.hash != first.hash
     assert (third.dir / "pkg" / "mod.py").read_text() == "VERSION = 'edited'\n"
     assert (first.dir / "pkg" / "mod.py").read_text() == "VERSION = 'uncommitted'\n"
@@ -98,7 +107,7 @@ def test_a_new_run_dir_links_an_earlier_snapshot_of_the_same_files_and_copies_af
 
     shutil.rmtree(third.dir)  # the newest snapshot is gone: the next run dir copies again
     (checkout / "pkg" / "mod.py").write_text("VERSION = 'again'\n")
-    fourth = snapshot.take(source, tmp_path / "d", max_mb=10)
+    fourth = snapshot.take(source, tmp_path / "r4" / "d", max_mb=10)
     assert not fourth.linked and (fourth.dir / "pkg" / "mod.py").read_text() == "VERSION = 'again'\n"
 
 
@@ -113,11 +122,11 @@ def edit_keeping_size_and_mtime(path: Path, text: str) -> None:
 def test_a_same_length_edit_with_its_mtime_put_back_is_a_change(checkout, tmp_path, monkeypatch):
     monkeypatch.setenv("HPC_CACHE_DIR", str(tmp_path / "cache"))
     source = codefiles.source_of(str(checkout), checkout)
-    first = snapshot.take(source, tmp_path / "a", max_mb=10)
+    first = snapshot.take(source, tmp_path / "r1" / "a", max_mb=10)
     edit_keeping_size_and_mtime(checkout / "pkg" / "mod.py", "VERSION = 'uncommittee'\n")
-    other = snapshot.take(source, tmp_path / "b", max_mb=10)  # a new run dir: not linked to the old copy
+    other = snapshot.take(source, tmp_path / "r2" / "b", max_mb=10)  # another root: not linked to the old copy
     assert not other.linked and (other.dir / "pkg" / "mod.py").read_text() == "VERSION = 'uncommittee'\n"
-    again = snapshot.take(source, tmp_path / "a", max_mb=10, previous=first.hash)
+    again = snapshot.take(source, tmp_path / "r1" / "a", max_mb=10, previous=first.hash)
     assert not again.reused and again.hash == other.hash != first.hash and "reused" not in again.summary()
     assert (again.dir / "pkg" / "mod.py").read_text() == "VERSION = 'uncommittee'\n"
     assert "the live code differs (1 changed (pkg/mod.py))" in snapshot.status_line(first.record())
@@ -132,7 +141,7 @@ def test_a_file_edited_within_a_tick_of_its_listing_is_read_again(checkout, tmp_
     first = snapshot.take(source, tmp_path / "a", max_mb=10)
     path = checkout / "pkg" / "mod.py"
     edit_keeping_size_and_mtime(path, "VERSION = 'uncommittee'\n")
-    listing = tmp_path / "a" / "code" / f"{first.hash}.json"
+    listing = Path(f"{first.dir}.json")
     table = json.loads(listing.read_text())
     live = os.lstat(path)
     entry = table["files"]["pkg/mod.py"]
@@ -152,30 +161,28 @@ def test_an_earlier_copy_that_no_longer_matches_its_listing_is_not_linked(checko
     reach a new run: its size differs from the listing, so the new run dir copies the live tree."""
     monkeypatch.setenv("HPC_CACHE_DIR", str(tmp_path / "cache"))
     source = codefiles.source_of(str(checkout), checkout)
-    first = snapshot.take(source, tmp_path / "a", max_mb=10)
+    first = snapshot.take(source, tmp_path / "r1" / "a", max_mb=10)
     tampered = first.dir / "pkg" / "mod.py"
     tampered.chmod(0o644)
     tampered.write_text("VERSION = 'tampered with after the snapshot'\n")
-    second = snapshot.take(source, tmp_path / "b", max_mb=10)
+    second = snapshot.take(source, tmp_path / "r2" / "b", max_mb=10)  # another root's store
     assert not second.linked and second.hash == first.hash
     assert (second.dir / "pkg" / "mod.py").read_text() == "VERSION = 'uncommitted'\n"
     assert not os.path.samefile(second.dir / "pkg" / "mod.py", tampered)
-    assert [p.name for p in (tmp_path / "b" / "code").iterdir() if p.name.startswith(".tmp")] == []
+    assert [p.name for p in second.dir.parent.iterdir() if p.name.startswith(".tmp")] == []
 
 
 @pytest.mark.parametrize("entry", [b"", b"{\"root\": ", b"[]", b"{\"dir\": 7}", b"\xff\xfe"])
 def test_a_torn_or_foreign_cache_entry_costs_one_copy(checkout, tmp_path, monkeypatch, entry):
     """The cache entry is written without fsync: after a crash it may be empty, cut short or
     anything else. The next run dir then copies, and names its own snapshot for the one after."""
-    from hpc.rundir import snapcache
-
     monkeypatch.setenv("HPC_CACHE_DIR", str(tmp_path / "cache"))
     source = codefiles.source_of(str(checkout), checkout)
-    first = snapshot.take(source, tmp_path / "a", max_mb=10)
+    first = snapshot.take(source, tmp_path / "r1" / "a", max_mb=10)
     snapcache._entry(source.root).write_bytes(entry)
-    second = snapshot.take(source, tmp_path / "b", max_mb=10)
+    second = snapshot.take(source, tmp_path / "r2" / "b", max_mb=10)
     assert not second.linked and second.hash == first.hash
-    third = snapshot.take(source, tmp_path / "c", max_mb=10)
+    third = snapshot.take(source, tmp_path / "r3" / "c", max_mb=10)
     assert third.linked and os.path.samefile(third.dir / "pkg" / "mod.py", second.dir / "pkg" / "mod.py")
 
 
@@ -200,7 +207,8 @@ def test_a_snapshot_over_the_limit_is_refused_with_the_largest_directories(check
         snapshot.take(codefiles.source_of(str(checkout), checkout), tmp_path / "run", max_mb=0.2)
     assert "over run.snapshot_max_mb=0.2" in str(err.value) and "assets/ 0 MB" in str(err.value)
     assert "--no-snapshot" in str(err.value)
-    assert not (tmp_path / "run" / "code").exists() or not any((tmp_path / "run" / "code").iterdir())
+    store = snapcache.store_of(tmp_path / "run")
+    assert not store.exists() or not any(store.iterdir())
 
 
 def test_without_git_the_working_directory_is_copied_without_hidden_and_virtualenv_directories(tmp_path):

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from hpc.rundir.snapcache import STORE
 from tests.midcopy import kill_mid_copy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,7 +61,7 @@ def test_an_empty_working_directory_is_an_empty_snapshot(where, tmp_path):
     out = submit(cwd, env, tmp_path / "run")
     assert out.returncode == 0, out.stderr[-2000:]
     assert "0 files" in out.stdout, out.stdout
-    (code,) = [p for p in (tmp_path / "run" / "code").iterdir() if p.is_dir()]
+    (code,) = [p for p in (tmp_path / STORE).iterdir() if p.is_dir()]  # the run root's store
     assert list(code.iterdir()) == [] and (tmp_path / "run" / "one" / "ran.txt").read_text() == "yes"
     assert list(cwd.iterdir()) == []
 
@@ -72,9 +73,10 @@ def test_a_snapshot_killed_mid_copy_leaves_no_temporary_after_the_next(where, tm
     run = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-c", SLOW, "lonelypipe:PIPE", "--cluster", "local", "--run-dir",
                              str(run)], cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    kill_mid_copy(proc, run / "code")
-    assert list((run / "code").glob(".tmp-*"))  # what the kill left
+    store = tmp_path / STORE  # the run root's store
+    kill_mid_copy(proc, store)
+    assert list(store.glob(".tmp-*"))  # what the kill left
     out = submit(cwd, env, run)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert list((run / "code").glob(".tmp-*")) == [], sorted(os.listdir(run / "code"))
+    assert list(store.glob(".tmp-*")) == [], sorted(os.listdir(store))
     assert "3 files" in out.stdout and (run / "one" / "ran.txt").read_text() == "yes"

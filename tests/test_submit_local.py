@@ -11,6 +11,7 @@ from hpc.pipeline import plan
 from hpc import submit
 from hpc.pipeline import submission
 from hpc.rundir.run import RunDir
+from hpc.rundir.snapcache import STORE
 
 
 @pytest.fixture(autouse=True)
@@ -182,7 +183,7 @@ def test_local_jobs_import_a_snapshot_of_the_code_and_see_the_run_identity(user_
     manifest = json.loads((run_dir / "manifest.json").read_text())
     snap, run_id = manifest["snapshot"], manifest["run_id"]
     [seen] = attempts(run_dir)
-    code = run_dir / "code" / snap["hash"]
+    code = tmp_path / STORE / snap["hash"]  # in the store of the run root (hpc.rundir.snapcache)
     assert seen["version"] == "v1"  # the uncommitted edit is in the snapshot
     assert seen["file"] == str(code / "snapuser" / "pipe.py") and seen["cwd"] == str(code)
     assert (seen["HPC_CODE_DIR"], seen["HPC_SUBMIT_DIR"]) == (str(code), str(user_repo))
@@ -207,13 +208,13 @@ def test_local_jobs_import_a_snapshot_of_the_code_and_see_the_run_identity(user_
 def test_no_snapshot_runs_the_live_tree_and_the_dry_run_says_what_would_be_copied(user_repo, tmp_path, capsys):
     run_dir = tmp_path / "run"
     assert submit.main(["snapuser.pipe", "--cluster", "local", "--run-dir", str(run_dir), "--dry-run"]) == 0
-    assert f"note: code: the git checkout {user_repo} is copied into {run_dir}/code/" in capsys.readouterr().out
+    assert f"note: code: the git checkout {user_repo} is copied into {tmp_path / STORE}/" in capsys.readouterr().out
     assert not run_dir.exists()
     assert submit.main(["snapuser.pipe", "--cluster", "local", "--run-dir", str(run_dir), "--no-snapshot"]) == 0
     [seen] = attempts(run_dir)
     assert seen["file"] == str(user_repo / "snapuser" / "pipe.py") and seen["HPC_CODE_DIR"] is None
     assert json.loads((run_dir / "manifest.json").read_text())["snapshot"] is None
-    assert not (run_dir / "code").exists()
+    assert not (run_dir / "code").exists() and not (tmp_path / STORE).exists()
     assert "\n  snapshot: false\n" in (run_dir / "config.yaml").read_text()  # kept for resubmissions
 
 
@@ -248,7 +249,7 @@ def test_a_sweep_takes_one_snapshot_for_its_points_and_gives_each_point_its_run_
     manifests = [json.loads(p.read_text()) for p in sorted(sweep_dir.rglob("manifest.json"))]
     assert len(manifests) == 2 and len({m["run_id"] for m in manifests}) == 2
     [code] = {m["snapshot"]["dir"] for m in manifests}
-    assert Path(code).parent == sweep_dir / "code"
+    assert Path(code).parent == tmp_path / STORE  # the store of the sweep's root
     assert {j["code"] for m in manifests for t in m["tasks"].values() for j in t["jobs"]} == {Path(code).name}
 
 

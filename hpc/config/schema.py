@@ -107,7 +107,7 @@ class RunSettings:
     name: Optional[str] = None  # run name; default <pipeline>-<timestamp>
     root: str = "runs"  # parent of new run directories
     run_dir: Optional[str] = None  # explicit run directory (resubmit into it to resume)
-    snapshot: bool = True  # copy the code into <run>/code/ at submission, and run the jobs from it (hpc.rundir.snapshot)
+    snapshot: bool = True  # copy the code at submission into <root>/.hpc-snapshots/ and run the jobs from it (hpc.rundir.snapshot)
     snapshot_max_mb: float = 100.0  # a larger snapshot is refused before anything is submitted
 
 

@@ -9,8 +9,8 @@ into the run directory, and the host carries it out (hpc.recovery.hostact).
 
 A stage's `container` section wins when its runtime is set, else `cluster.container` holds for
 every stage. resolve() checks it against the file system and adds the mounts hpc needs itself, each
-at the same path inside as outside: the run directory (the code snapshot and submitit's folder live
-in it; a sweep's point mounts its sweep directory, where the sweep's snapshot is), $HPC_CACHE_DIR,
+at the same path inside as outside: the run directory (submitit's folder lives in it; a sweep's point
+mounts its sweep directory), the store of its root where the code snapshot is, $HPC_CACHE_DIR,
 the submission directory, and every absolute path in the pipeline's own sections of the config
 that exists (data, checkouts, model files); a path the runtime's mount list cannot carry (UNSAFE: ','
 or ':', and for Pyxis whitespace and shell characters) is refused, and an image file is named by
@@ -124,9 +124,11 @@ def resolve(section: Mapping[str, Any], where: str, run_dir: str, cfg: Mapping[s
                           "(hpc brings itself into the image), or image when the image has hpc installed.")
     carried = carry.folder() if hpc_from == "carry" else ""
     root, cache = _mount_root(run_dir), str(snapcache.cache_dir())
-    # the submission directory too: `run` reads its git-ignored data, and --no-snapshot imports it; the
+    # the store of the run root, where the code snapshot the jobs run is (hpc.rundir.snapcache); the
+    # submission directory too: `run` reads its git-ignored data, and --no-snapshot imports it; the
     # cache holds hpc's carried copy, made at submission (prepare) where this dry run finds no cache yet
-    ours = [(root, "run"), *[(p, k) for p, k in ((cache, "cache"), (os.getcwd(), "cwd"))
+    store = [(str(snapcache.store_of(root)), "run")] if (cfg.get("run") or {}).get("snapshot", True) else []
+    ours = [(root, "run"), *store, *[(p, k) for p, k in ((cache, "cache"), (os.getcwd(), "cwd"))
                              if os.path.isdir(p) or (k == "cache" and carried)], *[(p, "data") for p in data_paths(cfg)]]
     users = [_user_mount(m, where, root) for m in section.get("mounts") or []]
     for path, kind in ours:
@@ -230,7 +232,7 @@ def _is_path(image: str) -> bool:
 
 
 def _mount_root(run_dir: str) -> str:
-    """The run directory, or its sweep's directory (which holds the sweep's one code snapshot)."""
+    """The run directory, or its sweep's directory (a point's manifest and the sweep's record)."""
     path = os.path.abspath(run_dir)
     parent = os.path.dirname(path)
     return parent if is_sweep(parent) else path

@@ -28,7 +28,7 @@ from hpc.monitor import lost
 from hpc.pipeline import launcher
 from hpc.pipeline import plan as hplan
 from hpc.pipeline.request import Request, Submitted
-from hpc.rundir import codefiles, snapshot
+from hpc.rundir import codefiles, snapcache, snapshot
 from hpc.rundir.codeversion import code_version
 from hpc.rundir.run import RunDir
 from hpc.slurm import limits, scheduler
@@ -232,8 +232,8 @@ def user_module_file(pipeline: str) -> Optional[str]:
 
 def take_snapshot(cfg: Any, where: Path, kind: str, code: Dict[str, Any],
                   same: Optional[Dict[str, Any]] = None) -> Optional[snapshot.Snapshot]:
-    """Copy the user's code into `where` (a run or sweep dir; hpc.rundir.snapshot), or reuse a copy there
-    whose files did not change; `same`: a manifest's snapshot record to run again as it is
+    """Copy the user's code into the store of `where`'s root (a run or sweep dir; hpc.rundir.snapshot), or
+    run a copy there whose files did not change; `same`: a manifest's snapshot record to run again as it is
     (--same-snapshot). None when run.snapshot=false, or for the debug executor, which runs the jobs
     in this very process: its imports are the live tree's, whatever the snapshot holds."""
     if not cfg.run.snapshot or kind == "debug":
@@ -260,4 +260,5 @@ def snapshot_note(cfg: Any, run: RunDir, kind: str, code: Dict[str, Any]) -> str
     if kind == "debug":
         return "code: no snapshot: the debug executor runs the jobs in this process, on the live tree"
     where = f"the git checkout {code['code_dir']}" if code.get("code_dir") else f"the directory {Path.cwd()}"
-    return f"code: {where} is copied into {run.path / snapshot.CODE}/ at submission, and every job imports that copy"
+    return (f"code: {where} is copied into {snapcache.store_of(run.path)}/ at submission (a snapshot of the same "
+            "files there is run as it is), and every job imports that copy")

@@ -4,7 +4,7 @@ Layout::
 
     <run>/config.yaml                the resolved config
     <run>/manifest.json              job ids of every attempt per stage and task, code version, run id
-    <run>/code/<hash>/, <hash>.json  the code snapshot every job imports, and its file listing
+    <root>/.hpc-snapshots/<hash>/, <hash>.json  the code snapshots the runs of a root import, and their listings
     <run>/<stage>/[task-<item>/]     a task's outputs, checkpoints/, logs, its `done` marker
     <sweep>/sweep.json, <sweep>/<signature>/   a sweep: its grid, one run directory per point
 
@@ -18,7 +18,7 @@ Parts::
     snapshot.py   the code snapshot: taken at submission, entered by each job (JobCode)
     codefiles.py  which files of a tree are code, and whether they are as a listing says
     codedrift.py  how the live tree differs from a snapshot: hpc.status's line about the code
-    snapcache.py  hard links to an earlier run's snapshot of the same files
+    snapcache.py  the snapshot store of a run root, and the newest snapshot of each tree
     treecopy.py   a directory made whole or not at all, and files copied into it (the snapshot's, carry's)
     tracking.py   run ids for experiment trackers, the same in every attempt
     attempts.py   each attempt of a task as rank 0 saw it: software, first step, checkpoints, end

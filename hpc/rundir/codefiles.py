@@ -6,7 +6,8 @@ Which files: those `git ls-files -co --exclude-standard` names in a checkout (tr
 are on disk, untracked files .gitignore does not exclude); without git, the directory's files,
 hidden and virtualenv directories left out. Either way, hpc's own run and sweep directories inside
 the tree (their manifest.json or sweep.json: hpc.rundir.sweepdir.made_by_hpc) are left out, with
-their checkpoints and logs, and a tree that is one itself is refused. Untracked files over
+their checkpoints and logs, and so are the snapshot stores of run roots inside it (.hpc-snapshots:
+hpc.rundir.snapcache); a tree that is a run or sweep directory itself is refused. Untracked files over
 UNTRACKED_MAX_BYTES are data, not code: left out and named. More than MAX_FILES files is not a code
 tree: refused. A listing keeps each file's size, mtime, ctime and inode, and when it was made
 (listed_ns), so a comparison reads and hashes only the files whose stat changed, or that were
@@ -25,6 +26,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from hpc.fs.filestamp import RACY_NS  # a file modified this close before its listing is racy
 from hpc.rundir.run import MANIFEST
+from hpc.rundir.snapcache import STORE
 from hpc.rundir.sweepdir import RECORD, made_by_hpc
 from hpc.rundir.treecopy import digest
 
@@ -78,8 +80,9 @@ def listing(source: Source) -> Tuple[Dict[str, os.stat_result], List[str]]:
     files: Dict[str, os.stat_result] = {}
     skipped: List[str] = []
     base = root.rstrip("/") + "/"  # joined by hand: git's and walk()'s paths are relative
+    store = f"/{STORE}/"
     for rel, tracked in entries:
-        if excluded and under(rel, excluded):
+        if (excluded and under(rel, excluded)) or store in "/" + rel:  # a run root's snapshots: not code
             continue
         try:
             st = os.lstat(base + rel)

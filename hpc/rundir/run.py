@@ -9,7 +9,7 @@ Layout:
                                `planned`: every task a submission set out to submit, submitted or not
     <run>/.sbatch/<token>.json a submission announced before its sbatch (hpc.rundir.intents)
     <run>/config.yaml          the resolved config
-    <run>/code/<hash>/         the code snapshot the jobs import (hpc.rundir.snapshot); <hash>.json lists its files
+    <root>/.hpc-snapshots/<hash>/  the code snapshot the jobs import, in the run root's store (hpc.rundir.snapshot)
     <run>/.submit.lock         held (flock) by the submission that is reading state and writing the manifest
     <run>/<stage>/logs/<jobid>/<jobid>_<rank>_log.{out,err}   submitit's per-rank logs; an array task's
                                in its array's folder, <array>/<array>_<task>_<rank>_log.* (hpc.rundir.logdirs)

@@ -1,20 +1,25 @@
-"""Reuse of a code snapshot across run directories: hard links to an earlier snapshot's copy.
+"""The snapshot store of a run root, and reuse of a snapshot across run directories and roots.
 
-    python -m hpc.submit langsplat --run-dir runs/a     # copies the code into runs/a/code/<hash>/
-    python -m hpc.submit langsplat --run-dir runs/b     # same files: links runs/b/code/<hash>/ to it
+    python -m hpc.submit langsplat --run-dir runs/a   # copies the code into runs/.hpc-snapshots/<hash>/
+    python -m hpc.submit langsplat --run-dir runs/b   # same files: runs/b's jobs run that same copy
+    python -m hpc.submit langsplat --run-dir other/c  # same files, another root: other/.hpc-snapshots/<hash>/ hard-links it
 
-hpc.rundir.snapshot copies the live tree into each new run directory. When the live files all still
-have the stat an earlier snapshot of the same tree listed, and the racy ones their content too (the
-shortcut hpc.rundir.snapshot uses within one run directory: hpc.rundir.codefiles.unchanged), the new
-run directory gets hard links to that earlier copy instead: nothing but the racy files is read or
-hashed again. The links join two snapshots, never a snapshot and the live tree:
-snapshot files are read-only copies nobody edits, and removing either run directory leaves the
-other's files in place. Where linking fails (another file system, a copy that is gone), the files
-are copied as usual.
+hpc.rundir.snapshot keeps its copies in the store of the run directory's parent, the run root:
+<root>/.hpc-snapshots/<hash>/, named by their content, with a listing beside each (<hash>.json). A
+run directory keeps no copy of its own: its manifest names the snapshot its jobs run. When the live
+files all still have the stat the newest snapshot of the same tree listed, and the racy ones their
+content too (hpc.rundir.codefiles.unchanged), a new run directory under the same root runs that
+snapshot as it is, and one under another root gets hard links to it in its own root's store:
+nothing but the racy files is read or hashed again. The links join two snapshots, never a snapshot
+and the live tree: snapshot files are read-only copies nobody edits. Where linking fails (another
+file system, a copy that is gone), the files are copied as usual.
 
 The newest snapshot of each tree is named in the user's cache (hpc.fs.usercache: $HPC_CACHE_DIR,
-else $XDG_CACHE_HOME/hpc, else ~/.cache/hpc), as snapshots/<digest of the tree's path>.json; a cache that
-cannot be written only costs the next submission a copy.
+else $XDG_CACHE_HOME/hpc, else ~/.cache/hpc), as snapshots/<digest of the tree's path>.json; a cache
+that cannot be written only costs the next submission a look at its store or a copy.
+
+A store keeps every snapshot made in it: removing a run directory leaves its snapshot, which other
+runs of the root may run. Remove <root>/.hpc-snapshots/ when no job of that root is queued or running.
 """
 from __future__ import annotations
 
@@ -23,12 +28,18 @@ import json
 import os
 import stat
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Set, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Set, Tuple, Union
 
 from hpc.fs.atomic import write_bytes
 from hpc.fs.usercache import cache_dir
 
 Stat = Tuple[int, int, str, int, int, int]  # hpc.rundir.snapshot.Stat
+STORE = ".hpc-snapshots"  # <run root>/.hpc-snapshots/<hash>/: never code itself (hpc.rundir.codefiles)
+
+
+def store_of(where: Union[str, Path]) -> Path:
+    """The store of a run (or sweep) directory: in its parent, the run root."""
+    return Path(os.path.abspath(where)).parent / STORE
 
 
 def _entry(root: Path) -> Path:
@@ -38,9 +49,9 @@ def _entry(root: Path) -> Path:
 def remember(root: Path, snapshot_dir: Path) -> None:
     """Name `snapshot_dir` as the newest snapshot of the tree at `root` (best effort).
 
-    Atomic but not fsynced: an entry lost or torn by a crash costs the next submission a copy,
-    which is what reading it does about an unreadable one, and a submission need not wait for the
-    disk (two fsyncs) for a cache."""
+    Atomic but not fsynced: an entry lost or torn by a crash costs the next submission a look at its
+    store or a copy, which is what reading it does about an unreadable one, and a submission need
+    not wait for the disk (two fsyncs) for a cache."""
     path = _entry(root)
     try:
         write_bytes(path, json.dumps({"root": str(root), "dir": str(snapshot_dir)}).encode(), durable=False)
@@ -48,20 +59,41 @@ def remember(root: Path, snapshot_dir: Path) -> None:
         pass
 
 
-def link_earlier(root: Path, dest: Path, files: Mapping[str, os.stat_result],
-                 unchanged: Any) -> Optional[Dict[str, Stat]]:
-    """Hard-link the newest earlier snapshot of `root` into `dest` when `unchanged(table, files)`
-    holds for its listing; returns the listing's stats, or None (dest then holds nothing) when
-    there is none, a file changed, or a link fails."""
+def newest(root: Path, store: Path) -> Optional[Tuple[Path, Dict[str, Any]]]:
+    """(directory, listing) of the newest snapshot of the tree at `root`: the one the user's cache
+    names, else the newest listing of that tree in `store`; None when there is none."""
     try:
         entry = json.loads(_entry(root).read_text())
-        earlier = Path(entry["dir"])
-        table = json.loads(Path(f"{earlier}.json").read_text())
+        found: Optional[Path] = Path(entry["dir"])
     except (OSError, ValueError, KeyError, TypeError):
+        listings = sorted(store.glob("*.json"), key=_mtime) if store.is_dir() else []
+        found = listings[-1].with_suffix("") if listings else None
+    table = _table(found) if found else None
+    if table is None or table.get("root") != str(root):
         return None
-    if not isinstance(table, dict) or table.get("root") != str(root) or not isinstance(table.get("files"), dict) \
-            or not unchanged(table, files):
+    return found, table  # type: ignore[return-value]
+
+
+def _mtime(path: Path) -> int:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return 0
+
+
+def _table(snapshot_dir: Path) -> Optional[Dict[str, Any]]:
+    try:
+        table = json.loads(Path(f"{snapshot_dir}.json").read_text())
+    except (OSError, ValueError):
         return None
+    return table if isinstance(table, dict) and isinstance(table.get("files"), dict) else None
+
+
+def link(earlier: Path, table: Mapping[str, Any], dest: Path,
+         files: Mapping[str, os.stat_result]) -> Optional[Dict[str, Stat]]:
+    """Hard-link the snapshot at `earlier` (whose listing is `table`, found unchanged) into `dest`;
+    returns the listing's stats, or None (dest then holds nothing) when a link fails or a copy is
+    not the one its listing describes."""
     stats = {rel: tuple(table["files"][rel]) for rel in sorted(files)}
     # Plain strings joined by hand, not Path objects nor os.path.join (the relative paths are git's or
     # os.walk's, never absolute): per file, the joins cost as much as the link.

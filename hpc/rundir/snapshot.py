@@ -1,33 +1,37 @@
-"""A copy of the user's code per submission: every job of the run imports from it.
+"""A copy of the user's code, taken at submission: every job of the run imports from it.
 
-    python -m hpc.submit mypkg.pipeline                  # copies the code into <run>/code/<hash>/
-    python -m hpc.submit mypkg.pipeline --no-snapshot    # the jobs run the live tree instead
+    python -m hpc.submit mypkg.pipeline --run-dir runs/a  # copies the code into runs/.hpc-snapshots/<hash>/
+    python -m hpc.submit mypkg.pipeline --no-snapshot     # the jobs run the live tree instead
 
 What is copied: the files `git ls-files -co --exclude-standard` names in the checkout of the
 pipeline's module, else in that of the working directory (tracked files as they are on disk, so with
 their uncommitted changes, and untracked files that .gitignore does not exclude); without git, the
 working directory's files, hidden and virtualenv directories left out. Untracked files over
-UNTRACKED_MAX_BYTES are data, not code: they are left out and named. The run directory is never
-copied into itself. A snapshot over `max_mb` in all, or with more than MAX_FILES files, is refused
+UNTRACKED_MAX_BYTES are data, not code: they are left out and named. Run directories and snapshot
+stores are never copied. A snapshot over `max_mb` in all, or with more than MAX_FILES files, is refused
 before anything is submitted; an empty tree (a submission from an empty directory) is an empty snapshot.
 
-Files are copied, never hard-linked to the live tree: an editor that saves in place would change a
-linked copy (a new run directory may link to an earlier run's snapshot of the same files:
-hpc.rundir.snapcache). The snapshot is content-addressed, <run>/code/<hash>/, and
-<run>/code/<hash>.json lists each file's size, mtime, ctime, inode and digest, and when the listing
-was made. The copy is made in <run>/code/.tmp-<host>-<pid>-<random>/ and renamed whole
-(hpc.rundir.treecopy): a submission killed midway leaves that folder, never a half copy under a hash,
-and the next snapshot into the same run directory removes it. A resubmission whose files all still
-have the listed stat reuses the snapshot without reading them, except the files modified within a
-timestamp tick of the listing, which are read and hashed (hpc.rundir.codefiles.clean: git's guard
-for racy entries); hpc.status compares the live tree with the listing the same way. `--same-snapshot` (recorded()) runs a manifest's snapshot again
-whatever the live tree holds: hpc's own resubmissions do. A sweep keeps one snapshot, in the sweep
-directory, for all of its points.
+Where: in the store of the run directory's root, its parent (hpc.rundir.snapcache):
+<root>/.hpc-snapshots/<hash>/, content-addressed, and <hash>.json beside it, which lists each file's
+size, mtime, ctime, inode and digest, and when the listing was made. The run's manifest names the
+snapshot its jobs run; the run directory holds no copy. Files are copied, never hard-linked to the
+live tree: an editor that saves in place would change a linked copy (a store may link to another
+root's snapshot of the same files). The copy is made in <store>/.tmp-<host>-<pid>-<random>/ and
+renamed whole (hpc.rundir.treecopy): a submission killed midway leaves that folder, never a half copy
+under a hash, and the next snapshot into the same store removes it. A submission whose files all
+still have the stat the newest snapshot of the tree listed runs that snapshot without reading them,
+except the files modified within a timestamp tick of the listing, which are read and hashed
+(hpc.rundir.codefiles.clean: git's guard for racy entries); hpc.status compares the live tree with the
+listing the same way. `--same-snapshot` (recorded()) runs a manifest's snapshot again whatever the
+live tree holds: hpc's own resubmissions do. A sweep's points all run the snapshot taken for the sweep.
 
 In the job (JobCode.enter): the snapshot's copy of the submission directory becomes the working
 directory, and the snapshot's copies of the pipeline's import root and of the submission directory
 come first on sys.path and PYTHONPATH. HPC_SUBMIT_DIR names the live submission directory, for data
-paths relative to it; HPC_CODE_DIR names the snapshot. No torch here: submission and status stay fast.
+paths relative to it; HPC_CODE_DIR names the snapshot. Runs of one root whose code did not change
+share one snapshot, as a sweep's points do: a stage that writes into its working directory writes
+into that shared copy (write under the run directory instead). No torch here: submission and status
+stay fast.
 """
 from __future__ import annotations
 
@@ -45,7 +49,6 @@ from hpc.fs import atomic
 from hpc.rundir import snapcache, treecopy
 from hpc.rundir.codefiles import HINT, UNTRACKED_MAX_BYTES, SnapshotError, Source, listing, load_table, unchanged
 
-CODE = "code"  # <run>/code/<hash>/ and <run>/code/<hash>.json
 Stat = Tuple[int, int, str, int, int, int]  # (size, mtime_ns, digest, mode, ctime_ns, inode) of one file
 
 
@@ -152,8 +155,9 @@ class Snapshot:
 
 # ------------------------------------------------------------------------------------ taking one
 def take(source: Source, run_path: Path, max_mb: float, previous: Optional[str] = None) -> Snapshot:
-    """Copy the code into <run>/code/<hash>/, or reuse `previous` (a hash; default: the newest
-    snapshot there) when no file changed."""
+    """Copy the code into the store of the run directory's root (<root>/.hpc-snapshots/<hash>/,
+    hpc.rundir.snapcache), or run a snapshot of the same files that is there: `previous` (a hash),
+    else the newest of this tree; the newest in another root's store is hard-linked into this one."""
     started = time.perf_counter()
     listed_ns = time.time_ns()  # before any stat: a file modified after this is racy (codefiles.clean)
     files, skipped = listing(source)
@@ -162,26 +166,25 @@ def take(source: Source, run_path: Path, max_mb: float, previous: Optional[str] 
         raise SnapshotError(f"the snapshot of {source.root} would be {total / 1e6:.0f} MB in {len(files)} files, "
                             f"over run.snapshot_max_mb={max_mb:g}; the largest directories: "
                             f"{_largest(files)}. {HINT}.")
-    code = Path(run_path) / CODE
-    if previous is None:
-        listings = sorted(code.glob("*.json"), key=lambda p: p.stat().st_mtime_ns) if code.is_dir() else []
-        previous = listings[-1].stem if listings else None
-    if previous:
-        table = load_table(code / f"{previous}.json")
-        if table and unchanged(table, files) and (code / previous).is_dir():
-            return Snapshot(source, previous, code / previous, len(files), total,
-                            time.perf_counter() - started, True, tuple(skipped))
+    store = snapcache.store_of(run_path)
+    table = load_table(store / f"{previous}.json") if previous else None
+    found = (store / str(previous), table) if table else snapcache.newest(source.root, store)
+    if found is not None and not unchanged(found[1], files):
+        found = None
+    if found is not None and (store / found[0].name).is_dir():  # named by content: the same files
+        return Snapshot(source, found[0].name, store / found[0].name, len(files), total,
+                        time.perf_counter() - started, True, tuple(skipped))
 
     def fill(tmp: Path) -> Tuple[Dict[str, Stat], bool]:
-        linked = snapcache.link_earlier(source.root, tmp, files, unchanged)
+        linked = snapcache.link(found[0], found[1], tmp, files) if found is not None else None
         return (linked, True) if linked is not None else (_copy(source.root, tmp, files), False)
 
     # a temporary copy renamed whole (hpc.rundir.treecopy): an empty tree is an empty snapshot, and
-    # a copy killed midway is removed by the next snapshot taken here
-    final, (stats, linked), _ = treecopy.make(code, fill, lambda made: tree_hash(made[0]))
+    # a copy killed midway is removed by the next snapshot taken in this store
+    final, (stats, linked), _ = treecopy.make(store, fill, lambda made: tree_hash(made[0]))
     table = {"hash": final.name, "root": str(source.root), "git": source.git, "exclude": list(source.exclude),
              "listed_ns": listed_ns, "files": stats}
-    atomic.write_text(code / f"{final.name}.json", json.dumps(table, separators=(",", ":")))
+    atomic.write_text(store / f"{final.name}.json", json.dumps(table, separators=(",", ":")))
     snapcache.remember(source.root, final)
     return Snapshot(source, final.name, final, len(files), total, time.perf_counter() - started, False,
                     tuple(skipped), linked)

@@ -61,9 +61,10 @@ def submit_script(run_dir: Path, script: str, options: list, *overrides: str, ta
 
 
 def snapshot_untouched(run_dir: Path) -> list:
-    """Files under code/ that the snapshot's listing does not name: outputs written into the code."""
+    """Files of the run's snapshot (in its root's store) that its listing does not name: outputs
+    written into the code."""
     extra = []
-    for listing in (run_dir / "code").glob("*.json"):
+    for listing in [Path(f"{RunDir(run_dir).manifest()['snapshot']['dir']}.json")]:
         listed = set(json.loads(listing.read_text())["files"])
         copy = listing.with_suffix("")
         extra += [str(p) for p in copy.rglob("*") if p.is_file() and str(p.relative_to(copy)) not in listed]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -93,7 +94,8 @@ def test_a_script_runs_in_its_working_dir_with_the_submitted_code_and_keeps_its_
         assert (r["version"], r["data"], r["secret"], r["newmod"]) == ("v1", "tokens", False, False), r
         assert r["cwd"] == str(work)
     assert second["seen"] == [f"attempt-{job}-0.json"]  # the first attempt's output, found again
-    assert not list((run_dir / "code").rglob("attempt-*.json"))  # nothing written into the snapshot
+    snap = Path(json.loads((run_dir / "manifest.json").read_text())["snapshot"]["dir"])
+    assert snap.is_dir() and not list(snap.rglob("attempt-*.json"))  # nothing written into the snapshot
     assert not (repo / "out").exists()  # nor into the live tree
 
     # a resubmission into the run directory after the edit: the new code, the old outputs

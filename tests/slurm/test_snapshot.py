@@ -8,6 +8,7 @@ submitted with a begin time in the future, so the edit surely comes before it st
 starts it at once. The first attempt waits for its preemption and requeues itself, as hpc's stages do.
 """
 import json
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +16,7 @@ from hpc.slurm import scheduler
 from hpc import status, submit
 from hpc.cluster.preempt import preempt
 from hpc.rundir.run import RunDir
+from hpc.rundir import snapcache
 from tests import snapshot_user
 from tests.slurm.test_pipeline import wait_until
 
@@ -62,7 +64,8 @@ def test_the_job_and_its_requeue_run_the_submitted_code_not_the_edited_one(preem
     run, repo, _ = preempted
     first, second = attempts(run)
     snap = run.manifest()["snapshot"]
-    code = run.path / "code" / snap["hash"]
+    code = Path(snap["dir"])  # in the store of the run root (hpc.rundir.snapcache)
+    assert code == snapcache.store_of(run.path) / snap["hash"]
     assert [a["version"] for a in (first, second)] == ["v1", "v1"]  # the live tree says v2
     assert [a["SLURM_RESTART_COUNT"] or "0" for a in (first, second)] == ["0", "1"]  # unset at first
     assert first["file"] == second["file"] == str(code / "snapuser" / "pipe.py")
