@@ -3,6 +3,8 @@
 
     python -m pytest tests/test_lost.py
 """
+from pathlib import Path
+
 from hpc.monitor import lost
 from hpc.rundir import intents
 from hpc.rundir.run import RunDir
@@ -53,3 +55,23 @@ def test_a_sweep_announcement_is_cut_into_one_per_point():
     assert [(p["items"], p["ids"], p["after"], p["each"]) for p in parts["p1"]] == [([None, 3], ["_0", "_2"], ["7"],
                                                                                     [[], []])]
     assert [(p["items"], p["ids"], p["after"], p["each"]) for p in parts["p2"]] == [([None], ["_1"], [], [["8_1"]])]
+
+
+def test_submitit_names_a_jobs_pickle_before_its_sbatch(tmp_path):
+    """The contract hpc.pipeline.submitonce relies on: submitit pickles one job (set_timeout, dump)
+    before it calls _submit_command, and moves that very file once the job id is known."""
+    import submitit
+
+    from hpc.pipeline.submitonce import SlurmExecutor
+
+    seen = {}
+
+    class Probe(SlurmExecutor):
+        def _submit_command(self, command):
+            seen["pickle"] = self._pickle and Path(self._pickle).read_bytes()
+            return submitit.SlurmJob(folder=self.folder, job_id="12", tasks=[0])
+
+    executor = Probe(folder=str(tmp_path / "%j"))
+    executor.intent = object()  # any Intent: only whether there is one counts here
+    executor.submit(print, "x")
+    assert seen["pickle"] == (tmp_path / "12" / "12_submitted.pkl").read_bytes() and executor._pickle is None
