@@ -85,6 +85,10 @@ class Resources:
     spare_nodes: int = 0  # nodes held beyond `nodes` (sbatch --no-kill): a failed node is replaced without the queue
     local_tasks: int = 1  # processes when run by the local executor (CPU, one machine)
     array_parallelism: Optional[int] = None  # array tasks running at once (sbatch --array=0-N%P); None: submitit's 256
+    # items of an array stage run side by side in one job of pack times the item's GPUs, ranks and memory,
+    # each its own srun step (hpc.pipeline.packing); 1: one item per job
+    pack: int = 1
+    pack_fail: str = "continue"  # a packed item's failure: continue (its siblings finish) | stop (they are ended)
     extra: Dict[str, str] = field(default_factory=dict)  # further sbatch options, name -> value
     container: Container = field(default_factory=Container)  # this stage's image; runtime '': cluster.container's
     node_check: NodeCheck = field(default_factory=NodeCheck)  # each node checked before the ranks start
@@ -97,6 +101,7 @@ class ClusterSettings:
     kind: str = "auto"  # auto | slurm | local | debug | here; auto = slurm when sbatch answers, else local
     partitions: Optional[List[str]] = None  # partitions that exist; None = ask the scheduler once
     setup: List[str] = field(default_factory=list)  # shell lines run before srun (module load ...)
+    min_job_gpus: int = 0  # the site's smallest job in GPUs (a packed stage is planned against it); 0: none
     container: Container = field(default_factory=Container)  # every stage's image, unless the stage names its own
 
 
