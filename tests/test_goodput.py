@@ -39,6 +39,10 @@ CASES = {
                     [rec("8", first=20, saves=[(5, 50, 1)], stall=1)]),
     "no_record": ([("9", 0, 0, 30, "PREEMPTED", 8, 0), ("9", 1, 40, 70, "COMPLETED", 8, 10)], []),
     "running": ([("7", 0, 0, 50, "RUNNING", 1, 2)], [rec("7", first=5, saves=[(10, 30, 1)], stall=1)]),
+    # a `run` script seen from outside: its start, the step-N/ folders committed by its end, no step of its own
+    "run_script": ([("5", 0, 0, 60, "PREEMPTED", 2, 0), ("5", 1, 70, 100, "COMPLETED", 2, 10)],
+                   [rec("5", first=4, saves=[(100, 40, 0.0), (200, 50, 0.0)], ended=57, end="stopped"),
+                    rec("5", 1, resumed=200, first=74, ended=99, end="completed")]),
 }
 
 
@@ -74,6 +78,12 @@ def test_a_graceful_stop_redoes_nothing_and_its_exit_is_teardown():
     first, _ = splits("stopped_gracefully")
     assert first.seconds["redone"] == 0 and first.seconds["teardown"] == 100 - 90
     assert first.seconds["training"] == 90 - 10 - 3
+
+
+def test_a_script_stopped_after_its_newest_checkpoint_redoes_what_followed_it():
+    first, _ = splits("run_script")
+    assert first.seconds["redone"] == 57 - 50 and first.seconds["teardown"] == 60 - 57
+    assert first.seconds["training"] == 50 - 4 and first.seconds["startup"] == 4
 
 
 def test_a_failure_loses_what_followed_its_last_checkpoint():
@@ -166,3 +176,21 @@ def test_status_shows_a_goodput_column_and_a_resume_onto_other_software(tmp_path
     (row,) = json.loads(capsys.readouterr().out)
     assert row["goodput"] == pytest.approx(share) and "torch 2.3.0 -> 2.4.0" in row["software"]
     assert "attempts.json" not in row["outputs"]
+
+
+def test_a_run_stage_records_what_its_wrapper_sees(tmp_path):
+    """`run` on the local executor: the wrapper's record has the script's start, the step-N/ folder it
+    committed (its time) and its end, and no step of its own: what followed that checkpoint is unknown."""
+    import hpc
+    from hpc.rundir import attempts
+
+    script = tmp_path / "train.py"
+    script.write_text("import os, pathlib\n"
+                      "d = pathlib.Path(os.environ['HPC_CHECKPOINT_DIR']) / 'step-3'\n"
+                      "d.mkdir(parents=True); (d / 'COMPLETE.json').write_text('{}')\n")
+    run = hpc.submit("run", cluster="local", run_dir=tmp_path / "run", command=f"python {script}")
+    assert run.done()
+    (entry,) = attempts.load(tmp_path / "run" / "main")
+    assert entry["kind"] == "run" and entry["end"] == "completed" and "step" not in entry
+    assert [s[0] for s in entry["saves"]] == [3] and entry["began"] <= entry["first_step"] <= entry["ended"]
+    assert entry["software"]["python"]

@@ -84,8 +84,8 @@ def run_argv(ctx: Any, argv: List[str], max_timeouts: int, launch: bool = True,
     if record.main:  # the run's sinks hear of a requeue or a time-limit cap (hpc.rundir.notify)
         notify.stop(ctx.stage_dir, decision, notify.task_key(ctx.stage_dir), ctx.env.job_id, ctx.env.restart_count)
     saves = attempts.checkpoints_seen(ctx.stage_dir)
-    record.ended("stopped" if decision is not None else "completed" if code == 0 else "failed",
-                 saves[-1][0] if saves else None, saves=saves)
+    # no step of its own: what the script ran after its newest checkpoint is unknown, so counted as redone
+    record.ended("stopped" if decision is not None else "completed" if code == 0 else "failed", saves=saves)
     if decision is not None:
         preemption.exit_for(decision)
     if code != 0:
