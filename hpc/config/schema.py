@@ -136,7 +136,7 @@ class NotifySettings:
     template: str = ""  # the body instead: $text, $event, $run, $task filled in (ntfy: '$text')
     command: List[str] = field(default_factory=list)  # an argv run with the message as its last argument
     events: List[str] = field(default_factory=list)  # those to send; [] = all of them
-    timeout_s: float = 3.0  # a sink's deadline; a job waits for it at its end no longer than this
+    timeout_s: float = 3.0  # a sink's deadline; at its end a job waits for its messages this and a second at most
 
 
 @dataclass
