@@ -24,10 +24,18 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from hpc.rundir.run import task_key
 
+
+@dataclass(frozen=True)
+class Several:
+    """A packed group (hpc.pipeline.packing) whose items wait on several tasks: one job, afterok on each."""
+
+    refs: Tuple[Union[Tuple[str, int], str], ...]
+
+
 # Where an item's upstream task is: (label of an array submitted now, its task id there), the job
 # id of a task still queued from an earlier submission ("12_3", or "12" for a one-task submission),
-# or None: nothing to wait for (done, or skipped).
-Ref = Union[Tuple[str, int], str, None]
+# None: nothing to wait for (done, or skipped), or Several such tasks (a packed group).
+Ref = Union[Tuple[str, int], str, None, Several]
 # submitit's own numbering when none is given (--array=0-N%P); SLURM's default MaxArraySize
 PARALLELISM = 256
 
@@ -120,6 +128,10 @@ def dependency(part: Part, upstream: str, ids: Optional[Mapping[str, Sequence[st
     name the item of `upstream` waited for (`up_item` maps an item to it; None: the same item)."""
     if all(r is None for r in part.waits):
         return None, [[] for _ in part.items]
+    if isinstance(part.waits[0], Several):  # parts() submits such a group alone
+        jobs = [_job_id(r, ids) for r in part.waits[0].refs]
+        return "afterok:" + ":".join(j or f"<{r[0]}_{r[1]}>" for j, r in zip(jobs, part.waits[0].refs)), [
+            [j or "" for j in jobs]]
     resolved = [_job_id(r, ids) for r in part.waits]
     if len(part.items) == 1:
         name = task_key(upstream, (up_item or (lambda i: i))(part.items[0]))
@@ -127,6 +139,11 @@ def dependency(part: Part, upstream: str, ids: Optional[Mapping[str, Sequence[st
     assert len({_array(r) for r in part.waits}) == 1, part  # parts() made it: tasks of one array
     first = resolved[0]
     return f"aftercorr:{first.split('_')[0] if first else '<' + part.waits[0][0] + '>'}", [[j or ""] for j in resolved]
+
+
+def order(ref: Ref) -> Tuple[str, int]:
+    """A sort key placing items that wait on one array together, by task id (None first)."""
+    return (str(_array(ref) or ""), _task(ref))
 
 
 def _ids(ids: List[int]) -> Tuple[int, ...]:
@@ -137,6 +154,8 @@ def _ids(ids: List[int]) -> Tuple[int, ...]:
 def _array(ref: Ref) -> Any:
     if ref is None:
         return None
+    if isinstance(ref, Several):
+        return ("several", ref.refs)
     return ("now", ref[0]) if isinstance(ref, tuple) else ("queued", ref.split("_")[0])
 
 
@@ -144,6 +163,8 @@ def _task(ref: Ref) -> int:
     """The task id of `ref` in its array (-1 for a job that is no array)."""
     if isinstance(ref, tuple):
         return ref[1]
+    if isinstance(ref, Several):
+        return -1
     _, sep, task = str(ref).partition("_")
     return int(task) if sep and task.isdigit() else -1
 

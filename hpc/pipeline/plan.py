@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Sequ
 
 from hpc.config.checks import ConfigError
 from hpc.container import spec
-from hpc.pipeline import arrays, resources, sbatch, worlds
+from hpc.pipeline import arrays, packing, resources, sbatch, worlds
 from hpc.rundir import logdirs
 from hpc.rundir.run import task_key
 
@@ -103,6 +103,15 @@ class JobSpec:
     part: Tuple[int, int] = (1, 1)  # (k, n): the k-th of the n arrays this stage is submitted as
     task_ids: Tuple[int, ...] = ()  # per item, its array task id (the aftercorr pairing); (): 0..n-1
     item_of: Optional[Callable[[Any], Any]] = field(default=None, compare=False)  # StageDef.per_item_of
+    # a packed stage (hpc.pipeline.packing): per job (array task) the items it runs side by side; waits
+    # and task_ids are then per group, and `resources` the whole job's
+    groups: Tuple[Tuple[Any, ...], ...] = ()
+    section: str = ""  # the stage's key under cfg.stages
+
+    @property
+    def units(self) -> Tuple[Any, ...]:
+        """What one array task runs: an item, or a packed group of items."""
+        return self.groups or self.items
 
     @property
     def label(self) -> str:
@@ -112,13 +121,15 @@ class JobSpec:
     def item_dependency(self, ids: Optional[Mapping[str, Sequence[str]]] = None
                         ) -> Tuple[Optional[str], List[List[str]]]:
         """hpc.pipeline.arrays.dependency: the aftercorr/afterok term and each item's upstream job id."""
-        return arrays.dependency(arrays.Part(self.items, self.waits or (None,) * len(self.items)),
-                                 self.item_after, ids, self.item_of)
+        up = self.item_of or (lambda i: i)
+        return arrays.dependency(arrays.Part(self.units, self.waits or (None,) * len(self.units)),
+                                 self.item_after, ids, (lambda g: up(g[0])) if self.groups else self.item_of)
 
     def executor_parameters(self, dependency: Optional[str] = None, setup: Sequence[str] = (),
                             points: Optional[str] = None, tasks: Optional[str] = None) -> Dict[str, Any]:
         """`points`: a sweep array's file naming each task's point, `tasks`: the file of its tasks'
-        pickles (hpc.pipeline.arraytasks), both for hpc.afterstep."""
+        pickles (hpc.pipeline.arraytasks), both for hpc.afterstep. A packed job is refused (hpc.pipeline.packing)."""
+        packing.refuse_submission([self])
         if self.kind == "slurm":
             return sbatch.slurm_parameters(self.resources, self.stage, dependency, setup, self.run_dir,
                                            self.task_ids, points, tasks)
@@ -132,7 +143,7 @@ class JobSpec:
         """`how`: the dependency type on the `after` stages (a sweep's arrays wait afterany)."""
         per_item, _ = self.item_dependency()
         dependency = ",".join([f"{how}:<{s}>" for s in self.after] + [per_item] * bool(per_item)) or None
-        size = len(self.items) if self.is_array else None
+        size = len(self.units) if self.is_array else None
         params = sbatch.slurm_parameters(self.resources, self.stage, dependency, setup, self.run_dir, self.task_ids)
         return sbatch.render(params, self.folder, size, python or self.python)
 
@@ -171,8 +182,9 @@ class Plan:
             how = "afterok" if self.kind == "slurm" else "submitted when it has ended"
             waits = [f"{', '.join(job.after)} ({how})"] * bool(job.after) + _item_wait(job, how)
             after = f" after {', '.join(waits)}" if waits else ""
-            lines.append(f"  stage {job.stage}{part}:{items} {worlds.rank_text(job)} per job{after}")
+            lines.append(f"  stage {job.stage}{part}:{items} {worlds.rank_text(job)} per {'item' if job.groups else 'job'}{after}")
             lines.append(f"    each task runs {job.describe}")
+            lines += [f"    {line}" for line in (packing.lines(job) if job.groups else [])]
             lines += [f"    {line}" for line in worlds.batch_lines(job.batch, job.worlds or (job.ranks,))]
         lines += [f"  skip {s}" for s in self.skipped]
         lines += [f"  note: {n}" for n in self.notes]
@@ -182,11 +194,13 @@ class Plan:
 def make_plan(pipe: PipelineDef, cfg: Any, run_dir: str, kind: str,
               finished: FrozenSet[TaskKey] = frozenset(),
               queued: Union[FrozenSet[TaskKey], Mapping[TaskKey, str]] = frozenset(),
-              max_array_size: Optional[int] = None) -> Plan:
+              max_array_size: Optional[int] = None,
+              node_gpus: Optional[Callable[[Optional[str]], Optional[int]]] = None) -> Plan:
     """Which jobs to submit now. `finished`: tasks with a done marker; `queued`: tasks still in the
     queue, as task key -> job id where a stage waits on them item by item (per_item_after).
     `max_array_size`: the cluster's MaxArraySize (task ids 0 to it - 1); a larger stage is split
-    into several arrays (None: no limit). `kind` may carry why `auto` fell back from SLURM
+    into several arrays (None: no limit). `node_gpus`: partition -> its GPUs per node (None: unknown),
+    asked for packed stages only (hpc.slurm.gres.node_gpus). `kind` may carry why `auto` fell back from SLURM
     (hpc.slurm.scheduler.Kind): the notes then say it."""
     jobs: List[JobSpec] = []
     skipped: List[str] = []
@@ -222,24 +236,31 @@ def make_plan(pipe: PipelineDef, cfg: Any, run_dir: str, kind: str,
         # the local executor runs stages in order: it names the stage only when it runs it now
         item_after = stage.per_item_after if kind == "slurm" or any(j.stage == stage.per_item_after
                                                                     for j in jobs) else ""
-        split = arrays.parts(todo, where, max_array_size if stage.items else None)
+        units, where, res, said = packing.apply(stage.resources or stage.name, bool(stage.items), res, todo, where,
+                                                kind, node_gpus, cfg)
+        notes += said
+        split = arrays.parts(units, where, max_array_size if stage.items else None)
         position = {item: n for n, item in reversed(list(enumerate(stage.items)))}  # .index(): each a scan
-        if len(arrays.chunks(todo, max_array_size)) > 1 and stage.items:
-            notes.append(f"stage {stage.name}: {len(todo)} items, more than the cluster's MaxArraySize "
+        if len(arrays.chunks(units, max_array_size)) > 1 and stage.items:
+            notes.append(f"stage {stage.name}: {len(units)} items, more than the cluster's MaxArraySize "
                          f"{max_array_size}: submitted as {len(split)} arrays")
-        elif len(split) > 1 and stage.per_item_of:
+        elif len(split) > 1 and (stage.per_item_of or any(j.groups for j in jobs if j.stage == stage.per_item_after)):
             notes.append(f"stage {stage.name}: {len(split)} arrays, as several of its tasks wait on one "
                          f"{stage.per_item_after} task and aftercorr pairs one task id with one")
-        for k, part in enumerate(split, 1):
-            job = JobSpec(stage=stage.name, target=stage.target, items=part.items, is_array=bool(stage.items),
-                          indices=tuple(position[i] if stage.items else None for i in part.items),
+        for n, part in enumerate(split, 1):
+            groups = part.items if units is not todo else ()
+            items = tuple(i for g in groups for i in g) if groups else part.items
+            job = JobSpec(stage=stage.name, target=stage.target, items=items, is_array=bool(stage.items),
+                          indices=tuple(position[i] if stage.items else None for i in items),
                           resources=res, after=after,
                           folder=logdirs.pattern(f"{run_dir}/{stage.name}/logs", kind == "slurm" and len(part.items) > 1),
                           kind=kind, ranks=ranks[0], describe=stage.describe or stage.target,
                           worlds=ranks, batch=tuple(stage.batch), item_after=item_after,
                           waits=part.waits if any(w is not None for w in part.waits) else (),
-                          part=(k, len(split)), task_ids=part.ids, item_of=stage.per_item_of)
-            placed.update({(stage.name, i): (job.label, t) for t, i in zip(part.task_ids, part.items)})
+                          part=(n, len(split)), task_ids=part.ids, item_of=stage.per_item_of,
+                          groups=groups, section=stage.resources or stage.name)
+            placed.update({(stage.name, i): (job.label, t) for t, unit in zip(part.task_ids, part.items)
+                           for i in (unit if groups else (unit,))})
             jobs.append(job)
     notes += resources.fallback_notes(pipe.stages(cfg), cfg, getattr(kind, "why_not_slurm", ""))
     if kind != "slurm" and len(jobs) > 1:
@@ -266,6 +287,8 @@ def _item_wait(job: JobSpec, how: str) -> List[str]:
         return []
     if job.kind != "slurm":
         return [f"{job.item_after} ({how})"]
+    if job.groups:
+        return [packing.wait_text(job)]
     if len(job.items) == 1:
         return [f"{task_key(job.item_after, (job.item_of or (lambda i: i))(job.items[0]))} (afterok)"]
     array = job.waits[0][0] if isinstance(job.waits[0], tuple) else f"job {job.waits[0].split('_')[0]}"

@@ -1,0 +1,137 @@
+"""Packing small items onto big allocations (stages.X.pack): groups, the job's size, what does not
+fit, per-item waits across packed stages, the dry run that shows which items share which job.
+
+    python -m pytest tests/test_packing.py
+"""
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpc.config import schema as config
+from hpc.config.checks import ConfigError
+from hpc.pipeline import packing, plan
+from hpc.slurm import gres
+
+ROOT = Path(__file__).resolve().parent.parent
+GOLDEN = Path(__file__).parent / "golden" / "packing"
+SIXTEEN = "tiny.parts=[" + ",".join(map(str, range(16))) + "]"
+ONE_GPU = ["stages.second.gpus_per_node=1", "stages.second.mem=4G", "stages.second.cpus_per_task=2"]
+
+
+@pytest.fixture(autouse=True)
+def tiny(monkeypatch):
+    monkeypatch.setitem(plan.PIPELINES, "tiny", "tests.tiny_pipeline")
+
+
+def make(*overrides, finished=frozenset(), queued=None, node_gpus=8, kind="slurm"):
+    pipe = plan.get_pipeline("tiny")
+    cfg = config.load(pipe.schema, "tiny", None, list(overrides))
+    return plan.make_plan(pipe, cfg, "/r", kind, frozenset(finished), queued or {},
+                          node_gpus=lambda partition: node_gpus)
+
+
+def jobs(p):
+    return {j.label: j for j in p.jobs}
+
+
+def test_sixteen_one_gpu_items_packed_eight_per_job_are_two_jobs_of_eight_gpus():
+    second = jobs(make(SIXTEEN, *ONE_GPU, "stages.second.pack=8"))["second"]
+    assert second.groups == (tuple(range(8)), tuple(range(8, 16))) and second.items == tuple(range(16))
+    text = second.sbatch_text()
+    for line in ("#SBATCH --array=0-1%2", "#SBATCH --gpus-per-node=8", "#SBATCH --ntasks-per-node=8",
+                 "#SBATCH --mem=32G", "#SBATCH --cpus-per-task=2"):
+        assert line in text
+    unpacked = jobs(make(SIXTEEN, *ONE_GPU))["second"]
+    assert "#SBATCH --array=0-15%16" in unpacked.sbatch_text() and not unpacked.groups
+
+
+def test_the_last_group_holds_the_rest_and_a_resubmission_packs_only_what_is_left():
+    p = make("tiny.parts=[0,1,2,3,4,5,6,7,8,9]", *ONE_GPU, "stages.second.pack=4",
+             finished={("first", None), ("second", 0), ("second", 5)})
+    assert jobs(p)["second"].groups == ((1, 2, 3, 4), (6, 7, 8, 9))
+
+
+@pytest.mark.parametrize("overrides, node_gpus, seen", [
+    (["stages.second.pack=16"], 8, "stages.second.pack=16: 16 items x 1 GPU(s) = 16 GPUs per job; partition "
+                                   "(default) has 8 GPUs per node. HINT: stages.second.pack=8 or less."),
+    (["stages.second.pack=2", "cluster.min_job_gpus=8"], 8,
+     "the site's minimum job size is 8 GPUs (cluster.min_job_gpus). HINT: stages.second.pack=8 or more."),
+    (["stages.first.pack=4"], 8, "stages.first.pack=4 on a stage that is no array"),
+    (["stages.second.pack=2", "stages.second.nodes=2"], 8, "expected one-node items"),
+    (["stages.second.pack_fail=maybe"], 8, "expected one of ['continue', 'stop']"),
+    (["stages.second.pack=0"], 8, "expected 1 or more items per job"),
+])
+def test_a_pack_that_does_not_fit_is_refused_with_the_numbers(overrides, node_gpus, seen):
+    with pytest.raises(ConfigError) as err:
+        make(SIXTEEN, *ONE_GPU, *overrides, node_gpus=node_gpus)
+    assert seen in str(err.value) and "HINT:" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_partition_gpus_unknown_is_said_and_local_executors_run_items_one_by_one():
+    p = make(SIXTEEN, *ONE_GPU, "stages.second.pack=8", node_gpus=None)
+    assert any("not checked against the partition's GPUs per node" in n for n in p.notes)
+    local = make(SIXTEEN, *ONE_GPU, "stages.second.pack=8", kind="local")
+    assert not jobs(local)["second"].groups
+    assert "stages.second.pack=8: the local executor runs the items one by one" in local.notes
+
+
+def test_an_item_waiting_on_a_packed_stage_waits_on_the_task_holding_its_item():
+    p = make("tiny.parts=[0,1,2,3,4,5]", "tiny.follow=true", "stages.second.pack=3")
+    follow = [j for j in p.jobs if j.stage == "follow"]
+    # one array per position in a group: each pairs its task ids with the groups' (aftercorr)
+    assert [(j.items, j.waits) for j in follow] == [((0, 3), (("second", 0), ("second", 1))),
+                                                   ((1, 4), (("second", 0), ("second", 1))),
+                                                   ((2, 5), (("second", 0), ("second", 1)))]
+    assert follow[1].item_dependency({"second": ["40_0", "40_1"]}) == ("aftercorr:40", [["40_0"], ["40_1"]])
+    assert any("3 arrays, as several of its tasks wait on one second task" in n for n in p.notes)
+
+
+def test_packed_items_waiting_on_unpacked_tasks_wait_afterok_on_each():
+    p = make("tiny.parts=[0,1,2,3,4]", "tiny.follow=true", "stages.follow.pack=3")
+    follow = [j for j in p.jobs if j.stage == "follow"]
+    assert [j.groups for j in follow] == [((0, 1, 2),), ((3, 4),)]
+    assert "#SBATCH --dependency='afterok:<second_0>:<second_1>:<second_2>'" in follow[0].sbatch_text()
+    assert follow[1].item_dependency({"second": [f"50_{t}" for t in range(5)]}) == (
+        "afterok:50_3:50_4", [["50_3", "50_4"]])
+
+
+def test_two_stages_packed_alike_pair_their_groups_by_aftercorr():
+    p = make("tiny.parts=[0,1,2,3,4,5,6,7]", "tiny.follow=true", "stages.second.pack=4", "stages.follow.pack=4")
+    follow = jobs(p)["follow"]
+    assert follow.groups == ((0, 1, 2, 3), (4, 5, 6, 7)) and follow.waits == (("second", 0), ("second", 1))
+    assert "#SBATCH --dependency='aftercorr:<second>'" in follow.sbatch_text()
+    # second's group 1 still queued as task 1 of job 12: follow's group 1 waits on that task alone
+    q = make("tiny.parts=[0,1,2,3,4,5,6,7]", "tiny.follow=true", "stages.second.pack=4", "stages.follow.pack=4",
+             finished={("first", None), *(("second", i) for i in range(4)), *(("follow", i) for i in range(4))},
+             queued={("second", i): "12_1" for i in range(4, 8)})
+    assert jobs(q)["follow"].item_dependency() == ("afterok:12_1", [["12_1"]])
+
+
+def test_sinfo_gres_gives_each_partition_its_largest_node():
+    text = "gpu* gpu:8\ngpu* gpu:a100:4(S:0-1)\nbig gpu:h100:8(S:0-1),shard:16\ncpu (null)\n"
+    assert gres.parse(text) == {"gpu": 8, "": 8, "big": 8, "cpu": 0}
+
+
+def test_packed_jobs_are_refused_at_submission_until_the_job_side_runs_them():
+    with pytest.raises(ConfigError, match=r"packed jobs cannot be submitted yet.*HINT: submit with stages.second.pack=1"):
+        packing.refuse_submission(make(SIXTEEN, *ONE_GPU, "stages.second.pack=8").jobs)
+    packing.refuse_submission(make(SIXTEEN, *ONE_GPU).jobs)
+    with pytest.raises(ConfigError, match="packed jobs cannot be submitted yet"):  # whatever path submits it
+        jobs(make(SIXTEEN, *ONE_GPU, "stages.second.pack=8"))["second"].executor_parameters()
+
+
+def test_dry_run_shows_which_items_share_which_job():
+    cmd = [sys.executable, "-m", "hpc.submit", "tests.tiny_pipeline", "--dry-run", "--run-dir", "/RUN",
+           "--cluster", "slurm", "--no-snapshot", "cluster.partitions=[debug]", SIXTEEN, *ONE_GPU, "stages.second.pack=8",
+           "tiny.follow=true"]
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "SLURM_CONF": "/nonexistent"})
+    assert out.returncode == 0, out.stderr
+    text = out.stdout.replace(shlex.quote(sys.executable), "PYTHON").replace(str(ROOT), "CHECKOUT")
+    path = GOLDEN / "tiny_pack8.txt"
+    if os.environ.get("HPC_UPDATE_GOLDEN"):
+        path.write_text(text)
+    assert text == path.read_text()
