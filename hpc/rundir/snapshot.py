@@ -56,7 +56,7 @@ Stat = Tuple[int, int, str, int, int, int]  # (size, mtime_ns, digest, mode, cti
 class JobCode:
     """What a task needs to run the snapshot (pickled with each StageTask: paths only)."""
 
-    dir: str  # <run>/code/<hash>
+    dir: str  # <root>/.hpc-snapshots/<hash> (hpc.rundir.snapcache)
     hash: str
     submit_dir: str  # the live working directory of the submission
     cwd: Optional[str]  # the snapshot's copy of it; None when it is not in the snapshot
