@@ -85,7 +85,7 @@ def start(req: Request) -> Submitted:
         # pipeline_arg: how a job names the pipeline to resubmit its point (hpc.afterstep, as hpc.submit)
         module_file = hsubmit.user_module_file(req.pipeline)
         code = {**code_version(module_file), "pipeline_arg": req.pipeline}
-        # one code snapshot for all points, in the store of the sweep dir's root (hpc.rundir.snapshot); each its own run id
+        # one code snapshot for all points, in the store of the sweep dir's root; each point its own run id
         snap = hsubmit.take_snapshot(base, sweep.path, kind, code)
         code["snapshot"] = snap and snap.record()
         now = {sig for job in plan.jobs for sig, _ in job.items}
