@@ -37,7 +37,8 @@ def snapshot_cost(ctx: Context, repeats: int) -> Dict[str, Any]:
         for i in range(repeats):
             first = take("snapshot copy", base / f"root-{i}" / "run", base / f"cache-{i}")
             linked = take("snapshot linked", base / f"other-{i}" / "run", base / f"cache-{i}")
-            if not take("snapshot reused", base / f"root-{i}" / "again", base / f"cache-{i}").reused or not linked.linked:
+            reused = take("snapshot reused", base / f"root-{i}" / "again", base / f"cache-{i}")
+            if not reused.reused or not linked.linked:
                 raise RuntimeError(f"the snapshot of {REPO} changed between two takes; is something writing there?")
     finally:
         os.environ.pop("HPC_CACHE_DIR", None) if before is None else os.environ.update(HPC_CACHE_DIR=before)

@@ -2,7 +2,7 @@
 
     python -m hpc.submit langsplat --run-dir runs/a   # copies the code into runs/.hpc-snapshots/<hash>/
     python -m hpc.submit langsplat --run-dir runs/b   # same files: runs/b's jobs run that same copy
-    python -m hpc.submit langsplat --run-dir other/c  # same files, another root: other/.hpc-snapshots/<hash>/ hard-links it
+    python -m hpc.submit langsplat --run-dir other/c  # another root: other/.hpc-snapshots/<hash>/, hard links
 
 hpc.rundir.snapshot keeps its copies in the store of the run directory's parent, the run root:
 <root>/.hpc-snapshots/<hash>/, named by their content, with a listing beside each (<hash>.json). A
