@@ -24,11 +24,10 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from hpc.config import schema as hconfig
 from hpc.container import spec
-from hpc.monitor import lost
 from hpc.pipeline import launcher
 from hpc.pipeline import plan as hplan
 from hpc.pipeline.request import Request, Submitted
-from hpc.rundir import codefiles, snapcache, snapshot
+from hpc.rundir import codefiles, intents, snapcache, snapshot
 from hpc.rundir.codeversion import code_version
 from hpc.rundir.run import RunDir
 from hpc.slurm import limits, scheduler
@@ -102,6 +101,21 @@ def current_state(pipe: hplan.PipelineDef, cfg: Any, run: RunDir, kind: str, ans
     queued = {k: jid for k, jid in tasks.items() if k not in finished and jid not in never and (
               records[jid].state in scheduler.ACTIVE if jid in records else jid in unlisted)}
     return finished, queued, sorted(never)
+
+
+def found_by_token(run: RunDir, kind: str, settle: bool) -> RunDir:
+    """`run`, with the jobs of earlier sbatch calls whose answer was lost found by their token
+    (hpc.monitor.lost): recorded in its manifest (`settle`, under the submission lock), or in memory
+    (a dry run). No scheduler call, and no monitor loaded, when no such sbatch is left."""
+    if kind != "slurm" or not intents.pending(run.path):
+        return run
+    from hpc.monitor import lost  # only after a lost answer: a submission never loads the monitor otherwise
+
+    if not settle:
+        return lost.look(run).run
+    for line in lost.settle(run):
+        print(line)
+    return run
 
 
 def confirmed(answer: Any) -> Any:
@@ -178,14 +192,12 @@ def start(req: Request, backends: Optional[Mapping[str, MakeBackend]] = None) ->
     module_file = user_module_file(req.pipeline)
     code = code_version(module_file)
     if req.dry_run:  # a job found by its token (sbatch's answer lost) counts as queued, in memory only
-        finished, queued, _ = current_state(pipe, cfg, lost.look(run).run if kind == "slurm" else run, kind)
+        finished, queued, _ = current_state(pipe, cfg, found_by_token(run, kind, settle=False), kind)
         notes = [*notes, snapshot_note(cfg, run, kind, code)]
         print(backend.show(plan_for(pipe, cfg, run, backend, finished, queued, notes)))
         return Submitted(run.path, str(kind), {})
     with run.submission_lock(say=lambda line: print(line, file=sys.stderr)):
-        for line in lost.settle(run) if kind == "slurm" else ():  # an earlier sbatch's lost answer, found first
-            print(line)
-        finished, queued, never = current_state(pipe, cfg, run, kind)
+        finished, queued, never = current_state(pipe, cfg, found_by_token(run, kind, settle=True), kind)
         scheduler.cancel(never)
         # asked only here: a dry run stays one call cheaper (its plan shows each stage as one array)
         max_size = scheduler.max_array_size() if kind == "slurm" else None
