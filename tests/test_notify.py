@@ -125,3 +125,20 @@ def test_a_hang_verdict_names_the_stuck_rank(tmp_path):
         hook.close()
     assert hook.events() == [("hang", "train")]
     assert "rank 1" in hook.bodies[0]["detail"] and hook.bodies[0]["detail"].endswith("; not requeued")
+
+
+def test_a_sweep_sends_a_few_messages_of_a_kind_then_one_summary(tmp_path, tiny):
+    hook = Hook()
+    try:
+        sweep = hpc.submit("tests.tiny_pipeline", cluster="local", run_dir=tmp_path / "sweep",
+                           overrides=["tiny.parts=[0]", "tiny.fail_items=[0]", f"notify.webhook={hook.url}",
+                                      "notify.events=[task_failed]"],
+                           sweep=["tiny.score=1,2,3,4,5,6,7"])
+        assert [p["state"] for p in sweep.status()] == ["FAILED"] * 7
+    finally:
+        hook.close()
+    events = hook.events()
+    assert events[:-1] == [("task_failed", "second[0]")] * notify.SWEEP_LIMIT, events  # 7 failed: 5, then one summary
+    assert events[-1] == ("task_failed", "sweep"), events
+    last = hook.bodies[-1]["text"]
+    assert "more than 5 points of the sweep" in last and "HINT: python -m hpc.status" in last

@@ -107,7 +107,9 @@ def run_of(task_dir: Path) -> Tuple[Optional[Path], Dict[str, Any]]:
     """The run directory a task directory is in (it or up to two folders above: a loop's out_dir may be
     a subfolder of the task's) and its config.yaml as plain data; (None, {}) outside a run."""
     for folder in list(Path(task_dir).resolve().parents)[:3]:
-        if (folder / "config.yaml").exists() and (folder / "manifest.json").exists():
+        # a sweep's point may run before its manifest is written: its sweep's record says it is a run
+        if (folder / "config.yaml").exists() and ((folder / "manifest.json").exists() or
+                                                  (folder.parent / "sweep.json").exists()):
             import yaml  # only a task inside a run directory reads its config
 
             try:

@@ -16,7 +16,8 @@ Each event is claimed by creating <run>/notify/<key> (O_EXCL): one message per e
 the requeues and however many tasks see it. A process's messages are sent in order by one background
 thread, each with a deadline of `timeout_s`; the process waits for them at exit no longer than that
 and a second, so a sink that does not answer never fails a job; its first failure in a run is
-logged, once (<run>/notify/failed-<sink>).
+logged, once (<run>/notify/failed-<sink>). A sweep's points send each kind of event for the first
+SWEEP_LIMIT of them, then one summary pointing to hpc.status, not one message per point.
 """
 from __future__ import annotations
 
@@ -29,12 +30,14 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Mapping
+from typing import Any, Dict, List, Mapping, Optional
 
 from hpc.rundir import attempts
 from hpc.rundir.run import RunDir
+from hpc.rundir.sweepdir import is_sweep
 
 FOLDER = "notify"
+SWEEP_LIMIT = 5  # messages of one kind from a sweep's points before one summary ends them
 EVENTS = ("task_failed", "requeued", "hang", "time_limit_cap", "stage_completed", "run_completed")
 _sender: Dict[str, Any] = {"queue": queue.Queue(), "thread": None}  # this process's messages, in order
 
@@ -100,18 +103,38 @@ def _deliver(run: Path, conf: Mapping[str, Any], body: Mapping[str, Any]) -> Non
 def send(task_dir: Path, event: str, key: str, text: str = "", task: str = "") -> bool:
     """Send `event` for the run `task_dir` is in, unless its `key` was sent already in the run;
     whether it was handed to the sender. Returns at once: one background thread sends this
-    process's messages, in the order they were handed to it."""
+    process's messages, in the order they were handed to it. In a sweep, each kind of event is sent
+    for its first SWEEP_LIMIT points, then once more as a summary, then not again."""
     run, cfg = attempts.run_of(task_dir)
     conf = settings(cfg)
     wanted = conf.get("events") or EVENTS
     if run is None or not conf or event not in wanted or not claim(run, f"{event}-{key}"):
         return False
+    body = message(event, run, task or key, text)
+    if is_sweep(str(run.parent)):
+        body = _in_sweep(run, event, body)
+        if body is None:
+            return False
     if _sender["thread"] is None:
         _sender["thread"] = threading.Thread(target=_send_all, daemon=True, name="hpc-notify")
         _sender["thread"].start()
         atexit.register(_drain, float(conf.get("timeout_s") or 3.0) + 1.0)  # its deadline, then a second to log
-    _sender["queue"].put((run, conf, message(event, run, task or key, text)))
+    _sender["queue"].put((run, conf, body))
     return True
+
+
+def _in_sweep(run: Path, event: str, body: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """A sweep point's message: as it is for the first SWEEP_LIMIT of its kind in the sweep, the
+    summary for the next one, None after that (claims in <sweep>/notify/)."""
+    sweep = run.parent
+    claim(sweep, f"{event}-{run.name}-{body['task']}")
+    if len(list((sweep / FOLDER).glob(f"{event}-*"))) <= SWEEP_LIMIT:
+        return body
+    if not claim(sweep, f"more-{event}"):
+        return None
+    said = (f"more than {SWEEP_LIMIT} points of the sweep: not sent one by one any more. "
+            f"HINT: python -m hpc.status {sweep}")
+    return {**message(event, sweep, "sweep", said), "points": "more"}
 
 
 def _send_all() -> None:
