@@ -207,6 +207,8 @@ OPTIONS = (
     Option("tasks_per_node", "stages.main.tasks_per_node",
            "processes (ranks) per node; without --gpus-per-node they are CPU ranks (no GPUs)", int,
            also=lambda n, given: {} if "gpus_per_node" in given else {"stages.main.gpus_per_node": 0}),
+    Option("pack", "stages.main.pack", "with --sweep: this many points side by side in one job of as many times "
+           "the point's resources (docs/pipelines.md)", int, metavar="K"),
     Option("rank_env", "script.rank_env", "export no RANK/WORLD_SIZE/MASTER_* variables (a one-process script "
            "that would otherwise take its DDP path)", form=SWITCH, flag="--no-rank-env", switch=False),
     Option("resume_if", "script.resume_if", "the script's checkpoints, relative to its working directory; before "

@@ -135,3 +135,28 @@ def test_dry_run_shows_which_items_share_which_job():
     if os.environ.get("HPC_UPDATE_GOLDEN"):
         path.write_text(text)
     assert text == path.read_text()
+
+
+def run_dry(tmp_path, *args):
+    (tmp_path / "train.py").write_text("print(1)\n")
+    cmd = [sys.executable, "-m", "hpc.submit", "run", "--cluster", "slurm", "--profile", "sandbox", "--dry-run",
+           "--no-snapshot", "--run-dir", str(tmp_path / "r"), "--nodes", "1", "--gpus-per-node", "1", *args,
+           "--", "python", "train.py"]
+    env = {**os.environ, "SLURM_CONF": "/nonexistent", "PYTHONPATH": str(ROOT)}
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=env)
+
+
+def test_run_pack_packs_the_points_of_a_sweep(tmp_path):
+    out = run_dry(tmp_path, "--sweep", "script.env.X=1,2,3,4,5", "--pack", "2")
+    assert out.returncode == 0, out.stderr
+    assert "stage main: one array of 3 task(s) over 5 point(s), 1 rank(s) per point" in out.stdout
+    assert out.stdout.count("side by side (stages.main.pack)") == 3
+    for line in ("#SBATCH --array=0-2%3", "#SBATCH --gpus-per-node=2", "#SBATCH --ntasks-per-node=2"):
+        assert line in out.stdout
+
+
+def test_run_pack_without_a_sweep_is_refused_in_one_line(tmp_path):
+    out = run_dry(tmp_path, "--pack", "2")
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.strip().splitlines() == ["error: stages.main.pack=2 on a stage that is no array; expected pack "
+                                               "only on a stage with items. HINT: drop stages.main.pack."]

@@ -35,14 +35,14 @@ from hpc.config import schema as hconfig
 from hpc.container import spec
 from hpc.fs import atomic
 from hpc.monitor import lost, status
-from hpc.pipeline import arrays
+from hpc.pipeline import arrays, packing
 from hpc.pipeline import plan as hplan
 from hpc.pipeline import submission as hsubmit
 from hpc.pipeline.request import Request, Submitted
 from hpc.rundir.codeversion import code_version
 from hpc.rundir.run import RunDir, RunDirError
 from hpc.rundir.sweepdir import SweepDir
-from hpc.slurm import limits, scheduler
+from hpc.slurm import gres, limits, scheduler
 from hpc.sweep import grid as hgrid
 from hpc.sweep import launch
 from hpc.sweep import points as sweepconfig
@@ -81,7 +81,8 @@ def start(req: Request) -> Submitted:
             print(f"nothing to submit: every task of every point of {sweep.path} is done or queued")
             return Submitted(sweep.path, str(kind), {})
         if kind == "slurm":  # the site's submit limit takes the whole sweep, or nothing is submitted
-            limits.refuse_past_limit([len(job.items) for job in plan.jobs], [job.resources for job in plan.jobs])
+            packing.refuse_submission(plan.jobs)
+            limits.refuse_past_limit([len(job.units) for job in plan.jobs], [job.resources for job in plan.jobs])
         # pipeline_arg: how a job names the pipeline to resubmit its point (hpc.afterstep, as hpc.submit)
         module_file = hsubmit.user_module_file(req.pipeline)
         code = {**code_version(module_file), "pipeline_arg": req.pipeline}
@@ -210,7 +211,8 @@ def _plan(pipe: hplan.PipelineDef, base: Any, defs: Defs, sweep: SweepDir, kind:
         never += [t["job_id"] for t in run.tasks() if answer and t["job_id"] in answer[1]]
     merged = merged_stages(defs)
     virtual = hplan.PipelineDef(pipe.name, pipe.schema, lambda cfg: merged, notes=pipe.notes)
-    plan = hplan.make_plan(virtual, base, str(sweep.path), kind, frozenset(finished), queued, max_size)
+    plan = hplan.make_plan(virtual, base, str(sweep.path), kind, frozenset(finished), queued, max_size,
+                           gres.node_gpus if kind == "slurm" else None)
     # where the containers' ranks import hpc from, as a single run's plan says (hpc.pipeline.submission)
     plan = dataclasses.replace(plan, notes=plan.notes + tuple(spec.notes(plan.jobs, plan.kind, base)))
     return plan, states, sorted(never)
@@ -229,8 +231,10 @@ def summary(plan: hplan.Plan, points: Sequence[hgrid.Point], states: Mapping[str
         elif job.item_after and plan.kind != "slurm":  # no scheduler: the arrays run one after another
             after.append(f"{job.item_after} (submitted when it has ended)")
         ids = f" at task ids {arrays.spec(job.task_ids).partition('%')[0]}" if job.task_ids else ""
-        lines.append(f"  stage {job.label}: one array of {len(job.items)} task(s){ids} over {owners} point(s), "
-                     f"{worlds} rank(s) per task" + (f", after {', '.join(after)}" if after else ""))
+        lines.append(f"  stage {job.label}: one array of {len(job.units)} task(s){ids} over {owners} point(s), "
+                     f"{worlds} rank(s) per {'point' if job.groups else 'task'}" + (f", after {', '.join(after)}" if after else ""))
+        lines += [f"    array task {t}: points {' '.join(str(sig) for sig, _ in group)} side by side (stages.{job.section}.pack)"
+                  for t, group in zip(job.task_ids or range(len(job.groups)), job.groups)]
     todo = {sig: 0 for sig in states}
     for job in plan.jobs:
         for sig, _ in job.items:
