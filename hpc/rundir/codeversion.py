@@ -15,7 +15,6 @@ format), a `.git` it cannot read, a search for `.git` that would cross into anot
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
@@ -23,7 +22,7 @@ from typing import Any, Dict, Optional, Tuple
 from hpc import __version__
 
 GIT_HEAD = ["git", "rev-parse", "HEAD", "--show-toplevel"]  # the commit, then the checkout's root
-_OBJECT_ID = re.compile(r"[0-9a-f]{40}(?:[0-9a-f]{24})?")  # SHA-1, or SHA-256 in a sha256 repository
+_HEX = frozenset("0123456789abcdef")
 _ASK_GIT = object()  # the files do not say it as git would: run git
 # git's variables that change where it looks or what it resolves: when one is set, git decides
 GIT_SETTINGS = ("GIT_DIR", "GIT_WORK_TREE", "GIT_COMMON_DIR", "GIT_CEILING_DIRECTORIES", "GIT_NAMESPACE",
@@ -112,7 +111,7 @@ def _resolve(git_dir: str, head: str) -> Optional[str]:
     if os.path.exists(os.path.join(git_dir, "commondir")):  # a linked worktree: branches live in the main one
         common = os.path.normpath(os.path.join(git_dir, _first_line(os.path.join(git_dir, "commondir"))))
     for _ in range(5):
-        if _OBJECT_ID.fullmatch(head):
+        if _is_object_id(head):
             return head
         if not head.startswith("ref: refs/"):
             return None
@@ -130,11 +129,17 @@ def _packed(common: str, ref: str) -> Optional[str]:
         with open(os.path.join(common, "packed-refs"), encoding="utf-8") as fh:
             for line in fh:
                 oid, _, name = line.rstrip("\n").partition(" ")
-                if name == ref and _OBJECT_ID.fullmatch(oid):
+                if name == ref and _is_object_id(oid):
                     return oid
     except FileNotFoundError:
         pass
     return None
+
+
+def _is_object_id(text: str) -> bool:
+    """An object id as git writes it: SHA-1, or SHA-256 in a sha256 repository (no regex: one less
+    compiled at import)."""
+    return len(text) in (40, 64) and set(text) <= _HEX
 
 
 def _first_line(path: str) -> str:
