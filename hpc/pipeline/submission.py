@@ -24,13 +24,13 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from hpc.config import schema as hconfig
 from hpc.container import spec
-from hpc.pipeline import launcher
+from hpc.pipeline import launcher, packing
 from hpc.pipeline import plan as hplan
 from hpc.pipeline.request import Request, Submitted
 from hpc.rundir import codefiles, intents, snapcache, snapshot
 from hpc.rundir.codeversion import code_version
 from hpc.rundir.run import RunDir
-from hpc.slurm import limits, scheduler
+from hpc.slurm import gres, limits, scheduler
 
 MakeBackend = Callable[[str, Sequence[str]], launcher.Backend]  # (executor kind, cluster.setup) -> Backend
 
@@ -207,7 +207,8 @@ def start(req: Request, backends: Optional[Mapping[str, MakeBackend]] = None) ->
             print(f"nothing to submit: every task of {run.path} is done or queued")
             return Submitted(run.path, str(kind), {})
         if kind == "slurm":  # a run the site's submit limit cannot take whole is refused before any sbatch
-            limits.refuse_past_limit([len(job.items) for job in plan.jobs], [job.resources for job in plan.jobs])
+            packing.refuse_submission(plan.jobs)
+            limits.refuse_past_limit([len(job.units) for job in plan.jobs], [job.resources for job in plan.jobs])
         snap = take_snapshot(cfg, run.path, kind, code, run.manifest().get("snapshot") if req.same_snapshot else None)
         # pipeline_arg: how to name the pipeline again, for a resubmission from a job (hpc.afterstep)
         run_id = run.start(pipe.name, hconfig.to_yaml(cfg), kind,
@@ -224,7 +225,8 @@ def plan_for(pipe: hplan.PipelineDef, cfg: Any, run: RunDir, backend: launcher.B
              notes: Sequence[str], max_array_size: Optional[int] = None) -> hplan.Plan:
     """The plan as `backend` runs it (`here`: the batch plan, SLURM's ranks per job, checked against
     the allocation it runs in)."""
-    plan = hplan.make_plan(pipe, cfg, str(run.path), backend.plans, finished, queued, max_array_size)
+    plan = hplan.make_plan(pipe, cfg, str(run.path), backend.plans, finished, queued, max_array_size,
+                           gres.node_gpus if backend.plans == "slurm" else None)
     plan = backend.shape(plan)
     boxes = spec.notes(plan.jobs, plan.kind, cfg)
     return dataclasses.replace(plan, notes=plan.notes + tuple(notes) + tuple(boxes))
