@@ -77,6 +77,8 @@ def test_partition_gpus_unknown_is_said_and_local_executors_run_items_one_by_one
     local = make(SIXTEEN, *ONE_GPU, "stages.second.pack=8", kind="local")
     assert not jobs(local)["second"].groups
     assert "stages.second.pack=8: the local executor runs the items one by one" in local.notes
+    with pytest.raises(ConfigError, match="stages.second.pack=0; expected 1 or more"):
+        make(SIXTEEN, "stages.second.pack=0", kind="local")
 
 
 def test_an_item_waiting_on_a_packed_stage_waits_on_the_task_holding_its_item():

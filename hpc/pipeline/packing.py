@@ -99,7 +99,8 @@ def apply(key: str, is_array: bool, res: Dict[str, Any], todo: Tuple[Any, ...], 
     """A stage's units (its items, or their groups), what each waits on, the resources of one job
     and the plan's notes: make_plan's one call here. `node_gpus`: partition -> GPUs per node."""
     k = factor(res)
-    if kind != "slurm":
+    if kind != "slurm":  # the same refusals, but the node's GPUs are SLURM's
+        check(key, is_array, res, None)
         return todo, where, res, [f"stages.{key}.pack={k}: the {kind} executor runs the items one by one"] * (k > 1)
     least = int((cfg.cluster.get("min_job_gpus") if hasattr(cfg.cluster, "get") else 0) or 0)
     notes = check(key, is_array, res, node_gpus(res.get("partition")) if node_gpus and k > 1 else None, least)
