@@ -162,3 +162,11 @@ def test_run_pack_without_a_sweep_is_refused_in_one_line(tmp_path):
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.strip().splitlines() == ["error: stages.main.pack=2 on a stage that is no array; expected pack "
                                                "only on a stage with items. HINT: drop stages.main.pack."]
+
+
+def test_the_benchmark_counts_8_jobs_and_8_node_hours_packed_against_64_unpacked():
+    from bench import packing as bench_packing
+
+    sec = bench_packing.run(None)
+    assert [row[:4] for row in sec.rows] == [["pack=1 (one item per job)", "64", "1", "64"], ["pack=8", "8", "1", "8"]]
+    assert all(met for _, met in sec.verdicts)
