@@ -12,8 +12,11 @@ status. It acts on the job's SIGTERM and on srun's failure:
   one included, and SLURM's SIGKILL follows KillWait seconds later (30 by default). srun itself may
   not return before that: it waits KillWait + 2 s for the steps of a node that died. So this process
   acts on the SIGTERM itself, with SIGTERM ignored meanwhile, which its scontrol calls inherit.
-- srun ending with an error on its own (a rank that died, an error in the user's code) is looked
-  at once srun has returned; it is retried only when a node of the job has failed.
+- srun ending with an error on its own (a rank that died, a collective timeout, a lost node, an error
+  in the user's code) is looked at once srun has returned: a failure the allocation can recover from
+  starts a new srun step in the same job from the newest checkpoint (hpc.recovery.restart, within
+  stages.X.max_restarts_in_place), else a node failure is requeued without the node; with spare
+  nodes (stages.X.spare_nodes) the steps run on the job's nodes less the spares.
 - A rank's stop decision (a preemption, the time limit: rank 0; a hang: the rank that decides), which
   ranks never carry out themselves under this wrapper, container or not: it makes the attempt's
   folder and names a request file in it in srun's environment (HPC_HOST_ACTS, hpc.recovery.hostact),
@@ -28,14 +31,14 @@ if that node is the one that fails, nothing of the job is left to act, and SLURM
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
 import time
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-# Nothing of hpc at the top: this wrapper starts in every batch step of every job, and most of them
-# only run srun. What acts on a SIGTERM or a failure (hpc.recovery, scheduler calls) is imported then.
+# Nothing of hpc at the top but supervise (the standard library alone): this wrapper starts in every batch
+# step of every job, and most of them only run srun. What acts on a SIGTERM or a failure (hpc.recovery,
+# scheduler calls) is imported then.
+from hpc.recovery.supervise import AFTER_SRUN_S, POLL_S, WAIT_SLICE_S, supervise  # noqa: F401
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -57,13 +60,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"[hpc] this task's pickle is not unpacked, so it cannot run: {err}", file=sys.stderr, flush=True)
             return 1
     points = options.get("--points")
-    request = request_path(args[0], os.environ)
-    try:  # before srun: the ranks write into it, and the host lists it (hpc.recovery.hostact)
-        os.makedirs(os.path.dirname(request), exist_ok=True)
-    except OSError as err:
-        print(f"[hpc] cannot make {os.path.dirname(request)} for the ranks' stop requests: {err}. HINT: the run "
-              "directory must be writable from the batch script's node", file=sys.stderr, flush=True)
-        return 1
     if os.environ.get("HPC_NODE_CHECK"):  # the stage's node check before any rank starts (hpc.recovery.nodecheck)
         from hpc.recovery import nodecheck
 
@@ -71,14 +67,43 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"[hpc] {verdict.line}", file=sys.stderr, flush=True)
         if not verdict.go:
             return verdict.code
-    env = {**os.environ, HOST_ACTS: request}  # srun's, and the ranks': their own retry deadline
     # This process calls SLURM only at a stop, within the grace time: a controller that does not answer
     # is asked again for STOP_RETRY_S at most (the requeue itself, until the job's EndTime is near).
     # Its own calls only: resubmit_after's sbatch, and the job it queues, get the user's (submission_env).
     from hpc.slurm.submitenv import own_setting  # here, not at the top, as the rest of hpc
 
     with own_setting(RETRY_ENV, str(min(STOP_RETRY_S, _seconds(os.environ.get(RETRY_ENV))))):
-        return supervise(["srun", *args[2:]], lambda why: act(args[0], why, points), lambda: serve(request), env)
+        return steps(args[0], ["srun", *args[2:]], points)
+
+
+def steps(run_dir: str, argv: List[str], points: Optional[str]) -> int:
+    """srun, and a new srun step in the same allocation after each failure restarted in place
+    (hpc.recovery.restart keeps `state`); the last step's exit status."""
+    state: Dict[str, Any] = {"number": 0, "argv": argv, "run_dir": run_dir, "points": points}
+    if os.environ.get("HPC_NODE_CHECK"):  # each restarted step's nodes are checked too (restart.checked)
+        from hpc.recovery import nodecheck
+
+        state["check"] = lambda nodes: nodecheck.check_before_step(run_dir, nodes, nodecheck.options(os.environ) or {},
+                                                                   os.environ)[1]
+    if os.environ.get(SPARE_NODES, "0") not in ("", "0"):  # trains on the nodes less the spares
+        from hpc.recovery import restart  # here, not at the top: only a stage with spare nodes needs it
+
+        argv = restart.first(argv, os.environ, state)
+    while True:
+        state["env"] = {**os.environ, IN_PLACE: str(state["number"])}
+        request = state["request"] = request_path(run_dir, state["env"])
+        try:  # before srun: the ranks write into it, and the host lists it (hpc.recovery.hostact)
+            os.makedirs(os.path.dirname(request), exist_ok=True)
+        except OSError as err:
+            print(f"[hpc] cannot make {os.path.dirname(request)} for the ranks' stop requests: {err}. HINT: the "
+                  "run directory must be writable from the batch script's node", file=sys.stderr, flush=True)
+            return 1
+        env = {**state["env"], HOST_ACTS: request}  # srun's, and the ranks': their own retry deadline
+        state.update(started=time.time(), next=None)
+        code = supervise(argv, lambda why: act(run_dir, why, points, state), lambda: serve(request, state), env)
+        if state["next"] is None:
+            return code
+        argv, state["number"] = state["next"], state["number"] + 1
 
 
 RETRY_ENV = "HPC_SLURM_RETRY_S"  # hpc.slurm.retry.DEADLINE_ENV, a literal here as HOST_ACTS is
@@ -92,89 +117,42 @@ def _seconds(text: Optional[str]) -> float:
         return STOP_RETRY_S
 
 
-WAIT_SLICE_S = 0.5  # supervise's wait for srun, in slices: see there
-POLL_S = 1.0  # how often the ranks' folder is listed: hpc.recovery.hostact.POLL_S, a literal here as HOST_ACTS is
-AFTER_SRUN_S = 3.0  # how long it is still listed once srun has ended, before no request is taken for none
 # hpc.recovery.hostact.ENV (the same name, checked by tests/test_hostact.py): where the deciding rank writes its
 # stop request for this wrapper to carry out; a literal here, as nothing of hpc is loaded before it acts
 HOST_ACTS = "HPC_HOST_ACTS"
+IN_PLACE, SPARE_NODES = "HPC_RESTART_IN_PLACE", "HPC_SPARE_NODES"  # hpc.recovery.inplace's ENV and SPARE_ENV
 
 
 def request_path(run_dir: str, environ: Mapping[str, str]) -> str:
     """The stop request file of the attempt running in `environ`, in a folder of its own: one per job
-    id and restart count (hpc.recovery.hostact.request_path)."""
+    id, restart count and restart in place (hpc.recovery.hostact.request_path)."""
     from hpc.recovery import hostact  # here, not at the top: the folders' layout, written once there
 
-    return hostact.request_path(run_dir, environ.get("SLURM_JOB_ID", "0"), environ.get("SLURM_RESTART_COUNT") or "0")
+    in_place = environ.get(IN_PLACE, "0")
+    return hostact.request_path(run_dir, environ.get("SLURM_JOB_ID", "0"), (environ.get("SLURM_RESTART_COUNT") or "0")
+                                + f".{in_place}" * (in_place not in ("", "0")))
 
 
-def supervise(argv: Sequence[str], on_end: Callable[[str], bool], poll: Optional[Callable[[], bool]] = None,
-              env: Optional[Mapping[str, str]] = None) -> int:
-    """Run argv (in `env`) to its end; call on_end(why) on each SIGTERM until it returns True (it
-    acted), and once more if argv failed and nothing was done yet. `poll()` is called every POLL_S,
-    and for AFTER_SRUN_S after argv ended, until it returns True (it carried out a rank's request),
-    with SIGTERM ignored meanwhile: it runs before on_end, which then finds the job requeued.
-    Returns argv's exit status."""
-    acted, last = [False], [-POLL_S]
-
-    def polled() -> bool:
-        held = signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        try:
-            return bool(poll and poll())
-        finally:
-            signal.signal(signal.SIGTERM, held)
-
-    def on_term(signum: int, frame: Any) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        acted[0] = acted[0] or on_end("SIGTERM")
-        signal.signal(signal.SIGTERM, signal.SIG_IGN if acted[0] else on_term)
-
-    before = signal.signal(signal.SIGTERM, on_term)
-    try:
-        proc = subprocess.Popen(list(argv), env=None if env is None else dict(env))
-        while True:
-            # Not one blocking wait: a SIGTERM that the kernel hands to another thread of this
-            # process (an embedding with threads of its own) only flags it for the main thread,
-            # whose waitpid it does not interrupt; the handler would run once srun ended, after
-            # SLURM's SIGKILL. Waiting in short slices runs it within a slice (Popen.wait polls).
-            # A rank's request is carried out at once, not after srun: a hung rank may never end.
-            try:
-                code = proc.wait(timeout=WAIT_SLICE_S)
-                break
-            except subprocess.TimeoutExpired:
-                if time.monotonic() - last[0] >= POLL_S:
-                    last[0] = time.monotonic()
-                    poll = None if polled() else poll
-        # A rank's request written just before srun ended, from another node, may reach this
-        # node's view of the shared disk a little later: srun's end alone does not say "none".
-        until = time.monotonic() + AFTER_SRUN_S
-        while poll is not None and not polled() and time.monotonic() < until:
-            time.sleep(POLL_S)
-        if code != 0 and not acted[0]:
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            on_end(f"srun exited {code}")
-    finally:
-        signal.signal(signal.SIGTERM, before)
-    return code if code >= 0 else 128 - code  # killed by a signal: as the shell would say it
-
-
-def act(run_dir: str, why: str, points: Optional[str] = None) -> bool:
-    """after_step, with what it did in the job's log; True when it did something."""
+def act(run_dir: str, why: str, points: Optional[str] = None, state: Optional[Dict[str, Any]] = None) -> bool:
+    """after_step, with what it did in the job's log; True when it did something. `state`: this
+    allocation's srun steps (hpc.recovery.restart), which a SIGTERM never restarts in place."""
+    if state is not None and why == "SIGTERM":
+        state["terminated"] = True
     try:
         # here, not at the top: only a SIGTERM or a failed srun needs them
         from hpc.recovery import nodeaction
         from hpc.rundir.run import RunDir
 
         action, line = nodeaction.after_step(RunDir(run_dir), os.environ, resubmit_after,
-                                             srun_ended=why != "SIGTERM", points=points)
+                                             srun_ended=why != "SIGTERM", points=points, state=state)
     except Exception as err:  # srun's exit status stays the job's: never replace it with ours
         action, line = None, f"nothing done: {type(err).__name__}: {err}"
-    if action is None or action.do != "none":
+    if action is None or action.do != "none" or why != "SIGTERM":  # a failed srun: what was done, and why
         print(f"[hpc] {why}: {line}", file=sys.stderr, flush=True)
     return action is not None and action.do != "none"
 
 
-def serve(request: str) -> bool:
+def serve(request: str, state: Optional[Dict[str, Any]] = None) -> bool:
     """One look at the ranks' folder (a listing, never a stat: hpc.fs.sharedfs): settle a request,
     True once one was; answer a question for the job's EndTime, which is not one."""
     from hpc.fs import sharedfs  # here, not at the top: small, and only a job under way polls
@@ -182,7 +160,7 @@ def serve(request: str) -> bool:
     names = sharedfs.listed(os.path.dirname(request))
     if "end.ask" in names:  # hpc.recovery.hostact.END_ASK
         answer_end(request)
-    return os.path.basename(request) in names and settle(request)
+    return os.path.basename(request) in names and settle(request, state)
 
 
 def answer_end(request: str) -> None:
@@ -196,7 +174,7 @@ def answer_end(request: str) -> None:
               flush=True)
 
 
-def settle(request: str) -> bool:
+def settle(request: str, state: Optional[Dict[str, Any]] = None) -> bool:
     """Carry out a rank's stop request (hpc.recovery.hostact), with what was done in the job's log; False
     while it cannot be read (listed, but not readable from this node yet): the next look tries again,
     as the rank waits for an answer. One that was read is settled once, carried out or not."""
@@ -209,7 +187,7 @@ def settle(request: str) -> bool:
     except OSError:
         return False
     try:
-        line = nodeaction.settle_request(request)
+        line = nodeaction.settle_request(request, state=state)
     except Exception as err:  # a request that cannot be carried out is said once, not retried
         line = f"the ranks' stop request {request} not carried out: {type(err).__name__}: {err}"
     print(f"[hpc] {line}", file=sys.stderr, flush=True)

@@ -96,7 +96,7 @@ def test_a_resubmission_from_the_wrapper_gets_the_users_retry_deadline_not_the_w
         monkeypatch.setenv(afterstep.RETRY_ENV, users)
     run_dir, during = str(tmp_path / "run"), []
 
-    def refused_requeue(run, env, resubmit_after, srun_ended=True, points=None):  # SLURM's side, as decided
+    def refused_requeue(run, env, resubmit_after, srun_ended=True, points=None, state=None):  # SLURM's side, as decided
         during.append(os.environ.get(afterstep.RETRY_ENV))
         new = resubmit_after("41", run_dir, "train", ["n2"], {})
         return nodefail.Action("requeue", "node n2 failed", ("n2",)), f"job {new} submits the task again"

@@ -10,8 +10,9 @@ attempt that was requeued is then drawn up to the next one's start. The world si
 what its rank-0 log's start line says (`restart R` numbers the attempts), else the done marker's.
 
 Each lane is a task: waiting on its stage dependency (the gap a dependency causes), queued, then a bar
-per attempt in the colour of how it ended, with a requeued wait between attempts. A sweep
-(hpc.rundir.sweepdir) has one row per point, its tasks as lanes within the row.
+per attempt in the colour of how it ended, with a requeued wait between attempts, and a mark on the
+bar where the attempt restarted in place (the task's recovery history: one sacct attempt, new steps).
+A sweep (hpc.rundir.sweepdir) has one row per point, its tasks as lanes within the row.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from hpc.monitor import goodput, status
+from hpc.recovery import inplace, nodefail
 from hpc.rundir import attempts, sweepdir
 from hpc.rundir.run import RunDir, task_key
 from hpc.slurm import scheduler
@@ -46,6 +48,7 @@ KINDS: Dict[str, tuple] = {
     "redone": ("training redone after a resume", "#ff9896"),
     "teardown": ("stop and teardown", "#c5b0d5"),
     "failures": ("lost to a failure", "#8c564b"),
+    "RESTARTED": ("restarted in place (a new srun step, same allocation)", "#e377c2"),  # a mark on the bar
 }
 LOST = ("startup", "redone", "teardown", "failures")  # hpc.monitor.goodput's parts, as strips
 NEW_SOFTWARE = "new software"  # on the bar of an attempt that ran on other software than the one before
@@ -188,8 +191,22 @@ def lanes(run: RunDir, history: Optional[Mapping[str, List[Dict[str, str]]]], st
             segs += from_log(run.log_path(t["stage"], jid), submitted, waits, last, done.get("finished"),
                              sizes, gid, now, stopped)
         found = attempts.find(run.task_dir(t["stage"], t["item"]))
-        out.append(Lane(key, segs + lost(segs, found) if found else segs))
+        marks = in_place(run.task_dir(t["stage"], t["item"]), segs)
+        out.append(Lane(key, (segs + lost(segs, found) if found else segs) + marks))
     return out
+
+
+def in_place(task_dir: Path, segs: Sequence[Segment]) -> List[Segment]:
+    """A mark on its attempt's bar at each restart in place the task's history records
+    (hpc.recovery.restart: a new srun step in the same allocation, which sacct shows as one attempt)."""
+    try:
+        events = json.loads((task_dir / nodefail.HISTORY).read_text()).get("events", [])
+    except (OSError, ValueError, AttributeError):
+        return []
+    times = [float(e["time"]) for e in events if isinstance(e, dict) and e.get("kind") == inplace.KIND
+             and isinstance(e.get("time"), (int, float))]
+    span = max((s.end for s in segs), default=0.0) - min((s.start for s in segs), default=0.0)
+    return [Segment(t, t + max(1.0, span * 0.005), "RESTARTED") for t in times]
 
 
 def attempts_of(segs: Sequence[Segment], per_rank: float = 1.0, ranks: float = 1.0) -> List[goodput.Attempt]:

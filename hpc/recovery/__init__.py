@@ -15,6 +15,9 @@ Parts::
     requeue.py      a stop's requeue asked again within the grace time; a requeued job's node range and exclusions
     nodefail.py     was it a node or the code, and is another attempt worth it (the task's history)
     nodeaction.py   what the srun wrapper (python -m hpc.afterstep) reads, decides and carries out
+    supervise.py    the wrapper's loop: srun to its end under SIGTERM, the ranks' requests polled
+    inplace.py      which failure restarts in place (a new srun step, same allocation), on which nodes; pure
+    restart.py      a restart in place read, decided, recorded, and the next step's srun line
     watchdog.py     no step for watchdog_s: every rank's stacks, the stuck ranks named, a requeue
     hangs.py        what a hang leaves in the run directory
 

@@ -23,18 +23,22 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from hpc.fs.atomic import unlink_quietly, write_bytes
 from hpc.fs.sharedfs import listed
+from hpc.recovery import inplace
 
 HANGS = "hangs"
 REPORT = "report.json"
+IN_PLACE = "in place"  # who carries out a hang's decision restarted in place (the report's decision.by)
 
 
-def attempt_dir(out_dir: str | os.PathLike, job_id: Any, restart: int) -> Path:
-    """Where the watchdogs of one job attempt meet (every rank computes the same path)."""
-    return Path(out_dir) / HANGS / f"{job_id or 'local'}.{restart}"
+def attempt_dir(out_dir: str | os.PathLike, job_id: Any, restart: Any,
+                environ: Mapping[str, str] = os.environ) -> Path:
+    """Where the watchdogs of one job attempt meet (every rank computes the same path): a step
+    restarted in place (hpc.recovery.inplace, named in `environ`) is an attempt of its own."""
+    return Path(out_dir) / HANGS / f"{job_id or 'local'}.{restart}{inplace.tag(environ)}"
 
 
 def flight_recorder_env(dump_dir: str | os.PathLike | None, entries: int = 20000) -> dict[str, str]:
@@ -162,7 +166,8 @@ def describe(report: dict[str, Any]) -> str:
     hosts = report.get("hosts") or {}
     who = ", ".join(f"rank {r} on {hosts.get(str(r), '?')}" for r in report.get("stuck") or [])
     decision = report.get("decision") or {}
-    after = "requeued" if decision.get("requeue") else f"not requeued ({decision.get('why', '?')})"
+    after = "requeued" if decision.get("requeue") else "restarted in place" if decision.get("by") == IN_PLACE \
+        else f"not requeued ({decision.get('why', '?')})"
     idle = "no step" if report.get("last_step") is not None else "no progress"  # a user's script has no steps
     return (f"{who or 'stuck rank:'} {report.get('why', '')}, {idle} for {report.get('idle_s', '?')} s; "
             f"stacks in {report.get('dir', '?')}; {after}")

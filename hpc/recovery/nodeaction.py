@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
 from hpc.fs import atomic
-from hpc.recovery import hostact, nodefail, preemption, requeue
+from hpc.recovery import hangs, hostact, nodefail, preemption, requeue, verdict
+from hpc.recovery import restart as restart_module
 from hpc.rundir import sweepdir
 from hpc.rundir.run import RunDir
 from hpc.slurm import scheduler
@@ -28,26 +29,40 @@ from hpc.slurm import scheduler
 Resubmit = Callable[[str, str, str, Sequence[str], Mapping[str, str]], str]
 
 
+def located(run: RunDir, env: Mapping[str, str], points: Optional[str] = None) -> tuple:
+    """(run, key, stage, task dir or None) of the task this job runs: `key` its id as the manifest has
+    it; `points`: a sweep array's file naming each task's point (hpc.rundir.sweepdir.run_for)."""
+    array_task = env.get("SLURM_ARRAY_TASK_ID")
+    key = f"{env['SLURM_ARRAY_JOB_ID']}_{array_task}" if array_task else env["SLURM_JOB_ID"]
+    run = sweepdir.run_for(run.path, key, points)  # a sweep's array task: the run directory of its point
+    task = next((t for t in run.tasks() if any(j["job_id"] == key for j in t["jobs"])), None)
+    stage = task["stage"] if task else env.get("SLURM_JOB_NAME", "?")
+    return run, key, stage, run.task_dir(stage, task["item"]) if task else None
+
+
 def after_step(run: RunDir, env: Mapping[str, str], resubmit_after: Resubmit, srun_ended: bool = True,
-               points: Optional[str] = None) -> tuple:
-    """Read SLURM, decide (hpc.recovery.nodefail.decide), carry it out, record it: (action, in words).
-    `points`: a sweep array's file naming each task's point (hpc.rundir.sweepdir.run_for).
+               points: Optional[str] = None, state: Optional[Dict[str, Any]] = None) -> tuple:
+    """Read SLURM, decide (a restart in place, hpc.recovery.restart; else hpc.recovery.nodefail.decide),
+    carry it out, record it: (action, in words). `points`: see located(). `state`: the srun wrapper's
+    steps (hpc.recovery.restart), None where nothing restarts in place.
     `resubmit_after(job_id, run_dir, stage, exclude, info)` submits the job that submits the stage
     again once this one has ended, where SLURM refuses the requeue; it returns that job's id."""
     job_id = env["SLURM_JOB_ID"]
-    stop = hostact.request_path(str(run.path), job_id, env.get("SLURM_RESTART_COUNT") or "0")  # as hpc.afterstep
-    array_task = env.get("SLURM_ARRAY_TASK_ID")
-    key = f"{env['SLURM_ARRAY_JOB_ID']}_{array_task}" if array_task else job_id  # as the manifest has it
-    run = sweepdir.run_for(run.path, key, points)  # a sweep's array task: the run directory of its point
+    stop = (state or {}).get("request") or hostact.request_path(str(run.path), job_id,
+                                                                 env.get("SLURM_RESTART_COUNT") or "0")
+    run, key, stage, task_dir = located(run, env, points)
     restart = int(env.get("SLURM_RESTART_COUNT") or 0)
     info = preemption.job_info(job_id)
     failed = nodefail.failed_nodes(scheduler.node_states(env["SLURM_JOB_NODELIST"]))
-    task = next((t for t in run.tasks() if any(j["job_id"] == key for j in t["jobs"])), None)
-    stage = task["stage"] if task else env.get("SLURM_JOB_NAME", "?")
-    task_dir = run.task_dir(stage, task["item"]) if task else None
     history = nodefail.load(task_dir) if task_dir else {}
     mark = nodefail.progress_mark(task_dir) if task_dir else None
     already = nodefail.requeued(info, restart)
+    instead = ""
+    if state is not None and srun_ended and not already and not nodefail.preempted(info):
+        restarted, why = restart_module.offer(state, task_dir, history, failed, info, env, key)
+        if restarted:
+            return nodefail.Action("restart", why), why
+        instead = f" (not restarted in place: {why})"
     action = nodefail.decide(history, failed, already, mark, nodefail.env_limit(env), stage,
                              preempted=srun_ended and nodefail.preempted(info))
     done = carry_out(action, job_id, info, already, restart, str(run.path), stage, env, resubmit_after)
@@ -55,7 +70,7 @@ def after_step(run: RunDir, env: Mapping[str, str], resubmit_after: Resubmit, sr
         nodefail.record(task_dir, history, action, key, restart, failed, mark, done)
     if action.do != "none":
         note_next(stop, done)
-    return action, f"{action.why}: {done}"
+    return action, f"{action.why}: {done}{instead}"
 
 
 def carry_out(action: nodefail.Action, job_id: str, info: Dict[str, str], already: bool, restart: int,
@@ -98,24 +113,46 @@ def _said(values: Dict[str, str], what: str) -> str:
     return f"{what} with {' '.join(f'{k}={v}' for k, v in values.items())}" if values else what
 
 
-def settle_request(path: str, runner: Callable[..., Any] = subprocess.run) -> str:
+def settle_request(path: str, runner: Callable[..., Any] = subprocess.run,
+                   state: Optional[Dict[str, Any]] = None) -> str:
     """Rank 0's stop request at `path` (hpc.recovery.hostact) carried out here, on the host: SLURM
     read, the decision recorded in the task's history, the job requeued (preemption.settle; `runner`
-    runs its SLURM clients)."""
+    runs its SLURM clients); a hang restarted in place instead where `state` (the srun wrapper's steps,
+    hpc.recovery.restart) allows it (in_place)."""
     request = hostact.pending(path)
     if request is None:
         return f"no stop request at {path}"
     try:
-        if request["reason"] == hostact.SUBMITIT:  # submitit counted the timeouts and checkpointed: requeue only
+        outcome = in_place(request, state) if request["reason"] == "hang" and state is not None else None
+        if outcome is None and request["reason"] == hostact.SUBMITIT:  # submitit checkpointed: requeue only
             refused, said = preemption.requeue_job(str(request["job_id"]), int(request["restart"]), True, runner,
                                                    requeue.within_grace(preemption.job_info(str(request["job_id"]))))
             outcome = {"requeue": not refused, "why": refused or "submitit's checkpoint at the time limit",
                        "slurm": said}
-        else:
+        elif outcome is None:
             outcome = asdict(preemption.settle(request["reason"], request["history"], str(request["job_id"]),
                                                int(request["restart"]), int(request["max_timeouts"]), runner))
     except Exception as err:
         hostact.done(path, {"error": f"{type(err).__name__}: {err}"})
         raise
     hostact.done(path, outcome)
-    return f"the ranks stopped ({request['reason']}): {outcome['why']}" + (" (requeued)" if outcome["requeue"] else "")
+    instead = f" (not restarted in place: {state.pop('declined')})" if state and "declined" in state else ""
+    return (f"the ranks stopped ({request['reason']}): {outcome['why']}" + (" (requeued)" if outcome["requeue"] else "")
+            + instead)
+
+
+def in_place(request: Mapping[str, Any], state: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """A hang restarted in place (hpc.recovery.restart.offer_hang): the host's answer, with the hang
+    counted in the stop record as a requeue's is (max_hangs); None where it falls back to a requeue."""
+    env = {**state.get("env", {}), "SLURM_JOB_ID": str(request["job_id"])}
+    info = preemption.job_info(str(request["job_id"]))
+    _, key, _, task_dir = located(RunDir(state["run_dir"]), env, state.get("points"))
+    history = nodefail.load(task_dir) if task_dir else {}
+    restarted, why = restart_module.offer_hang(state, task_dir, history, info, env, key)
+    if not restarted:
+        state["declined"] = why
+        return None
+    decision = verdict.Decision(False, hangs.IN_PLACE, why, "hang")
+    preemption.record(Path(request["history"]), preemption.load_history(Path(request["history"])), decision, info,
+                      slurm="nothing asked of SLURM: a new srun step in the same allocation")
+    return asdict(decision)

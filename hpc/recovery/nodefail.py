@@ -138,16 +138,20 @@ def record(task_dir: Path, history: Dict[str, Any], action: Action, job: str, re
 
 
 def summary(task_dir: Path) -> str:
-    """One line for hpc.status: node failures, excluded nodes, and the latest decision."""
+    """One line for hpc.status: node failures, excluded nodes, and the latest decision; restarts in
+    place (hpc.recovery.restart), and the latest one's reason."""
     if not (Path(task_dir) / HISTORY).exists():
         return ""
-    history = load(task_dir)
-    if not history.get("node_failures"):
-        return ""
-    last = next((e for e in reversed(history["events"]) if e["kind"] == "node_failure"), {})
-    excluded = ", ".join(history.get("excluded", [])) or "none"
-    said = f"{last.get('why')} ({last.get('done')})" if last.get("do") == "stop" else last.get("done", "")
-    return f"{history['node_failures']} node failure(s), excluded: {excluded}; last: {said}"
+    history, parts = load(task_dir), []
+    if history.get("node_failures"):
+        last = next((e for e in reversed(history["events"]) if e["kind"] == "node_failure"), {})
+        excluded = ", ".join(history.get("excluded", [])) or "none"
+        said = f"{last.get('why')} ({last.get('done')})" if last.get("do") == "stop" else last.get("done", "")
+        parts.append(f"{history['node_failures']} node failure(s), excluded: {excluded}; last: {said}")
+    if history.get("restarts_in_place"):
+        last = next(e for e in reversed(history["events"]) if e["kind"] == "restart_in_place")
+        parts.append(f"{history['restarts_in_place']} restart(s) in place; last: {last['why']} ({last['done']})")
+    return "; ".join(parts)
 
 
 def env_limit(environ: Mapping[str, str] = os.environ) -> int:

@@ -82,8 +82,8 @@ def load_history(path: Path) -> dict[str, Any]:
         return {"timeouts": 0, "preemptions": 0, "events": []}
 
 
-def _record(path: Path, history: dict[str, Any], decision: Decision, info: dict[str, str],
-            at: float | None = None, slurm: str = "") -> None:
+def record(path: Path, history: dict[str, Any], decision: Decision, info: dict[str, str],
+           at: float | None = None, slurm: str = "") -> None:
     """Append the stop decided at `at` to the history, once carried out: `decision.requeue` is whether
     the job is queued again, `slurm` what SLURM did (hpc.afterstep adds `next` where it did not)."""
     history["timeouts" if decision.kind == "timeout" else "preemptions"] += decision.kind in (
@@ -148,7 +148,7 @@ def settle(reason: str, history: str | os.PathLike, job_id: str, restarts: int,
         refused, said = requeue_job(job_id, restarts, decision.by == "hpc", runner, requeue.within_grace(info, at))
         if refused:
             decision = Decision(False, None, refused, kind)
-    _record(Path(history), past, decision, info, at, said)
+    record(Path(history), past, decision, info, at, said)
     return decision
 
 

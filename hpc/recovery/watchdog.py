@@ -39,7 +39,7 @@ from typing import Any, Callable
 
 from hpc.fs.atomic import write_bytes
 from hpc.recovery import preemption
-from hpc.recovery.hangs import REPORT, HangDir, attempt_dir, describe, verdict
+from hpc.recovery.hangs import IN_PLACE, REPORT, HangDir, attempt_dir, describe, verdict
 
 log = logging.getLogger(__name__)
 DEFAULT_WATCHDOG_S = 300.0
@@ -178,8 +178,9 @@ class Watchdog:
         requeued = bool(report and (report.get("decision") or {}).get("requeue"))
         if report and report.get("decided_by") == self.hang.rank:
             log.error("hang: %s", describe(report))
-        log.error("watchdog of rank %d: ending the process (%s)", self.hang.rank,
-                  "the job is requeued" if requeued else "not requeued")
+        in_place = bool(report and (report.get("decision") or {}).get("by") == IN_PLACE)
+        log.error("watchdog of rank %d: ending the process (%s)", self.hang.rank, "the job is requeued" if requeued
+                  else "the step is restarted in place" if in_place else "not requeued")
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()

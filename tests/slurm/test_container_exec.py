@@ -42,15 +42,16 @@ def restarts(cluster, job) -> int:
     return int(job_field(cluster, job, "Restarts") or 0)
 
 
-def submit_boxed(name: str, run_dir: Path) -> tuple:
-    assert submit.main([name, "--cluster", "slurm", "--run-dir", str(run_dir), *boxed()]) == 0
+def submit_boxed(name: str, run_dir: Path, *overrides: str) -> tuple:
+    assert submit.main([name, "--cluster", "slurm", "--run-dir", str(run_dir), *boxed(), *overrides]) == 0
     run = RunDir(run_dir)
     ((job, stage),) = [(t["job_id"], t["stage"]) for t in run.tasks()]
     return run, job, run.task_dir(stage)
 
 
 def test_jobs_without_slurm_in_reach_are_requeued_from_the_host(slurm_cluster, tmp_path):
-    run, job, out = submit_boxed("box", tmp_path / "box")
+    # restarts in place off: its hang is requeued (test_restart_in_place.py restarts one in place, boxed)
+    run, job, out = submit_boxed("box", tmp_path / "box", "stages.train.max_restarts_in_place=0")
     limit_run, limit_job, limit_out = submit_boxed("boxlimit", tmp_path / "limit")
 
     wait_until(lambda: (out / "start-0-0.json").exists(), timeout_s=120, what="attempt 0 to train")

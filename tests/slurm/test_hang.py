@@ -36,7 +36,9 @@ def reports(out: Path) -> list:
 
 
 def test_a_stopped_rank_is_named_and_its_job_requeued_from_the_last_checkpoint(slurm_cluster, tmp_path):
-    assert submit.main(["hang", "--cluster", "slurm", "--run-dir", str(tmp_path / "run")]) == 0
+    # restarts in place off: the requeue is what this test is about (test_restart_in_place.py has the restart)
+    assert submit.main(["hang", "--cluster", "slurm", "--run-dir", str(tmp_path / "run"),
+                        "stages.train.max_restarts_in_place=0"]) == 0
     run = RunDir(tmp_path / "run")
     ((job, out),) = [(t["job_id"], run.task_dir("train")) for t in run.tasks()]
     (report,) = wait_until(lambda: reports(out), timeout_s=120, what="the watchdog's report")

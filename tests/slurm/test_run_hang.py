@@ -49,7 +49,8 @@ def test_a_hung_script_is_named_by_its_stacks_and_requeued(slurm_cluster, tmp_pa
     run_dir = tmp_path / "run"
     monkeypatch.chdir(tmp_path)
     assert submit.main(["run", "--cluster", "slurm", "--run-dir", str(run_dir), "--tasks-per-node", "2",
-                        "--hang-after", "6", "stages.main.cpus_per_task=1", "--", sys.executable,
+                        "--hang-after", "6", "stages.main.cpus_per_task=1",
+                        "stages.main.max_restarts_in_place=0", "--", sys.executable,  # the requeue, not a restart in place
                         str(script)]) == 0
     job = RunDir(run_dir).tasks()[0]["job_id"]
     reports = run_dir / "main" / "hangs"

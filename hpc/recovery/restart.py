@@ -1,0 +1,157 @@
+"""The srun wrapper's restarts in place: read what ended the step, decide (hpc.recovery.inplace), name
+the next step's srun line, and record the restart in the task's history (hpc.status shows it).
+
+    python -m hpc.afterstep RUN_DIR -- srun ...    # a failed step restarts in the same allocation
+
+The wrapper keeps one `state` dict across the srun steps of its allocation: `number` (the step's
+restart in place), `argv` (the first step's srun line), `started` (its start, Unix time), `request`
+(its ranks' stop request file, hpc.recovery.hostact), `training` (the nodes it trains on; None: the
+whole allocation), `costs` (measured restarts: a step's start to its first committed checkpoint),
+`terminated` (SIGTERM came: SLURM is ending the job), `hang` (a hang restarted in place, decided
+while srun still ran), and `next`, the next step's srun line once a restart is decided.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from hpc.fs import atomic
+from hpc.recovery import deadline, hangs, hostact, inplace, nodefail, requeue
+from hpc.slurm import hostlist
+
+DEPTH = 3  # how far below the task directory checkpoints are looked for (nodefail.progress_mark's)
+
+
+def first(argv: Sequence[str], environ: Mapping[str, str], state: Dict[str, Any]) -> List[str]:
+    """The first step's srun line: with spare nodes, on the job's nodes less the spares."""
+    spare = inplace.spare(environ)
+    shape = requeue.requested(environ)
+    allocation = hostlist.expand(environ.get("SLURM_JOB_NODELIST", "")) if spare else []
+    if not spare or shape is None or len(allocation) <= spare:
+        return list(argv)
+    state["training"] = allocation[:len(allocation) - spare]
+    return with_args(argv, inplace.srun_args(state["training"], shape[1])[1:])
+
+
+def with_args(argv: Sequence[str], args: Sequence[str]) -> List[str]:
+    """srun's line with `args` as its first options (srun's options come before the command)."""
+    return [argv[0], *args, *argv[1:]]
+
+
+def offer(state: Dict[str, Any], task_dir: Optional[Path], history: Dict[str, Any], failed: Sequence[str],
+          info: Mapping[str, str], environ: Mapping[str, str], key: str) -> Tuple[bool, str]:
+    """After srun ended with an error: restart in place? (True, why) once the next step's srun line
+    is in state['next'] and the restart recorded; else (False, why not). Where the stage checks its
+    nodes (hpc.recovery.nodecheck), the nodes left are checked first, and one that fails is left out."""
+    hang = state.pop("hang", None)  # decided while srun ran (offer_hang), recorded then
+    job_state = info.get("JobState", "").split("+")[0]
+    if hang is None and (state.get("terminated") or job_state != "RUNNING"):
+        return False, f"SLURM is ending the job (JobState={job_state or '?'})"
+    if hang is None and hostact.pending(state["request"] + ".done") is not None:
+        return False, "its ranks stopped for a preemption or the time limit"
+    allocation = hostlist.expand(environ.get("SLURM_JOB_NODELIST", ""))
+    failed = sorted(set(failed) | set(checked(state, environ, [n for n in allocation if n not in failed])))
+    nodes = state.get("training")
+    if failed:
+        training = state.get("training") or allocation
+        fewest = (requeue.requested(environ) or ((len(training), 0), 1))[0][0]
+        nodes = inplace.nodes_for(allocation, failed, len(training), fewest)
+        if nodes is None:
+            return False, f"{len(allocation) - len(failed)} healthy node(s) left, {fewest} needed"
+    if hang is not None:
+        state["training"] = nodes
+        state["next"] = with_args(state["argv"], inplace.srun_args(nodes, _per_node(environ)))
+        return True, hang
+    mark = nodefail.progress_mark(task_dir) if task_dir else None
+    failure = inplace.Failure("node" if failed else "crash", mark, mark, tuple(failed))
+    return _restart(state, task_dir, history, failure, info, environ, key, nodes)
+
+
+def checked(state: Dict[str, Any], environ: Mapping[str, str], nodes: Sequence[str]) -> List[str]:
+    """The nodes of `nodes` that fail the stage's node check before the next step: state['check'],
+    which the wrapper sets where the stage checks its nodes (hpc.recovery.nodecheck); [] without."""
+    try:
+        return sorted(state["check"](nodes)) if state.get("check") else []
+    except Exception:  # a check that cannot run never stops a restart, as before the first step
+        return []
+
+
+def offer_hang(state: Dict[str, Any], task_dir: Optional[Path], history: Dict[str, Any],
+               info: Mapping[str, str], environ: Mapping[str, str], key: str) -> Tuple[bool, str]:
+    """A rank's hang verdict, while srun still runs: restart in place once srun has ended? The
+    ranks end their step themselves (the watchdog), and offer() then starts the next one."""
+    if info.get("JobState", "").split("+")[0] != "RUNNING" or task_dir is None:
+        return False, f"the job is {info.get('JobState', '?')}"
+    mark = nodefail.progress_mark(task_dir)
+    where = hangs.attempt_dir(task_dir, environ.get("SLURM_JOB_ID", "0"), environ.get("SLURM_RESTART_COUNT") or 0,
+                              {inplace.ENV: str(state["number"])})
+    steps = [a.get("step") for a in hangs.HangDir(where, -1).answers().values() if a.get("step") is not None]
+    failure = inplace.Failure("hang", max(steps) if steps else mark, mark)
+    ok, why = _restart(state, task_dir, history, failure, info, environ, key, state.get("training"), later=True)
+    if ok:
+        state["hang"] = why
+    return ok, why
+
+
+def _restart(state: Dict[str, Any], task_dir: Optional[Path], history: Dict[str, Any], failure: inplace.Failure,
+             info: Mapping[str, str], environ: Mapping[str, str], key: str, nodes: Optional[Sequence[str]],
+             later: bool = False) -> Tuple[bool, str]:
+    restart = int(environ.get("SLURM_RESTART_COUNT") or 0)
+    before = [e for e in history.get("events", []) if e.get("kind") == inplace.KIND
+              and (e.get("job"), e.get("restart")) == (key, restart)]
+    end = deadline.end_time(info)
+    now = time.time()
+    cost = measured(state, task_dir, now)
+    ok, why = inplace.decide(failure, before, inplace.limit(environ), None if end is None else end - now, cost)
+    if not ok:
+        return False, why
+    where = f" on {','.join(nodes)}" if nodes else ""
+    failed = f" ({','.join(failure.nodes)} failed)" if failure.nodes else ""
+    done = f"restarted in place as step {state['number'] + 1} of job {key}{where}{failed}"
+    if task_dir is not None:
+        record(task_dir, history, {"time": now, "job": key, "restart": restart, "kind": inplace.KIND,
+                                   "failure": failure.kind, "step": failure.step, "progress": failure.mark,
+                                   "in_place": state["number"] + 1, "failed_nodes": list(failure.nodes),
+                                   "nodes": list(nodes or []), "cost_s": round(cost, 1),
+                                   "left_s": None if end is None else round(end - now), "do": "restart",
+                                   "why": why, "done": done})
+    state["training"] = list(nodes) if nodes else None
+    if not later:
+        state["next"] = with_args(state["argv"], inplace.srun_args(nodes, _per_node(environ)))
+    return True, f"{why}: {done}"
+
+
+def measured(state: Dict[str, Any], task_dir: Optional[Path], now: float) -> float:
+    """What a restart takes: the longest of this allocation's steps from their start to their first
+    committed checkpoint; before any, how long the failed step ran."""
+    commit = committed_since(task_dir, state["started"]) if task_dir else None
+    if commit is not None:
+        state.setdefault("costs", []).append(commit - state["started"])
+    return max(state.get("costs") or [now - state["started"]])
+
+
+def committed_since(task_dir: Path, since: float) -> Optional[float]:
+    """When the first checkpoint committed after `since` was (its COMPLETE.json's time), or None."""
+    times = []
+    for level in range(DEPTH):
+        for marker in Path(task_dir).glob("/".join(["*"] * level + ["step-*", "COMPLETE.json"])):
+            try:
+                times.append(marker.stat().st_mtime)
+            except OSError:
+                continue  # removed meanwhile (keep_latest_k)
+    later = [t for t in times if t >= since]
+    return min(later) if later else None
+
+
+def record(task_dir: Path, history: Dict[str, Any], event: Mapping[str, Any]) -> None:
+    """A restart in place appended to the task's history (hpc.recovery.nodefail.HISTORY)."""
+    history["restarts_in_place"] = history.get("restarts_in_place", 0) + 1
+    history.setdefault("events", []).append(dict(event))
+    atomic.write_text(Path(task_dir) / nodefail.HISTORY, json.dumps(history, indent=1))
+
+
+def _per_node(environ: Mapping[str, str]) -> int:
+    shape = requeue.requested(environ)
+    return shape[1] if shape else 1
