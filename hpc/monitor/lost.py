@@ -7,8 +7,8 @@ the job ids are in the manifest. An announcement left behind (sbatch's answer an
 lost, or the submitting process killed in between) is looked up here: one `squeue --me` call for
 all of them (hpc.slurm.tokens; a second only when the first answers nothing, which a loaded
 controller may do), and none when nothing is pending. A job found is added to the run's manifest,
-marked `found_by_token`: in memory for python -m hpc.status (look), written by a resubmission before
-it plans (settle), so that it never queues the work a second time. Either also does for it what the
+marked `found_by_token`: in memory for python -m hpc.status (look; look_sweep for a sweep's points),
+written by a resubmission before it plans (settle), so that it never queues the work a second time. Either also does for it what the
 submission would have done after sbatch (its log folder, its pickle: hpc.rundir.intents.complete;
 status copies the pickle, as the submission it looks at may still be running and move it itself),
 so that the job runs when it starts; one that started before anyone looked has failed (submitit waits
@@ -79,16 +79,35 @@ def look(run: RunDir) -> Looked:
     pending = intents.pending(run.path)
     if not pending:
         return Looked(run)
-    adopted = _Adopted.at(run.path)
     try:
-        found = look_up()
+        found, failed = look_up(), ""
     except RuntimeError as err:  # the rows still show what the manifest knows, and say the look-up failed
-        adopted._pinned = run.manifest()
-        adopted.looked = Looked(adopted, [], pending, str(err).split(". HINT:")[0])
-        return adopted.looked
+        found, failed = {}, str(err).split(". HINT:")[0]
+    return _looked(run, pending, found, failed)
+
+
+def look_sweep(where: Path, points: Dict[str, RunDir]) -> Dict[str, Looked]:
+    """look() for a sweep directory `where`, whose announcements name (point, item) pairs: each point
+    (signature -> its run dir) pinned with the jobs found for its items added in memory. One squeue
+    call for all points when the sweep has a pending announcement, none otherwise."""
+    pending = intents.pending(where)
+    parts = _by_point(pending) if pending else {}
+    found, failed = {}, ""
+    if parts:
+        try:
+            found = look_up()
+        except RuntimeError as err:  # as look()'s
+            failed = str(err).split(". HINT:")[0]
+    return {sig: _looked(run, parts[sig], found, failed) if sig in parts else Looked(run.pin())
+            for sig, run in points.items()}
+
+
+def _looked(run: RunDir, pending: Sequence[Dict[str, Any]], found: Dict[str, str], failed: str) -> Looked:
+    """The run pinned with the jobs `found` for its `pending` announcements added to a copy of its manifest."""
+    adopted = _Adopted.at(run.path)
     adopted._pinned = copy.deepcopy(run.manifest())
     settled = adopt(adopted._pinned, pending, found, move=False)  # a submission may be under way
-    adopted.looked = Looked(adopted, settled, [e for e in pending if e["token"] not in settled])
+    adopted.looked = Looked(adopted, settled, [e for e in pending if e["token"] not in settled], failed)
     return adopted.looked
 
 

@@ -3,7 +3,9 @@
     python -m hpc.status runs/sweep-20260101-120000      # a sweep directory: this table
 
 One scheduler call for every point's jobs (hpc.monitor.status.query_run); the points come from the
-sweep's record (hpc.rundir.sweepdir).
+sweep's record (hpc.rundir.sweepdir). A sweep sbatch call whose answer was lost (an announcement left
+in the sweep directory) costs one squeue call more, for all points: the job found by its token is
+shown in its points, as hpc.status shows it in a run (hpc.monitor.lost).
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Dict, List
 
-from hpc.monitor import status, table
+from hpc.monitor import lost, status, table
 from hpc.rundir.sweepdir import SweepDir, describe
 from hpc.slurm import scheduler
 
@@ -34,13 +36,15 @@ class PointStatus:
     metric: str  # the latest metrics.json: "stage[item] key=value ..."
     run_dir: str
     active: int = 0  # its tasks still queued or running (scheduler.ACTIVE): the sweep is over at 0 for all
+    note: str = ""  # its jobs found by token, its sbatch calls whose answer was lost (hpc.monitor.lost.notes)
 
 
 def collect(sweep: SweepDir) -> List[PointStatus]:
     """One row per point, from one scheduler call for all points' jobs. Each point's manifest is
     read once, and a task costs a look-up in that answer (its files only when SLURM has no record)."""
     points = sweep.record()["points"]
-    runs = [sweep.point(sig).pin() for sig in points]
+    looked = lost.look_sweep(sweep.path, {sig: sweep.point(sig) for sig in points})
+    runs = [looked[sig].run for sig in points]
     records, never = status.query_run(*runs)
     rows = []
     for (sig, entry), run in zip(points.items(), runs):
@@ -50,7 +54,8 @@ def collect(sweep: SweepDir) -> List[PointStatus]:
         state = next((s for s in PRECEDENCE if s in tasks), "COMPLETED" if tasks else NOT_SUBMITTED)
         rows.append(PointStatus(sig, entry["overrides"], entry.get("in_grid", True), state,
                                 f"{tasks.count('COMPLETED')}/{len(tasks)}", latest_metric(run.path), str(run.path),
-                                sum(s in scheduler.ACTIVE for s in tasks)))
+                                sum(s in scheduler.ACTIVE for s in tasks),
+                                "; ".join(sorted(set(lost.notes(looked[sig]).values())))))
     return rows
 
 
@@ -74,14 +79,16 @@ def latest_metric(point: Path, shown: int = 4) -> str:
 
 
 def format_table(rows: List[PointStatus]) -> str:
-    """A line of points by state, then one row per point, failed and running ones first."""
+    """A line of points by state, then one row per point, failed and running ones first, then a line
+    for each point with a note."""
     head = ("POINT", "OVERRIDES", "STATE", "TASKS", "METRIC")
     rows = sorted(rows, key=lambda r: table.rank(r.state))
     body = [(r.point, describe(r.overrides) + ("" if r.in_grid else " (not in grid)"), r.state, r.tasks,
              r.metric) for r in rows]
     widths = [max(len(x) for x in col) for col in zip(head, *body)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in [head, *body]]
-    return "\n".join([table.by_state([r.state for r in rows], "point"), *lines])
+    notes = [f"{r.point}: {r.note}" for r in rows if r.note]
+    return "\n".join([table.by_state([r.state for r in rows], "point"), *lines, *notes])
 
 
 def json_rows(rows: List[PointStatus]) -> List[Dict[str, Any]]:

@@ -147,7 +147,9 @@ def test_status_shows_the_tasks_a_submission_cut_short_never_submitted(site):
     assert "2 UNSUBMITTED" in table.stdout.splitlines()[0], table.stdout
 
 
-def test_a_sweep_array_whose_answer_and_lookup_were_lost_is_not_queued_again(site):
+def lost_sweep_array(site: Path) -> tuple:
+    """A two-point sweep whose `first` array was queued while sbatch's answer and the look-up were lost:
+    (sweep dir, shim, submit args, array id, its token's comment)."""
     sweep = site / "sweep"
     shim = SlurmShim(site / "shim").rule("sbatch", [1], QUEUED_THEN_TIMEOUT).rule("squeue", range(1, 50), TIMEOUT)
     args = ["tiny", "--cluster", "slurm", "--run-dir", str(sweep), "tiny.parts=[0]", *HOLD[1:], LATER,
@@ -156,7 +158,11 @@ def test_a_sweep_array_whose_answer_and_lookup_were_lost_is_not_queued_again(sit
     assert out.returncode == 2 and "may have been queued" in out.stderr, out.stdout + out.stderr
     (array, comment), = queued_by(site).items()  # `first` of both points, in one array hpc never heard of
     assert [e["token"] for e in intents.pending(sweep)] == [comment.split(":")[1]]
+    return sweep, shim, args, array, comment
 
+
+def test_a_sweep_array_whose_answer_and_lookup_were_lost_is_not_queued_again(site):
+    sweep, shim, args, array, comment = lost_sweep_array(site)
     shim.clear()
     again = _hpc("hpc.submit", *args, env=shim.env())
     assert again.returncode == 0, again.stdout + again.stderr
