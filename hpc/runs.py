@@ -18,7 +18,6 @@ path that is not a run (a Sweep: not a sweep) with a RunDirError.
 """
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -101,21 +100,9 @@ class Run:
         """Task ('stage[item]') -> the content of its metrics.json, for the tasks that wrote one;
         `goodput`: every task also gets 'goodput', python -m hpc.status --cost's figures of it
         (GPU- or CPU-hours per part, the share that trained, queue wait; hpc.monitor.cost)."""
-        run, found = RunDir(self.path), {}
-        if goodput:
-            from hpc.monitor import cost  # as in rows(): on first use
+        from hpc.monitor import metrics  # as in rows(): on first use
 
-            for row in cost.collect(str(self.path))["tasks"]:
-                found[row["task"]] = {"goodput": {k: v for k, v in row.items() if k not in ("task", "stage")}}
-        for t in run.tasks():
-            where = run.task_dir(t["stage"], t["item"])
-            if "metrics.json" in listed(where):
-                try:
-                    key = task_key(t["stage"], t["item"])
-                    found[key] = {**json.loads((where / "metrics.json").read_text()), **found.get(key, {})}
-                except ValueError:
-                    continue  # being rewritten: absent this time
-        return found
+        return metrics.of_run(self.path, goodput)
 
     def outputs(self) -> Dict[str, List[Path]]:
         """Task -> the files and directories it made in its directory (what hpc.status lists)."""
@@ -196,8 +183,11 @@ class Sweep:
         return self.point(point).logs(stage, task, rank, err)
 
     def metrics(self, goodput: bool = False) -> Dict[str, Dict[str, Any]]:
-        """Point signature -> task -> its metrics.json (Run.metrics of each point, `goodput` too)."""
-        return {sig: run.metrics(goodput) for sig, run in self.points().items()}
+        """Point signature -> task -> its metrics.json (Run.metrics of each point, `goodput` too:
+        one scheduler call for every point)."""
+        from hpc.monitor import metrics  # as in Run.rows(): on first use
+
+        return metrics.of_sweep(self.path, {sig: run.path for sig, run in self.points().items()}, goodput)
 
     def outputs(self) -> Dict[str, Dict[str, List[Path]]]:
         """Point signature -> task -> the files it made (Run.outputs of each point)."""

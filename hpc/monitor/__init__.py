@@ -13,4 +13,5 @@ Parts::
     timeline_plot.py  the timeline drawn with matplotlib (an optional extra: pip install 'hpc[plot]')
     goodput.py        an attempt's allocation split: start-up, training, redone, checkpoint, teardown, failures
     cost.py           goodput per task, stage, run and sweep from sacct and the records (hpc.status --cost)
+    metrics.py        each task's metrics.json with its goodput (hpc.Run.metrics), a sweep's from one sacct call
 """
