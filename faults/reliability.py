@@ -4,7 +4,8 @@
     python -m faults.reliability --quick --out /tmp/R.md
 
 The campaigns are faults.checkpoint, faults.disk, faults.resume, faults.exits (normal exits of
-DDP jobs on a local SLURM cluster), faults.hangs (hung ranks and the watchdog), faults.sharedfs
+DDP jobs on a local SLURM cluster), faults.hangs (hung ranks and the watchdog), faults.inplace (ranks
+killed or hung again and again in one job, restarted in place each time), faults.sharedfs
 (NFS and Lustre behaviours, injected), faults.nodefail (a node of a local SLURM cluster failed
 under a 2-node training job, which hpc requeues without it), faults.controller (a preemption whose
 `scontrol requeue` times out: the job keeps its place), faults.submitfaults (sbatch answers lost
@@ -75,6 +76,7 @@ def campaigns() -> List[Campaign]:
     from faults.controller import requeue_timeouts
     from faults.disk import full_disk
     from faults.hangs import hung_ranks
+    from faults.inplace import repeated_restarts
     from faults.nodefail import node_failures
     from faults.outages import ctld_restarts, dbd_outage
     from faults.qoslimits import qos_limits
@@ -100,6 +102,7 @@ def campaigns() -> List[Campaign]:
                  _normal_exits("trainloop-fsdp"), 200, 4),
         Campaign("a rank hung (SIGSTOP, or asleep in its step): watchdog", hung_ranks, 10, 2),
         Campaign("a node failed under a 2-node training job: requeued without it", node_failures, 5, 1),
+        Campaign("a rank killed or hung 3 times in one job: restarted in place each time", repeated_restarts, 3, 1),
         Campaign("requeue timing out at a preemption (scontrol requeue: Socket timed out, 1 or 2 times)",
                  requeue_timeouts, 5, 1),
         Campaign("sbatch queued, then timed out (or timed out before queueing)", queued_then_timeout, 10, 5),
@@ -221,7 +224,8 @@ def _finish(sec: Section, injected: int, lost: int, not_run: List[str], carried:
         "None once a checkpoint existed, or mixed files of two steps; a resumed run whose parameters "
         "are not torch.equal to the uninterrupted run's; a second writer let in; a manifest entry missing; "
         "a job whose node failed that did not end COMPLETED off the node, resumed from its newest "
-        "checkpoint, with the uninterrupted run's model (within 1e-12: 4 ranks became 2); a preempted job whose "
+        "checkpoint, with the uninterrupted run's model (within 1e-12: 4 ranks became 2); a job restarted in place "
+        "that was requeued, missed a restart, trained a step twice or not at all, or ended with another model; a preempted job whose "
         "requeue timed out that did not end COMPLETED with every step done, submitted once and restarted once; "
         "a task with no queued job, queued twice, recorded under another id than squeue's, or submitted again "
         "blindly (a resubmission that squeue answered nothing for twice must refuse); for a daemon stopped or a "
