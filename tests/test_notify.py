@@ -142,3 +142,18 @@ def test_a_sweep_sends_a_few_messages_of_a_kind_then_one_summary(tmp_path, tiny)
     assert events[-1] == ("task_failed", "sweep"), events
     last = hook.bodies[-1]["text"]
     assert "more than 5 points of the sweep" in last and "HINT: python -m hpc.status" in last
+
+
+@pytest.mark.parametrize("override, said", [
+    ("notify.mail_type=[END,SOMETIMES]", "notify.mail_type=['END', 'SOMETIMES']: SOMETIMES for SLURM's mail"),
+    ("notify.events=[hang]", "notify.events=['hang']: nothing for SLURM's mail"),
+    ("notify.mail=me@site.org;rm", "notify.mail='me@site.org;rm'; expected an address"),
+])
+def test_slurm_mail_that_sbatch_cannot_take_is_refused_in_one_line(override, said):
+    """notify.mail's sbatch lines are tests/test_plan.py's golden run_sandbox_mail."""
+    from tests.test_plan import dry_run
+
+    out = dry_run(["run", "--cluster", "slurm", "--profile", "sandbox", "notify.mail=me@site.org", override,
+                   "--", "python", "train.py"])
+    assert out.returncode == 2 and said in out.stderr and "HINT: notify." in out.stderr, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr

@@ -22,6 +22,9 @@ CASES = {
     "langsplat_local": ["langsplat", "--cluster", "local"],
     "run_sandbox": ["run", "--cluster", "slurm", "--profile", "sandbox", "--nodes", "2", "--gpus-per-node", "2",
                     "--", "python", "train.py", "--lr", "1e-3"],
+    # notify.mail: SLURM's own mail (sbatch --mail-user, --mail-type from the events asked for)
+    "run_sandbox_mail": ["run", "--cluster", "slurm", "--profile", "sandbox", "notify.mail=me@site.org",
+                         "notify.events=[task_failed,requeued,run_completed]", "--", "python", "train.py"],
 }
 
 

@@ -136,6 +136,9 @@ class NotifySettings:
     template: str = ""  # the body instead: $text, $event, $run, $task filled in (ntfy: '$text')
     command: List[str] = field(default_factory=list)  # an argv run with the message as its last argument
     events: List[str] = field(default_factory=list)  # those to send; [] = all of them
+    # SLURM's own mail, for sites whose compute nodes reach no network: sbatch --mail-user on every job
+    mail: str = ""
+    mail_type: List[str] = field(default_factory=list)  # sbatch --mail-type values; []: from `events`
     timeout_s: float = 3.0  # a sink's deadline; at its end a job waits for its messages this and a second at most
 
 

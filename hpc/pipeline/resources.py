@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from hpc.config.schema import to_dict
 from hpc.container import spec
-from hpc.pipeline import earlysignal, worlds
+from hpc.pipeline import earlysignal, sbatch, worlds
 
 
 def of_stage(cfg: Any, name: str, key: str, batch: Sequence[int], kind: str, run_dir: str
@@ -24,6 +24,7 @@ def of_stage(cfg: Any, name: str, key: str, batch: Sequence[int], kind: str, run
     """(the resources of stage `name` from cfg.stages[`key`], its world sizes, the executor's note
     on them or '', the early-signal note or None). `batch`: StageDef.batch, checked on SLURM."""
     res = dict(to_dict(cfg.stages[key]))
+    res["extra"] = sbatch.with_mail(res.get("extra"), to_dict(getattr(cfg, "notify", None) or {}))  # SLURM's mail
     res["container"] = _container(cfg, key, res, run_dir) if kind == "slurm" else None
     if kind == "slurm" and batch:  # every node count SLURM may grant, not only the ends
         worlds.check_batch(f"stages.{key}.nodes", res, batch[0])

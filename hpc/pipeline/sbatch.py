@@ -9,14 +9,18 @@ shlex.quote there; config values were already restricted to plain tokens in hpc.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import sys
 from typing import Any, Dict, Mapping, Optional, Sequence
 
 from hpc.config import defaults
+from hpc.config.checks import ConfigError
 from hpc.container import spec
 from hpc.pipeline import arrays
 from hpc.slurm import noderange
+
+MAIL = re.compile(r"[A-Za-z0-9_.+-]+(@[A-Za-z0-9.-]+)?")  # notify.mail: user@site, or a user name
 
 
 def slurm_parameters(res: Mapping[str, Any], job_name: str, dependency: Optional[str] = None,
@@ -100,6 +104,35 @@ def node_check(section: Mapping[str, Any]) -> list:
     if not (section.get("enabled") or section.get("command")):
         return []
     return [f"export HPC_NODE_CHECK={shlex.quote(json.dumps(dict(section), sort_keys=True))}"]
+
+
+# hpc's events (hpc.rundir.notify.EVENTS) as SLURM's mail types; a hang has none of its own
+MAIL_TYPES = {"task_failed": "FAIL", "requeued": "REQUEUE", "time_limit_cap": "TIME_LIMIT",
+              "stage_completed": "END", "run_completed": "END"}
+SLURM_MAIL_TYPES = ("NONE", "BEGIN", "END", "FAIL", "REQUEUE", "ALL", "INVALID_DEPEND", "STAGE_OUT", "TIME_LIMIT",
+                    "TIME_LIMIT_90", "TIME_LIMIT_80", "TIME_LIMIT_50", "ARRAY_TASKS")
+
+
+def with_mail(extra: Optional[Mapping[str, Any]], notify: Mapping[str, Any]) -> Dict[str, Any]:
+    """A stage's sbatch options (stages.S.extra) with notify.mail as --mail-user and --mail-type (its
+    mail_type, else its events' kinds: FAIL, REQUEUE, TIME_LIMIT, END); the stage's own mail options win."""
+    extra = dict(extra or {})
+    address = str(notify.get("mail") or "")
+    if not address:
+        return extra
+    if not MAIL.fullmatch(address):
+        raise ConfigError(f"notify.mail={address!r}; expected an address (user@site) or a user name. "
+                          "HINT: notify.mail=me@example.org")
+    kinds = [str(k).upper() for k in notify.get("mail_type") or []]
+    kinds = kinds or list(dict.fromkeys(MAIL_TYPES[e] for e in notify.get("events") or MAIL_TYPES if e in MAIL_TYPES))
+    bad = [k for k in kinds if k not in SLURM_MAIL_TYPES] or ([] if kinds else ["nothing"])
+    if bad:
+        said = f"mail_type={kinds}" if notify.get("mail_type") else f"events={list(notify.get('events') or [])}"
+        raise ConfigError(f"notify.{said}: {bad[0]} for SLURM's mail (a hang has no mail type of its own); expected "
+                          f"some of {list(SLURM_MAIL_TYPES)}. HINT: notify.mail_type=[END,FAIL]")
+    ours = {"mail_user": address, "mail_type": ",".join(kinds)}
+    theirs = {k.replace("-", "_") for k in extra}
+    return {**{k: v for k, v in ours.items() if k not in theirs}, **extra}
 
 
 def local_parameters(res: Mapping[str, Any]) -> Dict[str, Any]:
