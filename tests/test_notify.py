@@ -157,3 +157,55 @@ def test_slurm_mail_that_sbatch_cannot_take_is_refused_in_one_line(override, sai
                    "--", "python", "train.py"])
     assert out.returncode == 2 and said in out.stderr and "HINT: notify." in out.stderr, out.stderr
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_the_users_cluster_file_names_the_sinks_and_a_runs_own_notify_wins(tmp_path, tiny, monkeypatch):
+    """A top-level notify: in the user's cluster file (HPC_CLUSTERS_FILE) reaches every run submitted
+    from here, under the run's own: here its events come from the command line, its webhook from the file."""
+    hook = Hook()
+    mine = tmp_path / "clusters.yaml"
+    mine.write_text(f"notify:\n  webhook: {hook.url}\n  events: [task_failed]\n  timeout_s: 2\n"
+                    "far:\n  ssh: alice@far.example.org\n")
+    monkeypatch.setenv("HPC_CLUSTERS_FILE", str(mine))
+    try:
+        run = hpc.submit("tests.tiny_pipeline", cluster="local", run_dir=tmp_path / "run",
+                         overrides=["tiny.parts=[0]", "notify.events=[stage_completed,run_completed]"])
+        assert run.done()
+    finally:
+        hook.close()
+    assert hook.events() == [("stage_completed", "first"), ("stage_completed", "second"), ("run_completed", "run")]
+    saved = (run.path / "config.yaml").read_text()
+    assert hook.url in saved  # the run keeps what it was submitted with: a resubmission reads its saved config
+
+
+@pytest.mark.parametrize("text, said", [
+    ("notify: [a]\n", "(notify:): a list; expected a mapping of a run's notify keys"),
+    ("notify:\n  webhok: http://x\n", "webhok"),
+])
+def test_a_users_notify_that_is_no_notify_section_is_refused_in_one_line(tmp_path, monkeypatch, text, said):
+    from tests.test_plan import dry_run
+
+    (tmp_path / "clusters.yaml").write_text(text)
+    monkeypatch.setenv("HPC_CLUSTERS_FILE", str(tmp_path / "clusters.yaml"))
+    out = dry_run(["tests.tiny_pipeline", "--cluster", "local"], run_dir=str(tmp_path / "run"))
+    assert out.returncode == 2 and said in out.stderr and "HINT:" in out.stderr, out.stderr
+    assert str(tmp_path / "clusters.yaml") in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_a_named_clusters_notify_goes_with_a_submission_to_it(tmp_path, monkeypatch):
+    """The entry's notify: over the file's top-level one, both before the command's own key=value
+    overrides, in the command the cluster runs (its dry run prints it; `ssh: local` needs no ssh)."""
+    from tests.test_plan import dry_run
+
+    (tmp_path / "clusters.yaml").write_text(
+        "notify:\n  webhook: http://hooks.example.org/me\n  events: [task_failed]\n"
+        f"far:\n  ssh: local\n  runs: {tmp_path / 'runs'}\n  notify:\n    mail: alice@far.example.org\n"
+        "    events: [run_completed]\n")
+    monkeypatch.setenv("HPC_CLUSTERS_FILE", str(tmp_path / "clusters.yaml"))
+    out = dry_run(["tests.tiny_pipeline", "--cluster", "far", "notify.timeout_s=5"], run_dir="r")
+    assert out.returncode == 0, out.stderr
+    said = out.stdout.replace("'\"'\"'", "")
+    order = ['notify.webhook="http://hooks.example.org/me"', 'notify.events=["run_completed"]',
+             'notify.mail="alice@far.example.org"', "notify.timeout_s=5"]
+    assert all(o in said for o in order) and sorted(order, key=said.index) == order, said
+    assert "task_failed" not in said

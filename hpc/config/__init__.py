@@ -6,8 +6,8 @@ Usage::
     from hpc.config.schema import load
     cfg = load(MyConfig, "mypkg.pipeline", profile="sandbox", overrides=["stages.train.nodes=2"])
 
-Precedence, lowest first: the schema's defaults, the pipeline's template YAML, the run directory's
-saved config.yaml, a profile (templates/profiles/), then key=value overrides.
+Precedence, lowest first: the schema's defaults, the pipeline's template YAML, the user's notify:
+(userfile.py), the run directory's saved config.yaml, a profile (templates/profiles/), then key=value overrides.
 
 Parts::
 
@@ -17,6 +17,7 @@ Parts::
     view.py     a resolved config as a read-only view over plain data
     resolved.py a saved config.yaml read back without OmegaConf (each task's config)
     defaults.py the defaults code outside a config falls back to (max_timeouts, max_node_failures)
+    userfile.py the user's cluster file: its place, and its notify: as a layer under every run's own
 
 OmegaConf is imported only to build a config that is not in the cache.
 """

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from hpc.config import cache as configcache
-from hpc.config import defaults, layers
+from hpc.config import defaults, layers, userfile
 from hpc.config import view as configview
 from hpc.config.checks import CLUSTER_KINDS, LIMITS, ConfigError, check_resources, check_text, has_control  # noqa: F401
 
@@ -168,7 +168,8 @@ def load(schema: type, pipeline: str, profile: Optional[str] = None,
     as a miss does); `view=False`: the DictConfig, for callers that vary it (hpc.sweep.points)."""
     templates = templates or layers.templates_root()
     sources = configcache.settle_sources(settle) if settle is not None else []
-    digest = _cache_key(schema, profile, overrides, saved, templates, extra, notes is not None, settle, sources)
+    user = userfile.read()  # the user's notify: (hpc.config.userfile), '' without one
+    digest = _cache_key(schema, profile, overrides, saved, templates, extra, notes is not None, settle, sources, user)
     hit = configcache.get(digest, view)
     if hit is not None:
         if notes is not None:
@@ -176,7 +177,7 @@ def load(schema: type, pipeline: str, profile: Optional[str] = None,
         return hit[0]
     said: List[str] = []
     cfg, plain, pure = _build(schema, pipeline, profile, overrides, saved, templates, extra,
-                              said if notes is not None else None, settle, sources or [])
+                              said if notes is not None else None, settle, sources or [], user)
     kept = digest if pure and keep else None
     if view or kept:  # a DictConfig that is not kept needs no text
         text = to_yaml(cfg)
@@ -188,11 +189,11 @@ def load(schema: type, pipeline: str, profile: Optional[str] = None,
 
 def _cache_key(schema: type, profile: Optional[str], overrides: Sequence[str], saved: Optional[Path],
                templates: Traversable, extra: Sequence[str], tells: bool,
-               settle: Optional[Callable[[Any], bool]], sources: Optional[List[str]]) -> Optional[str]:
+               settle: Optional[Callable[[Any], bool]], sources: Optional[List[str]], user: str = "") -> Optional[str]:
     """hpc.config.cache's name for this load's result; None when an input cannot be read (the build
     then says why), or the settle hook's sources cannot be named."""
     try:
-        texts = [(f"templates/{name}", (templates / name).read_text()) for name in extra]
+        texts = [(f"templates/{name}", (templates / name).read_text()) for name in extra] + [("user", user)]
         if saved is not None and saved.exists():
             texts.append((str(saved), saved.read_text()))
         if profile is not None:
@@ -212,7 +213,7 @@ def _cache_key(schema: type, profile: Optional[str], overrides: Sequence[str], s
 
 def _build(schema: type, pipeline: str, profile: Optional[str], overrides: Sequence[str], saved: Optional[Path],
            templates: Traversable, extra: Sequence[str], notes: Optional[List[str]],
-           settle: Optional[Callable[[Any], bool]] = None, sources: Sequence[str] = ()
+           settle: Optional[Callable[[Any], bool]] = None, sources: Sequence[str] = (), user: str = ""
            ) -> Tuple[DictConfig, Dict[str, Any], bool]:
     """The config, its plain data, and whether it may be kept (its settle hook read nothing but
     the config, and ran no code outside `sources`, the files the cache key hashed)."""
@@ -225,6 +226,9 @@ def _build(schema: type, pipeline: str, profile: Optional[str], overrides: Seque
             raise ConfigError(f"template {name} of pipeline {pipeline!r} not found in {templates}. "
                               "HINT: reinstall hpc (pip install .), or restore templates/" + name + ".")
         cfg = layers.merge(cfg, layers.read_yaml(base, f"templates/{name}"), f"templates/{name}")
+    mine = userfile.layer(user)  # the user's notify: under the run's own (its saved config, profile, command line)
+    if mine is not None and "notify" in cfg:
+        cfg = layers.merge(cfg, *mine)
     if saved is not None and saved.exists():
         cfg = layers.merge(cfg, layers.read_yaml(saved, str(saved)), str(saved))
     if profile is not None:

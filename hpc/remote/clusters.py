@@ -19,15 +19,16 @@ key. find() refuses an unknown name with the closest names.
 from __future__ import annotations
 
 import difflib
+import json
 import os
 import re
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Dict, Mapping, Optional, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+from hpc.config import userfile
 from hpc.config.checks import CLUSTER_KINDS, ConfigError
+from hpc.config.userfile import ENV, KEY, path  # noqa: F401  (the file's place, and its notify: key)
 
-ENV = "HPC_CLUSTERS_FILE"
 LOCAL = "local"  # ssh: local runs the commands on this machine
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 TARGET = re.compile(r"([A-Za-z0-9_.][A-Za-z0-9_.-]*@)?[A-Za-z0-9_.:\[\]-]+")  # user@host, host, [v6]
@@ -39,6 +40,7 @@ KEYS: Dict[str, Tuple[type, str]] = {
     "python": (str, "the interpreter that has hpc there"), "setup": (str, "a shell line run first"),
     "runs": (str, "the root of run directories there"), "profile": (str, "a profile name"),
     "partition": (str, "a partition"), "account": (str, "an account"), "qos": (str, "a QOS"),
+    KEY: (dict, "a run's notify keys (webhook, command, mail, ...)"),
 }
 DEFAULTS = ("partition", "account", "qos")  # profile values every stage gets, below the user's overrides
 
@@ -60,16 +62,10 @@ class Cluster:
     partition: Optional[str] = None
     account: Optional[str] = None
     qos: Optional[str] = None
+    notify: Optional[Dict[str, Any]] = field(default=None, compare=False)  # over the file's top-level notify:
 
     def defaults(self) -> Dict[str, str]:
         return {k: getattr(self, k) for k in DEFAULTS if getattr(self, k)}
-
-
-def path(environ: Mapping[str, str] = os.environ) -> Path:
-    if environ.get(ENV):
-        return Path(environ[ENV]).expanduser()
-    base = environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
-    return Path(base) / "hpc" / "clusters.yaml"
 
 
 def load(environ: Mapping[str, str] = os.environ) -> Dict[str, Cluster]:
@@ -101,7 +97,7 @@ def parse(text: str, source: str = "clusters.yaml") -> Dict[str, Cluster]:
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: a {type(data).__name__} at the top; expected a mapping of cluster names "
                           "to entries. HINT: see docs/remote.md for an example.")
-    return {str(name): entry(str(name), body, source) for name, body in data.items()}
+    return {str(name): entry(str(name), body, source) for name, body in data.items() if name != KEY}
 
 
 def entry(name: str, body: Any, source: str) -> Cluster:
@@ -136,6 +132,13 @@ def entry(name: str, body: Any, source: str) -> Cluster:
                           "one-line value. HINT: fix options.")
     fields = {k: v for k, v in body.items() if k not in ("ssh", "options")}
     return Cluster(name=name, ssh=None if ssh == LOCAL else ssh, options=options, **fields)
+
+
+def notify_overrides(cluster: Cluster, environ: Mapping[str, str] = os.environ) -> List[str]:
+    """A run on `cluster`'s notify from this machine's file (its top-level notify:, the cluster's own
+    over it) as key=value overrides for the submission there, which puts them before the user's own."""
+    mine = {**userfile.section(userfile.read(environ), environ), **(cluster.notify or {})}
+    return [f"{KEY}.{k}={json.dumps(v)}" for k, v in mine.items()]
 
 
 def is_named(kind: Optional[str]) -> bool:

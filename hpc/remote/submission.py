@@ -12,7 +12,8 @@ manifest and every job's state, lives on the cluster: nothing on this machine is
 A submission cut off by a dropped connection says so, and the same command with that --run-dir
 submits only the tasks not already queued (the run's manifest and hpc's submission token, there).
 The cluster entry's profile is the default --profile and its partition, account and qos are given
-to every stage, before the user's own key=value overrides, which win.
+to every stage, and the file's notify: (the entry's over the top-level one) to the run, before the
+user's own key=value overrides, which win.
 """
 from __future__ import annotations
 
@@ -50,6 +51,7 @@ def remote_args(req: Request, cluster: clusters.Cluster) -> List[str]:
     entry's defaults under them."""
     pipe = get_pipeline(req.pipeline)
     defaults = [f"stages.{s}.{k}={v}" for s in stage_names(pipe) for k, v in cluster.defaults().items()]
+    defaults += clusters.notify_overrides(cluster)  # the user's notify: for runs there (hpc.config.userfile)
     args = [req.pipeline, *defaults, *req.overrides, *dataclasses.replace(req, cluster=None).flags()]
     if req.sweep is not None:  # every token after --sweep up to the next option is an axis
         args += ["--sweep", *req.sweep]
