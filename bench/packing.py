@@ -5,9 +5,10 @@ items on 8-GPU nodes that are allocated whole, packed 8 per job against one item
 
 Computed by the planner (hpc.pipeline.plan.make_plan with stages.X.pack), not run: every figure is
 what the plan submits. Each item holds its GPU for HOURS; a job on a whole-node partition holds its
-node for as long as its longest item. Start-up cost per item is measured by `--only task-startup`:
-packing leaves each item its own task start (its own srun step, interpreter and StageTask) and
-shares the batch step (bash and hpc.afterstep) among the items of a job.
+node for as long as its longest item. A task's start-up is measured by `--only task-startup`; a
+packed item would keep its own task start (its own srun step, interpreter and StageTask) and share
+its job's batch step (bash and hpc.afterstep) with its siblings: not measured, as the job side of
+packing is not built yet.
 """
 from __future__ import annotations
 
@@ -61,8 +62,8 @@ def run(ctx: Context) -> Section:
     sec.notes += [
         f"each item holds its one GPU for {HOURS:g} h; a whole-node job holds its {NODE_GPUS} GPUs as long",
         "sbatch calls: one array per stage either way; the scheduler starts, tracks and accounts 8x fewer jobs packed",
-        "start-up cost per item: an item keeps its own task start (see the task start-up section); the batch step "
-        "(bash and hpc.afterstep) is paid once per job, 1/8 of it per item packed",
+        "start-up cost per item: not measured, as no packed job runs yet; by design an item keeps its own task "
+        "start (the task start-up section's task step) and shares its job's batch step with its k-1 siblings",
         "packed jobs are planned, shown by --dry-run and refused at submission: the job side that runs each item as "
         "its own srun step is not built yet, so no packed job has run on the sandbox",
     ]
