@@ -170,3 +170,18 @@ def test_the_benchmark_counts_8_jobs_and_8_node_hours_packed_against_64_unpacked
     sec = bench_packing.run(None)
     assert [row[:4] for row in sec.rows] == [["pack=1 (one item per job)", "64", "1", "64"], ["pack=8", "8", "1", "8"]]
     assert all(met for _, met in sec.verdicts)
+
+
+def test_a_packed_stage_is_refused_under_cluster_here_before_anything_runs(tmp_path, monkeypatch):
+    from hpc.here import alloc as herealloc
+    from hpc.here.backend import Here
+    from hpc.pipeline import submission
+    from hpc.pipeline.request import Request
+
+    monkeypatch.chdir(ROOT)
+    alloc = herealloc.Allocation("7", nodes=1, cpus_per_node=8, gpus_per_node=4)
+    req = Request("tests.tiny_pipeline", ("tiny.parts=[0,1,2,3]", "stages.second.pack=2"), cluster="here",
+                  run_dir=str(tmp_path / "r"), no_snapshot=True)
+    with pytest.raises(ConfigError, match="--cluster here runs a stage's items side by side as its steps"):
+        submission.start(req, backends={"here": lambda kind, setup: Here(kind, setup, alloc=alloc)})
+    assert not (tmp_path / "r" / "manifest.json").exists()

@@ -138,4 +138,5 @@ def refuse_submission(jobs: Sequence[Any]) -> None:
         job = packed[0]
         raise ConfigError(f"stage {job.stage}: stages.{job.section}.pack={factor(job.resources)} is planned "
                           f"({len(job.groups)} job(s) for {len(job.items)} items, see --dry-run), but packed jobs "
-                          f"cannot be submitted yet; expected pack=1. HINT: submit with stages.{job.section}.pack=1.")
+                          f"cannot be submitted yet; expected pack=1. HINT: submit with stages.{job.section}.pack=1 (inside "
+                          "an allocation, --cluster here runs a stage's items side by side as its steps).")

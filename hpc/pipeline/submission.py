@@ -206,8 +206,8 @@ def start(req: Request, backends: Optional[Mapping[str, MakeBackend]] = None) ->
         if not plan.jobs:
             print(f"nothing to submit: every task of {run.path} is done or queued")
             return Submitted(run.path, str(kind), {})
+        packing.refuse_submission(plan.jobs)  # --cluster here plans as SLURM does: refused there too
         if kind == "slurm":  # a run the site's submit limit cannot take whole is refused before any sbatch
-            packing.refuse_submission(plan.jobs)
             limits.refuse_past_limit([len(job.units) for job in plan.jobs], [job.resources for job in plan.jobs])
         snap = take_snapshot(cfg, run.path, kind, code, run.manifest().get("snapshot") if req.same_snapshot else None)
         # pipeline_arg: how to name the pipeline again, for a resubmission from a job (hpc.afterstep)

@@ -80,8 +80,8 @@ def start(req: Request) -> Submitted:
         if not plan.jobs:
             print(f"nothing to submit: every task of every point of {sweep.path} is done or queued")
             return Submitted(sweep.path, str(kind), {})
+        packing.refuse_submission(plan.jobs)  # --cluster here plans as SLURM does: refused there too
         if kind == "slurm":  # the site's submit limit takes the whole sweep, or nothing is submitted
-            packing.refuse_submission(plan.jobs)
             limits.refuse_past_limit([len(job.units) for job in plan.jobs], [job.resources for job in plan.jobs])
         # pipeline_arg: how a job names the pipeline to resubmit its point (hpc.afterstep, as hpc.submit)
         module_file = hsubmit.user_module_file(req.pipeline)
