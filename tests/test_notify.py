@@ -209,3 +209,21 @@ def test_a_named_clusters_notify_goes_with_a_submission_to_it(tmp_path, monkeypa
              'notify.mail="alice@far.example.org"', "notify.timeout_s=5"]
     assert all(o in said for o in order) and sorted(order, key=said.index) == order, said
     assert "task_failed" not in said
+
+
+def test_a_requeue_by_submitits_own_handler_is_told_once_per_attempt(tmp_path, tiny):
+    """A stage without hpc's loop (tiny's first sleeps) gets the time-limit signal 5 s in (a 1-minute
+    limit, the signal 55 s before it): submitit's handler checkpoints and requeues it, three times
+    (submitit's timeouts), then gives up; each requeue and the failure reach the webhook once."""
+    hook = Hook()
+    try:
+        run = hpc.submit("tests.tiny_pipeline", cluster="local", run_dir=tmp_path / "run",
+                         overrides=["tiny.parts=[0]", "tiny.sleep_s=60", "stages.first.time_min=1",
+                                    "stages.first.signal_delay_s=55", f"notify.webhook={hook.url}"])
+    finally:
+        hook.close()
+    assert run.status()[0]["state"] == "FAILED"
+    assert hook.events() == [("requeued", "first")] * 3 + [("task_failed", "first")], hook.events()
+    assert [b["detail"] for b in hook.bodies[:3]] == [
+        f"submitit: time limit or preemption signal, requeued ({n} timeouts left)" for n in (2, 1, 0)]
+    assert "timed-out too many times" in hook.bodies[3]["detail"]

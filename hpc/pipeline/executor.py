@@ -104,6 +104,8 @@ class StageTask:
         module, _, name = self.target.partition(":")
         func = getattr(importlib.import_module(module), name)
         cfg = resolved.read(run.config_path)  # without OmegaConf: see hpc.config.resolved
+        if dist.rank == 0:  # submitit's own requeue of a stage without hpc's loop: the run's sinks hear of it
+            notify.on_submitit_requeue(stage_dir, task_key(self.stage, self.item), dist.job_id, dist.restart_count)
         ctx = StageContext(run.path, stage_dir, cfg, self.stage, self.task_index, self.item, dist)
         try:
             result = func(ctx)

@@ -168,6 +168,40 @@ def stop(task_dir: Path, decision: Any, task: str, job: str, restart: Any) -> No
         send(task_dir, "time_limit_cap", f"{task}-{job}", decision.why, task)
 
 
+_submitit_task: Dict[str, Any] = {}  # the task this process runs, for the requeue that submitit's handler does
+
+
+def on_submitit_requeue(task_dir: Path, task: str, job: str, restart: Any) -> None:
+    """In a stage task's rank 0 of a run that names a sink: when submitit's own handler of the
+    time-limit or preemption signal requeues it (a stage without hpc's loop, whose stop flag takes
+    that signal instead), the sinks hear `requeued`, once per attempt and timeout count. Wraps the
+    job environment's _requeue, which the handler calls once it checkpointed: a requeue that the
+    host refuses raises there, and is not told."""
+    if os.environ.get("SUBMITIT_EXECUTOR") not in ("slurm", "local") or not settings(attempts.run_of(task_dir)[1]):
+        return  # the debug executor runs tasks in this process, and never requeues
+    import submitit  # loaded already: this process is submitit's task
+
+    _submitit_task.update(task_dir=task_dir, task=task, job=job, restart=restart)
+    env = type(submitit.JobEnvironment())
+    if getattr(env._requeue, "notifies", False):
+        return
+    requeue = env._requeue
+
+    def told(self: Any, countdown: int) -> None:
+        def tell() -> None:
+            t = _submitit_task
+            send(t["task_dir"], "requeued", f"{t['task']}-{t['job']}-{t['restart']}-t{countdown}",
+                 f"submitit: time limit or preemption signal, requeued ({countdown} timeouts left)", t["task"])
+        try:
+            requeue(self, countdown)
+        except SystemExit:  # the local executor's requeue: exit 144
+            tell()
+            raise
+        tell()
+    told.notifies = True  # type: ignore[attr-defined]
+    env._requeue = told
+
+
 def failed(task_dir: Path, task: str, job: str, restart: Any, text: str) -> None:
     send(task_dir, "task_failed", f"{task}-{job}-{restart}", text, task)
 
