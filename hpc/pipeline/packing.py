@@ -17,7 +17,10 @@ waiting item by item on a packed stage waits on the task holding its item: hpc.p
 pairs it by that task's id (aftercorr), one array per position in the group.
 
 The job side is not built yet: a packed stage is planned and shown by --dry-run, and refused at
-submission (refuse_submission). Pure.
+submission (refuse_submission). For it, a SLURM gotcha seen on the sandbox: a step started in the
+batch script with `srun --exact --gres=gpu:1` inherits the job's SLURM_GPUS_PER_NODE and then gets
+all the job's GPUs (CUDA_VISIBLE_DEVICES=0,1 in each step); with that variable unset for its srun,
+each step gets its own (0 in one, 1 in the other). Pure.
 """
 from __future__ import annotations
 
