@@ -7,10 +7,12 @@ a JSON body Slack, Mattermost and Discord accept ({"text": ..., "content": ...},
 fields) or `template` filled in ($text, $event, $run, $task; ntfy takes a plain text one), and
 `command`, an argv run with the text as its last argument. Events: a task failed (its error), a
 task requeued (preemption, time limit, hang: which), a hang verdict (the stuck ranks and hosts), a
-time-limit cap reached (not requeued), a stage completed, the run completed. They are sent by the job itself (rank 0 of the training loop or
-of a `run` stage's wrapper, the stage task for completions), so nothing runs on the login node; a
-site whose compute nodes reach no network can use SLURM's mail instead (stages.S.extra: mail-type,
-mail-user).
+time-limit cap reached (not requeued), a stage completed, the run completed. They are sent by the
+job itself (rank 0 of the training loop or of a `run` stage's wrapper, the stage task for
+completions and for a requeue by submitit's own signal handler), so nothing runs on the login node;
+a site whose compute nodes reach no network can have SLURM mail instead (`notify.mail`: sbatch
+--mail-user and --mail-type, hpc.pipeline.sbatch.with_mail). The user's cluster file can hold a
+`notify:` of its own, under each run's (hpc.config.userfile).
 
 Each event is claimed by creating <run>/notify/<key> (O_EXCL): one message per event per run, whatever
 the requeues and however many tasks see it. A process's messages are sent in order by one background
