@@ -18,7 +18,6 @@ key. find() refuses an unknown name with the closest names.
 """
 from __future__ import annotations
 
-import difflib
 import json
 import os
 import re
@@ -110,6 +109,8 @@ def entry(name: str, body: Any, source: str) -> Cluster:
                           "HINT: see docs/remote.md for an example.")
     unknown = sorted(map(str, set(body) - set(KEYS)))
     if unknown:
+        import difflib  # only for a refusal: a submission never loads it
+
         close = difflib.get_close_matches(unknown[0], KEYS, n=1)
         raise ConfigError(f"{where}: unknown key {unknown[0]!r}; expected one of {sorted(KEYS)}. "
                           f"HINT: {f'did you mean {close[0]}?' if close else 'remove it.'}")
@@ -152,6 +153,8 @@ def find(name: str, known: Optional[Mapping[str, Cluster]] = None) -> Cluster:
     if name in known:
         return known[name]
     choices = [*known, *CLUSTER_KINDS]
+    import difflib  # only for a refusal
+
     close = difflib.get_close_matches(name, choices, n=3, cutoff=0.5)
     hint = f"did you mean {' or '.join(close)}?" if close else f"add an entry {name}: to {path()} (docs/remote.md)."
     raise ConfigError(f"unknown cluster {name!r}; expected one of {choices} (named in {path()}, or hpc's kinds). "
