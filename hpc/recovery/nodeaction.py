@@ -123,7 +123,7 @@ def settle_request(path: str, runner: Callable[..., Any] = subprocess.run,
     if request is None:
         return f"no stop request at {path}"
     try:
-        outcome = in_place(request, state) if request["reason"] == "hang" and state is not None else None
+        outcome = in_place(request, state) if request["reason"] in ("hang", "preempt") and state else None
         if outcome is None and request["reason"] == hostact.SUBMITIT:  # submitit checkpointed: requeue only
             refused, said = preemption.requeue_job(str(request["job_id"]), int(request["restart"]), True, runner,
                                                    requeue.within_grace(preemption.job_info(str(request["job_id"]))))
@@ -143,9 +143,17 @@ def settle_request(path: str, runner: Callable[..., Any] = subprocess.run,
 
 def in_place(request: Mapping[str, Any], state: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     """A hang restarted in place (hpc.recovery.restart.offer_hang): the host's answer, with the hang
-    counted in the stop record as a requeue's is (max_hangs); None where it falls back to a requeue."""
+    counted in the stop record as a requeue's is (max_hangs); None where it falls back to a requeue.
+    A `run` script's runner asks the same for a SIGTERM: where SLURM shows no stop of the job, it is
+    srun ending the step after a rank failed (--kill-on-bad-exit), which restart.offer looks at next."""
     env = {**state.get("env", {}), "SLURM_JOB_ID": str(request["job_id"])}
     info = preemption.job_info(str(request["job_id"]))
+    if request["reason"] != "hang":  # a SIGTERM: SLURM's stop of the job, or srun ending the step (a rank died)
+        ended = nodefail.preempted(info) or info.get("JobState", "").split("+")[0] != "RUNNING" \
+            or nodefail.requeued(info, int(request["restart"]))
+        return None if ended else {"requeue": False, "by": hangs.IN_PLACE, "kind": "preempt", "why": (
+            "SIGTERM while SLURM shows the job running, not preempted: srun is ending the step (a rank "
+            "failed); the step is looked at once srun has ended")}
     _, key, _, task_dir = located(RunDir(state["run_dir"]), env, state.get("points"))
     history = nodefail.load(task_dir) if task_dir else {}
     restarted, why = restart_module.offer_hang(state, task_dir, history, info, env, key)

@@ -49,7 +49,8 @@ def offer(state: Dict[str, Any], task_dir: Optional[Path], history: Dict[str, An
     job_state = info.get("JobState", "").split("+")[0]
     if hang is None and (state.get("terminated") or job_state != "RUNNING"):
         return False, f"SLURM is ending the job (JobState={job_state or '?'})"
-    if hang is None and hostact.pending(state["request"] + ".done") is not None:
+    stop = hostact.pending(state["request"] + ".done")
+    if hang is None and stop is not None and (stop.get("outcome") or {}).get("by") != hangs.IN_PLACE:
         return False, "its ranks stopped for a preemption or the time limit"
     allocation = hostlist.expand(environ.get("SLURM_JOB_NODELIST", ""))
     failed = sorted(set(failed) | set(checked(state, environ, [n for n in allocation if n not in failed])))

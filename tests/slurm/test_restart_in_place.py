@@ -29,7 +29,7 @@ from hpc.recovery import nodefail
 from hpc.recovery.hangs import HANGS, REPORT
 from hpc.rundir.run import DONE, RunDir
 from tests.box import boxed
-from tests.slurm.requeue_helpers import release
+from tests.slurm.requeue_helpers import release, steps_of, submit_run
 from tests.slurm.test_pipeline import ended, job_ids, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -232,3 +232,38 @@ def test_a_node_range_without_a_spare_shrinks_in_place(slurm_cluster, reference,
     first, second = attempts(out)
     assert (first["world_size"], second["world_size"], second["resumed_from"]) == (4, 2, 2)
     same_training(out, reference, ATOL)  # another world size: the ranks' sums in another order
+
+
+# A `run` stage's own script: each rank counts its steps in HPC_CHECKPOINT_DIR and resumes from its count;
+# rank 1 dies at step 5 of the allocation's first step.
+CRASHING_SCRIPT = """\
+import os, pathlib, time
+ckpt = pathlib.Path(os.environ["HPC_CHECKPOINT_DIR"])
+rank, in_place = os.environ["RANK"], os.environ.get("HPC_RESTART_IN_PLACE", "0")
+count = ckpt / f"steps-rank{rank}"
+step = int(count.read_text()) if count.exists() else 0
+(ckpt / f"started-{in_place}-{rank}").write_text(str(step))
+while step < 10:
+    time.sleep(0.3)
+    step += 1
+    (ckpt / "tmp").mkdir(exist_ok=True)
+    tmp = ckpt / "tmp" / count.name; tmp.write_text(str(step)); os.replace(tmp, count)
+    if rank == "1" and step == 5 and in_place == "0":
+        os._exit(3)
+"""
+
+
+def test_a_run_script_whose_rank_dies_restarts_in_place_and_resumes_itself(slurm_cluster, tmp_path):
+    script = tmp_path / "crashing.py"
+    script.write_text(CRASHING_SCRIPT)
+    job = submit_run(tmp_path / "run", script)
+    run = RunDir(tmp_path / "run")
+    finished_run = wait_until(lambda: (r := ended(run)) and r, 240, "the job's end")
+    assert (finished_run[job].state, finished_run[job].restarts) == ("COMPLETED", 0), finished_run[job]
+    out = run.task_dir("main")
+    ckpt = next(p.parent for p in out.rglob("steps-rank0"))
+    assert [steps_of(ckpt, r) for r in (0, 1)] == [10, 10]
+    assert int((ckpt / "started-1-1").read_text()) == 5  # rank 1 resumed from its own count
+    (event,) = restarts_in_place(out)
+    assert event["failure"] == "crash", event
+
