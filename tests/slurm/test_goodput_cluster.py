@@ -1,7 +1,7 @@
 """Goodput of a run on the local cluster with one injected preemption and a known checkpoint interval:
 python -m hpc.status RUN --cost against what was injected, and the parts against sacct's allocation;
 the same run's webhooks (hpc.rundir.notify) to an HTTP server on 127.0.0.1: requeued, stage and run
-completed, once each, in order.
+completed, once each, in order; beside them a command sink that never answers, logged once.
 
     python -m pytest tests/slurm/test_goodput_cluster.py -m slurm
 
@@ -49,7 +49,7 @@ def test_goodput_of_a_preempted_run_matches_what_was_injected(slurm_cluster, tmp
     request.addfinalizer(hook.close)
     assert submit.main(["gp", "--cluster", "slurm", "--run-dir", str(run_dir), f"gp.steps={TOTAL}",
                         f"gp.step_s={STEP_S}", f"gp.save_every={SAVE_EVERY}", f"gp.startup_s={STARTUP_S}",
-                        f"notify.webhook={hook.url}"]) == 0
+                        f"notify.webhook={hook.url}", "notify.command=[sh,-c,'sleep 30']", "notify.timeout_s=2"]) == 0
     run = RunDir(run_dir)
     (task,) = run.tasks()
     job, where = task["job_id"], run.task_dir("train")
@@ -61,6 +61,10 @@ def test_goodput_of_a_preempted_run_matches_what_was_injected(slurm_cluster, tmp
     wait_for(lambda: len(hook.bodies) >= 3, "the run's messages")
     assert hook.events() == [("requeued", "train"), ("stage_completed", "train"), ("run_completed", "run")]
     assert hook.bodies[0]["detail"].startswith("preempt:"), hook.bodies[0]
+    # the command sink never answers in its 2 s: each job waits for it no longer, and its failure is
+    # logged once in the run, whatever the attempts and events
+    logs = "".join(p.read_text() for p in where.glob("logs/**/*_log.err"))
+    assert logs.count("[hpc] notify: the command sink failed") == 1 and "TimeoutExpired" in logs, logs[-2000:]
     entries = attempts.load(where)
     assert [e["end"] for e in entries] == ["stopped", "completed"] and entries[1]["resumed"] >= 15
 
