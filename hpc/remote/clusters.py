@@ -12,7 +12,9 @@ another), one entry per cluster (docs/remote.md):
       setup: module load pytorch      # a shell line run before it
       runs: /scratch/alice/hpc-runs   # the root of run directories there
       profile: gpu8                   # partition, account, qos: defaults of every stage
+      notify: {mail: alice@example.org}   # over the file's top-level notify: for runs there
 
+A top-level `notify:` names no cluster: it is the user's notify for every run (hpc.config.userfile).
 parse() is pure: text in, {name: Cluster} out, or one ConfigError naming the file, the entry and the
 key. find() refuses an unknown name with the closest names.
 """
