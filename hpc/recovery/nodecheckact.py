@@ -16,7 +16,7 @@ from typing import Callable, Mapping, Optional, Sequence
 
 from hpc.recovery import nodeaction, nodefail, preemption
 from hpc.recovery import nodecheckrecord as record
-from hpc.rundir import sweepdir
+from hpc.rundir.run import RunDir
 
 
 def requeue_without(run_dir: str, env: Mapping[str, str], exclude: Sequence[str], why: str,
@@ -28,11 +28,7 @@ def requeue_without(run_dir: str, env: Mapping[str, str], exclude: Sequence[str]
     if record.requeues(run_dir, job_id) >= limit:
         return (f"stopped: requeued {limit} time(s) already for failed node checks (stages.X.max_node_failures)."
                 " HINT: check the nodes (sinfo -R) and the stage's node_check.command, then resubmit with --run-dir")
-    array_task = env.get("SLURM_ARRAY_TASK_ID")
-    key = f"{env['SLURM_ARRAY_JOB_ID']}_{array_task}" if array_task else job_id  # as the manifest has it
-    run = sweepdir.run_for(run_dir, key, points)
-    task = next((t for t in run.tasks() if any(j["job_id"] == key for j in t["jobs"])), None)
-    stage = task["stage"] if task else env.get("SLURM_JOB_NAME", "?")
+    run, _, stage, _ = nodeaction.located(RunDir(run_dir), env, points)  # a sweep's task: its point's run
     restart = int(env.get("SLURM_RESTART_COUNT") or 0)
     # ignored from here to this process's end: the job is being ended, and what is left (the record,
     # the log's line) must not die of the requeue's SIGTERM, which may come more than once
