@@ -74,6 +74,9 @@ BENCHMARKS = {
                         "at most 50 ms of CPU per attempt on rank 0, no collective"),
     "nodecheck": ("bench.nodecheck", "Node check before training: cost per node",
                   "a builtin check's step within 1 s wall and 100 ms CPU per node"),
+    "restart": ("bench.restart", "Restart in place against a requeue: failure to first step",
+                "a restart in place reaches its first step after the failure before a requeue does, and within "
+                "1.3 x a requeue without its queue wait, with no more scheduler calls"),
     "packing": ("bench.packing", "Packing: 64 one-GPU items on 8-GPU nodes, whole nodes allocated",
                 "pack=8: 8 jobs and 8 node-hours, against 64 of each unpacked"),
 }
