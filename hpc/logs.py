@@ -4,7 +4,8 @@
     python -m hpc.logs NAME:RUN_DIR -f          # a run on a named cluster: the same, over ssh
 
 Logs are submitit's per-rank files under <run>/<stage>/logs/<jobid>/; the manifest says which job
-ran each task (the newest attempt). hpc.Run(RUN_DIR).logs(...) is the same from Python.
+ran each task (the newest attempt). -f follows the newest chosen log until its SLURM job ends (a
+requeued job goes on in the same file). hpc.Run(RUN_DIR).logs(...) is the same from Python.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Optional, Sequence
 
 from hpc.monitor.logs import follow
 from hpc.remote import watch
-from hpc.rundir.run import RunDirError
+from hpc.rundir.run import RunDir, RunDirError
 from hpc.runs import Run
 
 
@@ -37,7 +38,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     if args.follow:
         try:
-            follow(paths[-1])
+            job = paths[-1].name.rsplit("_", 2)[0]  # "<job id>_<rank>_log.out": followed until that job ends
+            follow(paths[-1], job_id=job if job in RunDir(args.run_dir).slurm_jobs() else None)
         except KeyboardInterrupt:
             return 0
     for path in paths:

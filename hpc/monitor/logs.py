@@ -11,11 +11,12 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 from hpc.fs.sharedfs import listed
 from hpc.rundir.run import RunDir, RunDirError
 from hpc.rundir.sweepdir import shared_logs
+from hpc.slurm import scheduler
 
 
 def select(run: RunDir, stage: Optional[str], task: Optional[str], rank: int, stream: str) -> List[Path]:
@@ -41,9 +42,14 @@ def _log_path(run: RunDir, stage: str, job_id: str, rank: int, stream: str) -> P
     return shared / path.name if shared else path
 
 
-def follow(path: Path, poll_s: float = 1.0) -> None:
-    """Like tail -f: print what is appended until interrupted."""
+def follow(path: Path, poll_s: float = 1.0, job_id: Optional[str] = None, check_s: float = 5.0) -> None:
+    """Like tail -f: print what is appended until interrupted; given the task's `job_id`, until its
+    job has ended, then the rest of the log. The scheduler is asked once per `check_s` of quiet, never
+    while the log grows; a job it no longer knows has ended (a requeued one is still queued)."""
+    ended = _ended(job_id, check_s)
     while path.name not in listed(path.parent):  # a listing, not a lookup NFS would answer from its cache
+        if ended():
+            return
         time.sleep(poll_s)
     with path.open() as fh:
         while True:
@@ -51,8 +57,28 @@ def follow(path: Path, poll_s: float = 1.0) -> None:
             if line:
                 sys.stdout.write(line)
                 sys.stdout.flush()
+            elif ended():
+                sys.stdout.write(fh.read())  # what the job wrote between that read and its end
+                sys.stdout.flush()
+                return
             else:
                 time.sleep(poll_s)
+
+
+def _ended(job_id: Optional[str], check_s: float) -> Callable[[], bool]:
+    """Whether `job_id` has ended, asked of the scheduler at most once per `check_s` (never: no job id)."""
+    asked = [time.monotonic()]
+
+    def ended() -> bool:
+        if job_id is None or time.monotonic() - asked[0] < check_s:
+            return False
+        asked[0] = time.monotonic()
+        try:
+            rec = scheduler.query([job_id]).get(job_id)
+        except RuntimeError:  # the controller did not answer: the log is followed on, asked again later
+            return False
+        return rec is None or rec.state not in scheduler.ACTIVE
+    return ended
 
 
 # tqdm's redraw: "desc:  55%|#####5    | 164/300 [00:01<00:01, 99.50it/s]", or "164it [00:01, ...]"

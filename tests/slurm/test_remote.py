@@ -49,8 +49,8 @@ class Laptop:
         out, err = proc.communicate(timeout=timeout)
         return subprocess.CompletedProcess(args, proc.returncode, out, err)
 
-    def submit(self, cluster: str, *args: str) -> str:
-        out = self.run("-m", "hpc.submit", "mypkg.tiny", "--cluster", cluster, *args)
+    def submit(self, cluster: str, *args: str, pipeline: str = "mypkg.tiny") -> str:
+        out = self.run("-m", "hpc.submit", pipeline, "--cluster", cluster, *args)
         assert out.returncode == 0, out.stdout + out.stderr
         return re.search(r"^run dir: (\S+)", out.stdout, re.M).group(1)
 
@@ -112,10 +112,7 @@ def test_a_connection_killed_mid_wait_ends_the_wait_and_the_retry_submits_nothin
         assert line or waiting.poll() is None, waiting.stderr.read()
         line = waiting.stdout.readline()
     queued = {t["job_id"] for t in run.tasks()}
-    master = subprocess.run(["ssh", "-o", f"ControlPath={laptop.control}/%C", "-p", str(laptop_port(laptop)),
-                             "-O", "check", "root@127.0.0.1"], capture_output=True, text=True)
-    pid = int(re.search(r"pid=(\d+)", master.stderr).group(1))
-    os.kill(pid, 9)  # the connection drops: the laptop's ssh loses its master mid-wait
+    drop(laptop)  # the laptop's ssh loses its master mid-wait
     out, err = waiting.communicate(timeout=60)
     assert waiting.returncode == 2, out + err
     line = err.strip().splitlines()[-1]  # after the push's one line
@@ -128,5 +125,9 @@ def test_a_connection_killed_mid_wait_ends_the_wait_and_the_retry_submits_nothin
     assert [r["state"] for r in laptop.wait(address)] == ["COMPLETED", "COMPLETED"]
 
 
-def laptop_port(laptop: Laptop) -> int:
-    return yaml.safe_load(Path(laptop.env["HPC_CLUSTERS_FILE"]).read_text())["a"]["port"]
+def drop(laptop: Laptop) -> None:
+    """The connection drops: the laptop's ssh master to cluster a is killed."""
+    port = yaml.safe_load(Path(laptop.env["HPC_CLUSTERS_FILE"]).read_text())["a"]["port"]
+    master = subprocess.run(["ssh", "-o", f"ControlPath={laptop.control}/%C", "-p", str(port), "-O", "check",
+                             "root@127.0.0.1"], capture_output=True, text=True)
+    os.kill(int(re.search(r"pid=(\d+)", master.stderr).group(1)), 9)
