@@ -130,8 +130,9 @@ class Shell:
         # nothing said: the master connection under this call ended (killed, or the network dropped)
         cause = next((meaning for words, meaning in CAUSES if words in low), "ssh failed" if said else
                      "the connection dropped")
-        return (f"{what} on cluster {self.cluster.name} ({self.cluster.ssh}): {cause}: ssh said "
-                f"{last_line(said) or 'nothing'!r}; expected a connection. HINT: try {self.shown('true')}")
+        words = repr(last_line(said)) if said else "nothing"
+        return (f"{what} on cluster {self.cluster.name} ({self.cluster.ssh}): {cause}: ssh said {words}; "
+                f"expected a connection. HINT: try {self.shown('true')}")
 
 
 def last_line(text: str) -> str:
