@@ -85,6 +85,7 @@ def steps(run_dir: str, argv: List[str], points: Optional[str]) -> int:
 
         state["check"] = lambda nodes: nodecheck.check_before_step(run_dir, nodes, nodecheck.options(os.environ) or {},
                                                                    os.environ)[1]
+        state["avoid"] = lambda: nodecheck.avoided(run_dir, os.environ)  # added to a requeue's exclusions
     if os.environ.get(SPARE_NODES, "0") not in ("", "0"):  # trains on the nodes less the spares
         from hpc.recovery import restart  # here, not at the top: only a stage with spare nodes needs it
 

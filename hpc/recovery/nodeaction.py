@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import subprocess
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
@@ -65,6 +65,8 @@ def after_step(run: RunDir, env: Mapping[str, str], resubmit_after: Resubmit, sr
         instead = f" (not restarted in place: {why})"
     action = nodefail.decide(history, failed, already, mark, nodefail.env_limit(env), stage,
                              preempted=srun_ended and nodefail.preempted(info))
+    if action.do == "requeue" and (state or {}).get("avoid"):  # the run's avoid list (hpc.recovery.nodecheck)
+        action = replace(action, exclude=tuple(sorted(set(action.exclude) | set(state["avoid"]()))))
     done = carry_out(action, job_id, info, already, restart, str(run.path), stage, env, resubmit_after)
     if task_dir and action.do != "none":
         nodefail.record(task_dir, history, action, key, restart, failed, mark, done)
