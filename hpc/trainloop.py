@@ -92,7 +92,9 @@ class TrainLoop:
         self.watchdog = watchdog.for_loop(self, watchdog_s)
         # rank 0's record of this attempt: software, first step, checkpoint stalls, end (hpc.rundir.attempts)
         self.attempt = attempts.AttemptLog.here(self.out_dir, session.is_main)
-        if self.watchdog is not None and session.is_main:  # its verdict ends the process: told first
+        # its verdict ends the process: told first, by whichever rank exits first (the one that decided,
+        # whose requeue may end rank 0 before rank 0 reads the verdict); the claim on disk sends it once
+        if self.watchdog is not None:
             self.watchdog.exit = self._told_hang(self.watchdog.exit)
 
     # ---------------------------------------------------------------- resume

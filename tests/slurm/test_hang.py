@@ -1,6 +1,7 @@
 """A hung rank on the real local cluster: one rank of a 2 x 2 job stops itself, the watchdog of the
 others saves their stacks, names the stuck rank and its host, and requeues the job, which resumes
-from its last checkpoint and finishes.
+from its last checkpoint and finishes; the run's webhook hears the hang verdict, the stage and the
+run completed, once each, in order (hpc.rundir.notify).
 
     CI=true python -m pytest tests/slurm/test_hang.py -q -p no:cacheprovider
 
@@ -20,6 +21,7 @@ from hpc.recovery.hangs import HANGS, REPORT
 from hpc.rundir.run import DONE, RunDir
 from tests.slurm.test_pipeline import ended, wait_until
 from tests.slurm.requeue_helpers import release
+from tests.test_notify import Hook
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slurm
@@ -35,10 +37,12 @@ def reports(out: Path) -> list:
     return [json.loads(p.read_text()) for p in (out / HANGS).glob(f"*/{REPORT}")]
 
 
-def test_a_stopped_rank_is_named_and_its_job_requeued_from_the_last_checkpoint(slurm_cluster, tmp_path):
+def test_a_stopped_rank_is_named_and_its_job_requeued_from_the_last_checkpoint(slurm_cluster, tmp_path, request):
+    hook = Hook()  # the run's webhook (hpc.rundir.notify): one message per event, in order
+    request.addfinalizer(hook.close)
     # restarts in place off: the requeue is what this test is about (test_restart_in_place.py has the restart)
     assert submit.main(["hang", "--cluster", "slurm", "--run-dir", str(tmp_path / "run"),
-                        "stages.train.max_restarts_in_place=0"]) == 0
+                        "stages.train.max_restarts_in_place=0", f"notify.webhook={hook.url}"]) == 0
     run = RunDir(tmp_path / "run")
     ((job, out),) = [(t["job_id"], run.task_dir("train")) for t in run.tasks()]
     (report,) = wait_until(lambda: reports(out), timeout_s=120, what="the watchdog's report")
@@ -61,3 +65,7 @@ def test_a_stopped_rank_is_named_and_its_job_requeued_from_the_last_checkpoint(s
     (row,) = status.collect(run)
     assert f"rank 3 on {host} did not answer" in row.hang and "requeued" in row.hang
     assert f"train hang: rank 3 on {host}" in table.format_table([row])
+    # the verdict reaches the webhook from the rank that decided it (here not rank 0, which the requeue ends)
+    assert hook.events() == [("hang", "train"), ("stage_completed", "train"), ("run_completed", "run")], hook.events()
+    assert f"rank 3 on {host} did not answer" in hook.bodies[0]["detail"], hook.bodies[0]
+    assert hook.bodies[0]["detail"].endswith("; requeued"), hook.bodies[0]
