@@ -3,6 +3,7 @@ fit, per-item waits across packed stages, the dry run that shows which items sha
 
     python -m pytest tests/test_packing.py
 """
+import json
 import os
 import shlex
 import subprocess
@@ -118,12 +119,19 @@ def test_sinfo_gres_gives_each_partition_its_largest_node():
     assert gres.parse(text) == {"gpu": 8, "": 8, "big": 8, "cpu": 0}
 
 
-def test_packed_jobs_are_refused_at_submission_until_the_job_side_runs_them():
-    with pytest.raises(ConfigError, match=r"packed jobs cannot be submitted yet.*HINT: submit with stages.second.pack=1"):
+def test_a_packed_jobs_batch_script_runs_the_packs_driver_told_one_items_shape():
+    second = jobs(make(SIXTEEN, *ONE_GPU, "stages.second.pack=8"))["second"]
+    params = second.executor_parameters(tasks="/r/second/logs/tasks-x.bin")
+    setup = params["setup"]
+    assert any(line.startswith("srun() {") and "-m hpc.pipeline.packrun /r --tasks /r/second/logs/tasks-x.bin -- "
+               in line for line in setup) and not any("hpc.afterstep /r" in line for line in setup)
+    shape = json.loads(shlex.split(next(x for x in setup if x.startswith("export HPC_PACK=")))[1].split("=", 1)[1])
+    assert shape == {"gpus": 1, "ranks": 1, "cpus": 2, "mem": "4G", "fail": "continue"}
+    assert "-m hpc.pipeline.packrun /r" in second.sbatch_text()  # the dry run shows what sbatch gets
+    unpacked = jobs(make(SIXTEEN, *ONE_GPU))["second"].executor_parameters()
+    assert any("-m hpc.afterstep /r" in line for line in unpacked["setup"]) and "HPC_PACK" not in str(unpacked)
+    with pytest.raises(ConfigError, match="not as a sweep's points nor under --cluster here"):
         packing.refuse_submission(make(SIXTEEN, *ONE_GPU, "stages.second.pack=8").jobs)
-    packing.refuse_submission(make(SIXTEEN, *ONE_GPU).jobs)
-    with pytest.raises(ConfigError, match="packed jobs cannot be submitted yet"):  # whatever path submits it
-        jobs(make(SIXTEEN, *ONE_GPU, "stages.second.pack=8"))["second"].executor_parameters()
 
 
 def test_dry_run_shows_which_items_share_which_job():
@@ -182,6 +190,6 @@ def test_a_packed_stage_is_refused_under_cluster_here_before_anything_runs(tmp_p
     alloc = herealloc.Allocation("7", nodes=1, cpus_per_node=8, gpus_per_node=4)
     req = Request("tests.tiny_pipeline", ("tiny.parts=[0,1,2,3]", "stages.second.pack=2"), cluster="here",
                   run_dir=str(tmp_path / "r"), no_snapshot=True)
-    with pytest.raises(ConfigError, match="--cluster here runs a stage's items side by side as its steps"):
+    with pytest.raises(ConfigError, match="nor under --cluster here.*--cluster here runs a stage's items side by side"):
         submission.start(req, backends={"here": lambda kind, setup: Here(kind, setup, alloc=alloc)})
     assert not (tmp_path / "r" / "manifest.json").exists()

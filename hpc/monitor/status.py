@@ -20,6 +20,7 @@ never submitted (it stopped before that stage) is a row of its own, UNSUBMITTED.
 """
 from __future__ import annotations
 
+import collections
 import functools
 import json
 import re
@@ -85,6 +86,10 @@ def collect(run: RunDir, answer: Optional[Tuple[scheduler.Answer, Dict[str, Any]
     in_sweep = functools.lru_cache(maxsize=None)(lambda: is_sweep(str(run.path.parent)))  # asked once, if ever
     folders: Dict[Path, Set[str]] = {}  # log folder -> its names: an array's tasks share one, listed once
     rows = [_row(run, t, records, in_sweep, folders) for t in run.tasks()]
+    shared = collections.Counter(r.job_id for r in rows)  # a packed job's items share it (hpc.pipeline.packrun)
+    for r in rows:  # an item done in a packed job that a sibling failed: done, whatever the job's state
+        if shared[r.job_id] > 1 and r.state not in scheduler.ACTIVE and run.is_done(r.stage, r.item):
+            r.state = "COMPLETED"
     rows += [_unsubmitted(run, stage, item) for stage, item in run.unsubmitted()]
     _explain(rows, records, never, run.job_tasks())
     said = lost.notes(looked)  # the jobs found by token, the sbatch calls whose answer was lost

@@ -22,6 +22,9 @@ Parts::
     earlysignal.py the plan's note for a time-limit signal due so soon after the start that it may reach no task
     executor.py    StageTask, what submitit pickles; the executor of each kind
     arraytasks.py  an array's task pickles in one file, each unpacked by its task's batch step
+    packing.py     stages.X.pack: k items per job, planned against the partition's GPUs per node
+    packrun.py     a packed job's driver: each unfinished item as its own srun step
+    packstop.py    its items' stop requests settled as one: the job requeued once
     options.py     Option: a pipeline's own options of python -m hpc.submit and hpc.submit(), as overrides
     request.py     Request: one submission, typed, as python -m hpc.submit takes it
     submission.py  start(): the engine python -m hpc.submit, hpc.submit() and sweeps call; a run's Book

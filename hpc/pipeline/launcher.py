@@ -12,6 +12,7 @@ stage's task (tests/test_launch_path.py).
 A Book says, for a run or a sweep, which tasks a job has (tasks), what they wait for (upstream:
 afterok on a run's upstream tasks, afterany on a sweep's, plus the points file of a sweep's array),
 how their ids are kept (record, close) and whether a failed job stops the later ones (stops).
+A packed job (hpc.pipeline.packing) is one task per group of items: the Book gets its id once per item.
 Before each sbatch, the Book writes down its token and the tasks it submits (intend:
 hpc.rundir.intents); the launch forgets them once the Book has recorded the job ids and closed, so
 one left behind is a submission whose answer hpc never saw (hpc.monitor.lost finds its job).
@@ -174,6 +175,7 @@ def _say_partly_submitted(plan: Plan, job: JobSpec, ids: Dict[str, List[str]], b
 def _order(job: JobSpec, book: Book, ids: Dict[str, List[str]]) -> Order:
     own, after = book.upstream(job, ids)
     per_item, each = job.item_dependency(ids)
+    each = unit_to_items(job, each) if each else each
     return Order(",".join(d for d in (own, per_item) if d) or None, after, each, book.points(job))
 
 
@@ -205,14 +207,23 @@ class Submitit(Backend):
         if self.kind != "debug":
             executor.update_parameters(**job.executor_parameters(order.dependency, self.setup, order.points, packed))
         if slurm:  # its sbatch tells `record` its token first (hpc.pipeline.submitonce)
-            executor.intent = record.announcing(intents.id_suffixes(job.task_ids or range(len(tasks)), bool(packed)))
+            suffixes = intents.id_suffixes(job.task_ids or range(len(tasks)), bool(packed))
+            executor.intent = record.announcing(unit_to_items(job, suffixes))  # a packed job's: per item
         submitted = submit_array(executor, tasks, job.task_ids if slurm else (), packed)
-        record(list(enumerate(str(s.job_id) for s in submitted)))
+        record(list(enumerate(unit_to_items(job, [str(s.job_id) for s in submitted]))))
         if slurm:
             return None
         ok = wait_ok(submitted)  # no scheduler to order the stages: this job ends before the next starts
         drop_unexpanded_folder(job.folder)
         return ok
+
+
+def unit_to_items(job: JobSpec, per_unit: Sequence[Any]) -> List[Any]:
+    """Per array task of a packed job (hpc.pipeline.packing), per item: each group's value for each of
+    its items, in job.items' order (they share the job); a job that is not packed: as it is."""
+    if not job.groups:
+        return list(per_unit)
+    return [value for group, value in zip(job.groups, per_unit) for _ in group]
 
 
 def wait_ok(jobs: Sequence[Any]) -> bool:

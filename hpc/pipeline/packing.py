@@ -16,15 +16,21 @@ wait on several tasks is one job, afterok on each of them (hpc.pipeline.arrays.S
 waiting item by item on a packed stage waits on the task holding its item: hpc.pipeline.arrays
 pairs it by that task's id (aftercorr), one array per position in the group.
 
-The job side is not built yet: a packed stage is planned and shown by --dry-run, and refused at
-submission (refuse_submission). For it, a SLURM gotcha seen on the sandbox: a step started in the
-batch script with `srun --exact --gres=gpu:1` inherits the job's SLURM_GPUS_PER_NODE and then gets
-all the job's GPUs (CUDA_VISIBLE_DEVICES=0,1 in each step); with that variable unset for its srun,
-each step gets its own (0 in one, 1 in the other). Pure.
+The job side (hpc.pipeline.packrun): a packed job's batch script runs, where other jobs' run srun
+under hpc.afterstep, the pack's driver (batch_setup), which starts each of its items not done yet
+as its own `srun --exact` step of the item's GPUs, ranks, CPUs and memory (HPC_PACK: item_shape),
+and acts as the host of each item's stop requests: one requeue of the job for all of them. A SLURM
+gotcha seen on the sandbox: a step started in the batch script with `srun --exact --gres=gpu:1`
+inherits the job's SLURM_GPUS_PER_NODE and then gets all the job's GPUs (CUDA_VISIBLE_DEVICES=0,1
+in each step); with that variable unset for its srun, each step gets its own (0 in one, 1 in the
+other). Pure.
 """
 from __future__ import annotations
 
+import json
 import re
+import shlex
+import sys
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from hpc.config.checks import ConfigError
@@ -134,12 +140,40 @@ def lines(job: Any) -> List[str]:
     return out
 
 
+PACK_ENV = "HPC_PACK"  # the batch script's JSON of one item's shape, for hpc.pipeline.packrun
+
+
+def item_shape(res: Mapping[str, Any]) -> Dict[str, Any]:
+    """One item's step, from the packed job's resources: its GPUs, ranks, CPUs per rank, memory,
+    and what an item's failure does to its siblings."""
+    k = factor(res)
+    found = MEM.fullmatch(str(res.get("mem") or ""))
+    return {"gpus": int(res["gpus_per_node"]) // k, "ranks": int(res["tasks_per_node"]) // k,
+            "cpus": int(res["cpus_per_task"]), "mem": f"{int(found.group(1)) // k}{found.group(2)}" if found else None,
+            "fail": str(res.get("pack_fail") or "continue")}
+
+
+def batch_setup(job: Any, params: Dict[str, Any], run_dir: str, tasks: Optional[str]) -> Dict[str, Any]:
+    """A packed job's sbatch parameters: its batch script's `srun` runs the pack's driver
+    (hpc.pipeline.packrun) instead of hpc.afterstep, told one item's shape; other jobs' as they were."""
+    if not job.groups:
+        return params
+    python = shlex.quote(sys.executable)
+    where = f" --tasks {shlex.quote(tasks)}" * bool(tasks)
+    driver = f'srun() {{ {python} -u -m hpc.pipeline.packrun {shlex.quote(run_dir)}{where} -- "$@"; }}'
+    setup = [driver if line.startswith("srun() {") else line for line in params.get("setup", [])]
+    shape = json.dumps(item_shape(job.resources), sort_keys=True)
+    return {**params, "setup": [*setup, f"export {PACK_ENV}={shlex.quote(shape)}"]}
+
+
 def refuse_submission(jobs: Sequence[Any]) -> None:
-    """A packed stage can be planned, not yet run: refused before anything is submitted."""
+    """A packed stage where its jobs cannot run packed (a sweep's points, --cluster here): refused
+    before anything is submitted; a run's stages submitted to SLURM run packed (hpc.pipeline.packrun)."""
     packed = [job for job in jobs if job.groups]
     if packed:
         job = packed[0]
         raise ConfigError(f"stage {job.stage}: stages.{job.section}.pack={factor(job.resources)} is planned "
-                          f"({len(job.groups)} job(s) for {len(job.items)} items, see --dry-run), but packed jobs "
-                          f"cannot be submitted yet; expected pack=1. HINT: submit with stages.{job.section}.pack=1 (inside "
+                          f"({len(job.groups)} job(s) for {len(job.items)} items, see --dry-run), but packed jobs run only "
+                          "as a run's stages submitted to SLURM, not as a sweep's points nor under --cluster here; "
+                          f"expected pack=1 here. HINT: submit with --cluster slurm, or with stages.{job.section}.pack=1 (inside "
                           "an allocation, --cluster here runs a stage's items side by side as its steps).")

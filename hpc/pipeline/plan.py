@@ -128,11 +128,11 @@ class JobSpec:
     def executor_parameters(self, dependency: Optional[str] = None, setup: Sequence[str] = (),
                             points: Optional[str] = None, tasks: Optional[str] = None) -> Dict[str, Any]:
         """`points`: a sweep array's file naming each task's point, `tasks`: the file of its tasks'
-        pickles (hpc.pipeline.arraytasks), both for hpc.afterstep. A packed job is refused (hpc.pipeline.packing)."""
-        packing.refuse_submission([self])
+        pickles (hpc.pipeline.arraytasks), both for hpc.afterstep (a packed job's: hpc.pipeline.packrun)."""
         if self.kind == "slurm":
-            return sbatch.slurm_parameters(self.resources, self.stage, dependency, setup, self.run_dir,
-                                           self.task_ids, points, tasks)
+            return packing.batch_setup(self, sbatch.slurm_parameters(self.resources, self.stage, dependency, setup,
+                                                                     self.run_dir, self.task_ids, points, tasks),
+                                       self.run_dir, tasks)
         return sbatch.local_parameters(self.resources)
 
     @property
@@ -144,7 +144,8 @@ class JobSpec:
         per_item, _ = self.item_dependency()
         dependency = ",".join([f"{how}:<{s}>" for s in self.after] + [per_item] * bool(per_item)) or None
         size = len(self.units) if self.is_array else None
-        params = sbatch.slurm_parameters(self.resources, self.stage, dependency, setup, self.run_dir, self.task_ids)
+        params = packing.batch_setup(self, sbatch.slurm_parameters(self.resources, self.stage, dependency, setup,
+                                                                   self.run_dir, self.task_ids), self.run_dir, None)
         return sbatch.render(params, self.folder, size, python or self.python)
 
     @property

@@ -143,10 +143,13 @@ class RunBook(launcher.Book):
         self.ids: Dict[str, List[str]] = {}  # stage -> the job ids started now
 
     def tasks(self, job: hplan.JobSpec) -> List[Any]:
-        from hpc.pipeline.executor import StageTask  # only once jobs start: a dry run never loads the task
+        # only once jobs start: a dry run never loads the task
+        from hpc.pipeline import packrun
+        from hpc.pipeline.executor import StageTask
 
-        return [StageTask(str(self.run.path), job.stage, job.target, item, index, code=self.code, run_id=self.run_id)
-                for item, index in zip(job.items, job.indices)]
+        tasks = [StageTask(str(self.run.path), job.stage, job.target, item, index, code=self.code, run_id=self.run_id)
+                 for item, index in zip(job.items, job.indices)]
+        return packrun.grouped(job, tasks) if job.groups else tasks
 
     def upstream(self, job: hplan.JobSpec, ids: Dict[str, List[str]]) -> Tuple[Optional[str], List[str]]:
         waits = upstream(job, self.ids, self.run)
@@ -206,7 +209,8 @@ def start(req: Request, backends: Optional[Mapping[str, MakeBackend]] = None) ->
         if not plan.jobs:
             print(f"nothing to submit: every task of {run.path} is done or queued")
             return Submitted(run.path, str(kind), {})
-        packing.refuse_submission(plan.jobs)  # --cluster here plans as SLURM does: refused there too
+        if kind != "slurm":  # --cluster here plans as SLURM does; its steps run items one by one
+            packing.refuse_submission(plan.jobs)
         if kind == "slurm":  # a run the site's submit limit cannot take whole is refused before any sbatch
             limits.refuse_past_limit([len(job.units) for job in plan.jobs], [job.resources for job in plan.jobs])
         snap = take_snapshot(cfg, run.path, kind, code, run.manifest().get("snapshot") if req.same_snapshot else None)

@@ -1,0 +1,170 @@
+"""The job side of a packed stage: each item of the job's group as its own srun step, one requeue for all.
+
+    PYTHON -u -m hpc.pipeline.packrun RUN_DIR [--tasks FILE] -- srun ARGS...   # what `srun` means in a packed job
+    PYTHON -u -m hpc.pipeline.packrun --item N PICKLE                         # one item's step, each of its ranks
+
+A packed job (hpc.pipeline.packing) pickles one PackTask: its group's StageTasks. Its batch script
+runs this driver where other jobs run hpc.afterstep; the driver reads the pickle where submitit's
+runner would (an array's, unpacked from its tasks file first: hpc.pipeline.arraytasks) and starts,
+side by side, one `srun --exact` step per item without a done marker (an item done in an earlier
+attempt is not run again), each of the item's shape (HPC_PACK: GPUs, ranks, CPUs, memory), with its
+own log (<logs>/<job>.item-<n>_log.out|err), master port and stop-request file. Each step runs its
+item's StageTask, as an unpacked job's ranks do: its task dir, rank environment, checkpoints,
+TensorBoard run and done marker are the item's own. Submitit's runner is not in the steps, so its
+own requeue never fires per item.
+
+A preemption (SIGTERM) or the time-limit signal reaches every step: each item's rank 0 stops at its
+own agreed step, checkpoints and asks its host (hpc.recovery.hostact) for the requeue. The driver is
+that host for every item (packstop): once each running item has asked or ended (or SETTLE_WAIT_S
+after the first asked), the first request is carried out as an unpacked job's would be (one
+`scontrol requeue`, its history recorded), and every other item is answered with the same outcome,
+recorded in its own history: the job is requeued once. The requeued job runs only the unfinished
+items, each resuming from its own checkpoint.
+
+stages.X.pack_fail: `continue` (an item that fails leaves its siblings running), or `stop` (its
+siblings' steps are ended: srun's double interrupt). The driver exits 0 when every item it ran is
+done, 1 otherwise; python -m hpc.status shows each item with the job they shared.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+from hpc.pipeline import packing, packstop
+
+POLL_S = 0.5  # how often the steps are looked at, and (every second look) their request folders
+
+
+class PackTask:
+    """What submitit pickles for a packed job: its group's StageTasks, run by this module's driver."""
+
+    def __init__(self, tasks: Sequence[Any]):
+        self.tasks = list(tasks)
+
+    def __call__(self) -> Any:
+        raise RuntimeError("a packed job's task runs under python -m hpc.pipeline.packrun, not submitit's runner; "
+                           "expected its batch script's srun to be the pack's driver. HINT: resubmit the stage.")
+
+
+def grouped(job: Any, tasks: Sequence[Any]) -> List[PackTask]:
+    """A packed job's tasks (one StageTask per item, in job.items' order) as one PackTask per group."""
+    at = iter(tasks)
+    return [PackTask([next(at) for _ in group]) for group in job.groups]
+
+
+def pickle_path(options: Dict[str, str], srun_argv: Sequence[str], environ: Dict[str, str]) -> str:
+    """Where this job's PackTask is: an array task's unpacked from its tasks file, else submitit's own."""
+    if "--tasks" in options:  # here, not at the top: the driver starts in every packed job's batch step
+        from hpc.pipeline import arraytasks
+
+        return arraytasks.unpack(options["--tasks"], environ)
+    from submitit.core import utils  # submitit's own path of the job's pickle
+
+    return str(utils.JobPaths(srun_argv[-1], job_id=environ["SLURM_JOB_ID"]).submitted_pickle)
+
+
+def load(path: str) -> PackTask:
+    from submitit.core.utils import DelayedSubmission
+
+    return DelayedSubmission.load(path).function
+
+
+def item_argv(shape: Dict[str, Any], n: int, pickle: str, log: str) -> List[str]:
+    """One item's step: its own GPUs, ranks, CPUs and memory out of the job's (--exact)."""
+    argv = ["srun", "--exact", "--nodes=1", f"--ntasks={shape['ranks']}", f"--cpus-per-task={shape['cpus']}",
+            "--kill-on-bad-exit=1", "--unbuffered", f"--output={log}_log.out", f"--error={log}_log.err"]
+    argv += [f"--gres=gpu:{shape['gpus']}"] * bool(shape["gpus"]) + [f"--mem={shape['mem']}"] * bool(shape["mem"])
+    return [*argv, sys.executable, "-u", "-m", "hpc.pipeline.packrun", "--item", str(n), pickle]
+
+
+def item_env(environ: Dict[str, str], request: str, n: int) -> Dict[str, str]:
+    """A step's environment: without the job's SLURM_GPUS_PER_NODE (with it, every step gets all the
+    job's GPUs: hpc.pipeline.packing), its own stop-request file and master port."""
+    # here, not at the top: only the driver derives ports
+    from hpc.runtime.distenv import PORT_BASE, PORT_SPAN, master_port_for
+
+    env = {k: v for k, v in environ.items() if k != "SLURM_GPUS_PER_NODE"}
+    port = PORT_BASE + (master_port_for(environ.get("SLURM_JOB_ID", "0")) - PORT_BASE + 1 + n) % PORT_SPAN
+    return {**env, packstop.HOST_ACTS: request, "HPC_MASTER_PORT": str(port)}
+
+
+def drive(run_dir: str, pack: PackTask, pickle: str, shape: Dict[str, Any], environ: Dict[str, str]) -> int:
+    """Every item not done as its own step, side by side; their stops settled as one; 0 when all are done."""
+    from hpc.rundir.run import RunDir  # here: --item's ranks need none of it
+
+    run = RunDir(run_dir)
+    todo = [(n, t) for n, t in enumerate(pack.tasks) if not run.is_done(t.stage, t.item)]
+    skipped = len(pack.tasks) - len(todo)
+    print(f"[hpc] packed job: {len(todo)} item(s) to run, {skipped} done already", file=sys.stderr, flush=True)
+    logs = os.path.dirname(pickle)
+    job = environ.get("SLURM_ARRAY_JOB_ID") and f"{environ['SLURM_ARRAY_JOB_ID']}_{environ['SLURM_ARRAY_TASK_ID']}"
+    host = packstop.Host(run_dir, environ.get("SLURM_JOB_ID", "0"), environ.get("SLURM_RESTART_COUNT") or "0")
+    steps: Dict[int, subprocess.Popen] = {}
+    for n, task in todo:
+        request = host.add(n)
+        log = os.path.join(logs, f"{job or environ.get('SLURM_JOB_ID', '0')}.item-{n}")
+        steps[n] = subprocess.Popen(item_argv(shape, n, pickle, log), env=item_env(environ, request, n))
+        print(f"[hpc] item {task.item} (stage {task.stage}): step started, log {log}_log.out", file=sys.stderr,
+              flush=True)
+    codes: Dict[int, int] = {}
+    looks = 0
+    while len(codes) < len(steps) or host.waiting():
+        time.sleep(POLL_S)
+        for n, proc in steps.items():
+            if n not in codes and proc.poll() is not None:
+                codes[n] = proc.returncode
+                failed = proc.returncode != 0 and not host.asked(n)
+                if failed and shape["fail"] == "stop":
+                    stop_siblings(steps, codes, pack.tasks[n].item)
+        looks += 1
+        if looks % 2 == 0 or len(codes) == len(steps):
+            host.look(running=[n for n in steps if n not in codes])
+    done = [n for n, t in todo if run.is_done(t.stage, t.item)]
+    print(f"[hpc] packed job: {len(done)} of {len(todo)} item(s) done" + (f"; {host.said}" if host.said else ""),
+          file=sys.stderr, flush=True)
+    return 0 if len(done) == len(todo) else 1
+
+
+def stop_siblings(steps: Dict[int, subprocess.Popen], codes: Dict[int, int], item: Any) -> None:
+    """stages.X.pack_fail=stop: end the other items' steps (srun's double interrupt ends a step)."""
+    print(f"[hpc] item {item} failed; pack_fail=stop: ending its siblings' steps", file=sys.stderr, flush=True)
+    for _ in range(2):
+        for n, proc in steps.items():
+            if n not in codes and proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+        time.sleep(0.3)
+
+
+def run_item(n: int, pickle: str) -> int:
+    """One rank of item n's step: the item's StageTask, as an unpacked job's rank runs it."""
+    print(f"[hpc] packed item {n}: step {os.environ.get('SLURM_STEP_ID')} rank {os.environ.get('SLURM_PROCID')} "
+          f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')}", flush=True)
+    load(pickle).tasks[n]()
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) == 3 and args[0] == "--item":
+        return run_item(int(args[1]), args[2])
+    options: Dict[str, str] = {}
+    while len(args) > 3 and args[1] == "--tasks":
+        options[args[1]] = args[2]
+        del args[1:3]
+    if len(args) < 3 or args[1] != "--" or packing.PACK_ENV not in os.environ:
+        print("usage: python -m hpc.pipeline.packrun RUN_DIR [--tasks FILE] -- srun ARGS... (in a packed job's "
+              f"batch script, which sets {packing.PACK_ENV})", file=sys.stderr)
+        return 2
+    environ = dict(os.environ)
+    signal.signal(signal.SIGTERM, lambda *_: None)  # a stop: the steps stop, this driver settles their requests
+    pickle = pickle_path(options, args[2:], environ)
+    return drive(args[0], load(pickle), pickle, json.loads(environ[packing.PACK_ENV]), environ)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
