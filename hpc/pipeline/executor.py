@@ -27,7 +27,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from hpc.config import defaults
 from hpc.fs import atomic
 from hpc.pipeline import arraytasks
-from hpc.rundir import logdirs, notify, tracking
+from hpc.rundir import logdirs, tracking
 from hpc.rundir.run import RunDir, task_key
 from hpc.rundir.snapshot import JobCode
 from hpc.rundir.sweepdir import SweepDir, is_sweep
@@ -71,6 +71,7 @@ class StageTask:
         # the job's own modules, loaded where it runs: a submission pickles tasks without them
         from hpc.config import resolved
         from hpc.recovery import hostact
+        from hpc.rundir import notify
         from hpc.runtime.envparse import from_environ
 
         started = time.time()
