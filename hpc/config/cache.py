@@ -68,7 +68,7 @@ def schema_text(schema: type) -> Optional[str]:
                     default = f.default
                 elif f.default_factory is not dataclasses.MISSING:
                     default = f.default_factory()
-                out.append(f"{f.name}:{hints.get(f.name, f.type)!r}={default!r}")
+                out.append(f"{f.name}:{hints.get(f.name, f.type)!r}={_text(default)}")
                 walk(hints.get(f.name))
         for arg in typing.get_args(tp):
             walk(arg)
@@ -76,6 +76,18 @@ def schema_text(schema: type) -> Optional[str]:
     walk(schema)
     text = "\n".join(out)
     return None if " at 0x" in text else text
+
+
+def _text(value: Any) -> str:
+    """repr(value), a dataclass instance spelt field by field (the schema's classes have no __repr__)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        inner = ", ".join(f"{f.name}={_text(getattr(value, f.name))}" for f in dataclasses.fields(value))
+        return f"{type(value).__module__}.{type(value).__qualname__}({inner})"
+    if isinstance(value, (list, tuple)):
+        return f"{type(value).__name__}[{', '.join(_text(v) for v in value)}]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_text(k)}: {_text(v)}" for k, v in value.items()) + "}"
+    return repr(value)
 
 
 def key(schema: type, texts: Sequence[Tuple[str, Optional[str]]], overrides: Sequence[str],

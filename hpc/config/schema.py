@@ -26,9 +26,11 @@ if TYPE_CHECKING:
 
 # OmegaConf and yaml are imported where a config is built, not here: a submission whose config was
 # built before reads it back as plain data (hpc.config.cache, hpc.config.view) and never needs them.
+# The classes are templates for OmegaConf, never compared or printed: no generated __repr__ or __eq__
+# (each costs a submission its import; hpc.config.cache spells their defaults field by field).
 
 
-@dataclass
+@dataclass(repr=False, eq=False)
 class Container:
     """Where a stage's ranks run: on the host (runtime ''), or inside an image; the batch script,
     hpc.afterstep and every SLURM call stay on the host (hpc.container.spec, docs/containers.md)."""
@@ -48,7 +50,7 @@ class Container:
     squash: str = ""
 
 
-@dataclass
+@dataclass(repr=False, eq=False)
 class NodeCheck:
     """One short check per node before a stage's ranks start, as one srun step (hpc.recovery.nodecheck,
     docs/nodecheck.md); a node that fails is excluded, one that fails `avoid_after` times avoided."""
@@ -62,7 +64,7 @@ class NodeCheck:
     avoid_after: int = 2  # failed checks in a run after which a node is avoided for the rest of the run
 
 
-@dataclass
+@dataclass(repr=False, eq=False)
 class Resources:
     """What one job (or one array task) of a stage asks SLURM for."""
 
@@ -94,7 +96,7 @@ class Resources:
     node_check: NodeCheck = field(default_factory=NodeCheck)  # each node checked before the ranks start
 
 
-@dataclass
+@dataclass(repr=False, eq=False)
 class ClusterSettings:
     """Where jobs go."""
 
@@ -105,7 +107,7 @@ class ClusterSettings:
     container: Container = field(default_factory=Container)  # every stage's image, unless the stage names its own
 
 
-@dataclass
+@dataclass(repr=False, eq=False)
 class RunSettings:
     """Where the run directory lives, and the code its jobs run."""
 
@@ -116,7 +118,7 @@ class RunSettings:
     snapshot_max_mb: float = 100.0  # a larger snapshot is refused before anything is submitted
 
 
-@dataclass
+@dataclass(repr=False, eq=False)
 class ResumeSettings:
     """What a resumed attempt accepts (hpc.rundir.attempts)."""
 
@@ -128,7 +130,7 @@ class ResumeSettings:
 SAME_SOFTWARE = ("warn", "require")
 
 
-@dataclass
+@dataclass(repr=False, eq=False)
 class NotifySettings:
     """Messages the jobs send about the run (hpc.rundir.notify); none while neither sink is set."""
 
@@ -142,7 +144,7 @@ class NotifySettings:
     timeout_s: float = 3.0  # a sink's deadline; at its end a job waits for its messages this and a second at most
 
 
-@dataclass
+@dataclass(repr=False, eq=False)
 class PipelineConfig:
     """Sections every pipeline has; a pipeline's schema adds `stages` and its own section."""
 

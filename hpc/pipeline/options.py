@@ -27,7 +27,7 @@ LISTS = (SEVERAL, QUOTED, REST)  # forms whose value is a list
 EXPECTED = {int: "an integer", float: "a number", str: "a string"}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False, eq=False)
 class Option:
     """One option of a pipeline: `name=` in hpc.submit(), `--name-with-dashes` on the command line."""
 

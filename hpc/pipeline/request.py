@@ -17,7 +17,8 @@ from hpc.pipeline import options as hoptions
 from hpc.pipeline.plan import get_pipeline
 
 
-@dataclass(frozen=True)
+# Request, Submitted: never compared or printed, so without a generated __repr__ and __eq__ (imports cost a submission)
+@dataclass(frozen=True, repr=False, eq=False)
 class Request:
     """One submission, as `python -m hpc.submit` takes it (hpc.submit documents each option)."""
 
@@ -42,7 +43,7 @@ class Request:
         return out + (["run.snapshot=false"] if self.no_snapshot else [])
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False, eq=False)
 class Submitted:
     """What a submission did: the run (or sweep) directory, the executor kind, and stage (or array
     label) -> the job ids submitted now; empty for a dry run, or when everything was done or queued."""

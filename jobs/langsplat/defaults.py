@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, Mapping, Tuple
 from hpc.config.checks import ConfigError
 
 
-@dataclass
+@dataclass(repr=False, eq=False)
 class RgbLr:
     """Adam learning rates of stage 1, one per gaussian parameter."""
 
@@ -30,7 +30,7 @@ class RgbLr:
     colors: float = 0.05
 
 
-@dataclass
+@dataclass(repr=False, eq=False)
 class Trainer:
     # scene
     scene_seed: int = 0  # seed of the synthetic scene (objects, cameras, embeddings)

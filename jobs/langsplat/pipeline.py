@@ -25,7 +25,7 @@ LEVELS = (0, 1, 2)  # the synthetic scene's levels
 MODES = ("synthetic", "external")
 
 
-@dataclass
+@dataclass(repr=False, eq=False)
 class LangsplatSection:
     """Passed as a plain dict to the trainers (train_rgb / train_features)."""
 
@@ -35,7 +35,7 @@ class LangsplatSection:
     trainer: Trainer = field(default_factory=Trainer)  # the built-in trainer's settings (hpc.jobs.langsplat.defaults)
 
 
-@dataclass
+@dataclass(repr=False, eq=False)
 class ExternalSection:
     """External mode (templates/langsplat_external.yaml documents each key)."""
 
@@ -62,7 +62,7 @@ def _one_gpu() -> Resources:
     return Resources(gpus_per_node=1)
 
 
-@dataclass
+@dataclass(repr=False, eq=False)
 class LangsplatStages:
     rgb: Resources = field(default_factory=_one_gpu)
     features: Resources = field(default_factory=lambda: Resources(gpus_per_node=8, tasks_per_node=8))
@@ -75,7 +75,7 @@ class LangsplatStages:
     eval: Resources = field(default_factory=_one_gpu)
 
 
-@dataclass
+@dataclass(repr=False, eq=False)
 class LangsplatConfig(PipelineConfig):
     stages: LangsplatStages = field(default_factory=LangsplatStages)
     langsplat: LangsplatSection = field(default_factory=LangsplatSection)
