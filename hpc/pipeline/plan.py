@@ -26,9 +26,10 @@ PIPELINES: Dict[str, str] = {
 }
 
 TaskKey = Tuple[str, Any]  # (stage name, array item or None)
+# The plan's classes are never compared or printed: no generated __repr__ or __eq__ (imports cost a submission)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False, eq=False)
 class StageDef:
     """One stage: `target` ("module:function") is called with a StageContext in every task."""
 
@@ -47,7 +48,7 @@ class StageDef:
     batch: Tuple[int, ...] = ()  # (global batch, most samples per device): the plan shows plan_batch per world size
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False, eq=False)
 class PipelineDef:
     name: str
     schema: type  # config dataclass checked by OmegaConf
@@ -81,7 +82,7 @@ def get_pipeline(name: str) -> PipelineDef:
     return found
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False, eq=False)
 class JobSpec:
     """One submission: a single job or one array over the items still to run."""
 
@@ -155,7 +156,7 @@ class JobSpec:
         return spec.launch(box, self.resources["gpus_per_node"]).python if box else None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False, eq=False)
 class Plan:
     pipeline: str
     run_dir: str
