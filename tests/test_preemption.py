@@ -118,8 +118,8 @@ def test_handle_stop_outside_slurm_does_not_requeue(tmp_path, monkeypatch):
 def test_history_counts_timeouts(tmp_path):
     path = tmp_path / "requeue.json"
     hist = pre.load_history(path)
-    pre._record(path, hist, verdict.decide("timeout", "RUNNING", 0, 3), {"JobState": "RUNNING"})
-    pre._record(path, pre.load_history(path), verdict.decide("preempt", "RUNNING", 1, 3), {})
+    pre.record(path, hist, verdict.decide("timeout", "RUNNING", 0, 3), {"JobState": "RUNNING"})
+    pre.record(path, pre.load_history(path), verdict.decide("preempt", "RUNNING", 1, 3), {})
     saved = json.loads(path.read_text())
     assert (saved["timeouts"], saved["preemptions"], len(saved["events"])) == (1, 1, 2)
 
