@@ -254,8 +254,3 @@ def _check_weights(ext: Any, sam: bool = True) -> None:
                           "offline nodes. HINT: on a login node run "
                           "HF_HOME=/models/hf python -c \"import open_clip; open_clip.create_model_and_transforms("
                           "'ViT-B-16', pretrained='laion2b_s34b_b88k')\" and pass external.clip_hf_home=/models/hf")
-
-
-def resolved_levels(levels: Optional[List[int]], mode: str) -> List[int]:
-    """--levels as given, else the mode's default: LangSplat's 1 2 3 (s m l), the synthetic 0 1 2."""
-    return list(levels) if levels else ([1, 2, 3] if mode == "external" else [0, 1, 2])

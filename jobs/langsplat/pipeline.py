@@ -18,8 +18,10 @@ from hpc.config.schema import ConfigError, PipelineConfig, Resources, to_dict
 from hpc.pipeline.options import SEVERAL, Option
 from hpc.pipeline.plan import PipelineDef, StageDef
 
-from . import external
 from .defaults import Trainer, check, trainer_config
+
+# hpc.jobs.langsplat.external (the external mode's stages and checks) is loaded only in that mode: a
+# synthetic submission plans without it
 
 LEVELS = (0, 1, 2)  # the synthetic scene's levels
 MODES = ("synthetic", "external")
@@ -82,14 +84,30 @@ class LangsplatConfig(PipelineConfig):
     external: ExternalSection = field(default_factory=ExternalSection)
 
 
+def resolved_levels(levels: Optional[List[int]], mode: str) -> List[int]:
+    """--levels as given, else the mode's default: LangSplat's 1 2 3 (s m l), the synthetic 0 1 2."""
+    return list(levels) if levels else ([1, 2, 3] if mode == "external" else [0, 1, 2])
+
+
 def settle(cfg: Any) -> bool:
     """The levels, when none were given: the mode's default; in external mode also every path made
     absolute and SAM's checkpoint found, which depend on the directory and the files (not kept)."""
-    cfg.langsplat.levels = external.resolved_levels(cfg.langsplat.levels, cfg.langsplat.mode)
+    cfg.langsplat.levels = resolved_levels(cfg.langsplat.levels, cfg.langsplat.mode)
     if cfg.langsplat.mode == "external":
+        from . import external
+
         external.absolute_paths(cfg)
         return False
     return True
+
+
+def notes(cfg: Any) -> List[str]:
+    """External mode's lines for the plan (hpc.jobs.langsplat.external.notes); none in synthetic mode."""
+    if cfg.langsplat.mode != "external":
+        return []
+    from . import external
+
+    return external.notes(cfg)
 
 
 def validate(cfg: Any) -> None:
@@ -100,6 +118,8 @@ def validate(cfg: Any) -> None:
         raise ConfigError(f"langsplat.mode={sec.mode!r}; expected one of {list(MODES)}. "
                           "HINT: langsplat.mode=synthetic needs no data.")
     if sec.mode == "external":
+        from . import external
+
         external.validate(cfg)
         return
     bad = [lv for lv in sec.levels if lv not in LEVELS]
@@ -110,8 +130,10 @@ def validate(cfg: Any) -> None:
 
 def stages(cfg: Any) -> List[StageDef]:
     if cfg.langsplat.mode == "external":
+        from . import external
+
         return external.stages(cfg)
-    levels = tuple(external.resolved_levels(cfg.langsplat.levels, "synthetic"))
+    levels = tuple(resolved_levels(cfg.langsplat.levels, "synthetic"))
     trainer = trainer_config(to_dict(cfg.langsplat))
     return [StageDef("rgb", "hpc.jobs.langsplat.pipeline:rgb"),
             StageDef("features", "hpc.jobs.langsplat.pipeline:features", items=levels, after=("rgb",),
@@ -134,5 +156,5 @@ def features(ctx: Any) -> dict:
 OPTIONS = (Option("levels", "langsplat.levels", "LangSplat feature levels 0-3 (default: 1 2 3 in external mode, "
                   "0 1 2 synthetic)", int, form=SEVERAL),)
 PIPELINE = PipelineDef("langsplat", LangsplatConfig, stages, validate,
-                       templates=("langsplat.yaml", "langsplat_external.yaml"), notes=external.notes, settle=settle,
+                       templates=("langsplat.yaml", "langsplat_external.yaml"), notes=notes, settle=settle,
                        options=OPTIONS)

@@ -17,10 +17,11 @@ from tests.slurm.test_pipeline import ROOT
 
 pytestmark = pytest.mark.slurm
 # Modules of other paths: following or attaching to a run, the job's side, containers, --cluster here,
-# sweeps, hpc.status's drift, a job's notifications, a config build, a misspelt key.
+# sweeps, hpc.status's drift, a job's notifications, LangSplat's external mode, a config build, a misspelt key.
 ELSEWHERE = ("hpc.runs", "hpc.monitor", "hpc.runtime.distenv", "hpc.runtime.envparse", "hpc.recovery",
              "hpc.config.resolved", "hpc.container.carry", "hpc.container.squash", "hpc.here", "hpc.sweep",
-             "hpc.rundir.codedrift", "hpc.rundir.notify", "omegaconf", "yaml", "difflib", "unicodedata", "sysconfig")
+             "hpc.rundir.codedrift", "hpc.rundir.notify",
+             "hpc.jobs.langsplat.external", "omegaconf", "yaml", "difflib", "unicodedata", "sysconfig")
 COMMAND = """
 import runpy, sys
 sys.argv = ["hpc.submit", "langsplat", "--levels", "0", "1", "2", "--profile", "sandbox", "--run-dir", sys.argv[1]]
