@@ -94,7 +94,7 @@ def settle(cfg: Any) -> bool:
     absolute and SAM's checkpoint found, which depend on the directory and the files (not kept)."""
     cfg.langsplat.levels = resolved_levels(cfg.langsplat.levels, cfg.langsplat.mode)
     if cfg.langsplat.mode == "external":
-        from . import external
+        from . import external  # external mode only: a synthetic submission never loads it
 
         external.absolute_paths(cfg)
         return False
@@ -118,7 +118,7 @@ def validate(cfg: Any) -> None:
         raise ConfigError(f"langsplat.mode={sec.mode!r}; expected one of {list(MODES)}. "
                           "HINT: langsplat.mode=synthetic needs no data.")
     if sec.mode == "external":
-        from . import external
+        from . import external  # external mode only: a synthetic submission never loads it
 
         external.validate(cfg)
         return
@@ -130,7 +130,7 @@ def validate(cfg: Any) -> None:
 
 def stages(cfg: Any) -> List[StageDef]:
     if cfg.langsplat.mode == "external":
-        from . import external
+        from . import external  # external mode only: a synthetic submission never loads it
 
         return external.stages(cfg)
     levels = tuple(resolved_levels(cfg.langsplat.levels, "synthetic"))
