@@ -105,7 +105,7 @@ def notes(cfg: Any) -> List[str]:
     """External mode's lines for the plan (hpc.jobs.langsplat.external.notes); none in synthetic mode."""
     if cfg.langsplat.mode != "external":
         return []
-    from . import external
+    from . import external  # external mode only: a synthetic submission never loads it
 
     return external.notes(cfg)
 
