@@ -3,26 +3,34 @@ items on 8-GPU nodes that are allocated whole, packed 8 per job against one item
 
     python -m bench --only packing
 
-Computed by the planner (hpc.pipeline.plan.make_plan with stages.X.pack), not run: every figure is
-what the plan submits. Each item holds its GPU for HOURS; a job on a whole-node partition holds its
-node for as long as its longest item. A task's start-up is measured by `--only task-startup`; a
-packed item would keep its own task start (its own srun step, interpreter and StageTask) and share
-its job's batch step (bash and hpc.afterstep) with its siblings: not measured, as the job side of
-packing is not built yet.
+The table is computed by the planner (hpc.pipeline.plan.make_plan with stages.X.pack), not run: every
+figure is what the plan submits. Each item holds its GPU for HOURS; a job on a whole-node partition
+holds its node for as long as its longest item. Measured on the local cluster (its nodes have 2 fake
+GPUs, so 4 one-GPU items of tests/tiny_pipeline.py, packed 2 per job against one per job): each
+item's start-up, from its job's start (sacct, whole seconds) to its StageTask's start (its done
+marker's `started`), and the SLURM steps each job ran (sacct): a packed item keeps its own srun step
+and StageTask and shares its job's batch step and the pack's driver with its siblings.
 """
 from __future__ import annotations
 
+import json
 import math
+import statistics
+import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
-from bench.common import Context
+from bench.common import REPO, Context
 from bench.report import Section
 from hpc.config import schema
 from hpc.pipeline import plan
+from hpc.rundir.run import DONE, RunDir
 
 ITEMS, NODE_GPUS, PACK = 64, 8, 8
+SANDBOX_ITEMS, SANDBOX_PACK = 4, 2  # what the local cluster's 2-GPU nodes hold
 HOURS = 1.0  # one item's run time
 
 
@@ -62,12 +70,53 @@ def run(ctx: Context) -> Section:
     sec.notes += [
         f"each item holds its one GPU for {HOURS:g} h; a whole-node job holds its {NODE_GPUS} GPUs as long",
         "sbatch calls: one array per stage either way; the scheduler starts, tracks and accounts 8x fewer jobs packed",
-        "start-up cost per item: not measured, as no packed job runs yet; by design an item keeps its own task "
-        "start (the task start-up section's task step) and shares its job's batch step with its k-1 siblings",
-        "packed jobs are planned, shown by --dry-run and refused at submission: the job side that runs each item as "
-        "its own srun step is not built yet, so no packed job has run on the sandbox",
     ]
+    sec.notes += measured(ctx) if ctx is not None and not ctx.quick else [
+        "start-up per item on the sandbox: not measured in a quick run (python -m bench --only packing measures it)"]
     return sec
+
+
+def sandbox(ctx: Context, pack: int) -> tuple:
+    """4 one-GPU tiny items at `pack` per job on the local cluster: (start-up per item in s, SLURM steps per job)."""
+    env = ctx.slurm_env()
+    run = RunDir(ctx.scratch(f"packing-{pack}") / "run")
+    subprocess.run([sys.executable, "-m", "hpc.submit", "tests.tiny_pipeline", "--cluster", "slurm", "--run-dir",
+                    str(run.path), "--no-snapshot", f"tiny.parts={list(range(SANDBOX_ITEMS))}",
+                    "stages.second.gpus_per_node=1", f"stages.second.pack={pack}"], cwd=REPO, env=env, check=True,
+                   capture_output=True)
+    for _ in range(600):
+        if all(run.is_done("second", i) for i in range(SANDBOX_ITEMS)):
+            break
+        time.sleep(0.5)
+    else:
+        raise RuntimeError(f"the items of {run.path} did not finish in 300 s")
+    jobs = {t["item"]: t["job_id"] for t in run.tasks() if t["stage"] == "second"}
+    for _ in range(60):  # slurmdbd lists a job a little after it ended
+        rows = [line.split("|") for line in subprocess.run(
+            ["sacct", "-n", "-P", "-j", ",".join(sorted(set(jobs.values()))), "--format=JobID,Start,State"], env=env,
+            capture_output=True, text=True, check=True).stdout.splitlines()]
+        starts = {r[0]: datetime.fromisoformat(r[1]).timestamp() for r in rows if "." not in r[0] and r[1][:1].isdigit()}
+        if set(jobs.values()) <= set(starts) and all(r[2] == "COMPLETED" for r in rows):
+            break
+        time.sleep(0.5)
+    else:
+        raise RuntimeError(f"sacct did not list jobs {sorted(set(jobs.values()))} as ended: {rows}")
+    steps = [r[0] for r in rows if "." in r[0] and r[0].split(".")[1].isdigit()]
+    startup = [json.loads((run.task_dir("second", i) / DONE).read_text())["started"] - starts[jobs[i]] for i in jobs]
+    return statistics.median(startup), len(steps) / len(set(jobs.values())), len(set(jobs.values()))
+
+
+def measured(ctx: Context) -> list:
+    try:
+        (one, one_steps, one_jobs), (packed, steps, jobs) = sandbox(ctx, 1), sandbox(ctx, SANDBOX_PACK)
+    except (RuntimeError, subprocess.CalledProcessError, KeyError, ValueError) as err:
+        return [f"start-up per item on the sandbox: not measured ({type(err).__name__}: {err})"]
+    return [f"measured on the sandbox, {SANDBOX_ITEMS} one-GPU items: start-up per item (its job's start to its "
+            f"task's start, median, whole-second job starts) {packed:.1f} s packed {SANDBOX_PACK} per job against "
+            f"{one:.1f} s one per job; {jobs} jobs against {one_jobs}, 1 sbatch call for the stage either way",
+            f"SLURM steps per job: {steps:g} packed (one srun --exact per item, started by the pack's driver in the "
+            f"batch step) against {one_steps:g}: one srun per item either way, {SANDBOX_PACK}x fewer jobs to start, "
+            "track and account"]
 
 
 if __name__ == "__main__":
