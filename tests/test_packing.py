@@ -65,6 +65,8 @@ def test_the_last_group_holds_the_rest_and_a_resubmission_packs_only_what_is_lef
     (["stages.second.pack=2", "stages.second.nodes=2"], 8, "expected one-node items"),
     (["stages.second.pack_fail=maybe"], 8, "expected one of ['continue', 'stop']"),
     (["stages.second.pack=0"], 8, "expected 1 or more items per job"),
+    (["stages.second.pack=2", "stages.second.container.runtime=exec", "stages.second.container.prefix=[env]"], 8,
+     "stages.second.pack=2 with a container; expected packed items to run on the host"),
 ])
 def test_a_pack_that_does_not_fit_is_refused_with_the_numbers(overrides, node_gpus, seen):
     with pytest.raises(ConfigError) as err:

@@ -64,6 +64,9 @@ def check(key: str, is_array: bool, res: Mapping[str, Any], node_gpus: Optional[
     if str(res["nodes"]) != "1" or res.get("spare_nodes"):
         raise ConfigError(f"{where}.pack={k} with nodes={res['nodes']}, spare_nodes={res.get('spare_nodes') or 0}; "
                           f"expected one-node items without spare nodes. HINT: drop {where}.pack, or run each item on one node.")
+    if res.get("container"):  # the pack's driver starts each item's step on the host, not in the image
+        raise ConfigError(f"{where}.pack={k} with a container; expected packed items to run on the host: a packed "
+                          f"job's item steps are not started in an image yet. HINT: drop {where}.pack, or the container.")
     total = k * gpus
     if node_gpus is not None and gpus and total > node_gpus:
         raise ConfigError(f"{where}.pack={k}: {k} items x {gpus} GPU(s) = {total} GPUs per job; partition "

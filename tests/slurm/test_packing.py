@@ -9,9 +9,14 @@ tests pack 4 one-GPU items 2 per job (2 jobs, not 4), not the issue's 16 by 8 on
   or ends it (pack_fail: stop);
   python -m hpc.status shows each item with the job it shared; a resubmission runs the failed item
   alone, packed again.
+- A preemption of packed jobs (tests/pack_pipeline.py: one item done, the others training) and the
+  time-limit signal: every unfinished item checkpoints at its own step, the job is requeued once,
+  and its requeued attempt trains only the unfinished items, each from its own checkpoint, to
+  weights bitwise equal to an unpacked run's (--cluster local, one item per job).
 """
 import json
 import re
+import subprocess
 import time
 from pathlib import Path
 
@@ -147,3 +152,35 @@ def test_a_preempted_packed_job_is_requeued_once_and_resumes_only_its_unfinished
         mine = torch.load(run.task_dir("train", item) / "weights.pt")
         theirs = torch.load(ref.task_dir("train", item) / "weights.pt")
         assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine), item
+
+
+def test_the_time_limit_signal_stops_both_items_of_a_packed_job_and_requeues_it_once(slurm_cluster, tmp_path,
+                                                                                      monkeypatch):
+    """2 one-GPU items packed 2 in one job (no array) get the time-limit signal while training: each
+    checkpoints at its own step, the job is requeued once for both (one timeout in each item's history,
+    Restarts=1), and each resumes from its own checkpoint to the weights of an unpacked run."""
+    import torch
+
+    monkeypatch.setitem(plan.PIPELINES, "pk", "tests.pack_pipeline")
+    ref = RunDir(tmp_path / "ref")
+    assert submit.main(["pk", "--cluster", "local", "--run-dir", str(ref.path), "--no-snapshot", "pk.step_s=0",
+                        "pk.parts=[0,1]"]) == 0
+    run = RunDir(tmp_path / "packed")
+    assert submit.main(["pk", "--cluster", "slurm", "--run-dir", str(run.path), "--no-snapshot", "pk.parts=[0,1]",
+                        "stages.train.pack=2"]) == 0
+    (job,) = {t["job_id"] for t in run.tasks()}
+    assert "_" not in job
+    wait_for(lambda: all(progress(run, i) >= 3 for i in (0, 1)), "both items training")
+    subprocess.run(["scancel", "--signal=USR2", job], check=True)  # what --signal=USR2@N sends every step
+    wait_for(lambda: job_field(slurm_cluster, job, "Restarts") == "1", f"job {job} requeued")
+    release(slurm_cluster, job)
+    wait_for(lambda: ended(run), "the requeued job to end")
+    assert (ended(run)[job].state, ended(run)[job].restarts) == ("COMPLETED", 1)
+    for item in (0, 1):
+        tried = attempts(run, item)
+        assert [x["restart"] for x in tried] == [0, 1] and tried[1]["first"] > 3, (item, tried)
+        history = json.loads((run.task_dir("train", item) / "checkpoints" / "requeue.json").read_text())
+        assert (history["timeouts"], history["preemptions"]) == (1, 0), (item, history)
+        mine = torch.load(run.task_dir("train", item) / "weights.pt")
+        theirs = torch.load(ref.task_dir("train", item) / "weights.pt")
+        assert all(torch.equal(mine[k], theirs[k]) for k in theirs), item
