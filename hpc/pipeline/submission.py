@@ -144,12 +144,15 @@ class RunBook(launcher.Book):
 
     def tasks(self, job: hplan.JobSpec) -> List[Any]:
         # only once jobs start: a dry run never loads the task
-        from hpc.pipeline import packrun
         from hpc.pipeline.executor import StageTask
 
         tasks = [StageTask(str(self.run.path), job.stage, job.target, item, index, code=self.code, run_id=self.run_id)
                  for item, index in zip(job.items, job.indices)]
-        return packrun.grouped(job, tasks) if job.groups else tasks
+        if not job.groups:
+            return tasks
+        from hpc.pipeline import packrun  # a packed stage's only: hpc.recovery's modules come with it
+
+        return packrun.grouped(job, tasks)
 
     def upstream(self, job: hplan.JobSpec, ids: Dict[str, List[str]]) -> Tuple[Optional[str], List[str]]:
         waits = upstream(job, self.ids, self.run)
