@@ -127,7 +127,8 @@ def _row(run: RunDir, t: Dict[str, Any], records: scheduler.Answer, in_sweep: Ca
     result = logs / f"{jid}_0_result.pkl" if f"{jid}_0_result.pkl" in logged else None
     state = task_state(t, records, lambda: _left(DONE in here, result))
     tried = attempts.load(task_dir) if attempts.ATTEMPTS in here else []  # rank 0's records, if any
-    out, err = (logs / f"{jid}_0_log.{s}" if f"{jid}_0_log.{s}" in logged else None for s in ("out", "err"))
+    ranked = f"{jid}.item-{item}_0_log" if f"{jid}.item-{item}_0_log.out" in logged else f"{jid}_0_log"  # packed
+    out, err = (logs / f"{ranked}.{s}" if f"{ranked}.{s}" in logged else None for s in ("out", "err"))
     return TaskStatus(task_key(stage, item), stage, item, jid, state, rec.restarts if rec else 0,
                       rec.elapsed if rec else _elapsed(info),
                       (err and tqdm_progress(err)) or (out and last_progress(out)) or "",

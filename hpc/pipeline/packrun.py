@@ -8,7 +8,7 @@ runs this driver where other jobs run hpc.afterstep; the driver reads the pickle
 runner would (an array's, unpacked from its tasks file first: hpc.pipeline.arraytasks) and starts,
 side by side, one `srun --exact` step per item without a done marker (an item done in an earlier
 attempt is not run again), each of the item's shape (HPC_PACK: GPUs, ranks, CPUs, memory), with its
-own log (<logs>/<job>.item-<n>_log.out|err), master port and stop-request file. Each step runs its
+own logs (<logs>/<job>.item-<item>_<rank>_log.out|err), master port and stop-request file. Each step runs its
 item's StageTask, as an unpacked job's ranks do: its task dir, rank environment, checkpoints,
 TensorBoard run and done marker are the item's own. Submitit's runner is not in the steps, so its
 own requeue never fires per item.
@@ -77,7 +77,7 @@ def load(path: str) -> PackTask:
 def item_argv(shape: Dict[str, Any], n: int, pickle: str, log: str) -> List[str]:
     """One item's step: its own GPUs, ranks, CPUs and memory out of the job's (--exact)."""
     argv = ["srun", "--exact", "--nodes=1", f"--ntasks={shape['ranks']}", f"--cpus-per-task={shape['cpus']}",
-            "--kill-on-bad-exit=1", "--unbuffered", f"--output={log}_log.out", f"--error={log}_log.err"]
+            "--kill-on-bad-exit=1", "--unbuffered", f"--output={log}_%t_log.out", f"--error={log}_%t_log.err"]
     argv += [f"--gres=gpu:{shape['gpus']}"] * bool(shape["gpus"]) + [f"--mem={shape['mem']}"] * bool(shape["mem"])
     return [*argv, sys.executable, "-u", "-m", "hpc.pipeline.packrun", "--item", str(n), pickle]
 
@@ -107,9 +107,9 @@ def drive(run_dir: str, pack: PackTask, pickle: str, shape: Dict[str, Any], envi
     steps: Dict[int, subprocess.Popen] = {}
     for n, task in todo:
         request = host.add(n)
-        log = os.path.join(logs, f"{job or environ.get('SLURM_JOB_ID', '0')}.item-{n}")
+        log = os.path.join(logs, f"{job or environ.get('SLURM_JOB_ID', '0')}.item-{task.item}")
         steps[n] = subprocess.Popen(item_argv(shape, n, pickle, log), env=item_env(environ, request, n))
-        print(f"[hpc] item {task.item} (stage {task.stage}): step started, log {log}_log.out", file=sys.stderr,
+        print(f"[hpc] item {task.item} (stage {task.stage}): step started, log {log}_0_log.out", file=sys.stderr,
               flush=True)
     codes: Dict[int, int] = {}
     looks = 0

@@ -78,7 +78,7 @@ def test_four_one_gpu_items_packed_two_per_job_run_as_two_jobs_and_a_failed_item
     logs = run.path / "second" / "logs" / jobs[0].split("_")[0]
     devices = {}
     for n in (0, 1):
-        text = (logs / f"{jobs[0]}.item-{n}_log.out").read_text()
+        text = (logs / f"{jobs[0]}.item-{n}_0_log.out").read_text()
         assert f"stage second item {n} rank 0/1" in text
         devices[n] = re.search(r"CUDA_VISIBLE_DEVICES=(\S*)", text).group(1)
     assert len(set(devices.values())) == 2 and all(d.isdigit() for d in devices.values()), devices  # one each
@@ -86,6 +86,7 @@ def test_four_one_gpu_items_packed_two_per_job_run_as_two_jobs_and_a_failed_item
     rows = {r.item: r for r in status.collect(run) if r.stage == "second"}
     assert {i: rows[i].job_id for i in range(4)} == jobs
     assert [rows[i].state for i in range(4)] == ["COMPLETED", "FAILED", "COMPLETED", "COMPLETED"]
+    assert "item 1 failing on request" in rows[1].error and not rows[0].error  # each item's own log
     # a resubmission runs only the failed item, packed again: one job of one item
     assert submit.main([*args, "tiny.fail_items=[]", "tiny.slow_items=[]"]) == 0
     wait_for(lambda: ended(run), "the resubmitted job to end")
