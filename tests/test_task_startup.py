@@ -62,10 +62,11 @@ def _modules(code: str, cwd=ROOT) -> List[str]:
 
 
 def test_the_batch_steps_srun_wrapper_loads_nothing_of_hpc_until_it_must_act():
-    """hpc.afterstep runs in every batch step; most only run srun (the SIGTERM and failure paths
-    are tests/test_nodefail.py's and the SLURM tests')."""
+    """hpc.afterstep runs in every batch step; most only run srun, which its supervision loop
+    (hpc.recovery.supervise: the standard library alone) watches (the SIGTERM and failure paths are
+    tests/test_nodefail.py's and the SLURM tests')."""
     loaded = _modules("import hpc.afterstep")
-    assert [m for m in loaded if m.startswith("hpc.")] == ["hpc.afterstep"], loaded
+    assert [m for m in loaded if m.startswith("hpc.")] == ["hpc.afterstep", "hpc.recovery", "hpc.recovery.supervise"]
 
 
 def test_a_task_starts_without_omegaconf(tmp_path):
