@@ -99,7 +99,8 @@ def steps(run_dir: str, argv: List[str], points: Optional[str]) -> int:
             print(f"[hpc] cannot make {os.path.dirname(request)} for the ranks' stop requests: {err}. HINT: the "
                   "run directory must be writable from the batch script's node", file=sys.stderr, flush=True)
             return 1
-        env = {**state["env"], HOST_ACTS: request}  # srun's, and the ranks': their own retry deadline
+        # srun's, and the ranks': their own retry deadline; where a failing rank's error waits for act()
+        env = {**state["env"], HOST_ACTS: request, HOLD_FAILURES: os.path.dirname(request)}
         state.update(started=time.time(), next=None)
         code = supervise(argv, lambda why: act(run_dir, why, points, state), lambda: serve(request, state), env)
         if state["next"] is None:
@@ -122,6 +123,7 @@ def _seconds(text: Optional[str]) -> float:
 # stop request for this wrapper to carry out; a literal here, as nothing of hpc is loaded before it acts
 HOST_ACTS = "HPC_HOST_ACTS"
 IN_PLACE, SPARE_NODES = "HPC_RESTART_IN_PLACE", "HPC_SPARE_NODES"  # hpc.recovery.inplace's ENV and SPARE_ENV
+HOLD_FAILURES = "HPC_HOLD_FAILURES"  # hpc.rundir.notify.HOLD_ENV
 
 
 def request_path(run_dir: str, environ: Mapping[str, str]) -> str:
@@ -150,6 +152,11 @@ def act(run_dir: str, why: str, points: Optional[str] = None, state: Optional[Di
         action, line = None, f"nothing done: {type(err).__name__}: {err}"
     if action is None or action.do != "none" or why != "SIGTERM":  # a failed srun: what was done, and why
         print(f"[hpc] {why}: {line}", file=sys.stderr, flush=True)
+    if state is not None and why != "SIGTERM" and (action is None or action.do in ("none", "stop")):
+        from hpc.rundir import notify  # here: only a job that ends failed tells its sinks
+
+        # the ranks' errors, held in the step's folder while a restart in place or a requeue could follow
+        notify.told_failures(os.path.dirname(state["request"]))
     return action is not None and action.do != "none"
 
 

@@ -105,6 +105,33 @@ def test_a_template_and_a_command_sink(tmp_path):
     assert out.read_text() == f"[hpc] {run.name} train: requeued: preempt: requeued\n"
 
 
+def test_a_failure_under_the_srun_wrapper_waits_for_the_jobs_end(tmp_path):
+    """A step's failure may be restarted in place, then pass: its ranks' errors are held beside the
+    step's stop request (the first rank's kept), and only the wrapper, once the job ends failed, sends
+    it (tests/slurm/test_pipeline.py::test_a_failing_rank_ends_its_task_at_once on the cluster)."""
+    hook = Hook()
+    run = tmp_path / "run"
+    (run / "second" / "task-0").mkdir(parents=True)
+    (run / "manifest.json").write_text("{}")
+    (run / "config.yaml").write_text(json.dumps({"notify": {"webhook": hook.url}}))
+    steps = [run / ".host" / f"7-0{k}" for k in ("", ".1")]
+    try:
+        for step in steps:
+            step.mkdir(parents=True)
+            for rank in (1, 0):
+                notify.failed(run / "second" / "task-0", "second[0]", "7", 0, f"RuntimeError: rank {rank}", rank,
+                              str(step))
+        notify.wait()
+        assert hook.bodies == []  # the restart in place could have passed: nothing said yet
+        notify.told_failures(str(steps[-1]))
+        notify.told_failures(str(steps[-1]))
+    finally:
+        hook.close()
+    assert hook.events() == [("task_failed", "second[0]")]
+    assert hook.bodies[0]["detail"] == f"RuntimeError: rank 1 HINT: python -m hpc.logs {run} --stage second --task 0 " \
+                                       "--rank 1 --err"
+
+
 def test_a_hang_verdict_names_the_stuck_rank(tmp_path):
     """Two ranks of hpc's loop, rank 1 stopped after step 3 (tests/test_watchdog.py's run): rank 0's
     watchdog ends its process only after the run's webhook has the verdict."""

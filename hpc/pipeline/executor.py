@@ -110,10 +110,10 @@ class StageTask:
         ctx = StageContext(run.path, stage_dir, cfg, self.stage, self.task_index, self.item, dist)
         try:
             result = func(ctx)
-        except Exception as err:
-            if dist.rank == 0:  # the run's sinks hear of it, once (hpc.rundir.notify)
-                notify.failed(stage_dir, task_key(self.stage, self.item), dist.job_id, dist.restart_count,
-                              f"{type(err).__name__}: {str(err).strip()[-600:]}")
+        except Exception as err:  # whichever rank raised: the run's sinks hear of it, once (hpc.rundir.notify)
+            notify.failed(stage_dir, task_key(self.stage, self.item), dist.job_id, dist.restart_count,
+                          f"{type(err).__name__}: {str(err).strip()[-600:]}", dist.rank,
+                          os.environ.get(notify.HOLD_ENV))
             raise
         finally:  # a requeue leaves by SystemExit: the next attempt resumes the same tracker run
             if dist.rank == 0:

@@ -9,7 +9,8 @@ fields) or `template` filled in ($text, $event, $run, $task; ntfy takes a plain 
 task requeued (preemption, time limit, hang: which), a hang verdict (the stuck ranks and hosts), a
 time-limit cap reached (not requeued), a stage completed, the run completed. They are sent by the
 job itself (rank 0 of the training loop or of a `run` stage's wrapper, the stage task for
-completions and for a requeue by submitit's own signal handler), so nothing runs on the login node;
+completions and for a requeue by submitit's own signal handler, the failing rank of a stage task or,
+under hpc's srun wrapper, the wrapper once the job ends failed), so nothing runs on the login node;
 a site whose compute nodes reach no network can have SLURM mail instead (`notify.mail`: sbatch
 --mail-user and --mail-type, hpc.pipeline.sbatch.with_mail). The user's cluster file can hold a
 `notify:` of its own, under each run's (hpc.config.userfile).
@@ -24,6 +25,7 @@ SWEEP_LIMIT of them, then one summary pointing to hpc.status, not one message pe
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import queue
@@ -204,8 +206,42 @@ def on_submitit_requeue(task_dir: Path, task: str, job: str, restart: Any) -> No
     env._requeue = told
 
 
-def failed(task_dir: Path, task: str, job: str, restart: Any, text: str) -> None:
-    send(task_dir, "task_failed", f"{task}-{job}-{restart}", text, task)
+HOLD_ENV = "HPC_HOLD_FAILURES"  # hpc's srun wrapper's step folder (hpc.afterstep): failures wait there for its verdict
+
+
+def failed(task_dir: Path, task: str, job: str, restart: Any, text: str, rank: int = 0,
+           held: Optional[str] = None) -> None:
+    """A task's rank raised `text`: its sinks hear `task_failed` with it and where its log is. Under
+    hpc's srun wrapper (`held`: its step's folder, HOLD_ENV) the step may be restarted in place or
+    requeued: the task's first failing rank's error waits in that folder, for told_failures()."""
+    run, _ = attempts.run_of(task_dir)
+    if "HINT:" not in text and run is not None:
+        stage, _, item = task.partition("[")
+        text += (f" HINT: python -m hpc.logs {run} --stage {stage}" + (f" --task {item[:-1]}" if item else "")
+                 + f" --rank {rank} --err")
+    said = {"task_dir": str(task_dir), "key": f"{task}-{job}-{restart}", "text": text, "task": task}
+    if not held:
+        send(task_dir, "task_failed", said["key"], text, task)
+        return
+    name = f"failed-{task.replace('/', '_')}.json"
+    with contextlib.suppress(OSError):  # the task's first failing rank's, once: O_EXCL
+        with os.fdopen(os.open(Path(held) / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644), "w") as f:
+            f.write(json.dumps(said))
+
+
+def told_failures(held: str) -> None:
+    """In the srun wrapper, once its last step failed and the job ends so (neither restarted in place
+    nor requeued): the failures its tasks' ranks held in the step's folder (failed()), sent and waited for."""
+    timeout_s = 0.0
+    for path in sorted(Path(held).glob("failed-*.json")):
+        try:
+            said = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if send(Path(said["task_dir"]), "task_failed", said["key"], said["text"], said["task"]):
+            timeout_s = float(settings(attempts.run_of(Path(said["task_dir"]))[1]).get("timeout_s") or 3.0) + 1.0
+    if timeout_s:
+        wait(timeout_s)
 
 
 def task_key(task_dir: Path) -> str:

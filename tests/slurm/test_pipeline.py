@@ -19,6 +19,7 @@ from hpc import submit
 from hpc.monitor import status, table
 from hpc import status as status_cmd
 from hpc.rundir.run import RunDir
+from tests.test_notify import Hook
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slurm
@@ -167,15 +168,29 @@ def test_stage2_pending_on_a_failed_stage1_is_never_and_cancelled_by_hpc_cancel(
     assert {records[ids[("second", i)]].state for i in (0, 1, 2)} == {"CANCELLED"}
 
 
-def test_a_failing_rank_ends_its_task_at_once(slurm_cluster, tmp_path):
+def test_a_failing_rank_ends_its_task_at_once(slurm_cluster, tmp_path, request):
     # srun --kill-on-bad-exit=1: rank 1 raises, rank 0 would sleep 600 s (beyond the 5 min time
-    # limit); the step must end within seconds
-    run = run_tiny(tmp_path / "run", "tiny.parts=[0]", "tiny.fail_rank=1")
+    # limit); the step must end within seconds. It fails the same way once restarted in place, and
+    # the job ends FAILED: the run's webhook (an HTTP server on 127.0.0.1) hears `task failed` once,
+    # for the job's end, from rank 1, whose error and log it names, after `first`'s stage completed.
+    hook = Hook()
+    request.addfinalizer(hook.close)
+    run = run_tiny(tmp_path / "run", "tiny.parts=[0]", "tiny.fail_rank=1", f"notify.webhook={hook.url}",
+                   "notify.timeout_s=2")
     wait_until(lambda: ended(run), timeout_s=90, what="the failing task to end")
     states = {r.task: r.state for r in status.collect(run)}
     assert states == {"first": "COMPLETED", "second[0]": "FAILED"}
-    err = run.log_path("second", job_ids(run)[("second", 0)], rank=1, stream="err").read_text()
+    job = job_ids(run)[("second", 0)]
+    err = run.log_path("second", job, rank=1, stream="err").read_text()
     assert "failing on request (tiny.fail_rank)" in err
+    logs = "".join(p.read_text() for p in (run.path / "second" / "logs").rglob("*_log.err"))
+    assert "restarted in place as step 1" in logs, logs[-3000:]  # the wrapper's line: two srun steps failed
+    wait_until(lambda: len(hook.bodies) >= 2, 30, "the run's messages")
+    time.sleep(3)  # a second task_failed, from the other step or rank, would be here by now
+    assert hook.events() == [("stage_completed", "first"), ("task_failed", "second[0]")], hook.bodies
+    said = hook.bodies[1]["text"]
+    assert "RuntimeError: second: rank 1 failing on request (tiny.fail_rank)" in said, said
+    assert f"HINT: python -m hpc.logs {run.path} --stage second --task 0 --rank 1 --err" in said, said
 
 
 def test_resubmission_reruns_only_the_failed_array_task(slurm_cluster, tmp_path, capsys):
