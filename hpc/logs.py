@@ -38,7 +38,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     if args.follow:
         try:
-            job = paths[-1].name.rsplit("_", 2)[0]  # "<job id>_<rank>_log.out": followed until that job ends
+            # "<job id>_<rank>_log.out", a packed item's "<job id>.item-<item>_<rank>_log.out": followed until that job ends
+            job = paths[-1].name.rsplit("_", 2)[0].partition(".item-")[0]
             follow(paths[-1], job_id=job if job in RunDir(args.run_dir).slurm_jobs() else None)
         except KeyboardInterrupt:
             return 0

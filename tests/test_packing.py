@@ -132,7 +132,7 @@ def test_a_packed_jobs_batch_script_runs_the_packs_driver_told_one_items_shape()
     assert "-m hpc.pipeline.packrun /r" in second.sbatch_text()  # the dry run shows what sbatch gets
     unpacked = jobs(make(SIXTEEN, *ONE_GPU))["second"].executor_parameters()
     assert any("-m hpc.afterstep /r" in line for line in unpacked["setup"]) and "HPC_PACK" not in str(unpacked)
-    with pytest.raises(ConfigError, match="not as a sweep's points nor under --cluster here"):
+    with pytest.raises(ConfigError, match="submitted to SLURM, not under --cluster here"):
         packing.refuse_submission(make(SIXTEEN, *ONE_GPU, "stages.second.pack=8").jobs)
 
 
@@ -192,6 +192,6 @@ def test_a_packed_stage_is_refused_under_cluster_here_before_anything_runs(tmp_p
     alloc = herealloc.Allocation("7", nodes=1, cpus_per_node=8, gpus_per_node=4)
     req = Request("tests.tiny_pipeline", ("tiny.parts=[0,1,2,3]", "stages.second.pack=2"), cluster="here",
                   run_dir=str(tmp_path / "r"), no_snapshot=True)
-    with pytest.raises(ConfigError, match="nor under --cluster here.*--cluster here runs a stage's items side by side"):
+    with pytest.raises(ConfigError, match="not under --cluster here.*--cluster here runs a stage's items side by side"):
         submission.start(req, backends={"here": lambda kind, setup: Here(kind, setup, alloc=alloc)})
     assert not (tmp_path / "r" / "manifest.json").exists()

@@ -11,11 +11,11 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Callable, List, Optional
+from typing import Any, Callable, Collection, List, Optional
 
 from hpc.fs.sharedfs import listed
 from hpc.rundir.run import RunDir, RunDirError
-from hpc.rundir.sweepdir import shared_logs
+from hpc.rundir.sweepdir import is_sweep, item_log, shared_logs
 from hpc.slurm import scheduler
 
 
@@ -32,14 +32,27 @@ def select(run: RunDir, stage: Optional[str], task: Optional[str], rank: int, st
     if not chosen:
         items = sorted(str(t["item"]) for t in tasks if stage is None or t["stage"] == stage)
         raise ValueError(f"task {task!r} not found; expected one of {items}. HINT: --task ITEM")
-    return [_log_path(run, t["stage"], t["job_id"], rank, stream) for t in chosen]
+    point = run.path.name if is_sweep(str(run.path.parent)) else None
+    return [_log_path(run, t["stage"], t["job_id"], t["item"], point, rank, stream) for t in chosen]
 
 
-def _log_path(run: RunDir, stage: str, job_id: str, rank: int, stream: str) -> Path:
-    """RunDir.log_path, or a sweep point's in the sweep's logs where its task never linked them."""
+def _log_path(run: RunDir, stage: str, job_id: str, item: Any, point: Optional[str], rank: int, stream: str) -> Path:
+    """RunDir.log_path, or a sweep point's in the sweep's logs where its task never linked them; a
+    packed item's own log where its job wrote one (packed)."""
     path = run.log_path(stage, job_id, rank, stream)
     shared = None if path.parent.is_dir() else shared_logs(run, stage, job_id)
-    return shared / path.name if shared else path
+    folder = shared or path.parent
+    own = packed(listed(folder) if folder.is_dir() else (), job_id, item, point, rank)
+    return folder / (f"{own}.{stream}" if own else path.name)
+
+
+def packed(names: Collection[str], job_id: str, item: Any, point: Optional[str] = None, rank: int = 0
+           ) -> Optional[str]:
+    """The log stem of a packed item's rank (`<job>.item-<item>_<rank>_log`, hpc.rundir.sweepdir.item_log)
+    where its folder's listing `names` holds it; None for a job that ran no packed item of that name.
+    `point`: a sweep point's signature (its points share their packed job's folder)."""
+    stem = f"{item_log(job_id, item, point)}_{rank}_log"
+    return stem if f"{stem}.out" in names or f"{stem}.err" in names else None
 
 
 def follow(path: Path, poll_s: float = 1.0, job_id: Optional[str] = None, check_s: float = 5.0) -> None:

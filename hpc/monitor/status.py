@@ -20,7 +20,6 @@ never submitted (it stopped before that stage) is a row of its own, UNSUBMITTED.
 """
 from __future__ import annotations
 
-import collections
 import functools
 import json
 import re
@@ -32,7 +31,7 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 from hpc.checkpoint import complete
 from hpc.fs.sharedfs import listed
 from hpc.monitor import goodput, lost
-from hpc.monitor.logs import last_match, last_progress, tqdm_progress
+from hpc.monitor.logs import last_match, last_progress, packed, tqdm_progress
 from hpc.recovery import hangs, nodefail
 from hpc.rundir import attempts, logdirs
 from hpc.rundir.run import DONE, RunDir, task_key
@@ -86,10 +85,6 @@ def collect(run: RunDir, answer: Optional[Tuple[scheduler.Answer, Dict[str, Any]
     in_sweep = functools.lru_cache(maxsize=None)(lambda: is_sweep(str(run.path.parent)))  # asked once, if ever
     folders: Dict[Path, Set[str]] = {}  # log folder -> its names: an array's tasks share one, listed once
     rows = [_row(run, t, records, in_sweep, folders) for t in run.tasks()]
-    shared = collections.Counter(r.job_id for r in rows)  # a packed job's items share it (hpc.pipeline.packrun)
-    for r in rows:  # an item done in a packed job that a sibling failed: done, whatever the job's state
-        if shared[r.job_id] > 1 and r.state not in scheduler.ACTIVE and run.is_done(r.stage, r.item):
-            r.state = "COMPLETED"
     rows += [_unsubmitted(run, stage, item) for stage, item in run.unsubmitted()]
     _explain(rows, records, never, run.job_tasks())
     said = lost.notes(looked)  # the jobs found by token, the sbatch calls whose answer was lost
@@ -127,7 +122,10 @@ def _row(run: RunDir, t: Dict[str, Any], records: scheduler.Answer, in_sweep: Ca
     result = logs / f"{jid}_0_result.pkl" if f"{jid}_0_result.pkl" in logged else None
     state = task_state(t, records, lambda: _left(DONE in here, result))
     tried = attempts.load(task_dir) if attempts.ATTEMPTS in here else []  # rank 0's records, if any
-    ranked = f"{jid}.item-{item}_0_log" if f"{jid}.item-{item}_0_log.out" in logged else f"{jid}_0_log"  # packed
+    own = packed(logged, jid, item, run.path.name if in_sweep() else None)  # a packed item's own log
+    if own and DONE in here and state not in scheduler.ACTIVE:  # done in a packed job a sibling failed
+        state = "COMPLETED"
+    ranked = own or f"{jid}_0_log"
     out, err = (logs / f"{ranked}.{s}" if f"{ranked}.{s}" in logged else None for s in ("out", "err"))
     return TaskStatus(task_key(stage, item), stage, item, jid, state, rec.restarts if rec else 0,
                       rec.elapsed if rec else _elapsed(info),

@@ -170,13 +170,13 @@ def batch_setup(job: Any, params: Dict[str, Any], run_dir: str, tasks: Optional[
 
 
 def refuse_submission(jobs: Sequence[Any]) -> None:
-    """A packed stage where its jobs cannot run packed (a sweep's points, --cluster here): refused
-    before anything is submitted; a run's stages submitted to SLURM run packed (hpc.pipeline.packrun)."""
+    """A packed stage where its jobs cannot run packed (--cluster here): refused before anything is
+    submitted; a run's stages and a sweep's arrays submitted to SLURM run packed (hpc.pipeline.packrun)."""
     packed = [job for job in jobs if job.groups]
     if packed:
         job = packed[0]
         raise ConfigError(f"stage {job.stage}: stages.{job.section}.pack={factor(job.resources)} is planned "
                           f"({len(job.groups)} job(s) for {len(job.items)} items, see --dry-run), but packed jobs run only "
-                          "as a run's stages submitted to SLURM, not as a sweep's points nor under --cluster here; "
+                          "as a run's stages or a sweep's arrays submitted to SLURM, not under --cluster here; "
                           f"expected pack=1 here. HINT: submit with --cluster slurm, or with stages.{job.section}.pack=1 (inside "
                           "an allocation, --cluster here runs a stage's items side by side as its steps).")

@@ -95,10 +95,14 @@ def item_env(environ: Dict[str, str], request: str, n: int) -> Dict[str, str]:
 
 def drive(run_dir: str, pack: PackTask, pickle: str, shape: Dict[str, Any], environ: Dict[str, str]) -> int:
     """Every item not done as its own step, side by side; their stops settled as one; 0 when all are done."""
-    from hpc.rundir.run import RunDir  # here: --item's ranks need none of it
+    from hpc.rundir import sweepdir  # here: --item's ranks need none of it
+    from hpc.rundir.run import RunDir
 
-    run = RunDir(run_dir)
-    todo = [(n, t) for n, t in enumerate(pack.tasks) if not run.is_done(t.stage, t.item)]
+    def done(task: Any) -> bool:  # a sweep's packed points: each its own run directory
+        return RunDir(task.run_dir).is_done(task.stage, task.item)
+
+    sweep = sweepdir.is_sweep(run_dir)
+    todo = [(n, t) for n, t in enumerate(pack.tasks) if not done(t)]
     skipped = len(pack.tasks) - len(todo)
     print(f"[hpc] packed job: {len(todo)} item(s) to run, {skipped} done already", file=sys.stderr, flush=True)
     logs = os.path.dirname(pickle)
@@ -107,9 +111,10 @@ def drive(run_dir: str, pack: PackTask, pickle: str, shape: Dict[str, Any], envi
     steps: Dict[int, subprocess.Popen] = {}
     for n, task in todo:
         request = host.add(n)
-        log = os.path.join(logs, f"{job or environ.get('SLURM_JOB_ID', '0')}.item-{task.item}")
+        point = os.path.basename(task.run_dir) if sweep else None
+        log = os.path.join(logs, sweepdir.item_log(job or environ.get('SLURM_JOB_ID', '0'), task.item, point))
         steps[n] = subprocess.Popen(item_argv(shape, n, pickle, log), env=item_env(environ, request, n))
-        print(f"[hpc] item {task.item} (stage {task.stage}): step started, log {log}_0_log.out", file=sys.stderr,
+        print(f"[hpc] item {task.item}{f' of point {point}' if point else ''} (stage {task.stage}): step started, log {log}_0_log.out", file=sys.stderr,
               flush=True)
     codes: Dict[int, int] = {}
     looks = 0
@@ -124,10 +129,10 @@ def drive(run_dir: str, pack: PackTask, pickle: str, shape: Dict[str, Any], envi
         looks += 1
         if looks % 2 == 0 or len(codes) == len(steps):
             host.look(running=[n for n in steps if n not in codes])
-    done = [n for n, t in todo if run.is_done(t.stage, t.item)]
-    print(f"[hpc] packed job: {len(done)} of {len(todo)} item(s) done" + (f"; {host.said}" if host.said else ""),
+    finished = [n for n, t in todo if done(t)]
+    print(f"[hpc] packed job: {len(finished)} of {len(todo)} item(s) done" + (f"; {host.said}" if host.said else ""),
           file=sys.stderr, flush=True)
-    return 0 if len(done) == len(todo) else 1
+    return 0 if len(finished) == len(todo) else 1
 
 
 def stop_siblings(steps: Dict[int, subprocess.Popen], codes: Dict[int, int], item: Any) -> None:

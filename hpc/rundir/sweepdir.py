@@ -110,7 +110,7 @@ class SweepDir:
 
     def write_points(self, stage: str, points: Sequence[str], task_ids: Sequence[int] = ()) -> str:
         """A file naming the point of each task of one array (line k: the signature of array task k,
-        "-" for an id the array does not hold), before the array is submitted: its batch script passes
+        "-" for an id the array does not hold; a packed array's task: its points, joined by ","), before the array is submitted: its batch script passes
         it to hpc.afterstep (--points), which finds its task's point by reading this one file
         (run_for). `task_ids`: the array's task ids when they are not 0..n-1 (hpc.pipeline.arrays).
         Returns its path."""
@@ -121,6 +121,14 @@ class SweepDir:
         lines = [by_id.get(i, "-") for i in range(max(by_id, default=-1) + 1)]
         atomic.write_text(path, "".join(f"{sig}\n" for sig in lines))
         return str(path)
+
+
+def item_log(job_id: str, item: Any, point: Optional[str] = None) -> str:
+    """The log name of a packed item's ranks, without `_<rank>_log.out|err`: `<job>.item-<item>`
+    (hpc.pipeline.packrun writes it, hpc.status and hpc.logs read it). A sweep's packed points share
+    their array task: `<job>.item-<point>` for a point's one task, `<job>.item-<point>-<item>` else."""
+    label = item if point is None else point if item is None else f"{point}-{item}"
+    return f"{job_id}.item-{label}"
 
 
 def run_for(path: Any, job_id: str, points: Optional[str] = None) -> RunDir:

@@ -48,10 +48,15 @@ class SweepBook(launcher.Book):
             if sig not in self.manifests:
                 self.manifests[sig] = self.sweep.point(sig).manifest()
         defs = self.defs
-        return [StageTask(str(self.sweep.path / sig), job.stage, job.target, item,
-                          defs[sig][job.stage].items.index(item) if defs[sig][job.stage].items else None,
-                          _needs(defs[sig], job.stage), code=self.code, run_id=self.manifests[sig].get("run_id", ""))
-                for sig, item in job.items]
+        tasks = [StageTask(str(self.sweep.path / sig), job.stage, job.target, item,
+                           defs[sig][job.stage].items.index(item) if defs[sig][job.stage].items else None,
+                           _needs(defs[sig], job.stage), code=self.code, run_id=self.manifests[sig].get("run_id", ""))
+                 for sig, item in job.items]
+        if not job.groups:
+            return tasks
+        from hpc.pipeline import packrun  # a packed stage's only: its points side by side in one job
+
+        return packrun.grouped(job, tasks)
 
     def upstream(self, job: hplan.JobSpec, ids: Dict[str, List[str]]) -> Tuple[Optional[str], Dict[str, List[str]]]:
         ups = {sig: _upstream(job, self.manifests[sig], self.sweep.point(sig))
@@ -59,6 +64,9 @@ class SweepBook(launcher.Book):
         return afterany(ups.values(), ids), ups
 
     def points(self, job: hplan.JobSpec) -> Optional[str]:
+        if job.groups:  # a packed array's task holds several points: its line names them all
+            return self.sweep.write_points(job.stage, [",".join(dict.fromkeys(s for s, _ in g)) for g in job.groups],
+                                           job.task_ids)
         return self.sweep.write_points(job.stage, [sig for sig, _ in job.items], job.task_ids)
 
     def record(self, job: hplan.JobSpec, started: launcher.Started, order: launcher.Order, kind: str) -> None:

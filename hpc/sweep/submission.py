@@ -35,7 +35,7 @@ from hpc.config import schema as hconfig
 from hpc.container import spec
 from hpc.fs import atomic
 from hpc.monitor import lost, status
-from hpc.pipeline import arrays, packing
+from hpc.pipeline import arrays
 from hpc.pipeline import plan as hplan
 from hpc.pipeline import submission as hsubmit
 from hpc.pipeline.request import Request, Submitted
@@ -80,7 +80,6 @@ def start(req: Request) -> Submitted:
         if not plan.jobs:
             print(f"nothing to submit: every task of every point of {sweep.path} is done or queued")
             return Submitted(sweep.path, str(kind), {})
-        packing.refuse_submission(plan.jobs)  # --cluster here plans as SLURM does: refused there too
         if kind == "slurm":  # the site's submit limit takes the whole sweep, or nothing is submitted
             limits.refuse_past_limit([len(job.units) for job in plan.jobs], [job.resources for job in plan.jobs])
         # pipeline_arg: how a job names the pipeline to resubmit its point (hpc.afterstep, as hpc.submit)
