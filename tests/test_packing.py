@@ -161,10 +161,29 @@ def run_dry(tmp_path, *args):
 def test_run_pack_packs_the_points_of_a_sweep(tmp_path):
     out = run_dry(tmp_path, "--sweep", "script.env.X=1,2,3,4,5", "--pack", "2")
     assert out.returncode == 0, out.stderr
-    assert "stage main: one array of 3 task(s) over 5 point(s), 1 rank(s) per point" in out.stdout
+    assert "stage main#1: one array of 2 task(s) over 4 point(s), 1 rank(s) per point" in out.stdout
+    assert "stage main#2: one array of 1 task(s) over 1 point(s), 1 rank(s) per point" in out.stdout
     assert out.stdout.count("side by side (stages.main.pack)") == 3
-    for line in ("#SBATCH --array=0-2%3", "#SBATCH --gpus-per-node=2", "#SBATCH --ntasks-per-node=2"):
-        assert line in out.stdout
+    full, last = out.stdout.split("# ---- sbatch script: stage main#2 ----")
+    for line in ("#SBATCH --array=0-1%2", "#SBATCH --gpus-per-node=2", "#SBATCH --ntasks-per-node=2"):
+        assert line in full
+    for line in ("#SBATCH --gpus-per-node=1", "#SBATCH --ntasks-per-node=1"):  # the last point asks for itself
+        assert line in last
+
+
+def test_a_last_group_smaller_than_k_is_a_job_asking_for_what_it_holds():
+    p = make("tiny.parts=[0,1,2,3,4,5,6,7,8,9]", *ONE_GPU, "stages.second.pack=4")
+    full, last = jobs(p)["second#1"], jobs(p)["second#2"]
+    assert full.groups == ((0, 1, 2, 3), (4, 5, 6, 7)) and last.groups == ((8, 9),)
+    for line in ("#SBATCH --array=0-1%2", "#SBATCH --gpus-per-node=4", "#SBATCH --ntasks-per-node=4", "#SBATCH --mem=16G"):
+        assert line in full.sbatch_text()
+    for line in ("#SBATCH --gpus-per-node=2", "#SBATCH --ntasks-per-node=2", "#SBATCH --mem=8G"):
+        assert line in last.sbatch_text()
+    assert packing.item_shape(last.resources) == packing.item_shape(full.resources)  # each item's step alike
+    # the site's minimum job size still holds: the last job asks at least that many GPUs
+    sized = jobs(make("tiny.parts=[0,1,2,3,4,5,6,7,8,9]", *ONE_GPU, "stages.second.pack=4", "cluster.min_job_gpus=3"))
+    assert sized["second#2"].resources["gpus_per_node"] == 3 and sized["second#1"].resources["gpus_per_node"] == 4
+    assert packing.item_shape(sized["second#2"].resources)["gpus"] == 1
 
 
 def test_run_pack_without_a_sweep_is_refused_in_one_line(tmp_path):

@@ -3,11 +3,11 @@
     python -m hpc.submit tiny stages.second.pack=2 --dry-run     # which items share which job
 
 A site that allocates whole nodes, or refuses jobs under a minimum size, wastes most of a node on
-one-GPU items, or refuses them. `stages.X.pack: k` groups the stage's items still to run k per job
-(the last group may hold fewer): ceil(items / k) jobs, submitted as one array, each asking k times
-the item's GPUs, ranks (so CPUs) and memory. The plan is made against the partition's GPUs per node
-(hpc.slurm.gres, passed in) and the site's minimum job size (cluster.min_job_gpus); a k that does
-not fit is refused with the numbers.
+one-GPU items, or refuses them. `stages.X.pack: k` groups the stage's items still to run k per job:
+ceil(items / k) jobs, submitted as one array, each asking k times the item's GPUs, ranks (so CPUs)
+and memory; a last group of fewer items is a job of its own asking for what it holds (apart, fit).
+The plan is made against the partition's GPUs per node (hpc.slurm.gres, passed in) and the site's
+minimum job size (cluster.min_job_gpus); a k that does not fit is refused with the numbers.
 
 Per-item waits (StageDef.per_item_after): a packed stage's items are ordered by the upstream task
 they wait for, then grouped: a group whose items all wait on one task waits on that task (aftercorr
@@ -114,12 +114,48 @@ def apply(key: str, is_array: bool, res: Dict[str, Any], todo: Tuple[Any, ...], 
     if kind != "slurm":  # the same refusals, but the node's GPUs are SLURM's
         check(key, is_array, res, None)
         return todo, where, res, [f"stages.{key}.pack={k}: the {kind} executor runs the items one by one"] * (k > 1)
-    least = int((cfg.cluster.get("min_job_gpus") if hasattr(cfg.cluster, "get") else 0) or 0)
-    notes = check(key, is_array, res, node_gpus(res.get("partition")) if node_gpus and k > 1 else None, least)
+    notes = check(key, is_array, res, node_gpus(res.get("partition")) if node_gpus and k > 1 else None, least(cfg))
     if k == 1:
         return todo, where, res, notes
     groups, waits = pack(todo, k, where)
     return groups, waits, scale(res, k), notes
+
+
+def least(cfg: Any) -> int:
+    """The site's minimum job size in GPUs (cluster.min_job_gpus; 0: none)."""
+    return int((cfg.cluster.get("min_job_gpus") if hasattr(cfg.cluster, "get") else 0) or 0)
+
+
+def apart(split: List[arrays.Part], res: Mapping[str, Any], packed: bool) -> List[arrays.Part]:
+    """A packed stage's submissions, the last group of each that holds fewer than k items, beside
+    fuller ones, as a job of its own: it asks for what it holds (fit), not k items' resources."""
+    k, out = factor(res), []
+    for part in split:
+        if not packed or len(part.items) < 2 or len(part.items[-1]) >= k:
+            out.append(part)
+            continue
+        rest = part.items[:-1]
+        out += [arrays.Part(rest, part.waits[:-1], part.ids[:-1] if len(rest) > 1 else ()),
+                arrays.Part(part.items[-1:], part.waits[-1:])]
+    return out
+
+
+def fit(res: Dict[str, Any], groups: Sequence[Group], cfg: Any) -> Dict[str, Any]:
+    """The resources of a packed job holding `groups`: its largest group's items' (at least the site's
+    minimum job size, cluster.min_job_gpus), not k items' where its groups hold fewer; `pack` says how many."""
+    k, item = factor(res), unscale(res)
+    size = max(map(len, groups), default=k)
+    if item["gpus_per_node"] and least(cfg):
+        size = max(size, min(k, -(-least(cfg) // item["gpus_per_node"])))
+    return res if size >= k else {**scale(item, size), "pack": size}
+
+
+def unscale(res: Mapping[str, Any]) -> Dict[str, Any]:
+    """One item's resources out of a packed job's (scale's inverse); mem None where it is no size."""
+    k = factor(res)
+    found = MEM.fullmatch(str(res.get("mem") or ""))
+    return {**res, "gpus_per_node": int(res["gpus_per_node"]) // k, "tasks_per_node": int(res["tasks_per_node"]) // k,
+            "mem": f"{int(found.group(1)) // k}{found.group(2)}" if found else None}
 
 
 def wait_text(job: Any) -> str:
@@ -149,11 +185,9 @@ PACK_ENV = "HPC_PACK"  # the batch script's JSON of one item's shape, for hpc.pi
 def item_shape(res: Mapping[str, Any]) -> Dict[str, Any]:
     """One item's step, from the packed job's resources: its GPUs, ranks, CPUs per rank, memory,
     and what an item's failure does to its siblings."""
-    k = factor(res)
-    found = MEM.fullmatch(str(res.get("mem") or ""))
-    return {"gpus": int(res["gpus_per_node"]) // k, "ranks": int(res["tasks_per_node"]) // k,
-            "cpus": int(res["cpus_per_task"]), "mem": f"{int(found.group(1)) // k}{found.group(2)}" if found else None,
-            "fail": str(res.get("pack_fail") or "continue")}
+    item = unscale(res)
+    return {"gpus": item["gpus_per_node"], "ranks": item["tasks_per_node"], "cpus": int(res["cpus_per_task"]),
+            "mem": item["mem"], "fail": str(res.get("pack_fail") or "continue")}
 
 
 def batch_setup(job: Any, params: Dict[str, Any], run_dir: str, tasks: Optional[str]) -> Dict[str, Any]:

@@ -241,7 +241,7 @@ def make_plan(pipe: PipelineDef, cfg: Any, run_dir: str, kind: str,
         units, where, res, said = packing.apply(stage.resources or stage.name, bool(stage.items), res, todo, where,
                                                 kind, node_gpus, cfg)
         notes += said
-        split = arrays.parts(units, where, max_array_size if stage.items else None)
+        split = packing.apart(arrays.parts(units, where, max_array_size if stage.items else None), res, units is not todo)
         position = {item: n for n, item in reversed(list(enumerate(stage.items)))}  # .index(): each a scan
         if len(arrays.chunks(units, max_array_size)) > 1 and stage.items:
             notes.append(f"stage {stage.name}: {len(units)} items, more than the cluster's MaxArraySize "
@@ -254,7 +254,7 @@ def make_plan(pipe: PipelineDef, cfg: Any, run_dir: str, kind: str,
             items = tuple(i for g in groups for i in g) if groups else part.items
             job = JobSpec(stage=stage.name, target=stage.target, items=items, is_array=bool(stage.items),
                           indices=tuple(position[i] if stage.items else None for i in items),
-                          resources=res, after=after,
+                          resources=packing.fit(res, groups, cfg), after=after,
                           folder=logdirs.pattern(f"{run_dir}/{stage.name}/logs", kind == "slurm" and len(part.items) > 1),
                           kind=kind, ranks=ranks[0], describe=stage.describe or stage.target,
                           worlds=ranks, batch=tuple(stage.batch), item_after=item_after,
