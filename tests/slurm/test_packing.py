@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from hpc import logs as hpc_logs
 from hpc import submit
 from hpc.cluster.preempt import job_field, preempt
 from hpc.monitor import status
@@ -60,7 +61,7 @@ def test_a_pack_larger_than_the_partitions_gpus_per_node_is_refused_before_any_s
 
 
 def test_four_one_gpu_items_packed_two_per_job_run_as_two_jobs_and_a_failed_item_leaves_its_sibling(
-        slurm_cluster, tmp_path):
+        slurm_cluster, tmp_path, capsys):
     assert slurm_cluster.layout.gpus_per_node >= 2
     run_dir = tmp_path / "r"
     args = ["tiny", "--cluster", "slurm", "--run-dir", str(run_dir), "--no-snapshot", "tiny.parts=[0,1,2,3]",
@@ -87,6 +88,9 @@ def test_four_one_gpu_items_packed_two_per_job_run_as_two_jobs_and_a_failed_item
     assert {i: rows[i].job_id for i in range(4)} == jobs
     assert [rows[i].state for i in range(4)] == ["COMPLETED", "FAILED", "COMPLETED", "COMPLETED"]
     assert "item 1 failing on request" in rows[1].error and not rows[0].error  # each item's own log
+    assert hpc_logs.main([str(run_dir), "--stage", "second", "--task", "1", "--err"]) == 0  # python -m hpc.logs
+    printed = capsys.readouterr().out
+    assert f"{jobs[1]}.item-1_0_log.err <==" in printed and "item 1 failing on request" in printed
     # a resubmission runs only the failed item, packed again: one job of one item
     assert submit.main([*args, "tiny.fail_items=[]", "tiny.slow_items=[]"]) == 0
     wait_for(lambda: ended(run), "the resubmitted job to end")

@@ -1,6 +1,6 @@
 """A sweep of one-GPU points packed on the real local SLURM cluster: 4 points, 2 per job, run as
 2 jobs (one array of 2 tasks), each point as its own srun step with its own GPU, its own done marker
-and log; python -m hpc.status shows each point with the job it shared.
+and log, which python -m hpc.logs on the point prints; python -m hpc.status shows each point with the job it shared.
 
     python -m pytest tests/slurm/test_packing_sweep.py -m slurm
 """
@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from hpc import logs as hpc_logs
 from hpc import submit
 from hpc.monitor import status
 from hpc.rundir.sweepdir import SweepDir
@@ -33,7 +34,7 @@ def ended(sweep):
     return records if set(records) == ids and all(r.state not in scheduler.ACTIVE for r in records.values()) else None
 
 
-def test_a_sweep_of_four_one_gpu_points_packed_two_per_job_runs_as_two_jobs(slurm_cluster, tmp_path):
+def test_a_sweep_of_four_one_gpu_points_packed_two_per_job_runs_as_two_jobs(slurm_cluster, tmp_path, capsys):
     assert slurm_cluster.layout.gpus_per_node >= 2
     (tmp_path / "point.py").write_text(POINT)
     sweep = SweepDir(tmp_path / "s")
@@ -57,6 +58,10 @@ def test_a_sweep_of_four_one_gpu_points_packed_two_per_job_runs_as_two_jobs(slur
         text = (logs / f"{jobs[sig]}.item-{sig}_0_log.out").read_text()
         devices.add(re.search(r"point X=\d CUDA_VISIBLE_DEVICES=(\S*)", text).group(1))
     assert len(devices) == 2 and all(d.isdigit() for d in devices), devices  # one GPU each
+    capsys.readouterr()
+    assert hpc_logs.main([str(sweep.path / by_x[3])]) == 0  # python -m hpc.logs POINT: the point's own log
+    printed = capsys.readouterr().out
+    assert f"{jobs[by_x[3]]}.item-{by_x[3]}_0_log.out <==" in printed and "point X=3 " in printed
     # a resubmission runs only the failed point, packed again: one job of one point
     assert submit.main([*args[:-3], "script.env.FAIL_X=0", *args[-3:]]) == 0
     wait_for(lambda: ended(sweep), "the resubmitted point to end")
