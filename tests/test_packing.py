@@ -5,6 +5,7 @@ fit, per-item waits across packed stages, the dry run that shows which items sha
 """
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -214,3 +215,14 @@ def test_a_packed_stage_is_refused_under_cluster_here_before_anything_runs(tmp_p
     with pytest.raises(ConfigError, match="not under --cluster here.*--cluster here runs a stage's items side by side"):
         submission.start(req, backends={"here": lambda kind, setup: Here(kind, setup, alloc=alloc)})
     assert not (tmp_path / "r" / "manifest.json").exists()
+
+
+def test_a_packed_sweep_dry_run_names_each_points_item_its_array_task_runs():
+    cmd = [sys.executable, "-m", "hpc.submit", "tests.tiny_pipeline", "--dry-run", "--run-dir", "/SWEEP", "--cluster",
+           "slurm", "--no-snapshot", "cluster.partitions=[debug]", "tiny.parts=[0,1]", "stages.second.gpus_per_node=1",
+           "stages.second.pack=2", "--sweep", "tiny.score=1,2"]
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "SLURM_CONF": "/nonexistent"})
+    assert out.returncode == 0, out.stderr
+    runs = re.findall(r"array task (\d): points (\w+)\[0\] (\w+)\[1\] side by side \(stages.second.pack\)",
+                      out.stdout)
+    assert [t for t, _, _ in runs] == ["0", "1"] and all(a == b for _, a, b in runs), out.stdout  # a point's items

@@ -232,8 +232,8 @@ def summary(plan: hplan.Plan, points: Sequence[hgrid.Point], states: Mapping[str
         ids = f" at task ids {arrays.spec(job.task_ids).partition('%')[0]}" if job.task_ids else ""
         lines.append(f"  stage {job.label}: one array of {len(job.units)} task(s){ids} over {owners} point(s), "
                      f"{worlds} rank(s) per {'point' if job.groups else 'task'}" + (f", after {', '.join(after)}" if after else ""))
-        lines += [f"    array task {t}: points {' '.join(str(sig) for sig, _ in group)} side by side (stages.{job.section}.pack)"
-                  for t, group in zip(job.task_ids or range(len(job.groups)), job.groups)]
+        lines += [f"    array task {t}: points {' '.join(sig if i is None else f'{sig}[{i}]' for sig, i in group)} "
+                  f"side by side (stages.{job.section}.pack)" for t, group in zip(job.task_ids or range(len(job.groups)), job.groups)]
     todo = {sig: 0 for sig in states}
     for job in plan.jobs:
         for sig, _ in job.items:
