@@ -10,7 +10,8 @@ side by side, one `srun --exact` step per item without a done marker (an item do
 attempt is not run again), each of the item's shape (HPC_PACK: GPUs, ranks, CPUs, memory), with its
 own logs (<logs>/<job>.item-<item>_<rank>_log.out|err), master port and stop-request file. Each step runs its
 item's StageTask, as an unpacked job's ranks do: its task dir, rank environment, checkpoints,
-TensorBoard run and done marker are the item's own. Submitit's runner is not in the steps, so its
+TensorBoard run and done marker are the item's own (a sweep's packed points: each in its own point's
+run directory, its log <job>.item-<point>[-<item>]: hpc.rundir.sweepdir.item_log). Submitit's runner is not in the steps, so its
 own requeue never fires per item.
 
 A preemption (SIGTERM) or the time-limit signal reaches every step: each item's rank 0 stops at its

@@ -22,6 +22,8 @@ tasks puts them in as many arrays, hpc.pipeline.arrays). Any other stage's array
 previous arrays to end (afterany). Each task also checks that its own point's previous stages
 finished (their done markers) before it runs. The points share each stage's resources (one array
 job), so stages.*, cluster.* and run.* are not swept; key=value before --sweep applies to every point.
+A packed stage (stages.X.pack, `run`'s --pack) runs k points per array task side by side, each as its own
+step in its own point's run directory (hpc.pipeline.packrun; the task's SweepBook.tasks are grouped).
 """
 from __future__ import annotations
 
