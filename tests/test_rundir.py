@@ -1,6 +1,7 @@
 """Run directory: manifest history, done markers, status helpers that read it."""
 import json
 
+from hpc.monitor import logs as status_logs
 from hpc.monitor import status, table
 from hpc.rundir.run import RunDir
 
@@ -42,6 +43,17 @@ def test_last_progress_reads_tqdm_redraws_and_skips_bookkeeping(tmp_path):
     log.write_text("start\nstep 1/10\rstep 5/10\rstep 9/10\nsubmitit INFO (x) - Exiting\n")
     assert status.last_progress(log) == "step 9/10"
     assert status.last_progress(tmp_path / "missing") == ""
+
+
+def test_a_failed_tasks_error_is_its_own_last_line_not_the_srun_wrappers_account(tmp_path):
+    log = tmp_path / "err"
+    log.write_text("Traceback (most recent call last):\nRuntimeError: failing on request\n"
+                   "srun: error: n1: task 1: Exited with exit code 1\n"
+                   "[hpc] srun exited 1: not a node failure: left as it is (not restarted in place: same failure)\n")
+    assert status_logs.last_error(log) == "RuntimeError: failing on request"
+    log.write_text("[hpc] this task's pickle is not unpacked, so it cannot run: gone\n")  # the wrapper's alone
+    assert status_logs.last_error(log).startswith("[hpc] this task's pickle")
+    assert status_logs.last_error(tmp_path / "missing") == ""
 
 
 def test_status_table_lists_outputs(tmp_path):

@@ -101,11 +101,27 @@ TQDM = re.compile(r"(?:(?P<desc>[^|\r\n]*?):\s*)?(?:\d+%\|[^|]*\|\s*)?"
 
 def last_progress(log: Path, tail_bytes: int = 4096) -> str:
     """Last non-empty line of a log; tqdm redraws with \\r, so split on that too."""
+    lines = _lines(log, tail_bytes)
+    return lines[-1][:120] if lines else ""
+
+
+def last_error(log: Path, tail_bytes: int = 4096) -> str:
+    """The last line a failed task's own code wrote to its error log: the srun wrapper's account of
+    what it did after the failure ('[hpc] srun exited 1: ...') comes after it, and is shown only where
+    the task wrote nothing else (a task that never ran)."""
+    lines = _lines(log, tail_bytes)
+    own = [ln for ln in lines if not ln.startswith(HPC_LINE)]
+    return (own or lines or [""])[-1][:120]
+
+
+HPC_LINE = "[hpc] "  # how hpc's own lines in a job's log start
+
+
+def _lines(log: Path, tail_bytes: int) -> List[str]:
     text = _tail(log, tail_bytes)
     # submitit's own bookkeeping lines are not progress
-    lines = [ln.strip() for ln in text.replace("\r", "\n").splitlines()
-             if ln.strip() and not ln.startswith(("submitit ", "srun: "))]
-    return lines[-1][:120] if lines else ""
+    return [ln.strip() for ln in text.replace("\r", "\n").splitlines()
+            if ln.strip() and not ln.startswith(("submitit ", "srun: "))]
 
 
 def tqdm_progress(log: Path, tail_bytes: int = 4096) -> str:

@@ -31,7 +31,7 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 from hpc.checkpoint import complete
 from hpc.fs.sharedfs import listed
 from hpc.monitor import goodput, lost
-from hpc.monitor.logs import last_match, last_progress, packed, tqdm_progress
+from hpc.monitor.logs import last_error, last_match, last_progress, packed, tqdm_progress
 from hpc.recovery import hangs, nodefail
 from hpc.rundir import attempts, logdirs
 from hpc.rundir.run import DONE, RunDir, task_key
@@ -130,7 +130,7 @@ def _row(run: RunDir, t: Dict[str, Any], records: scheduler.Answer, in_sweep: Ca
     return TaskStatus(task_key(stage, item), stage, item, jid, state, rec.restarts if rec else 0,
                       rec.elapsed if rec else _elapsed(info),
                       (err and tqdm_progress(err)) or (out and last_progress(out)) or "",
-                      outputs(here), "", (err and last_progress(err)) or "", *_world(info, out),
+                      outputs(here), "", (err and last_error(err)) or "", *_world(info, out),
                       hangs.summary(task_dir) if hangs.HANGS in here else "",
                       recovery=nodefail.summary(task_dir) if nodefail.HISTORY in here else "",
                       set_aside=complete.set_aside_summary(task_dir) if complete.SET_ASIDE in here else "",
