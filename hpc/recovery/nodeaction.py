@@ -13,6 +13,7 @@ into the run directory once this one has ended: the submission itself belongs to
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 from hpc.fs import atomic
 from hpc.recovery import hangs, hostact, nodefail, preemption, requeue, verdict
 from hpc.recovery import restart as restart_module
-from hpc.rundir import sweepdir
+from hpc.rundir import notify, sweepdir
 from hpc.rundir.run import RunDir
 from hpc.slurm import scheduler
 
@@ -150,12 +151,17 @@ def in_place(request: Mapping[str, Any], state: Dict[str, Any]) -> Optional[Dict
     srun ending the step after a rank failed (--kill-on-bad-exit), which restart.offer looks at next."""
     env = {**state.get("env", {}), "SLURM_JOB_ID": str(request["job_id"])}
     info = preemption.job_info(str(request["job_id"]))
-    if request["reason"] != "hang":  # a SIGTERM: SLURM's stop of the job, or srun ending the step (a rank died)
+    if request["reason"] != "hang":  # a SIGTERM: SLURM's stop of the job, srun ending the step (a rank died), or yours
         ended = nodefail.preempted(info) or info.get("JobState", "").split("+")[0] != "RUNNING" \
             or nodefail.requeued(info, int(request["restart"]))
-        return None if ended else {"requeue": False, "by": hangs.IN_PLACE, "kind": "preempt", "why": (
-            "SIGTERM while SLURM shows the job running, not preempted: srun is ending the step (a rank "
-            "failed); the step is looked at once srun has ended")}
+        # srun ends the step once a rank has failed, and that rank wrote its error into the step's folder
+        # before it exited (hpc.rundir.notify.failed); without one, the SIGTERM came from outside
+        # (`scancel --signal=TERM`): a stop, requeued as a preemption's
+        if ended or not notify.a_rank_failed(os.path.dirname(state.get("request") or "")):
+            return None
+        return {"requeue": False, "by": hangs.IN_PLACE, "kind": "preempt", "why": (
+            "SIGTERM while SLURM shows the job running, not preempted, after a rank failed: srun is ending "
+            "the step; the step is looked at once srun has ended")}
     _, key, _, task_dir = located(RunDir(state["run_dir"]), env, state.get("points"))
     history = nodefail.load(task_dir) if task_dir else {}
     restarted, why = restart_module.offer_hang(state, task_dir, history, info, env, key)

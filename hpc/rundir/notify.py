@@ -229,6 +229,11 @@ def failed(task_dir: Path, task: str, job: str, restart: Any, text: str, rank: i
             f.write(json.dumps(said))
 
 
+def a_rank_failed(folder: str) -> bool:
+    """Whether a rank of the step whose folder this is has failed (failed() wrote its error there)."""
+    return bool(folder) and any(Path(folder).glob("failed-*.json"))
+
+
 def told_failures(held: str) -> None:
     """In the srun wrapper, once its last step failed and the job ends so (neither restarted in place
     nor requeued): the failures its tasks' ranks held in the step's folder (failed()), sent and waited for."""

@@ -77,7 +77,8 @@ def test_a_script_runs_in_its_working_dir_with_the_submitted_code_and_keeps_its_
     monkeypatch.chdir(repo)
     monkeypatch.setenv("WAIT_FOR_PREEMPTION", "1")
     args = ["run", "--cluster", "slurm", "--run-dir", str(run_dir), "--tasks-per-node", "1",
-            "stages.main.cpus_per_task=1", "stages.main.partition=low"]
+            "stages.main.cpus_per_task=1", "stages.main.partition=low",
+            "stages.main.max_restarts_in_place=0"]  # the second attempt's failure ends the job, as it says
     assert submit.main([*args, "stages.main.extra.begin=now+600", "--", sys.executable, "train.py"]) == 0
     # the live tree moves on while the job waits: an edit, and a new module
     (repo / "helper.py").write_text("VERSION = 'v2'\n")
