@@ -63,22 +63,27 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if os.environ.get("HPC_NODE_CHECK"):  # the stage's node check before any rank starts (hpc.recovery.nodecheck)
         from hpc.recovery import nodecheck
 
-        verdict = nodecheck.before_step(args[0], os.environ, resubmit_after, points)
+        spare = os.environ.get(SPARE_NODES, "")
+        verdict = nodecheck.before_step(args[0], os.environ, resubmit_after, points, int(spare) if spare.isdigit() else 0)
         print(f"[hpc] {verdict.line}", file=sys.stderr, flush=True)
         if not verdict.go:
             return verdict.code
+        usable = list(verdict.healthy)
+    else:
+        usable = []
     # This process calls SLURM only at a stop, within the grace time: a controller that does not answer
     # is asked again for STOP_RETRY_S at most (the requeue itself, until the job's EndTime is near).
     # Its own calls only: resubmit_after's sbatch, and the job it queues, get the user's (submission_env).
     from hpc.slurm.submitenv import own_setting  # here, not at the top, as the rest of hpc
 
     with own_setting(RETRY_ENV, str(min(STOP_RETRY_S, _seconds(os.environ.get(RETRY_ENV))))):
-        return steps(args[0], ["srun", *args[2:]], points)
+        return steps(args[0], ["srun", *args[2:]], points, usable)
 
 
-def steps(run_dir: str, argv: List[str], points: Optional[str]) -> int:
+def steps(run_dir: str, argv: List[str], points: Optional[str], usable: Sequence[str] = ()) -> int:
     """srun, and a new srun step in the same allocation after each failure restarted in place
-    (hpc.recovery.restart keeps `state`); the last step's exit status."""
+    (hpc.recovery.restart keeps `state`); the last step's exit status. `usable`: the nodes that passed
+    the node check, where it ran (a spare takes a failed node's place)."""
     state: Dict[str, Any] = {"number": 0, "argv": argv, "run_dir": run_dir, "points": points}
     if os.environ.get("HPC_NODE_CHECK"):  # each restarted step's nodes are checked too (restart.checked)
         from hpc.recovery import nodecheck
@@ -89,7 +94,7 @@ def steps(run_dir: str, argv: List[str], points: Optional[str]) -> int:
     if os.environ.get(SPARE_NODES, "0") not in ("", "0"):  # trains on the nodes less the spares
         from hpc.recovery import restart  # here, not at the top: only a stage with spare nodes needs it
 
-        argv = restart.first(argv, os.environ, state)
+        argv = restart.first(argv, os.environ, state, usable)
     while True:
         state["env"] = {**os.environ, IN_PLACE: str(state["number"])}
         request = state["request"] = request_path(run_dir, state["env"])

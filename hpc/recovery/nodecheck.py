@@ -152,9 +152,10 @@ def check(run_dir: Any, job_nodes: Sequence[str], section: Mapping[str, Any], en
 
 
 def before_step(run_dir: str, env: Mapping[str, str], resubmit_after: Callable[..., str],
-                points: Optional[str] = None) -> Verdict:
-    """The wrapper's one call: check the job's nodes when the stage asks for it; any failed node has
-    the job requeued without it (and every avoided node), before any rank starts."""
+                points: Optional[str] = None, spare: int = 0) -> Verdict:
+    """The wrapper's one call: check the job's nodes when the stage asks for it; failed nodes are
+    left out where the job's `spare` nodes replace them (its ranks start on `healthy`), and have the
+    job requeued without them (and every avoided node) otherwise, before any rank starts."""
     try:
         section = options(env)
         if section is None:
@@ -166,6 +167,10 @@ def before_step(run_dir: str, env: Mapping[str, str], resubmit_after: Callable[.
     said = ", ".join(f"{n} ({why})" for n, why in sorted(failed.items()))
     if not failed:
         return Verdict(True, f"node check: {len(healthy)} node(s) passed", healthy=tuple(healthy))
+    if len(failed) <= spare:  # the spares take their place: no trip through the queue
+        done = f"left out: the job's {spare} spare node(s) replace them"
+        record.done(path, done)
+        return Verdict(True, f"node check failed on {said}: {done}", healthy=tuple(healthy))
     from hpc.recovery import nodecheckact  # here: only a failed check acts on SLURM
 
     exclude = sorted(set(failed) | set(avoided(run_dir, env)))

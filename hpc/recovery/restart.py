@@ -24,14 +24,17 @@ from hpc.slurm import hostlist
 DEPTH = 3  # how far below the task directory checkpoints are looked for (nodefail.progress_mark's)
 
 
-def first(argv: Sequence[str], environ: Mapping[str, str], state: Dict[str, Any]) -> List[str]:
-    """The first step's srun line: with spare nodes, on the job's nodes less the spares."""
+def first(argv: Sequence[str], environ: Mapping[str, str], state: Dict[str, Any],
+          usable: Sequence[str] = ()) -> List[str]:
+    """The first step's srun line: with spare nodes, on the job's nodes less the spares; `usable`: the
+    nodes that passed the node check (hpc.recovery.nodecheck), where one failed and a spare replaces it."""
     spare = inplace.spare(environ)
     shape = requeue.requested(environ)
     allocation = hostlist.expand(environ.get("SLURM_JOB_NODELIST", "")) if spare else []
     if not spare or shape is None or len(allocation) <= spare:
         return list(argv)
-    state["training"] = allocation[:len(allocation) - spare]
+    good = [n for n in allocation if n in usable] if usable else allocation
+    state["training"] = good[:len(allocation) - spare]
     return with_args(argv, inplace.srun_args(state["training"], shape[1])[1:])
 
 

@@ -129,3 +129,30 @@ def test_a_node_whose_gpu_device_file_is_gone_is_excluded_by_the_builtin_check(s
     job = job_ids(run)[("first", None)]
     assert all(r.state == "COMPLETED" for r in ended(run).values()) and bad in job_field(slurm_cluster, job,
                                                                                           "ExcNodeList")
+
+
+def test_a_node_that_fails_its_check_is_replaced_by_a_spare_without_a_requeue(slurm_cluster, tmp_path):
+    """The job holds one node more than it trains on (spare_nodes): the node that fails its check is
+    left out and the ranks start on the healthy one, in the same job. The failing node is the job's
+    first, the one a step on "the nodes less the spares" would take."""
+    import subprocess
+
+    bad, good = slurm_cluster.nodes[0], slurm_cluster.nodes[1]
+    assert submit.main(["elastic", "--cluster", "slurm", "--run-dir", str(tmp_path / "run"), "stages.train.nodes=1",
+                        "stages.train.spare_nodes=1", "elastic.steps=2", fails_on(bad).format("train")]) == 0
+    run = RunDir(tmp_path / "run")
+    out, job = run.task_dir("train"), job_ids(run)[("train", None)]
+    releasing(slurm_cluster, run, lambda: (out / DONE).is_file(), 240, "training to finish")
+    (check,) = checks(run)
+    assert (check["job"], check["restart"], check["failed"]) == (job, "0", {bad: "site check exited 3: GPU 0 has "
+                                                                           "fallen off the bus"}), check
+    assert check["done"].startswith("left out"), check
+    attempts = [json.loads(line) for line in (out / "attempts.jsonl").read_text().splitlines()]
+    assert [(a["tag"], a["nodes"], a["resumed_from"]) for a in attempts] == [(f"{job}-0-", 1, 0)]
+    records = wait_until(lambda: (r := ended(run)) and r, 60, "its end in sacct")
+    assert (records[job].state, records[job].restarts) == ("COMPLETED", 0), records[job]
+    steps = subprocess.run(["sacct", "-j", job, "-n", "-P", "-o", "JobID,JobName,NodeList"], capture_output=True,
+                           text=True, check=True).stdout.split()
+    trained = [s.split("|")[2] for s in steps if s.startswith(f"{job}.") and "nodecheck" not in s
+               and not s.split("|")[0].endswith(("batch", "extern"))]
+    assert trained == [good], steps  # no rank on the bad node
