@@ -79,3 +79,11 @@ def test_status_and_the_timeline_show_each_restart(tmp_path):
     (mark,) = timeline.in_place(tmp_path, [bar])
     assert (mark.kind, mark.start, mark.gid) == ("RESTARTED", 1000.0, "")
 
+
+def test_no_restart_in_place_once_the_time_limits_signal_has_come():
+    assert inplace.decide(crash(3), [], 3, 600, 20, warned_s=120)[0]
+    assert inplace.decide(crash(3), [], 3, 140, 20)[0]  # not told the stage's signal_delay_s
+    ok, why = inplace.decide(crash(3), [], 3, 140, 20, warned_s=120)  # submitit's handler failed the rank at the signal
+    assert not ok and "time-limit signal" in why, why
+    assert inplace.warned({"HPC_SIGNAL_DELAY_S": "120"}) == 120 and inplace.warned({}) == 0
+

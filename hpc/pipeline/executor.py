@@ -83,6 +83,7 @@ class StageTask:
                                f"hpc.status {run.path.parent}, then resubmit the sweep")
         if hostact.ENV in os.environ:  # under hpc's srun wrapper: its requeues, submitit's too, go to the host
             hostact.requeue_on_host()
+        quiet_sigcont()
         dist = _local_env() or from_environ()
         if dist.source != "single":
             dist.export()  # RANK/WORLD_SIZE/MASTER_* for torch.distributed and user code
@@ -232,3 +233,15 @@ def _dumps(obj: Any) -> bytes:
         except (pickle.PicklingError, AttributeError, TypeError):
             pass
     return cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def quiet_sigcont() -> None:
+    """SIGCONT back to its default (the process goes on), not submitit's handler, which only logs it.
+    SLURM sends SIGCONT with each signal it gives a step, so the two arrive together: where
+    submitit's handler of the other (SIGUSR2: the time limit) raises while SIGCONT's is logging,
+    logging swallows the error as its own and the task sleeps on into its time limit."""
+    import signal
+
+    if signal.getsignal(signal.SIGCONT) not in (signal.SIG_DFL, None):
+        signal.signal(signal.SIGCONT, signal.SIG_DFL)
+

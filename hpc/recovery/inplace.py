@@ -28,6 +28,8 @@ from hpc.config import defaults
 
 ENV = "HPC_RESTART_IN_PLACE"  # the step's number in its allocation (0: the first), in srun's environment
 LIMIT_ENV = "HPC_MAX_RESTARTS_IN_PLACE"  # stages.X.max_restarts_in_place, exported by the batch script
+SIGNAL_ENV = "HPC_SIGNAL_DELAY_S"  # stages.X.signal_delay_s, exported by the batch script
+SIGNAL_LOOK_S = 30.0  # SLURM sends --signal at its first look at the job within the delay: it looks every 30 s
 SPARE_ENV = "HPC_SPARE_NODES"  # stages.X.spare_nodes, exported by the batch script
 KIND = "restart_in_place"  # the kind of a restart's event in the task's history (hpc.recovery.nodefail)
 FAILURES = {"crash": "a rank crashed or hit a collective timeout", "hang": "a rank hung",
@@ -62,18 +64,29 @@ def limit(environ: Mapping[str, str]) -> int:
     return int(text) if text.isdigit() else defaults.MAX_RESTARTS_IN_PLACE
 
 
+def warned(environ: Mapping[str, str]) -> float:
+    """The stage's signal_delay_s (SIGNAL_ENV, exported by the batch script); 0 when not told."""
+    text = environ.get(SIGNAL_ENV, "")
+    return float(text) if text.isdigit() else 0.0
+
+
 def spare(environ: Mapping[str, str]) -> int:
     text = environ.get(SPARE_ENV, "")
     return int(text) if text.isdigit() else 0
 
 
 def decide(failure: Failure, before: Sequence[Mapping[str, Any]], most: int, left_s: Optional[float],
-           cost_s: float) -> Tuple[bool, str]:
+           cost_s: float, warned_s: float = 0.0) -> Tuple[bool, str]:
     """(restart in place?, why) for `failure`, given this allocation's earlier restarts in place
     (their history events, oldest first), `most` of them allowed, `left_s` seconds left in the
-    allocation (None: unknown) and `cost_s`, what a restart takes."""
+    allocation (None: unknown), `cost_s`, what a restart takes, and `warned_s`, the stage's
+    signal_delay_s: within it the time limit's signal has come, and a rank that failed then (submitit's
+    handler over max_timeouts, say) ended with the allocation."""
     if len(before) >= most:
         return False, f"restarted in place {len(before)} time(s) already (max_restarts_in_place={most})"
+    if left_s is not None and warned_s and left_s <= warned_s + SIGNAL_LOOK_S:
+        return False, (f"{left_s:.0f} s left in the allocation: its time-limit signal (due {warned_s:.0f} s before "
+                       f"the end, at SLURM's look up to {SIGNAL_LOOK_S:.0f} s earlier) has come")
     if left_s is not None and left_s <= cost_s:
         return False, f"{left_s:.0f} s left in the allocation, and a restart took {cost_s:.0f} s"
     where = f"checkpoint step-{failure.mark}" if failure.mark is not None else "the start (no checkpoint yet)"

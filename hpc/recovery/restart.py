@@ -108,7 +108,8 @@ def _restart(state: Dict[str, Any], task_dir: Optional[Path], history: Dict[str,
     end = deadline.end_time(info)
     now = time.time()
     cost = measured(state, task_dir, now)
-    ok, why = inplace.decide(failure, before, inplace.limit(environ), None if end is None else end - now, cost)
+    ok, why = inplace.decide(failure, before, inplace.limit(environ), None if end is None else end - now, cost,
+                             inplace.warned(environ))
     if not ok:
         return False, why
     where = f" on {','.join(nodes)}" if nodes else ""
