@@ -159,7 +159,7 @@ def test_srun_runs_under_afterstep_in_hpcs_batch_scripts():
     trap, srun, export, user = params["setup"]
     assert trap.startswith("trap true TERM") and user == "module load cuda"
     assert srun.startswith("srun() {") and "-m hpc.afterstep '/runs/a b' -- \"$@\"; }" in srun
-    assert export == "export HPC_NODES=1-2 HPC_MAX_NODE_FAILURES=5"
+    assert export == "export HPC_NODES=1-2 HPC_MAX_NODE_FAILURES=5 HPC_SIGNAL_DELAY_S=30"  # hpc.recovery.inplace.warned
     assert "afterstep" not in str(sbatch.slurm_parameters(res, "train"))  # no run directory, no wrapper
 
 

@@ -88,8 +88,9 @@ def afterstep_setup(res: Mapping[str, Any], run_dir: str, python: Optional[str] 
     where = f" --points {shlex.quote(points)}" * bool(points) + f" --tasks {shlex.quote(tasks)}" * bool(tasks)
     return ["trap true TERM  # hpc: a preemption, requeue or node failure: wait for srun under hpc.afterstep",
             f'srun() {{ {python} -u -m hpc.afterstep {shlex.quote(run_dir)}{where} -- "$@"; }}',
-            f"export HPC_NODES={shlex.quote(str(res['nodes']))} HPC_MAX_NODE_FAILURES={limit} "
-            f"HPC_SIGNAL_DELAY_S={int(res['signal_delay_s'])}" + in_place(res),
+            f"export HPC_NODES={shlex.quote(str(res['nodes']))} HPC_MAX_NODE_FAILURES={limit}"
+            + f" HPC_SIGNAL_DELAY_S={int(res.get('signal_delay_s') or 0)}" * bool(res.get("signal_delay_s"))
+            + in_place(res),
             *node_check(res.get("node_check") or {})]
 
 
