@@ -7,14 +7,19 @@ from faults import reliability
 from faults.common import Outcome
 
 
-def test_the_report_is_kept_after_each_campaign_with_the_rest_marked_still_to_run(tmp_path, monkeypatch):
-    order = []
-
+def recording(order):
+    """A campaign factory whose campaigns note their name in `order` when they run, and pass."""
     def campaign(name):
         def run(scratch, count, seed):
             order.append(name)
             return Outcome(count, 0, f"{name} checked")
         return run
+    return campaign
+
+
+def test_the_report_is_kept_after_each_campaign_with_the_rest_marked_still_to_run(tmp_path, monkeypatch):
+    order = []
+    campaign = recording(order)
 
     monkeypatch.setattr(reliability, "campaigns", lambda: [
         reliability.Campaign("first kind", campaign("first"), 5, 2),
@@ -52,12 +57,7 @@ def test_rows_carried_twice_keep_the_date_of_their_measurement(tmp_path):
 
 def test_only_given_twice_runs_the_campaigns_both_name(tmp_path, monkeypatch):
     order = []
-
-    def campaign(name):
-        def run(scratch, count, seed):
-            order.append(name)
-            return Outcome(count, 0, f"{name} checked")
-        return run
+    campaign = recording(order)
 
     monkeypatch.setattr(reliability, "campaigns", lambda: [
         reliability.Campaign(f"{name} kind", campaign(name), 5, 2) for name in ("first", "second", "third")])
