@@ -30,15 +30,10 @@ from hpc.pipeline import plan
 from hpc.rundir.run import RunDir
 from hpc.slurm import gres, scheduler
 from tests.slurm.requeue_helpers import release, wait_for
+from tests.slurm.test_pipeline import tiny  # noqa: F401 (autouse: the tiny pipeline, run from the checkout)
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slurm
-
-
-@pytest.fixture(autouse=True)
-def tiny(monkeypatch):
-    monkeypatch.setitem(plan.PIPELINES, "tiny", "tests.tiny_pipeline")
-    monkeypatch.chdir(ROOT)  # jobs import tests.tiny_pipeline from the submission directory
 
 
 def ended(run):
