@@ -3,7 +3,7 @@
 Usage::
 
     from hpc.config import PipelineConfig, Resources      # a pipeline's schema subclasses PipelineConfig
-    from hpc.config.schema import load
+    from hpc.config.loader import load
     cfg = load(MyConfig, "mypkg.pipeline", profile="sandbox", overrides=["stages.train.nodes=2"])
 
 Precedence, lowest first: the schema's defaults, the pipeline's template YAML, the user's notify:
@@ -11,7 +11,9 @@ Precedence, lowest first: the schema's defaults, the pipeline's template YAML, t
 
 Parts::
 
-    schema.py   Resources, ClusterSettings, RunSettings, PipelineConfig; load(), the layers, YAML errors
+    schema.py   Resources, ClusterSettings, RunSettings, PipelineConfig: the sections every config has
+    loader.py   load(): the schema's defaults and the layers merged, checked, kept in the cache; to_yaml, to_dict
+    layers.py   the layers: template and profile YAML, key=value overrides, merged in order; YAML errors
     checks.py   what is refused before submission: limits, node ranges, control characters (ConfigError)
     cache.py    a config built before from the same inputs, read back without OmegaConf
     view.py     a resolved config as a read-only view over plain data
@@ -26,7 +28,7 @@ from typing import Any
 # What a pipeline module imports; loaded on first use, so that importing a part of this package
 # does not load the others.
 PUBLIC = {"PipelineConfig": "schema", "Resources": "schema", "ClusterSettings": "schema", "RunSettings": "schema",
-          "load": "schema", "ConfigError": "checks"}
+          "load": "loader", "ConfigError": "checks"}
 
 
 def __getattr__(name: str) -> Any:

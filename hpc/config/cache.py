@@ -3,12 +3,12 @@
     python -m hpc.submit langsplat --profile sandbox --run-dir runs/a   # builds and checks the config
     python -m hpc.submit langsplat --profile sandbox --run-dir runs/b   # the same inputs: read back
 
-hpc.config.schema.load builds the config from the schema's dataclasses and merges the template, saved,
+hpc.config.loader.load builds the config from the schema's dataclasses and merges the template, saved,
 profile and command-line layers into it through OmegaConf, then checks it. The same inputs always
 give the same config, so load() keeps each result it built under a digest of everything the
 result depends on: the schema (every dataclass reachable from it: field names, types and defaults),
 the text of each template, of the saved config and of the profile, the overrides, and the code that
-merges and checks (hpc.config.schema, hpc.config.checks, hpc.slurm.noderange and OmegaConf's files).
+merges and checks (hpc.config.schema and loader, hpc.config.checks, hpc.slurm.noderange and OmegaConf's files).
 A pipeline's settle hook may call any module of its own project: the digest covers every source
 file of the package tree the hook's module belongs to (settle_sources), and a build whose hook ran
 code outside that tree, the standard library and installed packages (outside()) is not kept. A
@@ -45,9 +45,10 @@ from hpc.fs.usercache import cache_dir
 
 MAX_ENTRIES = 256
 # The code a built config depends on besides the schema: a change to any of them misses the cache. By
-# path, not by import: the loader (hpc.config.schema) imports this module.
+# path, not by import: the loader (hpc.config.loader) imports this module.
 _HERE = Path(__file__).resolve().parent
-SOURCES = (str(_HERE / "schema.py"), str(_HERE / "checks.py"), str(_HERE.parent / "slurm" / "noderange.py"))
+SOURCES = (str(_HERE / "schema.py"), str(_HERE / "loader.py"), str(_HERE / "checks.py"),
+           str(_HERE.parent / "slurm" / "noderange.py"))
 MAX_SOURCES = 2000  # a settle hook's package tree with more source files than this is not cached
 
 
