@@ -4,7 +4,7 @@
     python -m hpc.cancel SWEEP_DIR [--stage S]     # all points: their stages share array jobs
     python -m hpc.cancel NAME:RUN_DIR              # a run on a named cluster, over ssh (hpc.remote.watch)
 
-The API's Run.cancel (hpc.runs) with its output printed: one scancel for all of the jobs (latest attempt of each task); done tasks keep their markers, so a
+The API's Run.cancel (hpc.runs, hpc.monitor.runjobs) with its output printed: one scancel for all of the jobs (latest attempt of each task); done tasks keep their markers, so a
 later resubmission into the same directory re-runs only what did not finish. A directory that is no
 run or sweep, or a stage that none of its tasks has, is refused as hpc.status and hpc.logs refuse
 it: "nothing to cancel" there would leave an operator believing the jobs were cancelled.
@@ -15,8 +15,9 @@ import argparse
 import sys
 from typing import Optional, Sequence
 
-from hpc import runs
+from hpc.monitor import runjobs
 from hpc.remote import watch
+from hpc.rundir.kind import check
 from hpc.rundir.run import RunDirError
 
 
@@ -29,11 +30,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if remote is not None:
         return remote
     try:
-        runs.check(args.run_dir, args.stage)
-        if not runs.slurm_jobs(args.run_dir, args.stage):
+        check(args.run_dir, args.stage)
+        if not runjobs.slurm_jobs(args.run_dir, args.stage):
             print("no SLURM jobs recorded in this run (local jobs end with their submitting process)")
             return 0
-        cancelled = runs.cancel(args.run_dir, args.stage)  # hpc.Run(...).cancel(), the API's
+        cancelled = runjobs.cancel(args.run_dir, args.stage)  # hpc.Run(...).cancel(), the API's
     except RunDirError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

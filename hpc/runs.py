@@ -14,7 +14,8 @@
 Everything is read from the run directory and one scheduler call per status (hpc.monitor); the
 commands python -m hpc.status, hpc.logs and hpc.cancel call these methods and print. A Run holds
 only its path: any number of them, in any process, see the same run. Constructing one refuses a
-path that is not a run (a Sweep: not a sweep) with a RunDirError.
+path that is not a run (a Sweep: not a sweep) with a RunDirError (hpc.rundir.kind); cancelling goes
+through hpc.monitor.runjobs, as python -m hpc.cancel does.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, 
 from hpc.fs.sharedfs import listed
 from hpc.remote import watch as remote
 from hpc.rundir import sweepdir
+from hpc.rundir.kind import check, refuse_unless
 from hpc.rundir.run import RunDir, RunDirError, task_key
 from hpc.slurm import scheduler
 
@@ -125,7 +127,9 @@ class Run:
 
     def cancel(self, stage: Optional[str] = None) -> List[str]:
         """scancel every queued or running job of the run (of `stage`); returns the job ids cancelled."""
-        return cancel(str(self.path), stage)
+        from hpc.monitor import runjobs  # as in rows(): on first use
+
+        return runjobs.cancel(str(self.path), stage)
 
 
 def _point(path: Path) -> Run:
@@ -198,7 +202,10 @@ class Sweep:
         return self.point(point).result(stage, item)
 
     def cancel(self, stage: Optional[str] = None) -> List[str]:
-        return cancel(str(self.path), stage)
+        """Run.cancel of every point: one scancel, their stages share array jobs."""
+        from hpc.monitor import runjobs  # as in Run.rows(): on first use
+
+        return runjobs.cancel(str(self.path), stage)
 
 
 def _wait(status: Callable[[], List[Dict[str, Any]]], active: Callable[[Dict[str, Any]], bool],
@@ -230,59 +237,3 @@ def _check_rank(path: Path, rank: int) -> None:
     if ranks:
         raise ValueError(f"rank {rank} of job {job} has no log in {path.parent}; expected one of the ranks that "
                          f"logged: {ranks}. HINT: rank={ranks[-1]} (--rank {ranks[-1]}), or rank=0.")
-
-
-def refuse_unless(path: Path, kind: str) -> None:
-    """RunDirError unless `path` is a `kind` directory ('run', 'sweep' or 'either'), saying which it is."""
-    run, sweep = RunDir(path).manifest_path.is_file(), sweepdir.is_sweep(str(path))
-    if {"run": run, "sweep": sweep, "either": run or sweep}[kind]:
-        return
-    record = path / sweepdir.RECORD if kind == "sweep" else RunDir(path).manifest_path
-    if sweep or run:
-        other = "hpc.Sweep" if sweep else "hpc.Run"
-        hint = (f"it is a {'sweep' if sweep else 'run'} directory: {other}(path), or hpc.Run.attach(path) for "
-                "either" + ("; a point's run is <sweep>/<point>/ (hpc.status lists them)." if sweep else "."))
-    else:
-        hint = "pass the 'run dir:' or 'sweep dir:' path printed at submission."
-    raise RunDirError(f"{record} not found; expected a {'run or sweep' if kind == 'either' else kind} directory "
-                      f"made by python -m hpc.submit. HINT: {hint}")
-
-
-def check(path: str, stage: Optional[str] = None) -> None:
-    """Refuse a path that is neither a run nor a sweep, and a stage that none of its tasks has."""
-    refuse_unless(Path(path), "either")
-    if stage is None:
-        return
-    run, sweep = RunDir(path), sweepdir.is_sweep(path)
-    runs: List[RunDir] = [run]
-    if sweep:
-        record = sweepdir.SweepDir(path)
-        runs = [record.point(sig) for sig in record.record()["points"]]
-    stages = sorted({t["stage"] for r in runs if r.manifest_path.is_file() for t in r.tasks()})
-    if stage not in stages:
-        raise RunDirError(f"stage {stage!r} not in {path}; expected one of {stages}. HINT: --stage NAME, "
-                          "or no --stage for every stage.")
-
-
-def cancel(path: str, stage: Optional[str] = None) -> List[str]:
-    """One scancel for the latest job of every task still queued or running (of a run, jobs found by
-    their token included, or of every point of a sweep, whose stages share array jobs); returns the ids cancelled. Refuses what check()
-    refuses: 'nothing to cancel' there would leave one believing the jobs were cancelled."""
-    check(path, stage)
-    slurm_ids = slurm_jobs(path, stage)
-    if not slurm_ids:
-        return []
-    records = scheduler.query(slurm_ids)
-    # a job submitted a moment ago may not be in the accounting yet: unknown counts as active
-    active = [jid for jid in slurm_ids if jid not in records or records[jid].state in scheduler.ACTIVE]
-    return scheduler.cancel(active)
-
-
-def slurm_jobs(path: str, stage: Optional[str] = None) -> List[str]:
-    """The SLURM job ids of a run (those found by their token included, whose sbatch answer was lost:
-    hpc.monitor.lost) or of a sweep's points (hpc.rundir.sweepdir.slurm_jobs)."""
-    if sweepdir.is_sweep(path):
-        return sweepdir.slurm_jobs(path, stage)
-    from hpc.monitor import lost  # the monitor loads at a run's first look at its jobs
-
-    return lost.look(RunDir(path)).run.slurm_jobs(stage)

@@ -6,6 +6,7 @@ Parts::
 
     status.py         TaskStatus rows of a run from one scheduler call; progress, outputs, hangs
     lost.py           jobs whose sbatch answer was lost, found by their token (an announcement in the run)
+    runjobs.py        a run's or sweep's SLURM jobs, and one scancel for the active ones (hpc.cancel)
     table.py          the rows drawn as a table, failed and running first; follow redraws it until the run ends
     sweeps.py         one row per point of a sweep, from one scheduler call for every point
     results.py        what a task's stage function returned (submitit's result file, else the done marker)

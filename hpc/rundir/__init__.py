@@ -11,6 +11,7 @@ Layout::
 Parts::
 
     run.py        RunDir: manifest, config, task folders, done markers, the submission lock
+    kind.py       whether a path is a run, a sweep or either, refused with what it is (hpc.Run, hpc.cancel)
     codeversion.py  which code a submission ran: the git commit of the user's checkout, hpc's version
     intents.py    each sbatch's token and tasks, written down before it runs, until the manifest has its ids
     logdirs.py    where a job's submitit files are: a folder per job, one per array for its tasks
