@@ -38,21 +38,15 @@ from typing import Any, Iterator
 
 import torch.distributed as dist
 
-from hpc.checkpoint import SHARDED_KEY, CheckpointStore, optim_state
-from hpc.checkpoint.layout import marker_files
+from hpc.checkpoint import SHARDED_KEY, CheckpointStore
 from hpc.recovery import hangs, preemption, stopsignal, watchdog
 from hpc.recovery.stopsignal import StopFlag, StopVote
 from hpc.rundir import attempts, notify
 from hpc.runtime import loopstate, resumepoint
+from hpc.runtime.loopshards import LoopShards
 from hpc.runtime.scalars import StepLog
 
 log = logging.getLogger(__name__)
-
-
-def _new_engine(session: Any) -> Any:
-    from hpc.checkpoint.dcp_engine import DcpEngine  # torch.distributed.checkpoint: only for a loop that uses it
-
-    return DcpEngine(session)
 
 
 class TrainLoop:
@@ -85,8 +79,7 @@ class TrainLoop:
         self._saved_step: int | None = None
         self.scalars = StepLog(session, self.out_dir / "tensorboard", lambda: self.resumed_step, tensorboard)
         self.seed = seed  # reseeds the RNGs when a resume changes the world size
-        self._engine: Any = None  # hpc.checkpoint.dcp_engine.DcpEngine, for a model sharded by FSDP
-        self._dcp_names: tuple[str, ...] = ()  # model (and optimizer) saved through it
+        self.shards = LoopShards(session)  # the model (and optimizer) saved through DCP (hpc.runtime.loopshards)
         self.checks = stopsignal.CheckSchedule(self.vote, check_every)  # the steps that poll the vote
         # ends a hung job and requeues it (hpc.recovery.watchdog); None when watchdog_s (HPC_WATCHDOG_S) is 0
         self.watchdog = watchdog.for_loop(self, watchdog_s)
@@ -108,15 +101,11 @@ class TrainLoop:
         state = resumepoint.agreed_state(self.store, self.s, self._load_shards)
         step = state["step"] if state else -1
         sharded = state.get(SHARDED_KEY) if state else None
-        if sharded is not None or resumepoint.through_dcp(self.objects):
-            self._dcp_names = resumepoint.sharded_objects(self.objects)
-            self._engine = self._engine or _new_engine(self.s)
-            for name in self._dcp_names[1:]:  # the optimizer: a save then knows whether an empty
-                optim_state.watch(self.objects[name])  # state is all it keeps
+        self.shards.take(self.objects, sharded)
         if step < 0:
             log.info("no checkpoint in %s: starting fresh", self.store.directory)
             return 0
-        loopstate.restore(self.objects, state, self._dcp_names if sharded is not None else (),
+        loopstate.restore(self.objects, state, self.shards.names if sharded is not None else (),
                           self.s.world_size, self.s.rank, self.seed)
         self.extra = dict(state.get("extra", {}))
         self.step = self.current = self.resumed_step = self._saved_step = step
@@ -125,27 +114,9 @@ class TrainLoop:
                  os.environ.get("SLURM_RESTART_COUNT", "0"))
         return step
 
-    def _save_shards(self, directory: Path, blocking: bool) -> Any:
-        """The store's hook: DCP writes the model and optimizer into the checkpoint directory."""
-        # Without DCP's collectives: each rank's index part is committed as it is (dcp_engine).
-        self._engine.save(directory, *(self.objects[n] for n in self._dcp_names), blocking=blocking,
-                          collectives=False)
-        return self._engine.wait
-
     def _load_shards(self, where: Path, files: dict | None = None) -> str:
-        """Load the model (and optimizer) from DCP's shards at `where`, checking each byte read
-        against the marker's checksums (`files`: the marker the store read; None: read it here);
-        '' when they match, else what did not."""
-        from hpc.checkpoint.dcp_engine import ShardCorrupt
-
-        self._dcp_names = resumepoint.sharded_objects(self.objects)
-        self._engine = self._engine or _new_engine(self.s)
-        files = marker_files(where) if files is None else files
-        try:  # without DCP's collectives: the ranks agree on the outcome (resumepoint)
-            self._engine.load(where, *(self.objects[n] for n in self._dcp_names), files=files, collectives=False)
-        except (ShardCorrupt, FileNotFoundError) as err:
-            return str(err)
-        return ""
+        """resumepoint's hook: the registered model (and optimizer) from DCP's shards at `where`."""
+        return self.shards.load(self.objects, where, files)
 
     # ------------------------------------------------------------------ loop
     def steps(self, total: int) -> Iterator[int]:
@@ -173,15 +144,14 @@ class TrainLoop:
 
     def state(self) -> dict[str, Any]:
         """What a checkpoint of the current step saves besides DCP's shards (hpc.runtime.loopstate)."""
-        return loopstate.capture(self.objects, self._dcp_names, self.step, self.extra, self.s.world_size)
+        return loopstate.capture(self.objects, self.shards.names, self.step, self.extra, self.s.world_size)
 
     def save(self, blocking: bool = False) -> None:
         if self._saved_step == self.step:
             self.store.wait() if blocking else None
             return
-        shards = self._save_shards if self._engine is not None and self._dcp_names else None
         held = time.monotonic()
-        self.store.save(self.step, self.state(), blocking=blocking, sharded=shards)
+        self.store.save(self.step, self.state(), blocking=blocking, sharded=self.shards.saver(self.objects))
         self.attempt.saved(self.step, time.monotonic() - held)  # rank 0, where it already writes
         self._saved_step = self.step
 
@@ -221,7 +191,7 @@ class TrainLoop:
         self.s.barrier()
         self.store.close()  # the final write's wait is a checkpoint stall too, not training
         self.attempt.ended("completed", self.step, time.monotonic() - held - (self.attempt.stall_s - counted))
-        self._close_engine()
+        self.shards.close()
         self.close_writer()
         self._finished = True
         # Without `with`, the flag handlers stay: a time-limit signal or SIGTERM arriving before
@@ -253,7 +223,7 @@ class TrainLoop:
             self.store.close()  # lets the write in flight commit: it holds a completed step
         except Exception as err:  # never hide the exception that ended the loop
             log.warning("background checkpoint write failed while leaving: %s", err)
-        self._engine = None  # no collective here: its group goes with the process
+        self.shards.drop()  # no collective here: its group goes with the process
         self.close_writer()
         self._finished = True
 
@@ -270,11 +240,6 @@ class TrainLoop:
 
     def _attempt_id(self) -> tuple:
         return self.attempt.entry["job"], self.attempt.entry["restart"]
-
-    def _close_engine(self) -> None:
-        if self._engine is not None:
-            self._engine.close()
-            self._engine = None
 
     # --------------------------------------------------------------- logging
     @property

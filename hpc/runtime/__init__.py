@@ -21,6 +21,7 @@ Parts::
     scalars.py      scalars logged without waiting for the device
     resumepoint.py  which checkpoint a TrainLoop resumes from
     loopstate.py    what a TrainLoop checkpoint holds of its objects and RNGs, and how a resume restores it
+    loopshards.py   a TrainLoop's model and optimizer saved and loaded through DCP
     ports.py        a free TCP port for a rendezvous
 
 envparse, distenv and devicebind import no torch (python -m hpc.env answers in milliseconds).
