@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence, Union
 
 from hpc.config.checks import ConfigError
 from hpc.pipeline import options as hoptions
-from hpc.pipeline.plan import PipelineDef, get_pipeline
+from hpc.pipeline.pipedef import PipelineDef, get_pipeline
 from hpc.pipeline.request import Request, Submitted
 from hpc.remote import clusters
 from hpc.rundir import sweepdir

@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 from hpc import api
 from hpc.config.checks import CLUSTER_KINDS, ConfigError
 from hpc.pipeline import options as hoptions
-from hpc.pipeline.plan import PIPELINES, PipelineDef, get_pipeline
+from hpc.pipeline.pipedef import PIPELINES, PipelineDef, get_pipeline
 from hpc.pipeline.request import Request
 from hpc.remote import clusters
 from hpc.rundir import sweepdir

@@ -9,7 +9,7 @@ import pytest
 
 from hpc.pipeline import plan
 from hpc import submit
-from hpc.pipeline import submission
+from hpc.pipeline import runbook
 from hpc.rundir.run import RunDir
 from hpc.rundir.snapcache import STORE
 
@@ -72,10 +72,10 @@ def test_upstream_after_a_partial_resubmission_keeps_the_earlier_queued_tasks(tm
     run.record("second", 1, "20_0", "slurm")  # item 1 failed and is resubmitted now; 2 still queued
     run.record("other", None, "30", "slurm")
     job = SimpleNamespace(after=["second"])
-    assert submission.upstream(job, {"second": ["20_0"]}, run) == ["10_2", "20_0"]
+    assert runbook.upstream(job, {"second": ["20_0"]}, run) == ["10_2", "20_0"]
     # the failed 10_1 is in the old array: the dependency names tasks, never the array 10
-    assert submission.afterok(submission.upstream(job, {"second": ["20_0"]}, run)) == "afterok:10_2:20_0"
-    assert submission.afterok(["9_10", "9_2", "9_2", "7"]) == "afterok:7:9_2:9_10" and submission.afterok([]) is None
+    assert runbook.afterok(runbook.upstream(job, {"second": ["20_0"]}, run)) == "afterok:10_2:20_0"
+    assert runbook.afterok(["9_10", "9_2", "9_2", "7"]) == "afterok:7:9_2:9_10" and runbook.afterok([]) is None
 
 
 def test_local_run_leaves_no_literal_percent_j_folder(tmp_path):

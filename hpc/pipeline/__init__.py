@@ -14,7 +14,8 @@ StageTask (executor.py) enters the snapshot, imports the stage's function and wr
 
 Parts::
 
-    plan.py        PipelineDef, StageDef, the registry of pipelines, make_plan -> Plan of JobSpecs
+    pipedef.py     PipelineDef, StageDef, the registry of pipelines (plan.py re-exports them)
+    plan.py        make_plan -> Plan of JobSpecs that render their own sbatch text
     resources.py   a stage's resources as the plan takes them: its section and container checked, its notes
     arrays.py      a stage's items as sbatch arrays within MaxArraySize; per-item dependencies (aftercorr at
                    the upstream tasks' ids, --array=3,7,12-20)
@@ -27,7 +28,9 @@ Parts::
     packstop.py    its items' stop requests settled as one: the job requeued once
     options.py     Option: a pipeline's own options of python -m hpc.submit and hpc.submit(), as overrides
     request.py     Request: one submission, typed, as python -m hpc.submit takes it
-    submission.py  start(): the engine python -m hpc.submit, hpc.submit() and sweeps call; a run's Book
+    submission.py  start(): the engine python -m hpc.submit, hpc.submit() and sweeps call
+    runbook.py     a run's Book: its tasks, afterok on the upstream tasks, ids recorded in the manifest
+    jobcode.py     the code snapshot a submission takes (or reuses) and where each task imports from
     launcher.py    launch(plan, book, backend): the one function that starts a plan's jobs; submitit's Backend
     short.py       define()/stage(): a PipelineDef from plain functions (hpc.define, hpc.stage)
 
@@ -37,7 +40,7 @@ from typing import Any
 
 # What a pipeline module imports; loaded on first use, so that the stage task (what every job
 # unpickles) does not load the planner.
-PUBLIC = {"PipelineDef": "plan", "StageDef": "plan", "StageContext": "executor", "Request": "request",
+PUBLIC = {"PipelineDef": "pipedef", "StageDef": "pipedef", "StageContext": "executor", "Request": "request",
           "submit": "submission", "define": "short", "stage": "short"}
 
 

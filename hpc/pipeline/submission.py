@@ -5,9 +5,10 @@
 
 Request (hpc.pipeline.request) holds what `python -m hpc.submit` reads, typed; the command (hpc.submit)
 and sweeps (hpc.sweep.submission, which does the same for every point) both call this module. The
-jobs start on the one launch path (hpc.pipeline.launcher) with a run's Book (RunBook: afterok on the
-upstream tasks, the manifest written as each job starts) and the Backend of the executor kind:
-submitit's, or one the caller passes (hpc.api: `--cluster here`'s).
+jobs start on the one launch path (hpc.pipeline.launcher) with a run's Book (hpc.pipeline.runbook:
+afterok on the upstream tasks, the manifest written as each job starts), running the code snapshot
+that hpc.pipeline.jobcode takes, and the Backend of the executor kind: submitit's, or one the
+caller passes (hpc.api: `--cluster here`'s).
 Returns as soon as SLURM has the jobs (afterok chains the stages; nothing here stays alive),
 except with the local executor, which has no dependencies and so runs the stages in order.
 One submission at a time per run dir (a lock held from reading its state to the last manifest write);
@@ -26,8 +27,10 @@ from hpc.config import schema as hconfig
 from hpc.container import spec
 from hpc.pipeline import launcher, packing
 from hpc.pipeline import plan as hplan
+from hpc.pipeline.jobcode import job_code, snapshot_note, take_snapshot, user_module_file
 from hpc.pipeline.request import Request, Submitted
-from hpc.rundir import codefiles, intents, snapcache, snapshot
+from hpc.pipeline.runbook import RunBook
+from hpc.rundir import intents, snapshot
 from hpc.rundir.codeversion import code_version
 from hpc.rundir.run import RunDir
 from hpc.slurm import gres, limits, scheduler
@@ -134,58 +137,6 @@ def submit_plan(plan: hplan.Plan, run: RunDir, backend: launcher.Backend, code: 
     return book.ids
 
 
-class RunBook(launcher.Book):
-    """A run's jobs: one StageTask per item, afterok on the upstream stages' tasks, and the ids
-    recorded in the manifest as each job starts (RunDir.record_all)."""
-
-    def __init__(self, run: RunDir, code: Optional[snapshot.JobCode] = None, run_id: str = ""):
-        self.run, self.code, self.run_id, self.where = run, code, run_id, run.path
-        self.ids: Dict[str, List[str]] = {}  # stage -> the job ids started now
-
-    def tasks(self, job: hplan.JobSpec) -> List[Any]:
-        # only once jobs start: a dry run never loads the task
-        from hpc.pipeline.executor import StageTask
-
-        tasks = [StageTask(str(self.run.path), job.stage, job.target, item, index, code=self.code, run_id=self.run_id)
-                 for item, index in zip(job.items, job.indices)]
-        if not job.groups:
-            return tasks
-        from hpc.pipeline import packrun  # a packed stage's only: hpc.recovery's modules come with it
-
-        return packrun.grouped(job, tasks)
-
-    def upstream(self, job: hplan.JobSpec, ids: Dict[str, List[str]]) -> Tuple[Optional[str], List[str]]:
-        waits = upstream(job, self.ids, self.run)
-        return afterok(waits), waits
-
-    def record(self, job: hplan.JobSpec, started: launcher.Started, order: launcher.Order, kind: str) -> None:
-        each = [order.each[n] for n, _ in started] if order.each else ()
-        self.run.record_all(job.stage, [(job.items[n], jid) for n, jid in started], kind, order.after, each,
-                            self.code.hash if self.code else None)
-        self.ids.setdefault(job.stage, []).extend(jid for _, jid in started)
-
-
-def upstream(job: hplan.JobSpec, ids: Dict[str, List[str]], run: RunDir) -> List[str]:
-    """Job ids of the stages `job` waits for: submitted now, and those of the same stages still
-    queued or running from an earlier submission (after a partial resubmission of an array stage,
-    both). The manifest already holds this submission's ids as the tasks' latest jobs."""
-    waiting: Dict[str, set] = {s: set(ids.get(s, [])) for s in job.after}
-    for t in run.tasks():
-        # a finished task needs no afterok (its job may be purged from SLURM already); every other
-        # task not resubmitted now was found queued or running by current_state
-        if t["stage"] in waiting and not run.is_done(t["stage"], t["item"]):
-            waiting[t["stage"]].add(t["job_id"])
-    return sorted(i for s in job.after for i in waiting[s])
-
-
-def afterok(job_ids: Sequence[str]) -> Optional[str]:
-    """sbatch --dependency value naming each array task ('12_3'), not the array ('12'): after a
-    partial resubmission the old array also holds the failed task, and afterok on the whole array
-    would never be satisfied."""
-    ids = sorted(set(job_ids), key=lambda i: [int(p) if p.isdigit() else p for p in i.split("_")])
-    return f"afterok:{':'.join(ids)}" if ids else None
-
-
 def start(req: Request, backends: Optional[Mapping[str, MakeBackend]] = None) -> Submitted:
     """Plan and submit one run; returns where it went and the jobs submitted now (none for a dry run,
     or when every task is done or queued). The run dir's lock is held from reading its state to the
@@ -239,47 +190,3 @@ def plan_for(pipe: hplan.PipelineDef, cfg: Any, run: RunDir, backend: launcher.B
     return dataclasses.replace(plan, notes=plan.notes + tuple(notes) + tuple(boxes))
 
 
-def pipeline_module(pipeline: str) -> str:
-    return hplan.PIPELINES.get(pipeline, pipeline).partition(":")[0]
-
-
-def user_module_file(pipeline: str) -> Optional[str]:
-    """The file of a user's pipeline module (get_pipeline imported it); None for hpc's own."""
-    module = pipeline_module(pipeline)
-    if module.split(".")[0] == "hpc":
-        return None
-    return getattr(sys.modules.get(module), "__file__", None)
-
-
-def take_snapshot(cfg: Any, where: Path, kind: str, code: Dict[str, Any],
-                  same: Optional[Dict[str, Any]] = None) -> Optional[snapshot.Snapshot]:
-    """Copy the user's code into the store of `where`'s root (a run or sweep dir; hpc.rundir.snapshot), or
-    run a copy there whose files did not change; `same`: a manifest's snapshot record to run again as it is
-    (--same-snapshot). None when run.snapshot=false, or for the debug executor, which runs the jobs
-    in this very process: its imports are the live tree's, whatever the snapshot holds."""
-    if not cfg.run.snapshot or kind == "debug":
-        return None
-    found = snapshot.recorded(same) if same else None
-    if found is None:
-        source = codefiles.source_of(code.get("code_dir"), Path.cwd(), [where, Path(cfg.run.root)])
-        found = snapshot.take(source, where, cfg.run.snapshot_max_mb)
-    print(found.summary())
-    return found
-
-
-def job_code(snap: Optional[snapshot.Snapshot], pipeline: str, module_file: Optional[str]
-             ) -> Optional[snapshot.JobCode]:
-    """Where the tasks run and import from: the snapshot's copies of this directory and of the
-    pipeline module's import root."""
-    return snap and snap.job_code(Path.cwd(), codefiles.import_root(module_file, pipeline_module(pipeline)))
-
-
-def snapshot_note(cfg: Any, run: RunDir, kind: str, code: Dict[str, Any]) -> str:
-    """What a submission would snapshot, for the dry run (which copies nothing)."""
-    if not cfg.run.snapshot:
-        return "code: no snapshot (run.snapshot=false): the jobs import the live tree when they start"
-    if kind == "debug":
-        return "code: no snapshot: the debug executor runs the jobs in this process, on the live tree"
-    where = f"the git checkout {code['code_dir']}" if code.get("code_dir") else f"the directory {Path.cwd()}"
-    return (f"code: {where} is copied into {snapcache.store_of(run.path)}/ at submission (a snapshot of the same "
-            "files there is run as it is), and every job imports that copy")
