@@ -108,8 +108,8 @@ def steps(run_dir: str, argv: List[str], points: Optional[str], usable: Sequence
         env = {**state["env"], HOST_ACTS: request, HOLD_FAILURES: os.path.dirname(request)}
         state.update(started=time.time(), next=None)
         code = supervise(argv, lambda why: act(run_dir, why, points, state), lambda: serve(request, state), env)
-        if state["next"] is None:
-            return code
+        if state["next"] is None:  # the task had finished its work when a rank died (at exit): completed
+            return 0 if state.get("finished") else code
         argv, state["number"] = state["next"], state["number"] + 1
 
 
@@ -157,7 +157,8 @@ def act(run_dir: str, why: str, points: Optional[str] = None, state: Optional[Di
         action, line = None, f"nothing done: {type(err).__name__}: {err}"
     if action is None or action.do != "none" or why != "SIGTERM":  # a failed srun: what was done, and why
         print(f"[hpc] {why}: {line}", file=sys.stderr, flush=True)
-    if state is not None and why != "SIGTERM" and (action is None or action.do in ("none", "stop")):
+    if state is not None and why != "SIGTERM" and not state.get("finished") and (action is None or action.do in (
+            "none", "stop")):
         from hpc.rundir import notify  # here: only a job that ends failed tells its sinks
 
         # the ranks' errors, held in the step's folder while a restart in place or a requeue could follow

@@ -87,3 +87,30 @@ def test_no_restart_in_place_once_the_time_limits_signal_has_come():
     assert not ok and "time-limit signal" in why, why
     assert inplace.warned({"HPC_SIGNAL_DELAY_S": "120"}) == 120 and inplace.warned({}) == 0
 
+
+
+def test_a_repeated_failure_before_any_checkpoint_is_said_so():
+    ok, why = inplace.decide(inplace.Failure("error", None, None), [earlier("error", None, None)], 3, 600, 20)
+    assert not ok and why == "a rank exited with an error before any checkpoint again, as before the last restart in place"
+
+
+def test_a_requeued_spare_stage_asks_for_its_spares_again():
+    from hpc.recovery import requeue
+
+    env = {"HPC_NODES": "1-2", "SLURM_NTASKS_PER_NODE": "2", "HPC_SPARE_NODES": "1"}
+    assert requeue.restored(env, ["n3"]) == {"NumNodes": "2-3", "NumTasks": "4", "ExcNodeList": "n3"}
+    assert requeue.restored({**env, "HPC_SPARE_NODES": "0"}) == {"NumNodes": "1-2", "NumTasks": "2"}
+    assert requeue.restored({**env, "HPC_NODES": "1"}) == {}  # sbatch's own count: SLURM keeps it
+    assert requeue.adding({"ExcNodeList": "n[1-2]"}, ["n4"]) == ["n1", "n2", "n4"]
+    assert requeue.adding({"ExcNodeList": "n1"}, []) == []  # nothing to add: the list is left as it is
+
+
+def test_a_node_lost_in_an_earlier_step_stays_out_once_back_in_service(tmp_path):
+    env = {"SLURM_JOB_NODELIST": "n[1-3]", "HPC_NODES": "1", "SLURM_NTASKS_PER_NODE": "2", "HPC_SPARE_NODES": "2",
+           "SLURM_JOB_ID": "7"}
+    state = {"number": 1, "argv": ["srun", "x"], "started": 0.0, "request": str(tmp_path / "request.json"),
+             "training": ["n2"], "lost": ["n1"]}  # n1 failed in the first step; SLURM shows it healthy again
+    ok, why = restart.offer(state, None, {}, ["n2"], {"JobState": "RUNNING"}, env, "7")
+    assert ok, why
+    assert state["next"] == ["srun", "--open-mode=append", "--nodes=1", "--ntasks=2", "--nodelist=n3", "x"]
+    assert state["lost"] == ["n1", "n2"]

@@ -33,7 +33,7 @@ SIGNAL_LOOK_S = 30.0  # SLURM sends --signal at its first look at the job within
 SPARE_ENV = "HPC_SPARE_NODES"  # stages.X.spare_nodes, exported by the batch script
 KIND = "restart_in_place"  # the kind of a restart's event in the task's history (hpc.recovery.nodefail)
 FAILURES = {"crash": "a rank crashed or hit a collective timeout", "hang": "a rank hung",
-            "node": "a node failed"}
+            "node": "a node failed", "error": "a rank exited with an error"}
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,8 @@ def decide(failure: Failure, before: Sequence[Mapping[str, Any]], most: int, lef
     if before:
         last = before[-1]
         if (last.get("failure"), last.get("step")) == (failure.kind, failure.step):
-            return False, f"{FAILURES[failure.kind]} at step {failure.step} again, as before the last restart in place"
+            at = f"at step {failure.step}" if failure.step is not None else "before any checkpoint"
+            return False, f"{FAILURES[failure.kind]} {at} again, as before the last restart in place"
         if last.get("progress") == failure.mark:
             return False, f"no checkpoint newer than {where} since the last restart in place"
     return True, f"{FAILURES[failure.kind]}: restart in place {len(before) + 1} of at most {most}, from {where}"

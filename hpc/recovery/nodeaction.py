@@ -23,7 +23,7 @@ from hpc.fs import atomic
 from hpc.recovery import hangs, hostact, nodefail, preemption, requeue, verdict
 from hpc.recovery import restart as restart_module
 from hpc.rundir import notify, sweepdir
-from hpc.rundir.run import RunDir
+from hpc.rundir.run import DONE, RunDir
 from hpc.slurm import scheduler
 
 # (job id, run dir, stage, nodes to exclude, scontrol's fields of the job) -> the new job's id
@@ -52,27 +52,35 @@ def after_step(run: RunDir, env: Mapping[str, str], resubmit_after: Resubmit, sr
     stop = (state or {}).get("request") or hostact.request_path(str(run.path), job_id,
                                                                  env.get("SLURM_RESTART_COUNT") or "0")
     run, key, stage, task_dir = located(run, env, points)
+    if state is not None and srun_ended and task_dir is not None and (task_dir / DONE).is_file():
+        # its rank 0 wrote the done marker: the work is whole (a rank that died at exit, after training)
+        state["finished"] = True
+        return nodefail.Action("none", "finished"), ("the task had finished its work (its done marker is "
+                                                     "written): nothing is run again, and the job ends completed")
     restart = int(env.get("SLURM_RESTART_COUNT") or 0)
     info = preemption.job_info(job_id)
     failed = nodefail.failed_nodes(scheduler.node_states(env["SLURM_JOB_NODELIST"]))
     history = nodefail.load(task_dir) if task_dir else {}
     mark = nodefail.progress_mark(task_dir) if task_dir else None
     already = nodefail.requeued(info, restart)
-    instead = ""
+    instead = declined = ""
     if state is not None and srun_ended and not already and not nodefail.preempted(info):
         restarted, why = restart_module.offer(state, task_dir, history, failed, info, env, key)
         if restarted:
             return nodefail.Action("restart", why), why
-        instead = f" (not restarted in place: {why})"
+        declined, instead = why, f" (not restarted in place: {why})"
     action = nodefail.decide(history, failed, already, mark, nodefail.env_limit(env), stage,
                              preempted=srun_ended and nodefail.preempted(info))
-    if action.do == "requeue" and (state or {}).get("avoid"):  # the run's avoid list (hpc.recovery.nodecheck)
-        action = replace(action, exclude=tuple(sorted(set(action.exclude) | set(state["avoid"]()))))
+    if action.do in ("requeue", "reopen"):  # the run's avoid list (hpc.recovery.nodecheck), on every requeue
+        action = replace(action, exclude=tuple(sorted(set(action.exclude) | set(avoided(state)))))
     done = carry_out(action, job_id, info, already, restart, str(run.path), stage, env, resubmit_after)
     if task_dir and action.do != "none":
         nodefail.record(task_dir, history, action, key, restart, failed, mark, done)
     if action.do != "none":
         note_next(stop, done)
+    if action.do == "none" and declined:  # a failed step neither restarted nor requeued: one line, its error
+        error = restart_module.held_error(state or {})
+        return action, f"not restarted in place: {declined}; the job ends failed" + f": {error}" * bool(error)
     return action, f"{action.why}: {done}{instead}"
 
 
@@ -81,7 +89,7 @@ def carry_out(action: nodefail.Action, job_id: str, info: Dict[str, str], alread
     if action.do == "none":
         return "left as it is"
     if action.do == "reopen":
-        return _said(requeue.after_requeue(job_id, (), env), "requeued")
+        return _said(requeue.after_requeue(job_id, requeue.adding(info, action.exclude), env), "requeued")
     if action.do == "stop":
         if already:  # SLURM requeued it for the node failure on its own: take that back
             scheduler.cancel([job_id])
@@ -98,6 +106,12 @@ def carry_out(action: nodefail.Action, job_id: str, info: Dict[str, str], alread
             return (f"requeue refused ({seen}); job {new} submits the task again into the run "
                     f"directory once job {job_id} has ended{without}")
     return _said(requeue.after_requeue(job_id, exclude, env), f"requeued as job {job_id}")
+
+
+def avoided(state: Optional[Mapping[str, Any]]) -> list:
+    """The run's avoid list where the srun wrapper's stage checks its nodes (its state's 'avoid',
+    hpc.recovery.nodecheck.avoided), else []: every requeue of the job adds it to ExcNodeList."""
+    return list(state["avoid"]()) if state and state.get("avoid") else []
 
 
 def note_next(request: str, done: str) -> None:
@@ -128,13 +142,15 @@ def settle_request(path: str, runner: Callable[..., Any] = subprocess.run,
     try:
         outcome = in_place(request, state) if request["reason"] in ("hang", "preempt") and state else None
         if outcome is None and request["reason"] == hostact.SUBMITIT:  # submitit checkpointed: requeue only
+            info = preemption.job_info(str(request["job_id"]))
             refused, said = preemption.requeue_job(str(request["job_id"]), int(request["restart"]), True, runner,
-                                                   requeue.within_grace(preemption.job_info(str(request["job_id"]))))
+                                                   requeue.within_grace(info), requeue.adding(info, avoided(state)))
             outcome = {"requeue": not refused, "why": refused or "submitit's checkpoint at the time limit",
                        "slurm": said}
         elif outcome is None:
             outcome = asdict(preemption.settle(request["reason"], request["history"], str(request["job_id"]),
-                                               int(request["restart"]), int(request["max_timeouts"]), runner))
+                                               int(request["restart"]), int(request["max_timeouts"]), runner,
+                                               avoided(state)))
     except Exception as err:
         hostact.done(path, {"error": f"{type(err).__name__}: {err}"})
         raise

@@ -33,7 +33,7 @@ import subprocess
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from hpc.config import defaults
 from hpc.fs import atomic
@@ -130,9 +130,11 @@ def handle_stop(request: StopRequest, history: str | os.PathLike, job_id: str | 
 
 
 def settle(reason: str, history: str | os.PathLike, job_id: str, restarts: int,
-           max_timeouts: int = DEFAULT_MAX_TIMEOUTS, runner: Callable[..., Any] = subprocess.run) -> Decision:
+           max_timeouts: int = DEFAULT_MAX_TIMEOUTS, runner: Callable[..., Any] = subprocess.run,
+           avoid: Sequence[str] = ()) -> Decision:
     """Read SLURM's verdict, record it in `history`, requeue if the table says so: where the SLURM
-    clients are (the host's srun wrapper, hpc.recovery.nodeaction; or the rank, without one)."""
+    clients are (the host's srun wrapper, hpc.recovery.nodeaction; or the rank, without one).
+    `avoid`: the run's avoid list (hpc.recovery.nodecheck), added to a requeued job's ExcNodeList."""
     info = job_info(job_id, shielded(runner))
     state = info.get("JobState", "UNKNOWN")
     # A job that exits during GraceTime is not requeued by SLURM, even with PreemptMode=REQUEUE
@@ -145,7 +147,8 @@ def settle(reason: str, history: str | os.PathLike, job_id: str, restarts: int,
     log.warning("stop at SLURM JobState=%s Reason=%s: %s", state, info.get("Reason"), decision.why)
     at, said = time.time(), "nothing asked of SLURM"
     if decision.requeue:  # the record is written once SLURM has answered: it says what SLURM did
-        refused, said = requeue_job(job_id, restarts, decision.by == "hpc", runner, requeue.within_grace(info, at))
+        refused, said = requeue_job(job_id, restarts, decision.by == "hpc", runner, requeue.within_grace(info, at),
+                                    requeue.adding(info, avoid))
         if refused:
             decision = Decision(False, None, refused, kind)
     record(Path(history), past, decision, info, at, said)
@@ -153,10 +156,10 @@ def settle(reason: str, history: str | os.PathLike, job_id: str, restarts: int,
 
 
 def requeue_job(job_id: str, restarts: int, ask: bool = True, runner: Callable[..., Any] = subprocess.run,
-                by: float | None = None) -> tuple[str, str]:
+                by: float | None = None, exclude: Sequence[str] = ()) -> tuple[str, str]:
     """Requeue the job (`ask`: with scontrol, retried until `by`, hpc.recovery.requeue.until_queued;
-    else SLURM already did) and give its node range back: ('', what SLURM did) once it is queued
-    again, else (SLURM's words with a HINT, what SLURM did)."""
+    else SLURM already did), give its node range back and set its ExcNodeList to `exclude` where
+    given: ('', what SLURM did) once it is queued again, else (SLURM's words with a HINT, what SLURM did)."""
     said = "queued again by SLURM itself"
     if ask:
         by = requeue.within_grace({}) if by is None else by
@@ -167,9 +170,9 @@ def requeue_job(job_id: str, restarts: int, ask: bool = True, runner: Callable[.
             return f"{seen} HINT: {hint}", f"not requeued: {seen}"
         said = "queued again by scontrol requeue"
     try:  # SLURM pins the node count it last granted: give a node range back (hpc.recovery.requeue)
-        requeue.after_requeue(job_id)
+        requeue.after_requeue(job_id, exclude)
     except RuntimeError as err:  # the batch script's hpc.afterstep tries again
-        log.warning("node range of job %s not restored: %s", job_id, err)
+        log.warning("node range (or ExcNodeList) of job %s not set: %s", job_id, err)
     return "", said
 
 

@@ -31,7 +31,7 @@ import os
 import time
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
-from hpc.recovery import deadline, hostact
+from hpc.recovery import deadline, hostact, inplace
 from hpc.slurm import hostlist, noderange, scheduler
 from hpc.slurm import retry as slurm_retry
 
@@ -67,15 +67,31 @@ def excluded(info: Mapping[str, str]) -> list:
     return [] if value in UNSET else hostlist.expand(value)
 
 
+def adding(info: Mapping[str, str], more: Sequence[str]) -> list:
+    """The job's ExcNodeList with `more` added ([] when `more` is empty: nothing to set): fields()
+    replaces the list, so the nodes it already excludes are named again."""
+    return sorted(set(excluded(info)) | set(more)) if more else []
+
+
 def after_requeue(job_id: str, exclude: Sequence[str] = (), environ: Mapping[str, str] = os.environ,
                   tries: int = 6) -> Dict[str, str]:
     """Once the job is being requeued: its node range back and `exclude` excluded. Returns the
-    fields set ({} when there was nothing to do); raises scheduler.SlurmExit if SLURM refused."""
-    shape = requested(environ)
-    todo = fields(shape[0] if shape else None, shape[1] if shape else 1, exclude)
+    fields set ({} when there was nothing to do); raises scheduler.SlurmExit if SLURM refused.
+    A stage with spare nodes asked sbatch for its range plus the spares (hpc.pipeline.sbatch), and
+    gets that back: its training range alone would requeue it without its spares."""
+    todo = restored(environ, exclude)
     if todo:
         retry(lambda: scheduler.update_job(job_id, todo), tries)
     return todo
+
+
+def restored(environ: Mapping[str, str], exclude: Sequence[str] = ()) -> Dict[str, str]:
+    """after_requeue's fields for the job running in `environ`: its range as sbatch asked for it, the
+    spare nodes (hpc.recovery.inplace.spare) included, and `exclude`."""
+    shape = requested(environ)
+    spare = inplace.spare(environ)
+    nodes = (shape[0][0] + spare, shape[0][1] + spare) if shape else None
+    return fields(nodes, shape[1] if shape else 1, exclude)
 
 
 def retry(call: Any, tries: int, pause_s: float = 0.2) -> Any:

@@ -13,12 +13,14 @@ while srun still ran), and `next`, the next step's srun line once a restart is d
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from hpc.fs import atomic
 from hpc.recovery import deadline, hangs, hostact, inplace, nodefail, requeue
+from hpc.rundir import notify
 from hpc.slurm import hostlist
 
 DEPTH = 3  # how far below the task directory checkpoints are looked for (nodefail.progress_mark's)
@@ -56,7 +58,10 @@ def offer(state: Dict[str, Any], task_dir: Optional[Path], history: Dict[str, An
     if hang is None and stop is not None and (stop.get("outcome") or {}).get("by") != hangs.IN_PLACE:
         return False, "its ranks stopped for a preemption or the time limit"
     allocation = hostlist.expand(environ.get("SLURM_JOB_NODELIST", ""))
-    failed = sorted(set(failed) | set(checked(state, environ, [n for n in allocation if n not in failed])))
+    # a node that failed in an earlier step stays out, back in service or not: SLURM took it from the job
+    failed = sorted(set(failed) | set(state.get("lost") or ()))
+    failed = state["lost"] = sorted(set(failed) | set(checked(state, environ, [n for n in allocation
+                                                                               if n not in failed])))
     nodes = state.get("training")
     if failed:
         training = state.get("training") or allocation
@@ -69,7 +74,8 @@ def offer(state: Dict[str, Any], task_dir: Optional[Path], history: Dict[str, An
         state["next"] = with_args(state["argv"], inplace.srun_args(nodes, _per_node(environ)))
         return True, hang
     mark = nodefail.progress_mark(task_dir) if task_dir else None
-    failure = inplace.Failure("node" if failed else "crash", mark, mark, tuple(failed))
+    kind = "node" if failed else "error" if notify.a_rank_failed(os.path.dirname(state["request"])) else "crash"
+    failure = inplace.Failure(kind, mark, mark, tuple(failed))
     return _restart(state, task_dir, history, failure, info, environ, key, nodes)
 
 
@@ -155,6 +161,17 @@ def record(task_dir: Path, history: Dict[str, Any], event: Mapping[str, Any]) ->
     history["restarts_in_place"] = history.get("restarts_in_place", 0) + 1
     history.setdefault("events", []).append(dict(event))
     atomic.write_text(Path(task_dir) / nodefail.HISTORY, json.dumps(history, indent=1))
+
+
+def held_error(state: Mapping[str, Any]) -> str:
+    """The error a failed rank of the last step held in its folder (hpc.rundir.notify.failed, its HINT
+    included), or '' where none did (a rank killed, a segfault)."""
+    for path in sorted(Path(os.path.dirname(state.get("request") or "")).glob("failed-*.json")):
+        try:
+            return str(json.loads(path.read_text()).get("text") or "")
+        except (OSError, ValueError):
+            continue
+    return ""
 
 
 def _per_node(environ: Mapping[str, str]) -> int:
