@@ -35,6 +35,10 @@ CASES = {
     "stopped_gracefully": ([("7", 0, 0, 100, "PREEMPTED", 1, 0), ("7", 1, 110, 150, "COMPLETED", 1, 10)],
                            [dict(rec("7", first=10, saves=[(10, 40, 1), (17, 90, 3)], stall=3, ended=92, end="stopped"), step=17),
                             rec("7", 1, resumed=17, first=120, ended=150, end="completed")]),
+    # a hang: the watchdog's verdict requeued it (os._exit, no end recorded) 30 s after its last save of step 20
+    "hung_then_resumed": ([("7", 0, 0, 100, "REQUEUED", 2, 5), ("7", 1, 120, 200, "COMPLETED", 2, 20)],
+                          [dict(rec("7", first=10, saves=[(10, 40, 1), (20, 70, 2)], stall=2), step=20),
+                           rec("7", 1, resumed=20, first=130, ended=190, end="completed")]),
     "failed_last": ([("8", 0, 0, 80, "FAILED", 1, 0)],
                     [rec("8", first=20, saves=[(5, 50, 1)], stall=1)]),
     "no_record": ([("9", 0, 0, 30, "PREEMPTED", 8, 0), ("9", 1, 40, 70, "COMPLETED", 8, 10)], []),
@@ -72,6 +76,12 @@ def test_a_kill_redoes_the_steps_after_the_checkpoint_resumed_from():
     assert second.seconds["startup"] == 10 and second.seconds["teardown"] == 10
     whole = goodput.total([first, second])
     assert whole.allocated_s == 2 * (100 + 80) and whole.queued_s == 25  # unit-seconds; queue in wall time
+
+
+def test_a_hang_redoes_what_followed_its_last_save_though_its_record_names_that_step():
+    first, _ = splits("hung_then_resumed")
+    assert first.seconds == {"startup": 10, "training": 58, "redone": 30, "checkpoint": 2, "teardown": 0,
+                             "failures": 0}
 
 
 def test_a_graceful_stop_redoes_nothing_and_its_exit_is_teardown():

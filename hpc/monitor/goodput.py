@@ -12,7 +12,8 @@ from, and that checkpoint's time is the kept mark K. On the attempt's span S..E,
     start-up    S..F      job start to the first step (imports, the process group, loading a checkpoint)
     training    F..K      less the checkpoint stalls in it: steps that count
     redone      K..T      less the stalls in it: steps a later attempt ran again (or, on the last
-                          attempt that failed, steps lost)
+                          attempt that failed, steps lost); on an attempt whose record has no end (a
+                          hang's verdict or a kill ended it), K..E, the hang's wait included
     checkpoint  the time checkpoint saves held the loop (rank 0's measure)
     teardown    T..E      the stop and exit after the loop ended: a stop's checkpoint, the requeue
     failures    on an attempt that failed (an error, a node failure, a refused resume): K..E in place
@@ -117,8 +118,10 @@ def split(attempt: Attempt, rec: Optional[Mapping[str, Any]], nxt: Optional[Mapp
     before = _clamp(stall_k, 0.0, k - f)
     after = _clamp(float(rec.get("stall_s") or 0.0) - float(stall_k or 0.0), 0.0, t - k)
     out.seconds.update(startup=f - s, training=k - f - before, checkpoint=before + after)
-    # no step ran after the kept checkpoint (a stop saves the step it stopped at): nothing was redone
-    after_k = "failures" if failed else "teardown" if kept is not None and rec.get("step") == kept else "redone"
+    # a stop saves the step it stopped at: after that checkpoint, no step ran and nothing was redone. An
+    # attempt whose end is not recorded (a hang's verdict, a kill) ran steps past its last save unrecorded
+    stopped_there = rec.get("end") == "stopped" and kept is not None and rec.get("step") == kept
+    after_k = "failures" if failed else "teardown" if stopped_there else "redone"
     out.seconds[after_k] += t - k - after
     out.seconds["failures" if failed else "teardown"] += e - t
     out.spans = [(a, b, part) for a, b, part in ((s, f, "startup"), (k, t, after_k),
