@@ -10,18 +10,15 @@ from datetime import datetime
 
 import pytest
 
-from hpc.pipeline import plan
 from hpc.slurm import scheduler
-from tests.slurm.test_pipeline import ROOT, counting_path, ended, job_ids, run_tiny, wait_until
+from tests.slurm.test_pipeline import counting_path, ended, job_ids, run_tiny, wait_until
+from tests.slurm.pipelines import use_pipelines
 
 pytestmark = pytest.mark.slurm
 ONE_RANK = ("stages.second.nodes=1", "stages.second.tasks_per_node=1")
 
 
-@pytest.fixture(autouse=True)
-def tiny(monkeypatch):
-    monkeypatch.setitem(plan.PIPELINES, "tiny", "tests.tiny_pipeline")
-    monkeypatch.chdir(ROOT)  # jobs import tests.tiny_pipeline from the submission directory
+tiny = use_pipelines(tiny="tests.tiny_pipeline")
 
 
 @pytest.fixture

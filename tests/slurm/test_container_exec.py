@@ -20,22 +20,17 @@ import pytest
 from hpc import submit
 from hpc.cluster.preempt import job_field, preempt
 from hpc.container import carry
-from hpc.pipeline import plan
 from hpc.recovery.hangs import HANGS, REPORT
 from hpc.rundir.run import RunDir
 from tests.box import boxed
 from tests.slurm.requeue_helpers import release
 from tests.slurm.test_pipeline import ended, wait_until
+from tests.slurm.pipelines import use_pipelines
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slurm
 
 
-@pytest.fixture(autouse=True)
-def box_pipeline(monkeypatch):
-    monkeypatch.setitem(plan.PIPELINES, "box", "tests.container_pipeline")
-    monkeypatch.setitem(plan.PIPELINES, "boxlimit", "tests.container_pipeline:LIMIT")
-    monkeypatch.chdir(ROOT)  # jobs import tests.container_pipeline from the submission directory
+box_pipeline = use_pipelines(box="tests.container_pipeline", boxlimit="tests.container_pipeline:LIMIT")
 
 
 def restarts(cluster, job) -> int:

@@ -25,11 +25,11 @@ from pathlib import Path
 
 import pytest
 
-from hpc.pipeline import plan
 from hpc import submit
 from hpc.cluster.preempt import job_field, preempt
 from hpc.rundir.run import DONE, RunDir
 from tests.slurm.test_pipeline import ended, wait_until
+from tests.slurm.pipelines import use_pipelines
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -39,10 +39,7 @@ pytestmark = pytest.mark.slurm
 STEPS, HOLD_AT = 8, 3
 
 
-@pytest.fixture(autouse=True)
-def elastic(monkeypatch):
-    monkeypatch.setitem(plan.PIPELINES, "elastic", "tests.elastic_pipeline")
-    monkeypatch.chdir(ROOT)  # jobs import tests.elastic_pipeline from the submission directory
+elastic = use_pipelines(elastic="tests.elastic_pipeline")
 
 
 def submit_train(run_dir: Path, *overrides: str) -> RunDir:

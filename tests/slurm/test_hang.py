@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from hpc.pipeline import plan
 from hpc import submit
 from hpc.monitor import status, table
 from hpc.cluster.preempt import job_field
@@ -22,15 +21,12 @@ from hpc.rundir.run import DONE, RunDir
 from tests.slurm.test_pipeline import ended, wait_until
 from tests.slurm.requeue_helpers import release
 from tests.test_notify import Hook
+from tests.slurm.pipelines import use_pipelines
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slurm
 
 
-@pytest.fixture(autouse=True)
-def hang_pipeline(monkeypatch):
-    monkeypatch.setitem(plan.PIPELINES, "hang", "tests.hang_pipeline")
-    monkeypatch.chdir(ROOT)  # jobs import tests.hang_pipeline from the submission directory
+hang_pipeline = use_pipelines(hang="tests.hang_pipeline")
 
 
 def reports(out: Path) -> list:

@@ -12,28 +12,23 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from faults.nodes import bring_back, fail_node
 from hpc.recovery import nodefail
-from hpc.pipeline import plan
 from hpc import submit
 from hpc.cluster.preempt import job_field, release_hold
 from hpc.rundir.run import DONE, RunDir
 from tests.box import boxed
 from tests.slurm.test_pipeline import ended, job_ids, wait_until
+from tests.slurm.pipelines import use_pipelines
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slurm
 STEPS, HOLD_AT = 5, 3
 
 
-@pytest.fixture(autouse=True)
-def pipelines(monkeypatch):
-    monkeypatch.setitem(plan.PIPELINES, "elastic", "tests.elastic_pipeline")
-    monkeypatch.chdir(ROOT)  # jobs import tests.* from the submission directory
+pipelines = use_pipelines(elastic="tests.elastic_pipeline")
 
 
 @pytest.fixture

@@ -15,20 +15,15 @@ import pytest
 
 from hpc import submit
 from hpc.cluster.preempt import job_field, release_hold
-from hpc.pipeline import plan
 from hpc.recovery import nodecheckrecord
 from hpc.rundir.run import DONE, RunDir
 from tests.slurm.test_pipeline import ended, job_ids, wait_until
+from tests.slurm.pipelines import use_pipelines
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slurm
 
 
-@pytest.fixture(autouse=True)
-def pipelines(monkeypatch):
-    monkeypatch.setitem(plan.PIPELINES, "elastic", "tests.elastic_pipeline")
-    monkeypatch.setitem(plan.PIPELINES, "tiny", "tests.tiny_pipeline")
-    monkeypatch.chdir(ROOT)  # jobs import tests.* from the submission directory
+pipelines = use_pipelines(elastic="tests.elastic_pipeline", tiny="tests.tiny_pipeline")
 
 
 def fails_on(node):

@@ -9,26 +9,21 @@ import subprocess
 import sys
 import time
 from datetime import datetime
-from pathlib import Path
 
 import pytest
 
-from hpc.pipeline import plan
 from hpc.slurm import scheduler
 from hpc import submit
 from hpc.monitor import status, table
 from hpc import status as status_cmd
 from hpc.rundir.run import RunDir
 from tests.test_notify import Hook
+from tests.slurm.pipelines import ROOT, use_pipelines
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slurm
 
 
-@pytest.fixture(autouse=True)
-def tiny(monkeypatch):
-    monkeypatch.setitem(plan.PIPELINES, "tiny", "tests.tiny_pipeline")
-    monkeypatch.chdir(ROOT)  # jobs import tests.tiny_pipeline from the submission directory
+tiny = use_pipelines(tiny="tests.tiny_pipeline")
 
 
 def run_tiny(run_dir, *overrides):

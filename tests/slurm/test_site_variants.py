@@ -14,24 +14,20 @@ from pathlib import Path
 
 import pytest
 
-from hpc.pipeline import plan
 from hpc.slurm import scheduler
 from hpc import submit
 from hpc.monitor import status, table
 from hpc.rundir.run import RunDir
 from tests.slurm.test_pipeline import wait_until
+from tests.slurm.pipelines import use_pipelines
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slurm
 # tqdm's redraws as a task writes them to its stderr log, then the task works until its time limit
 TQDM_THEN_SLEEP = ("import sys, time; from tqdm import tqdm; bar = tqdm(total=300, file=sys.stderr, mininterval=0); "
                    "[bar.update(1) for _ in range(164)]; sys.stderr.flush(); time.sleep(300)")
 
 
-@pytest.fixture(autouse=True)
-def tiny(monkeypatch):
-    monkeypatch.setitem(plan.PIPELINES, "tiny", "tests.tiny_pipeline")
-    monkeypatch.chdir(ROOT)  # jobs import tests.tiny_pipeline from the submission directory
+tiny = use_pipelines(tiny="tests.tiny_pipeline")
 
 
 def bare_run(path: Path) -> RunDir:

@@ -14,10 +14,9 @@ import pytest
 
 from hpc import submit
 from hpc.cluster import LocalCluster
-from hpc.pipeline import plan
 from hpc.rundir.run import RunDir
+from tests.slurm.pipelines import register
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slurm
 
 
@@ -25,8 +24,7 @@ pytestmark = pytest.mark.slurm
 def limited(limits_cluster, site_env, monkeypatch, tmp_path):
     """The limits cluster's shell, a user cache of this test's own (the limit read is kept there),
     and an empty queue at the start and the end."""
-    monkeypatch.setitem(plan.PIPELINES, "tiny", "tests.tiny_pipeline")
-    monkeypatch.chdir(ROOT)  # jobs import tests.tiny_pipeline from the submission directory
+    register(monkeypatch, tiny="tests.tiny_pipeline")
     monkeypatch.setenv("HPC_CACHE_DIR", str(tmp_path / "cache"))
     site_env(limits_cluster)
     limits_cluster.run(["scancel", "-u", getpass.getuser()], check=False)
