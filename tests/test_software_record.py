@@ -108,3 +108,36 @@ def test_an_unknown_same_software_policy_is_refused_at_submission(tmp_path):
                                               r"\. HINT"):
         hpc.submit("tests.tiny_pipeline", cluster="local", run_dir=tmp_path / "run", dry_run=True,
                    overrides=["resume.same_software=always"])
+
+
+def image(path: Path, size: int, fill: bytes, head: bytes = b"hsqs") -> Path:
+    """A squashfs-like image file of `size` bytes: its magic, then `fill` repeated, its time fixed."""
+    data = (head + fill * (size // len(fill) + 1))[:size]
+    path.write_bytes(data)
+    os.utime(path, ns=(10**18, 10**18))
+    return path
+
+
+def test_the_container_image_is_stamped_by_its_content_not_its_size_and_time(tmp_path):
+    from hpc.rundir import imagestamp
+
+    size = 3 * imagestamp.SAMPLES * imagestamp.BLOCK  # sampled, not hashed whole
+    first = software.record(environ={"APPTAINER_CONTAINER": str(image(tmp_path / "a.sqsh", size, b"v1"))})
+    # rebuilt in place: the same size and modification time, other bytes (a squashfs's tables move)
+    rebuilt = software.record(environ={"APPTAINER_CONTAINER": str(image(tmp_path / "a.sqsh", size, b"v2"))})
+    assert first["image"].startswith(f"apptainer:{tmp_path / 'a.sqsh'}@squashfs:sample-sha256:"), first["image"]
+    assert software.differences(first, rebuilt) == [f"image {first['image']} -> {rebuilt['image']}"]
+    # the same image copied elsewhere, with another time: the same software
+    copy = tmp_path / "elsewhere.sqsh"
+    copy.write_bytes((tmp_path / "a.sqsh").read_bytes())
+    moved = software.record(environ={"APPTAINER_CONTAINER": str(copy)})
+    assert software.differences(rebuilt, moved) == [] and software.digest(rebuilt) == software.digest(moved)
+    sif = image(tmp_path / "b.sif", 1000, b"x", head=b"#!/usr/bin/env run-singularity\n\0SIF_MAGIC")
+    assert imagestamp.stamp(str(sif)).startswith("sif:sha256:")  # small: hashed whole
+    digest = "ab" * 32
+    (tmp_path / "oci").mkdir()
+    (tmp_path / "oci" / "index.json").write_text(json.dumps({"manifests": [{"digest": f"sha256:{digest}"}]}))
+    assert imagestamp.stamp(str(tmp_path / "oci")) == f"oci:sha256:{digest}"
+    assert imagestamp.stamp(f"nvcr.io#nvidia/pytorch@sha256:{digest}") == f"ref:sha256:{digest}"
+    assert software.record(environ={"HPC_CONTAINER_IMAGE": "nvcr.io#nvidia/pytorch:24.01"})["image"] == \
+        "image:nvcr.io#nvidia/pytorch:24.01"  # a reference not pinned to a digest: its name alone

@@ -24,6 +24,7 @@ Parts::
     tracking.py   run ids for experiment trackers, the same in every attempt
     attempts.py   each attempt of a task as rank 0 saw it: software, first step, checkpoints, end
     software.py   what an attempt runs on: torch, CUDA, NCCL, driver, GPU, Python, hpc, packages, image
+    imagestamp.py the container image stamped by its content, 1 MiB read whatever its size
     notify.py     the messages a run's jobs send about it (webhook, command), once per event per run
 
 Imports no torch: submission and status read it.

@@ -9,10 +9,12 @@ read), and the packages' digest is over them; torch's and CUDA's versions come f
 modules when the process has imported torch, else from the text of torch/version.py; NCCL's from
 torch when CUDA is up, else from its nvidia-nccl package; the driver and GPU model from
 /proc/driver/nvidia (no nvidia-smi). The container image is named
-by the variable its runtime sets (Apptainer's; HPC_CONTAINER_IMAGE elsewhere) and stamped by its size and time:
-hashing a multi-gigabyte image at every start would cost more than the attempt's first steps.
-differences() says, field by field, what changed between two records; the fields a resumed run's
-bitwise promise rests on are all of them.
+by the variable its runtime sets (Apptainer's; HPC_CONTAINER_IMAGE elsewhere) and stamped by its content
+(hpc.rundir.imagestamp: a pinned digest, an OCI manifest's, else a hash of 1 MiB sampled over the file:
+hashing a multi-gigabyte image whole at every start would cost more than the attempt's first steps).
+differences() says, field by field, what changed between two records (the image by its stamp, where
+both have one: a copy elsewhere is the same image); the fields a resumed run's bitwise promise rests on
+are all of them.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
 import hpc
+from hpc.rundir import imagestamp
 
 NVIDIA = Path("/proc/driver/nvidia")
 # runtime -> the variables that name the image inside it
@@ -105,15 +108,13 @@ def _driver_and_gpu(root: Path = NVIDIA) -> Dict[str, Optional[str]]:
 
 
 def _image(environ: Mapping[str, str]) -> Optional[str]:
-    """'runtime:name@size-mtime' of the container this process runs in, or None on the host."""
+    """'runtime:name@stamp' of the container this process runs in (hpc.rundir.imagestamp: its content,
+    cheaply), 'runtime:name' where it cannot be read, None on the host."""
     for runtime, var in IMAGE_VARS:
         name = environ.get(var)
         if name:
-            try:
-                st = os.stat(name)
-                return f"{runtime}:{name}@{st.st_size}-{st.st_mtime_ns}"
-            except OSError:
-                return f"{runtime}:{name}"
+            found = imagestamp.stamp(name)
+            return f"{runtime}:{name}" + (f"@{found}" if found else "")
     return None
 
 
@@ -141,11 +142,20 @@ def record(modules: Mapping[str, Any] = sys.modules, environ: Mapping[str, str] 
     return out
 
 
+def _compared(field: str, value: Any) -> Any:
+    """What a field is compared by: its value; an image stamped by its content, by that stamp alone
+    (a copy of the same image elsewhere is the same software)."""
+    if field == "image" and isinstance(value, str) and "@" in value:
+        return value.rpartition("@")[2]
+    return value
+
+
 def digest(rec: Mapping[str, Any]) -> str:
-    """One short digest of a record: equal records, equal digests."""
-    return hashlib.sha256(json.dumps([rec.get(f) for f in FIELDS]).encode()).hexdigest()[:12]
+    """One short digest of a record: records that differences() finds equal, equal digests."""
+    return hashlib.sha256(json.dumps([_compared(f, rec.get(f)) for f in FIELDS]).encode()).hexdigest()[:12]
 
 
 def differences(before: Mapping[str, Any], after: Mapping[str, Any]) -> List[str]:
-    """'torch 2.3.0 -> 2.4.0' for each field that changed (the packages by their digest)."""
-    return [f"{f} {before.get(f) or '-'} -> {after.get(f) or '-'}" for f in FIELDS if before.get(f) != after.get(f)]
+    """'torch 2.3.0 -> 2.4.0' for each field that changed (the packages by their digest, the image by its stamp)."""
+    return [f"{f} {before.get(f) or '-'} -> {after.get(f) or '-'}" for f in FIELDS
+            if _compared(f, before.get(f)) != _compared(f, after.get(f))]
