@@ -23,13 +23,16 @@ import pytest
 
 from faults.nodes import bring_back
 from hpc import submit
+from hpc.cluster.preempt import job_field
 from hpc.monitor import timeline
 from hpc.pipeline import plan
 from hpc.recovery import nodefail
 from hpc.recovery.hangs import HANGS, REPORT
 from hpc.rundir.run import DONE, RunDir
+from hpc.slurm import hostlist
 from tests.box import boxed
 from tests.slurm.requeue_helpers import release, steps_of, submit_run
+from tests.slurm.test_nodecheck import fails_on
 from tests.slurm.test_pipeline import ended, job_ids, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -234,6 +237,41 @@ def test_a_node_range_without_a_spare_shrinks_in_place(slurm_cluster, reference,
     same_training(out, reference, ATOL)  # another world size: the ranks' sums in another order
 
 
+@pytest.mark.parametrize("stop", ["preempted", "node failed"])
+def test_a_spare_stage_with_its_spare_used_up_is_requeued_without_the_runs_bad_nodes(slurm_cluster, failing,
+                                                                                     tmp_path, stop):
+    """The job's first node fails its check (the site's command) and the spare takes its place; the run avoids
+    that node from its first failure (avoid_after=1). Then a stop from outside (scancel --signal=TERM, requeued
+    as a preemption) or the loss of the node the ranks train on (no spare left): either requeue excludes the
+    avoided node, the second the failed one too, and asks for the spare again. (Two nodes: the requeued
+    job cannot start here, and is cancelled.)"""
+    bad, good = slurm_cluster.nodes[:2]
+    release_file = tmp_path / "release"
+    run = train(tmp_path / "run", "stages.train.spare_nodes=1", "inplace.hold_at=3", f"inplace.release={release_file}",
+                fails_on(bad).format("train"), "stages.train.node_check.avoid_after=1")
+    out, (job,) = run.task_dir("train"), job_ids(run).values()
+    wait_until(lambda: (out / "checkpoints" / "step-2" / "COMPLETE.json").is_file(), 180, "the checkpoint of step 2")
+    if stop == "preempted":
+        subprocess.run(["scancel", "--signal=TERM", job], check=True)
+    else:
+        failing.append(good)
+        slurm_cluster.run(["scontrol", "update", f"nodename={good}", "state=fail", "reason=hpc-restart-in-place-test"])
+        kill_ranks_on(out, attempts(out)[0]["tag"], good)
+    release_file.touch()
+    try:
+        wait_until(lambda: job_field(slurm_cluster, job, "Restarts") == "1" and job_field(
+            slurm_cluster, job, "JobState") == "PENDING", 120, "the requeue")
+        excluded = set(hostlist.expand(job_field(slurm_cluster, job, "ExcNodeList")))
+        assert excluded == ({bad} if stop == "preempted" else {bad, good}), excluded
+        assert job_field(slurm_cluster, job, "NumNodes").startswith("2"), "the spare is asked for again"
+    finally:
+        subprocess.run(["scancel", job], check=False)
+    assert [a["tag"].split("-")[1:3] for a in attempts(out)] == [["0", "0"]]  # no step on the bad node
+    if stop == "node failed":
+        (event,) = [e for e in history(out)["events"] if e["kind"] == "node_failure"]
+        assert event["exclude"] == [bad, good] and event["failed_nodes"] == [good], event
+
+
 # A `run` stage's own script: each rank counts its steps in HPC_CHECKPOINT_DIR and resumes from its count;
 # rank 1 dies at step 5 of the allocation's first step.
 CRASHING_SCRIPT = """\
@@ -253,17 +291,65 @@ while step < 10:
 """
 
 
-def test_a_run_script_whose_rank_dies_restarts_in_place_and_resumes_itself(slurm_cluster, tmp_path):
-    script = tmp_path / "crashing.py"
-    script.write_text(CRASHING_SCRIPT)
+def run_script(tmp_path: Path, text: str, timeout_s: float = 240) -> tuple:
+    """A `run` stage of one node x 2 ranks running `text`: (its run, its job, its sacct record) once ended."""
+    script = tmp_path / "script.py"
+    script.write_text(text)
     job = submit_run(tmp_path / "run", script)
     run = RunDir(tmp_path / "run")
-    finished_run = wait_until(lambda: (r := ended(run)) and r, 240, "the job's end")
-    assert (finished_run[job].state, finished_run[job].restarts) == ("COMPLETED", 0), finished_run[job]
+    return run, job, wait_until(lambda: (r := ended(run)) and r, timeout_s, "the job's end")[job]
+
+
+def test_a_run_script_whose_rank_dies_restarts_in_place_and_resumes_itself(slurm_cluster, tmp_path):
+    run, job, record = run_script(tmp_path, CRASHING_SCRIPT)
+    assert (record.state, record.restarts) == ("COMPLETED", 0), record
     out = run.task_dir("main")
     ckpt = next(p.parent for p in out.rglob("steps-rank0"))
     assert [steps_of(ckpt, r) for r in (0, 1)] == [10, 10]
     assert int((ckpt / "started-1-1").read_text()) == 5  # rank 1 resumed from its own count
     (event,) = restarts_in_place(out)
-    assert event["failure"] == "crash", event
+    assert event["failure"] == "error", event  # its runner raised: the script exited 3
 
+
+def wrapper_lines(run: RunDir, job: str) -> list:
+    """What hpc's srun wrapper said in the job's log about each failed srun step."""
+    text = (run.path / "main" / "logs" / job / f"{job}_0_log.err").read_text()
+    return [line for line in text.splitlines() if line.startswith("[hpc] srun exited")]
+
+
+def test_a_script_that_fails_at_once_restarts_once_then_ends_failed_with_its_error(slurm_cluster, tmp_path):
+    """A deterministic error (the script raises before any checkpoint) is not retried in a loop: one restart
+    in place, then the job ends FAILED, its last line naming the error and where to read it."""
+    run, job, record = run_script(tmp_path, "raise ValueError('learning_rate must be positive')\n", 120)
+    assert (record.state, record.restarts) == ("FAILED", 0), record
+    (event,) = restarts_in_place(run.task_dir("main"))
+    assert (event["failure"], event["progress"]) == ("error", None), event
+    first, last = wrapper_lines(run, job)
+    assert "restart in place 1 of at most 3, from the start (no checkpoint yet)" in first, first
+    assert ("not restarted in place: a rank exited with an error before any checkpoint again, as before the last "
+            "restart in place; the job ends failed: RuntimeError: command") in last, last
+    assert "HINT: python -m hpc.logs" in last, last
+
+
+# Each rank counts its runs; rank 1 dies (SIGABRT, as a torch teardown crash at interpreter exit) once the
+# task's done marker says its work is complete.
+ABORT_AFTER_DONE = """\
+import os, pathlib, time
+ckpt = pathlib.Path(os.environ["HPC_CHECKPOINT_DIR"]); ckpt.mkdir(parents=True, exist_ok=True)
+with open(ckpt / f"runs-rank{os.environ['RANK']}", "a") as f:
+    f.write(os.environ.get("HPC_RESTART_IN_PLACE", "0") + "\\n")
+if os.environ["RANK"] == "1":
+    until = time.monotonic() + 60
+    while not (ckpt.parent / "done").exists() and time.monotonic() < until:
+        time.sleep(0.1)
+    os.abort()
+"""
+
+
+def test_a_rank_that_dies_after_its_task_is_done_costs_no_rerun(slurm_cluster, tmp_path):
+    run, job, record = run_script(tmp_path, ABORT_AFTER_DONE, 120)
+    assert (record.state, record.restarts) == ("COMPLETED", 0), record
+    ckpt = run.task_dir("main") / "checkpoints"
+    assert [(ckpt / f"runs-rank{r}").read_text() for r in (0, 1)] == ["0\n", "0\n"]  # each rank ran once
+    (line,) = wrapper_lines(run, job)
+    assert "the task had finished its work" in line and "the job ends completed" in line, line
