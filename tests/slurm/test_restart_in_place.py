@@ -125,7 +125,9 @@ def test_a_killed_rank_restarts_in_place_from_its_checkpoint(reference, tmp_path
     assert 1 <= second["resumed_from"] <= 3, second  # the newest complete checkpoint before the kill
     assert first["tag"].split("-")[:2] == second["tag"].split("-")[:2]  # the same job, the same SLURM attempt
     (event,) = restarts_in_place(out)
-    assert (event["failure"], event["in_place"], event["progress"]) == ("crash", 1, second["resumed_from"]), event
+    # "error" where its peer's collective error reached the step's folder before srun ended that rank
+    assert event["failure"] in ("crash", "error") and (event["in_place"], event["progress"]) == (
+        1, second["resumed_from"]), event
     same_training(out, reference)
     text = status_text(run)
     assert "1 restart(s) in place" in text and "a rank crashed" in text, text
