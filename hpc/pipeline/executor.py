@@ -7,10 +7,11 @@ StageTask is what submitit pickles: the run directory, the stage name, the array
 it exports the task's variables (HPC_CHECKPOINT_DIR, the tracker ids of hpc.rundir.tracking, the
 snapshot's PYTHONPATH), moves into the snapshot (hpc.rundir.snapshot), imports the target from there,
 builds a StageContext, calls the target, and rank 0 writes the done marker. A requeued job unpickles
-the same task, so it runs the same snapshot. On SIGUSR2 (time limit near) submitit calls
-checkpoint(), which resubmits the same task (snapshot included); it resumes from what the stage
-saved under its task directory. Preemption (SIGTERM, PreemptMode=REQUEUE) is requeued by SLURM
-itself with the same job id. submit_array() submits an array whose task ids are chosen by the plan
+the same task, so it runs the same snapshot; a task whose done marker is written never runs again (a
+job requeued or restarted in place after the work was whole returns the recorded result). On SIGUSR2
+(time limit near) submitit calls checkpoint(), which resubmits the same task (snapshot included); it
+resumes from what the stage saved under its task directory. Preemption (SIGTERM, PreemptMode=REQUEUE)
+is requeued by SLURM itself with the same job id. submit_array() submits an array whose task ids are chosen by the plan
 (aftercorr after a partial resubmission, hpc.pipeline.arrays), not submitit's 0..n-1. Every sbatch
 of either carries a token and is queued once however SLURM answers (hpc.pipeline.submitonce).
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import json
 import os
 import time
 from dataclasses import dataclass
@@ -28,7 +30,7 @@ from hpc.config import defaults
 from hpc.fs import atomic
 from hpc.pipeline import arraytasks
 from hpc.rundir import logdirs, tracking
-from hpc.rundir.run import RunDir, task_key
+from hpc.rundir.run import DONE, RunDir, task_key
 from hpc.rundir.snapshot import JobCode
 from hpc.rundir.sweepdir import SweepDir, is_sweep
 
@@ -76,6 +78,8 @@ class StageTask:
 
         started = time.time()
         run = RunDir(self.run_dir)
+        if run.is_done(self.stage, self.item):  # a requeue or restart of a job whose task had finished its work
+            return _recorded(run, self.stage, self.item)
         missing = [task_key(*k) for k in getattr(self, "needs", ()) if not run.is_done(*k)]  # older pickles: none
         if missing:
             raise RuntimeError(f"{task_key(self.stage, self.item)} did not run: {', '.join(missing)} has no done "
@@ -134,6 +138,21 @@ class StageTask:
         return submitit.helpers.DelayedSubmission(StageTask(
             self.run_dir, self.stage, self.target, self.item, self.task_index, getattr(self, "needs", ()),
             getattr(self, "code", None), getattr(self, "run_id", "")))
+
+
+def _recorded(run: RunDir, stage: str, item: Any) -> Any:
+    """The result a finished task recorded in its done marker, said in one line: its job requeued or
+    restarted after the work was whole (a rank that died at interpreter exit, a preemption within the
+    last step) runs nothing again."""
+    path = run.task_dir(stage, item) / DONE
+    try:
+        info = json.loads(path.read_text())
+    except (OSError, ValueError):
+        info = {}
+    info = info if isinstance(info, dict) else {}
+    print(f"[hpc] {task_key(stage, item)} finished already (its done marker {path}, written by job "
+          f"{info.get('job_id', '?')}): not run again", flush=True)
+    return info.get("result")
 
 
 def _local_env() -> Any:

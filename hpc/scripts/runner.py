@@ -18,6 +18,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -26,6 +27,7 @@ from typing import Any, Callable, List, Mapping, Optional
 from hpc.fs import atomic
 from hpc.recovery import deadline, hostact, preemption, scriptproc, verdict
 from hpc.rundir import attempts, notify
+from hpc.scripts import scriptexit
 
 # Rank 0's stop decision for the attempt that wrote it, in the task's checkpoint directory.
 DECISION_FILE = "stop-decision.json"
@@ -56,8 +58,9 @@ def run_argv(ctx: Any, argv: List[str], max_timeouts: int, launch: bool = True,
     record = attempts.AttemptLog.here(ctx.stage_dir, ctx.env.rank == 0, "run")
     seen = attempts.checkpoints_seen(ctx.stage_dir) if record.main else []
     record.start(seen[-1][0] if seen else 0)  # the script resumes from the newest committed step-N/, if any
-    with StopFlag() as flag:
+    with StopFlag() as flag, tempfile.TemporaryDirectory(prefix="hpc-exit-") as exits:
         timeout_signal = next(num for num, kind in flag.kinds.items() if kind == "timeout")
+        env[scriptexit.ENV] = exits  # where the script's interpreter records a clean exit
         proc = scriptproc.start(cmd, env, cwd and str(cwd), held=timeout_signal)
         record.first_step()  # seen from outside: the script's start (its own start-up counts as running)
         attempt = {"job": str(ctx.env.job_id), "restart": str(ctx.env.restart_count)}
@@ -66,8 +69,8 @@ def run_argv(ctx: Any, argv: List[str], max_timeouts: int, launch: bool = True,
         with (watch(proc.pid) if watch else contextlib.nullcontext()) as watcher:
             hung = watcher.fired.is_set if watcher is not None and ctx.env.rank == 0 else None
             outcome = scriptproc.supervise(proc, flag, warn, stop_now, preempt_as=preempt_as, interrupt=hung)
-            if outcome == "exited":
-                code = proc.returncode
+            if outcome == "exited":  # a crash in its teardown after a clean exit is no failure
+                code = scriptexit.status(proc.returncode, exits, proc.pid, ctx.env.rank)
                 if _killed_by_stop_signal(code, flag):
                     _await_own_signal(flag)
                 decision = agree_on_stop(ctx, flag, checkpoints, max_timeouts)

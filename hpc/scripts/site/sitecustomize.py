@@ -1,5 +1,6 @@
-"""Put on a user's script's PYTHONPATH by hpc (framework presets hf and accelerate): installs
-hpc.scripts.hooks, then runs the sitecustomize this one hides, if the environment has one.
+"""Put on a user's script's PYTHONPATH by hpc: registers the exit that destroys a process group left
+initialised and records a clean exit (hpc.scripts.scriptexit), installs hpc.scripts.hooks (framework
+presets hf and accelerate), then runs the sitecustomize this one hides, if the environment has one.
 
 In a container, the copy of hpc and its requirements that hpc carries in (hpc.container.carry) is first
 on PYTHONPATH: the script's own imports of omegaconf, yaml, tqdm, ... must find the image's versions,
@@ -17,6 +18,14 @@ if os.environ.get("HPC_STACKS_SIGNAL", "").isdigit():  # hpc's hang watchdog ask
     import faulthandler
 
     faulthandler.register(int(os.environ["HPC_STACKS_SIGNAL"]), all_threads=True, chain=False)
+
+if os.environ.get("HPC_EXIT_RECORD"):  # hpc.scripts.scriptexit.ENV: the wrapper reads what a clean exit writes
+    try:
+        from hpc.scripts import scriptexit as _hpc_exit
+
+        _hpc_exit.install(os.environ)  # first of the atexit functions, so it runs last
+    except Exception as _err:  # noqa: BLE001 - never stop the script
+        print(f"[hpc] exit record not installed: {_err}", file=sys.stderr, flush=True)
 
 if os.environ.get("HPC_HOOKS"):
     try:
