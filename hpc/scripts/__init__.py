@@ -12,7 +12,8 @@ Parts::
     resume.py          the resume contract: $HPC_* placeholders, --resume-if/--resume-args, set aside, kept copies
     presets.py         framework presets (Lightning, HF Trainer, Accelerate, torchtitan, none) and `auto`
     hooks.py           the HF Trainer's and Accelerate's hooks, in the script's interpreter
-    site/              the sitecustomize that installs them, and the stacks signal
+    site/              the sitecustomize that installs them, the exit below, and the stacks signal
+    scriptexit.py      the script's exit: a process group left initialised destroyed, a clean exit recorded
     accelerate_cfg.py  an `accelerate config` file as the variables `accelerate launch` exports; per-node launch
     scriptwatch.py     the hang watchdog: rank 0's output as the heartbeat, every rank's stacks, the suspect
     checks.py          mistakes refused before submission: a framework the interpreter lacks, a node range
