@@ -82,6 +82,7 @@ def campaigns() -> List[Campaign]:
     from faults.qoslimits import qos_limits
     from faults.resume import dropout_resume
     from faults.submitfaults import empty_squeue, queued_then_timeout
+    from faults.teardown import script_exits
 
     return [
         Campaign("SIGKILL during saves, thread writer", _sigkill("thread"), 60, 4),
@@ -100,6 +101,8 @@ def campaigns() -> List[Campaign]:
                  _normal_exits("trainloop-ddp"), 200, 4),
         Campaign("normal exits of a 2 x 2 TrainLoop job under FSDP (DCP's second group), srun --kill-on-bad-exit",
                  _normal_exits("trainloop-fsdp"), 200, 4),
+        Campaign("scripts ending without destroy_process_group(), under the run wrapper's exit", script_exits,
+                 100, 2),
         Campaign("a rank hung (SIGSTOP, or asleep in its step): watchdog", hung_ranks, 10, 2),
         Campaign("a node failed under a 2-node training job: requeued without it", node_failures, 5, 1),
         Campaign("a rank killed or hung 3 times in one job: restarted in place each time", repeated_restarts, 3, 1),
@@ -223,6 +226,7 @@ def _finish(sec: Section, injected: int, lost: int, not_run: List[str], carried:
         "lost: a committed checkpoint that did not load afterwards; a load that raised, returned "
         "None once a checkpoint existed, or mixed files of two steps; a resumed run whose parameters "
         "are not torch.equal to the uninterrupted run's; a second writer let in; a manifest entry missing; "
+        "a run script's rank that ended normally and was counted as failed; "
         "a job whose node failed that did not end COMPLETED off the node, resumed from its newest "
         "checkpoint, with the uninterrupted run's model (within 1e-12: 4 ranks became 2); a job restarted in place "
         "that was requeued, missed a restart, trained a step twice or not at all, or ended with another model; a preempted job whose "
