@@ -154,7 +154,8 @@ def slurm_cluster():
     # A cluster already running in HPC_TEST_CLUSTER_DIR belongs to whoever started it: reuse, leave up.
     owned = not cluster.is_up()
     if owned:
-        cluster = _start(lambda d: LocalCluster(d, **_cluster_args("main")), directory)
+        # nodes of 8 GPUs and 8 CPUs: a whole node holds 8 one-GPU items packed (tests/slurm/test_packing.py)
+        cluster = _start(lambda d: LocalCluster(d, gpus_per_node=8, cpus_per_node=8, **_cluster_args("main")), directory)
     saved = os.environ.get("SLURM_CONF")
     os.environ.update(cluster.env())
     try:

@@ -20,7 +20,9 @@ that host for every item (packstop): once each running item has asked or ended (
 after the first asked), the first request is carried out as an unpacked job's would be (one
 `scontrol requeue`, its history recorded), and every other item is answered with the same outcome,
 recorded in its own history: the job is requeued once. The requeued job runs only the unfinished
-items, each resuming from its own checkpoint.
+items, each resuming from its own checkpoint. Items without hpc's loop end at the SIGTERM without
+asking: once every step has ended, where SLURM shows the job preempted, the driver asks for them
+(packstop.Host.stand_in), and the job is requeued once all the same.
 
 stages.X.pack_fail: `continue` (an item that fails leaves its siblings running), or `stop` (its
 siblings' steps are ended: srun's double interrupt). The driver exits 0 when every item it ran is
@@ -108,7 +110,9 @@ def drive(run_dir: str, pack: PackTask, pickle: str, shape: Dict[str, Any], envi
     print(f"[hpc] packed job: {len(todo)} item(s) to run, {skipped} done already", file=sys.stderr, flush=True)
     logs = os.path.dirname(pickle)
     job = environ.get("SLURM_ARRAY_JOB_ID") and f"{environ['SLURM_ARRAY_JOB_ID']}_{environ['SLURM_ARRAY_TASK_ID']}"
-    host = packstop.Host(run_dir, environ.get("SLURM_JOB_ID", "0"), environ.get("SLURM_RESTART_COUNT") or "0")
+    # an array task by its array's name (J_T): scontrol reads the raw id of an array's last task, which is
+    # the array's id, as every task of the array (show job lists them all, requeue requeues them all)
+    host = packstop.Host(run_dir, job or environ.get("SLURM_JOB_ID", "0"), environ.get("SLURM_RESTART_COUNT") or "0")
     steps: Dict[int, subprocess.Popen] = {}
     for n, task in todo:
         request = host.add(n)
@@ -129,6 +133,10 @@ def drive(run_dir: str, pack: PackTask, pickle: str, shape: Dict[str, Any], envi
                     stop_siblings(steps, codes, pack.tasks[n].item)
         looks += 1
         if looks % 2 == 0 or len(codes) == len(steps):
+            if len(codes) == len(steps) and not (host.said or host.stood_in):  # unfinished items that did not ask
+                left = [(n, t) for n, t in todo if not done(t) and not host.asked(n)]
+                for n, task in left if left and host.preempted() else ():
+                    host.stand_in(n, str(RunDir(task.run_dir).task_dir(task.stage, task.item)))
             host.look(running=[n for n in steps if n not in codes])
     finished = [n for n, t in todo if done(t)]
     print(f"[hpc] packed job: {len(finished)} of {len(todo)} item(s) done" + (f"; {host.said}" if host.said else ""),

@@ -10,6 +10,13 @@ without hpc's loop never asks): the first request is carried out as an unpacked 
 (hpc.recovery.nodeaction.settle_request: SLURM read, the requeue, its history), and every other one is
 answered with that outcome, recorded in its own item's history. A request that comes later gets the
 same answer. A question for the job's EndTime (a `run` item's deadline) is answered from SLURM.
+
+An item without hpc's loop never asks: at the preemption's SIGTERM it ends. Where every step has
+ended with items unfinished, nothing was settled and SLURM shows this attempt preempted (preempted:
+one scontrol call), the driver writes for each unfinished item the request its loop would have written
+(stand_in), which is settled as above. SLURM does not requeue a preempted job that ends within its
+GraceTime (Slurm 22.05): without it the job would end FAILED, where the srun wrapper of an unpacked
+job requeues it (hpc.recovery.nodeaction.after_step).
 """
 from __future__ import annotations
 
@@ -21,6 +28,8 @@ from pathlib import Path
 from typing import Any, Dict, Optional, Sequence
 
 from hpc.recovery import hostact
+
+HISTORY = ("checkpoints", "requeue.json")  # in an item's task directory: its stop record, as its loop keeps it
 
 HOST_ACTS = hostact.ENV
 SETTLE_WAIT_S = 20.0  # the longest the first request waits for its siblings' before the job is requeued
@@ -35,6 +44,7 @@ class Host:
         self.outcome: Optional[Dict[str, Any]] = None  # what the first request's settling did
         self.first_at: Optional[float] = None
         self.said = ""
+        self.stood_in = False  # whether requests were written for items that did not ask
 
     def add(self, n: int) -> str:
         """The request file of item n's step, its folder made (the ranks write there)."""
@@ -72,11 +82,29 @@ class Host:
             for n in sorted(self.pending):
                 self._answer(n)
 
+    def preempted(self) -> bool:
+        """Whether SLURM shows this attempt of the job preempted and not yet queued again."""
+        from hpc.recovery import nodefail, preemption  # only once the steps have ended, items unfinished
+
+        info = preemption.job_info(self.job_id, tries=1)
+        return nodefail.preempted(info) and not nodefail.requeued(info, int(self.restart or 0))
+
+    def stand_in(self, n: int, task_dir: str) -> None:
+        """Item n's preemption request written for it, as its loop would have (its step has ended)."""
+        from hpc.config import defaults  # only at a stop
+
+        self.stood_in = True
+        hostact.ask(self.paths[n], {"reason": "preempt", "history": os.path.join(task_dir, *HISTORY),
+                                    "job_id": self.job_id, "restart": int(self.restart or 0),
+                                    "max_timeouts": defaults.MAX_TIMEOUTS})
+
     def _settle_first(self) -> None:
         from hpc.recovery import nodeaction  # only at a stop
 
         n = min(self.pending)
         path = self.paths[n]
+        if str(self.pending[n].get("job_id")) != self.job_id:  # a rank names its job by SLURM_JOB_ID: see packrun
+            hostact.ask(path, {**self.pending[n], "job_id": self.job_id})
         try:
             line = nodeaction.settle_request(path)
         except Exception as err:  # settle_request answered the rank with the error

@@ -1,14 +1,15 @@
-"""Packed stages on the real local SLURM cluster. The sandbox's nodes have 2 fake GPUs each, so the
-tests pack 4 one-GPU items 2 per job (2 jobs, not 4), not the issue's 16 by 8 on 8-GPU nodes.
+"""Packed stages on the real local SLURM cluster, whose nodes have 8 fake GPUs and 8 CPUs each
+(tests/conftest.py): 16 one-GPU items packed 8 per job fill two whole nodes.
 
     python -m pytest tests/slurm/test_packing.py -m slurm
 
 - A pack larger than the partition's GPUs per node (as sinfo reports them) is refused before any sbatch.
-- 4 items packed 2 per job run as 2 jobs (one array of 2 tasks), each item as its own srun step
-  with its own GPU; an item that fails leaves its sibling running to completion (pack_fail: continue),
-  or ends it (pack_fail: stop);
+- 16 items packed 8 per job (a site whose smallest job is 8 GPUs) run as 2 jobs (one array of 2
+  tasks), each item as its own srun step with its own GPU; an item that fails leaves its 7 siblings
+  running to completion (pack_fail: continue); both jobs preempted are requeued exactly once, and
+  each runs only its unfinished items, each from its own checkpoint, to an unpacked run's result;
   python -m hpc.status shows each item with the job it shared; a resubmission runs the failed item
-  alone, packed again.
+  alone, packed again. With pack_fail: stop a failed item ends its sibling.
 - A preemption of packed jobs (tests/pack_pipeline.py: one item done, the others training) and the
   time-limit signal: every unfinished item checkpoints at its own step, the job is requeued once,
   and its requeued attempt trains only the unfinished items, each from its own checkpoint, to
@@ -55,43 +56,89 @@ def test_a_pack_larger_than_the_partitions_gpus_per_node_is_refused_before_any_s
     assert not (run / "manifest.json").exists()  # refused before the run was started: nothing queued
 
 
-def test_four_one_gpu_items_packed_two_per_job_run_as_two_jobs_and_a_failed_item_leaves_its_sibling(
-        slurm_cluster, tmp_path, capsys):
-    assert slurm_cluster.layout.gpus_per_node >= 2
-    run_dir = tmp_path / "r"
-    args = ["tiny", "--cluster", "slurm", "--run-dir", str(run_dir), "--no-snapshot", "tiny.parts=[0,1,2,3]",
-            "stages.second.gpus_per_node=1", "stages.second.pack=2", "tiny.sleep_s=3"]
-    assert submit.main([*args, "tiny.fail_items=[1]", "tiny.slow_items=[0]", "tiny.slow_s=4"]) == 0
-    run = RunDir(run_dir)
-    wait_for(lambda: ended(run), "the jobs to end")
+SIXTEEN = "pk.parts=[" + ",".join(map(str, range(16))) + "]"
+
+
+def chained(item, steps, tmp_path):
+    """Item `item` of pk.chain run unpacked and never stopped: its code called in this process."""
+    from hpc.pipeline.executor import StageContext
+    from tests import pack_pipeline
+
+    out = tmp_path / "unpacked" / f"task-{item}"
+    out.mkdir(parents=True)
+    env = type("Env", (), {"job_id": "0", "restart_count": 0})()
+    cfg = {"pk": {"steps": steps, "step_s": 0, "short_items": [], "short_steps": 0, "fail_items": []}}
+    pack_pipeline.chain(StageContext(tmp_path, out, cfg, "train", item, item, env))
+    return (out / "result.txt").read_text()
+
+
+def test_sixteen_one_gpu_items_packed_eight_per_whole_node_job_fail_alone_and_resume_alone_after_a_preemption(
+        slurm_cluster, tmp_path, monkeypatch, capsys):
+    """The issue's case on nodes of 8 GPUs, at a site whose smallest job is 8 GPUs (a whole node):
+    16 one-GPU items (tests/pack_pipeline.py, pk.chain: no torch, a checkpoint per step) packed 8
+    per job run as 2 jobs of one array, each item its own GPU; item 1 fails and its 7 siblings go
+    on; both jobs are preempted while 14 items are mid-way (items 0 and 8 done): each is requeued
+    exactly once, its requeued attempt runs only its unfinished items, each resuming from its own
+    checkpoint to the digest of an unpacked run of it. A resubmission then runs item 1 alone,
+    packed again into a job of the site's 8 GPUs."""
+    layout = slurm_cluster.layout
+    if layout.gpus_per_node < 8 or layout.cpus_per_node < 8:
+        pytest.skip(f"needs nodes of 8 GPUs and 8 CPUs; this cluster has {layout.gpus_per_node} and "
+                    f"{layout.cpus_per_node} (tests/conftest.py gives the session cluster 8 of each)")
+    monkeypatch.setitem(plan.PIPELINES, "pk", "tests.pack_pipeline")
+    run = RunDir(tmp_path / "packed")
+    args = ["pk", "--cluster", "slurm", "--run-dir", str(run.path), "--no-snapshot", SIXTEEN, "pk.chain=true",
+            "pk.steps=40", "pk.step_s=0.3", "stages.train.pack=8", "cluster.min_job_gpus=8"]
+    assert submit.main([*args, "pk.short_items=[0,8]", "pk.fail_items=[1]"]) == 0
+    jobs = {t["item"]: t["job_id"] for t in run.tasks()}
+    a, b = jobs[0], jobs[8]
+    assert {jobs[i] for i in range(8)} == {a} and {jobs[i] for i in range(8, 16)} == {b} and a != b  # 2, not 16
+    assert a.split("_")[0] == b.split("_")[0]  # one array
+    running = [i for i in range(16) if i not in (0, 1, 8)]
+    wait_for(lambda: run.is_done("train", 0) and run.is_done("train", 8) and attempts_of(run, 1)
+             and all(progress(run, i) >= 2 for i in running), "items 0 and 8 done, item 1 failed, the others mid-way")
+    logs = run.path / "train" / "logs" / a.split("_")[0]
+    for job, items in ((a, range(8)), (b, range(8, 16))):  # each item its own step and its own GPU
+        devices = {re.search(r"CUDA_VISIBLE_DEVICES=(\S*)", (logs / f"{job}.item-{i}_0_log.out").read_text()).group(1)
+                   for i in items}
+        assert len(devices) == 8 and all(d.isdigit() for d in devices), (job, devices)
+    stopped_at = {i: progress(run, i) for i in running}
+    preempt(slurm_cluster, a, release=False)
+    preempt(slurm_cluster, b, release=False)  # each job a whole node: its own preemptor
+    release(slurm_cluster, a)
+    release(slurm_cluster, b)
+    wait_for(lambda: ended(run), "the requeued jobs to end")
     records = ended(run)
-    jobs = {t["item"]: t["job_id"] for t in run.tasks() if t["stage"] == "second"}
-    assert len(set(jobs.values())) == 2 and jobs[0] == jobs[1] != jobs[2] == jobs[3]  # 2 jobs, not 4
-    assert jobs[0].split("_")[0] == jobs[2].split("_")[0]  # one array
-    assert [run.is_done("second", i) for i in range(4)] == [True, False, True, True]  # item 0 outlived item 1
-    assert records[jobs[0]].state == "FAILED" and records[jobs[2]].state == "COMPLETED"
-    # each item its own step, with its own GPU, side by side in the job
-    logs = run.path / "second" / "logs" / jobs[0].split("_")[0]
-    devices = {}
-    for n in (0, 1):
-        text = (logs / f"{jobs[0]}.item-{n}_0_log.out").read_text()
-        assert f"stage second item {n} rank 0/1" in text
-        devices[n] = re.search(r"CUDA_VISIBLE_DEVICES=(\S*)", text).group(1)
-    assert len(set(devices.values())) == 2 and all(d.isdigit() for d in devices.values()), devices  # one each
-    # status: per item, with the job it shared
-    rows = {r.item: r for r in status.collect(run) if r.stage == "second"}
-    assert {i: rows[i].job_id for i in range(4)} == jobs
-    assert [rows[i].state for i in range(4)] == ["COMPLETED", "FAILED", "COMPLETED", "COMPLETED"]
-    assert "item 1 failing on request" in rows[1].error and not rows[0].error  # each item's own log
-    assert hpc_logs.main([str(run_dir), "--stage", "second", "--task", "1", "--err"]) == 0  # python -m hpc.logs
+    assert {j: (records[j].state, records[j].restarts) for j in (a, b)} == {a: ("FAILED", 1), b: ("COMPLETED", 1)}
+    assert [run.is_done("train", i) for i in range(16)] == [i != 1 for i in range(16)]  # 7 + 8 siblings done
+    for item in (0, 8):  # done before the stop: not run again
+        assert [x["restart"] for x in attempts_of(run, item)] == [0]
+    assert [x["restart"] for x in attempts_of(run, 1)] == [0, 1]  # unfinished: run again, and failed again
+    for item in running:  # each resumed from its own checkpoint, no earlier than where it was stopped
+        tried = attempts_of(run, item)
+        assert [x["restart"] for x in tried] == [0, 1] and tried[1]["first"] >= stopped_at[item], (item, tried)
+        history = json.loads((run.task_dir("train", item) / "checkpoints" / "requeue.json").read_text())
+        assert (history["preemptions"], history["timeouts"]) == (1, 0), (item, history)
+        assert (run.task_dir("train", item) / "result.txt").read_text() == chained(item, 40, tmp_path), item
+    for item in (0, 8):
+        assert (run.task_dir("train", item) / "result.txt").read_text() == chained(item, 2, tmp_path), item
+    # status: per item, with the job it shared; python -m hpc.logs prints the failed item's own log
+    rows = {r.item: r for r in status.collect(run)}
+    assert {i: rows[i].job_id for i in range(16)} == jobs
+    assert [rows[i].state for i in range(16)] == ["FAILED" if i == 1 else "COMPLETED" for i in range(16)]
+    assert "item 1 failing on request" in rows[1].error and not rows[0].error
+    capsys.readouterr()
+    assert hpc_logs.main([str(run.path), "--stage", "train", "--task", "1", "--err"]) == 0
     printed = capsys.readouterr().out
-    assert f"{jobs[1]}.item-1_0_log.err <==" in printed and "item 1 failing on request" in printed
-    # a resubmission runs only the failed item, packed again: one job of one item
-    assert submit.main([*args, "tiny.fail_items=[]", "tiny.slow_items=[]"]) == 0
+    assert f"{a}.item-1_0_log.err <==" in printed and "item 1 failing on request" in printed
+    # a resubmission runs only the failed item, packed again: one job, of the site's 8 GPUs
+    assert submit.main([*args, "pk.short_items=[0,8]", "pk.fail_items=[]"]) == 0
+    again = {t["item"]: t["job_id"] for t in run.tasks()}
+    assert {i: again[i] for i in range(16) if i != 1} == {i: jobs[i] for i in range(16) if i != 1}
+    assert again[1] not in jobs.values() and job_field(slurm_cluster, again[1], "TresPerNode") in ("gres:gpu:8", "gpu:8")
     wait_for(lambda: ended(run), "the resubmitted job to end")
-    again = {t["item"]: t["job_id"] for t in run.tasks() if t["stage"] == "second"}
-    assert {i: again[i] for i in (0, 2, 3)} == {i: jobs[i] for i in (0, 2, 3)} and again[1] not in jobs.values()
-    assert all(run.is_done("second", i) for i in range(4))
+    assert run.is_done("train", 1) and chained(1, 40, tmp_path / "again") == \
+        (run.task_dir("train", 1) / "result.txt").read_text()
 
 
 def test_with_pack_fail_stop_a_failed_item_ends_its_siblings_step(slurm_cluster, tmp_path):
@@ -108,8 +155,9 @@ def progress(run, item):
     return json.loads(path.read_text())["step"] if path.exists() else 0
 
 
-def attempts(run, item):
-    return [json.loads(line) for line in (run.task_dir("train", item) / "attempts.jsonl").read_text().splitlines()]
+def attempts_of(run, item):
+    path = run.task_dir("train", item) / "attempts.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def test_a_preempted_packed_job_is_requeued_once_and_resumes_only_its_unfinished_items_bitwise(
@@ -142,9 +190,9 @@ def test_a_preempted_packed_job_is_requeued_once_and_resumes_only_its_unfinished
     wait_for(lambda: ended(run), "the requeued jobs to end")
     records = ended(run)
     assert {j: (records[j].state, records[j].restarts) for j in (a, b)} == {a: ("COMPLETED", 1), b: ("COMPLETED", 1)}
-    assert [x["restart"] for x in attempts(run, 0)] == [0]  # done before the stop: not run again
+    assert [x["restart"] for x in attempts_of(run, 0)] == [0]  # done before the stop: not run again
     for item in (1, 2, 3):
-        tried = attempts(run, item)
+        tried = attempts_of(run, item)
         assert [x["restart"] for x in tried] == [0, 1] and tried[1]["first"] > 3, (item, tried)  # its own checkpoint
         history = json.loads((run.task_dir("train", item) / "checkpoints" / "requeue.json").read_text())
         assert (history["preemptions"], history["timeouts"]) == (1, 0), (item, history)
@@ -177,7 +225,7 @@ def test_the_time_limit_signal_stops_both_items_of_a_packed_job_and_requeues_it_
     wait_for(lambda: ended(run), "the requeued job to end")
     assert (ended(run)[job].state, ended(run)[job].restarts) == ("COMPLETED", 1)
     for item in (0, 1):
-        tried = attempts(run, item)
+        tried = attempts_of(run, item)
         assert [x["restart"] for x in tried] == [0, 1] and tried[1]["first"] > 3, (item, tried)
         history = json.loads((run.task_dir("train", item) / "checkpoints" / "requeue.json").read_text())
         assert (history["timeouts"], history["preemptions"]) == (1, 0), (item, history)
