@@ -35,8 +35,8 @@ from hpc.rundir import logdirs
 from hpc.rundir.run import RunDir, task_key
 from hpc.runtime.distenv import master_port_for
 from hpc.slurm import scheduler
+from hpc.slurm.steps import NAME  # a step's name: its stage, its run's id, its number in the run
 
-NAME = "hpc-{stage}.{run}.h{seq}"  # a step's name: its stage, its run's id, its number in the run
 SAID = 20  # srun's own last lines kept per step: what it said when a step ends with no result
 
 

@@ -5,6 +5,7 @@
 Parts::
 
     status.py         TaskStatus rows of a run from one scheduler call; progress, outputs, hangs
+    alive.py          whether a local or --cluster here task without an outcome runs: its process, its step
     lost.py           jobs whose sbatch answer was lost, found by their token (an announcement in the run)
     runjobs.py        a run's or sweep's SLURM jobs, and one scancel for the active ones (hpc.cancel)
     table.py          the rows drawn as a table, failed and running first; follow redraws it until the run ends

@@ -14,9 +14,11 @@ line of its rank-0 log: under a node range it need not be the one requested), th
 and the newest hang its watchdog recorded (the stuck ranks and their hosts, hpc.recovery.hangs) come from the
 run directory. Below the table: the run id, and whether the live code still matches the snapshot the
 jobs import (hpc.rundir.snapshot: a stat of each file, a hash only where one changed).
-A job whose sbatch answer was lost is found by its token (hpc.monitor.lost: one squeue call more,
-only while such a submission is pending) and shown as found so; a task a submission planned but
-never submitted (it stopped before that stage) is a row of its own, UNSUBMITTED.
+A local or --cluster here task that left neither is RUNNING while its process or step runs
+(hpc.monitor.alive), else UNKNOWN. A job whose sbatch answer was lost is found by its token
+(hpc.monitor.lost: one squeue call more, only while such a submission is pending) and shown as
+found so; a task a submission planned but never submitted (it stopped before that stage) is a row
+of its own, UNSUBMITTED.
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 from hpc.checkpoint import complete
 from hpc.fs.sharedfs import listed
 from hpc.monitor import goodput, lost
+from hpc.monitor.alive import Alive
 from hpc.monitor.logs import last_error, last_match, last_progress, packed, tqdm_progress
 from hpc.recovery import hangs, nodefail
 from hpc.rundir import attempts, logdirs
@@ -84,7 +87,8 @@ def collect(run: RunDir, answer: Optional[Tuple[scheduler.Answer, Dict[str, Any]
     records, never = answer or query_run(run)
     in_sweep = functools.lru_cache(maxsize=None)(lambda: is_sweep(str(run.path.parent)))  # asked once, if ever
     folders: Dict[Path, Set[str]] = {}  # log folder -> its names: an array's tasks share one, listed once
-    rows = [_row(run, t, records, in_sweep, folders) for t in run.tasks()]
+    alive = Alive(run)  # a local or here task without an outcome: its process or step (hpc.monitor.alive)
+    rows = [_row(run, t, records, in_sweep, folders, alive) for t in run.tasks()]
     rows += [_unsubmitted(run, stage, item) for stage, item in run.unsubmitted()]
     _explain(rows, records, never, run.job_tasks())
     said = lost.notes(looked)  # the jobs found by token, the sbatch calls whose answer was lost
@@ -105,7 +109,7 @@ def _unsubmitted(run: RunDir, stage: str, item: Any) -> TaskStatus:
 
 
 def _row(run: RunDir, t: Dict[str, Any], records: scheduler.Answer, in_sweep: Callable[[], bool],
-         folders: Dict[Path, Set[str]]) -> TaskStatus:
+         folders: Dict[Path, Set[str]], alive: Alive) -> TaskStatus:
     jid, stage, item = t["job_id"], t["stage"], t["item"]
     rec = records.get(jid)
     task_dir = run.task_dir(stage, item)
@@ -120,7 +124,7 @@ def _row(run: RunDir, t: Dict[str, Any], records: scheduler.Answer, in_sweep: Ca
         logged = _listed(logs, folders)
     info = _read_done(task_dir) if DONE in here else {}
     result = logs / f"{jid}_0_result.pkl" if f"{jid}_0_result.pkl" in logged else None
-    state = task_state(t, records, lambda: _left(DONE in here, result))
+    state = task_state(t, records, lambda: _left(DONE in here, result, lambda: alive.running(t)))
     tried = attempts.load(task_dir) if attempts.ATTEMPTS in here else []  # rank 0's records, if any
     own = packed(logged, jid, item, run.path.name if in_sweep() else None)  # a packed item's own log
     if own and DONE in here and state not in scheduler.ACTIVE:  # done in a packed job a sibling failed
@@ -224,11 +228,12 @@ def left_behind(run: RunDir, stage: str, item: Any, job_id: str) -> str:
     return _left(run.is_done(stage, item), result if result.exists() else None)
 
 
-def _left(done: bool, result: Optional[Path]) -> str:
+def _left(done: bool, result: Optional[Path], running: Optional[Callable[[], bool]] = None) -> str:
+    """`running`: whether the task runs, asked only of one that left nothing (RUNNING, else UNKNOWN)."""
     if done:
         return LEFT_BEHIND["done"]
     if result is None:
-        return LEFT_BEHIND["none"]
+        return "RUNNING" if running is not None and running() else LEFT_BEHIND["none"]
     import pickle
 
     outcome = pickle.loads(result.read_bytes())[0]  # ("success" | "error", payload), written by submitit

@@ -14,6 +14,7 @@ Parts::
     scheduler.py   job states from one call per poll (sacct, else squeue; empty answers checked), partitions
     jobstates.py   the state table and the one parser of sacct's and squeue's answers (pure)
     tokens.py      the jobs slurmctld holds by the token in their comment (one squeue --me call)
+    steps.py       a --cluster here step's name, and the running steps of allocations (one squeue --steps call)
     limits.py      the site's submit limits (sacctmgr), read once and kept; a run that cannot fit is refused
     siteconfig.py  MaxArraySize from `scontrol show config`, kept in the user's cache per slurm.conf
     hostlist.py    hostlist expressions as `scontrol show hostnames` expands them

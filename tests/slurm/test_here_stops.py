@@ -17,6 +17,7 @@ from hpc.recovery.hangs import HANGS, REPORT
 from hpc.rundir.run import RunDir
 from tests.slurm.test_here import ROOT, salloc_shell, script_run
 from tests.slurm.test_pipeline import wait_until
+from tests.test_status_local import states
 
 pytestmark = pytest.mark.slurm
 # a script that says it started (argv[1]), then works for argv[2] seconds
@@ -29,7 +30,8 @@ def state(run_dir: Path) -> dict:
 
 
 def test_ctrl_c_in_one_run_leaves_another_run_in_the_allocation_alone(slurm_cluster, tmp_path):
-    """Both runs number their steps from h1 and run a stage `main`: only the names differ."""
+    """Both runs number their steps from h1 and run a stage `main`: only the names differ. While they
+    run, hpc.status finds each run's own step among the allocation's (hpc.monitor.alive)."""
     with salloc_shell(tmp_path, "-N", "1", "--ntasks-per-node=2", "-t", "10") as env:
         runs = {}
         for name, seconds in (("a", "120"), ("b", "15")):
@@ -37,6 +39,7 @@ def test_ctrl_c_in_one_run_leaves_another_run_in_the_allocation_alone(slurm_clus
             runs[name] = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                           stderr=subprocess.STDOUT, text=True, start_new_session=True)
         wait_until(lambda: all((tmp_path / f"{n}.started").exists() for n in runs), what="both scripts to start")
+        assert [states(tmp_path / name, env) for name in runs] == [["RUNNING"], ["RUNNING"]]  # was UNKNOWN
         os.killpg(runs["a"].pid, signal.SIGINT)  # Ctrl-C in run a's terminal
         said = {name: proc.communicate(timeout=120)[0] for name, proc in runs.items()}
     assert runs["a"].returncode == 130, said["a"]
