@@ -133,8 +133,6 @@ def test_a_packed_jobs_batch_script_runs_the_packs_driver_told_one_items_shape()
     assert "-m hpc.pipeline.packrun /r" in second.sbatch_text()  # the dry run shows what sbatch gets
     unpacked = jobs(make(SIXTEEN, *ONE_GPU))["second"].executor_parameters()
     assert any("-m hpc.afterstep /r" in line for line in unpacked["setup"]) and "HPC_PACK" not in str(unpacked)
-    with pytest.raises(ConfigError, match="submitted to SLURM, not under --cluster here"):
-        packing.refuse_submission(make(SIXTEEN, *ONE_GPU, "stages.second.pack=8").jobs)
 
 
 def test_dry_run_shows_which_items_share_which_job():
@@ -202,19 +200,28 @@ def test_the_benchmark_counts_8_jobs_and_8_node_hours_packed_against_64_unpacked
     assert all(met for _, met in sec.verdicts)
 
 
-def test_a_packed_stage_is_refused_under_cluster_here_before_anything_runs(tmp_path, monkeypatch):
+def test_a_packed_stage_under_cluster_here_runs_each_item_as_its_own_step_up_to_k_per_node(tmp_path, monkeypatch,
+                                                                                             capsys):
     from hpc.here import alloc as herealloc
     from hpc.here.backend import Here
     from hpc.pipeline import submission
     from hpc.pipeline.request import Request
 
     monkeypatch.chdir(ROOT)
-    alloc = herealloc.Allocation("7", nodes=1, cpus_per_node=8, gpus_per_node=4)
-    req = Request("tests.tiny_pipeline", ("tiny.parts=[0,1,2,3]", "stages.second.pack=2"), cluster="here",
-                  run_dir=str(tmp_path / "r"), no_snapshot=True)
-    with pytest.raises(ConfigError, match="not under --cluster here.*--cluster here runs a stage's items side by side"):
-        submission.start(req, backends={"here": lambda kind, setup: Here(kind, setup, alloc=alloc)})
-    assert not (tmp_path / "r" / "manifest.json").exists()
+    alloc = herealloc.Allocation("7", nodes=2, cpus_per_node=8, gpus_per_node=4)
+    req = Request("tests.tiny_pipeline", ("tiny.parts=[0,1,2,3,4,5]", "stages.second.gpus_per_node=1",
+                                          "stages.second.pack=3"), cluster="here", run_dir=str(tmp_path / "r"),
+                  no_snapshot=True, dry_run=True)
+    submission.start(req, backends={"here": lambda kind, setup: Here(kind, setup, alloc=alloc)})
+    out = capsys.readouterr().out
+    assert "stages.second.pack=3: inside the allocation each item is its own step of its own GPUs, up to 3 side " \
+           "by side on a node" in out
+    line = next(x for x in out.splitlines() if "stage second:" in x and "srun" in x)
+    assert "--gpus-per-node=1 " in line and "--ntasks=1 " in line and line.endswith("(6 task(s) side by side)"), line
+    job = next(j for j in make("tiny.parts=[0,1,2,3,4,5]", *ONE_GPU, "stages.second.pack=3").jobs if j.groups)
+    item = packing.unpacked(job)
+    assert not item.groups and item.items == job.items and item.resources["gpus_per_node"] == 1
+    assert herealloc.width(item, herealloc.Allocation("7", nodes=1, cpus_per_node=4, gpus_per_node=8)) == 2  # CPUs
 
 
 def test_a_packed_sweep_dry_run_names_each_points_item_its_array_task_runs():

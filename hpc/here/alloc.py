@@ -90,8 +90,13 @@ def check_fits(jobs: Sequence[JobSpec], alloc: Allocation) -> None:
 
 
 def width(job: JobSpec, alloc: Allocation) -> int:
-    """How many tasks of `job` run side by side in the allocation."""
-    return max(1, alloc.nodes // need(job, alloc)["nodes"])
+    """How many tasks of `job` run side by side in the allocation: one per node it takes, and up to
+    `pack` on each node where its stage is packed (hpc.pipeline.packing.unpacked), as its GPUs and CPUs hold."""
+    n, k = need(job, alloc), int(job.resources.get("pack") or 1)
+    if k > 1 and n["nodes"] == 1:  # a packed stage's one-node items
+        k = min(k, alloc.gpus_per_node // n["gpus"] if n["gpus"] else k, alloc.cpus_per_node // max(1, n["cpus"]))
+        return max(1, alloc.nodes * k)
+    return max(1, alloc.nodes // n["nodes"])
 
 
 def srun_argv(job: JobSpec, alloc: Allocation, logs: str, name: str) -> List[str]:

@@ -19,7 +19,8 @@ and stops, never requeued (stopsignal.INTERACTIVE_ENV, read by hpc.recovery.pree
 process raises KeyboardInterrupt. The same command again skips the tasks with a done marker and
 resumes the interrupted one from its checkpoint. A second Ctrl-C ends the steps at once
 (hpc.here.stops). A stage asking for more nodes, GPUs or CPUs per node than the allocation has
-is refused before anything runs (check_fits), with both sets of numbers.
+is refused before anything runs (check_fits), with both sets of numbers. A packed stage
+(stages.X.pack=k) runs each item as its own step of one item's resources, up to k side by side on a node.
 
 A stage with a container section runs its ranks in the image as a batch job's do (hpc.here.steps.step_argv).
 What a rank asks the host (hpc.recovery.hostact) this process answers while the step runs: the
@@ -39,7 +40,7 @@ from typing import Any, Iterator, List, Optional, Sequence
 from hpc.here import stops
 from hpc.here.alloc import Allocation, check_fits, current, width
 from hpc.here.steps import NAME, Step, report, serve, start_step, step_argv
-from hpc.pipeline import launcher
+from hpc.pipeline import launcher, packing
 from hpc.pipeline.plan import JobSpec, Plan
 from hpc.recovery import hostact
 from hpc.rundir import tracking
@@ -51,6 +52,8 @@ WAIT_SLICE_S = 0.2  # polls of the running steps: a Ctrl-C is acted on within on
 
 def as_steps(plan: Plan, alloc: Allocation) -> Plan:
     """The batch plan as this mode runs it: checked against the allocation, with its srun lines."""
+    plan = dataclasses.replace(plan, jobs=tuple(packing.unpacked(job) for job in plan.jobs),
+                               notes=plan.notes + tuple(packing.here_lines(plan.jobs)))
     check_fits(plan.jobs, alloc)
     lines = [f"every stage runs as srun steps of allocation {alloc.job_id} ({alloc.show()}), one stage "
              "after another; Ctrl-C checkpoints and stops, the same command resumes"]

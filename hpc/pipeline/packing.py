@@ -7,7 +7,9 @@ one-GPU items, or refuses them. `stages.X.pack: k` groups the stage's items stil
 ceil(items / k) jobs, submitted as one array, each asking k times the item's GPUs, ranks (so CPUs)
 and memory; a last group of fewer items is a job of its own asking for what it holds (apart, fit).
 The plan is made against the partition's GPUs per node (hpc.slurm.gres, passed in) and the site's
-minimum job size (cluster.min_job_gpus); a k that does not fit is refused with the numbers.
+minimum job size (cluster.min_job_gpus); a k that does not fit is refused with the numbers. Inside an
+allocation (`--cluster here`) a packed job's items run as its own steps do (unpacked): up to k side by
+side on a node, each with its own GPUs.
 
 Per-item waits (StageDef.per_item_after): a packed stage's items are ordered by the upstream task
 they wait for, then grouped: a group whose items all wait on one task waits on that task (aftercorr
@@ -27,6 +29,7 @@ other). Pure.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shlex
@@ -203,14 +206,17 @@ def batch_setup(job: Any, params: Dict[str, Any], run_dir: str, tasks: Optional[
     return {**params, "setup": [*setup, f"export {PACK_ENV}={shlex.quote(shape)}"]}
 
 
-def refuse_submission(jobs: Sequence[Any]) -> None:
-    """A packed stage where its jobs cannot run packed (--cluster here): refused before anything is
-    submitted; a run's stages and a sweep's arrays submitted to SLURM run packed (hpc.pipeline.packrun)."""
-    packed = [job for job in jobs if job.groups]
-    if packed:
-        job = packed[0]
-        raise ConfigError(f"stage {job.stage}: stages.{job.section}.pack={factor(job.resources)} is planned "
-                          f"({len(job.groups)} job(s) for {len(job.items)} items, see --dry-run), but packed jobs run only "
-                          "as a run's stages or a sweep's arrays submitted to SLURM, not under --cluster here; "
-                          f"expected pack=1 here. HINT: submit with --cluster slurm, or with stages.{job.section}.pack=1 (inside "
-                          "an allocation, --cluster here runs a stage's items side by side as its steps).")
+def unpacked(job: Any) -> Any:
+    """A packed job as `--cluster here` runs it: each item its own step of the allocation, of one item's
+    resources (`pack` kept: how many share a node side by side, hpc.here.alloc.width); other jobs as they are."""
+    if not job.groups:
+        return job
+    item = unscale(job.resources)
+    return dataclasses.replace(job, groups=(), waits=(), task_ids=(), resources={
+        **item, "mem": item["mem"] or job.resources.get("mem"), "pack": factor(job.resources)})
+
+
+def here_lines(jobs: Sequence[Any]) -> List[str]:
+    """What the `--cluster here` plan says of its packed stages."""
+    return [f"stages.{job.section}.pack={factor(job.resources)}: inside the allocation each item is its own step "
+            f"of its own GPUs, up to {factor(job.resources)} side by side on a node" for job in jobs if job.groups]

@@ -25,7 +25,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from hpc.config import schema as hconfig
 from hpc.container import spec
-from hpc.pipeline import launcher, packing
+from hpc.pipeline import launcher
 from hpc.pipeline import plan as hplan
 from hpc.pipeline.jobcode import job_code, snapshot_note, take_snapshot, user_module_file
 from hpc.pipeline.request import Request, Submitted
@@ -163,8 +163,6 @@ def start(req: Request, backends: Optional[Mapping[str, MakeBackend]] = None) ->
         if not plan.jobs:
             print(f"nothing to submit: every task of {run.path} is done or queued")
             return Submitted(run.path, str(kind), {})
-        if kind != "slurm":  # --cluster here plans as SLURM does; its steps run items one by one
-            packing.refuse_submission(plan.jobs)
         if kind == "slurm":  # a run the site's submit limit cannot take whole is refused before any sbatch
             limits.refuse_past_limit([len(job.units) for job in plan.jobs], [job.resources for job in plan.jobs])
         snap = take_snapshot(cfg, run.path, kind, code, run.manifest().get("snapshot") if req.same_snapshot else None)
