@@ -17,11 +17,10 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence, Union
 
-from hpc.config.checks import ConfigError
+from hpc.config.checks import CLUSTER_KINDS, ConfigError
 from hpc.pipeline import options as hoptions
 from hpc.pipeline.pipedef import PipelineDef, get_pipeline
 from hpc.pipeline.request import Request, Submitted
-from hpc.remote import clusters
 from hpc.rundir import sweepdir
 from hpc.rundir.run import RunDirError
 
@@ -96,7 +95,7 @@ def submit(pipeline: Union[str, PipelineDef], overrides: Iterable[str] = (), pro
 
 def submit_request(req: Request) -> Submitted:
     """The one way into the submission engines, for the API and python -m hpc.submit alike."""
-    if clusters.is_named(req.cluster):  # a cluster of clusters.yaml: pushed and submitted over ssh
+    if named_cluster(req.cluster):  # a cluster of clusters.yaml: pushed and submitted over ssh
         from hpc.remote import submission as remote  # ssh and the push: only for a named cluster
 
         return remote.start(req)
@@ -116,6 +115,12 @@ def submit_request(req: Request) -> Submitted:
                               f"{words.splitlines()[-1] if words else type(err).__name__}. HINT: change what it "
                               "names (stages.<stage>.*, --profile); --dry-run shows each sbatch script.",
                               words) from err
+
+
+def named_cluster(kind: Optional[str]) -> bool:
+    """Whether a --cluster value names a cluster of clusters.yaml rather than one of hpc's kinds
+    (hpc.remote.clusters.is_named), told without loading hpc.remote: a local submission never does."""
+    return bool(kind) and kind not in CLUSTER_KINDS
 
 
 def _here(kind: str, setup: Sequence[str]) -> Any:

@@ -28,7 +28,6 @@ from hpc.config.checks import CLUSTER_KINDS, ConfigError
 from hpc.pipeline import options as hoptions
 from hpc.pipeline.pipedef import PIPELINES, PipelineDef, get_pipeline
 from hpc.pipeline.request import Request
-from hpc.remote import clusters
 from hpc.rundir import sweepdir
 
 VALUE_OPTIONS = ("--run-dir", "--profile", "--cluster", "--sweep-file")  # take one value; and a pipeline's own
@@ -61,7 +60,9 @@ def parse_args(argv: Sequence[str]) -> Request:
         else:
             (overrides if "=" in a and not a.startswith("-") else rest).append(a)
     args = p.parse_args(rest)
-    if clusters.is_named(args.cluster):
+    if api.named_cluster(args.cluster):
+        from hpc.remote import clusters  # a named cluster's only: a local submission never loads hpc.remote
+
         clusters.find(args.cluster)  # an unknown name: refused with the closest names
     pipe = pipes[args.pipeline]
     given = {opt.name: getattr(args, opt.name) for opt in pipe.options if opt.form != hoptions.REST}

@@ -36,7 +36,7 @@ import sys
 import time
 import typing
 from pathlib import Path
-from typing import Any, Callable, Collection, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Collection, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 from hpc.config.view import ConfigView
 from hpc.fs.atomic import write_bytes
@@ -57,11 +57,13 @@ def schema_text(schema: type) -> Optional[str]:
     a default has no stable text."""
     out: List[str] = []
     seen: Set[type] = set()
+    names: Dict[type, Tuple[str, ...]] = {}  # a dataclass -> its field names: the defaults repeat classes
+    types: Dict[Tuple[str, str], Any] = {}  # (module, annotation text) -> the type: the texts repeat too
 
     def walk(tp: Any) -> None:
         if isinstance(tp, type) and dataclasses.is_dataclass(tp) and tp not in seen:
             seen.add(tp)
-            hints = typing.get_type_hints(tp)
+            hints = _hints(tp, types)
             out.append(f"{tp.__module__}.{tp.__qualname__}")
             for f in dataclasses.fields(tp):
                 default: Any = "<missing>"
@@ -69,7 +71,7 @@ def schema_text(schema: type) -> Optional[str]:
                     default = f.default
                 elif f.default_factory is not dataclasses.MISSING:
                     default = f.default_factory()
-                out.append(f"{f.name}:{hints.get(f.name, f.type)!r}={_text(default)}")
+                out.append(f"{f.name}:{hints.get(f.name, f.type)!r}={_text(default, names)}")
                 walk(hints.get(f.name))
         for arg in typing.get_args(tp):
             walk(arg)
@@ -79,15 +81,33 @@ def schema_text(schema: type) -> Optional[str]:
     return None if " at 0x" in text else text
 
 
-def _text(value: Any) -> str:
+def _hints(tp: type, types: Dict[Tuple[str, str], Any]) -> Dict[str, Any]:
+    """typing.get_type_hints(tp) for a dataclass whose annotations are texts (`from __future__ import
+    annotations`), each text evaluated once per module, in its class's module and namespace."""
+    hints: Dict[str, Any] = {}
+    for base in reversed(tp.__mro__):
+        module = sys.modules.get(base.__module__)
+        for name, value in base.__dict__.get("__annotations__", {}).items():
+            if isinstance(value, str):
+                if (base.__module__, value) not in types:
+                    types[base.__module__, value] = eval(value, dict(vars(module)) if module else {}, dict(vars(base)))
+                value = types[base.__module__, value]
+            hints[name] = type(None) if value is None else value
+    return hints
+
+
+def _text(value: Any, names: Dict[type, Tuple[str, ...]]) -> str:
     """repr(value), a dataclass instance spelt field by field (the schema's classes have no __repr__)."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        inner = ", ".join(f"{f.name}={_text(getattr(value, f.name))}" for f in dataclasses.fields(value))
-        return f"{type(value).__module__}.{type(value).__qualname__}({inner})"
+    kind = type(value)
+    if kind in names or (dataclasses.is_dataclass(value) and not isinstance(value, type)):
+        if kind not in names:
+            names[kind] = tuple(f.name for f in dataclasses.fields(value))
+        inner = ", ".join(f"{name}={_text(getattr(value, name), names)}" for name in names[kind])
+        return f"{kind.__module__}.{kind.__qualname__}({inner})"
     if isinstance(value, (list, tuple)):
-        return f"{type(value).__name__}[{', '.join(_text(v) for v in value)}]"
+        return f"{kind.__name__}[{', '.join(_text(v, names) for v in value)}]"
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{_text(k)}: {_text(v)}" for k, v in value.items()) + "}"
+        return "{" + ", ".join(f"{_text(k, names)}: {_text(v, names)}" for k, v in value.items()) + "}"
     return repr(value)
 
 

@@ -39,11 +39,13 @@ print("LOADED", sorted({m for m in sys.modules for e in ELSEWHERE if m == e or m
 """
 
 
-# hpc.submit() returns a Run (hpc.runs), which loads the monitor only at its first look at the tasks
-@pytest.mark.parametrize("how,expected", [(COMMAND, []), (API, ["hpc.runs"])], ids=["command", "api"])
-def test_a_real_submission_loads_the_launch_path_alone(slurm_cluster, tmp_path, how, expected):
+# hpc.submit() returns a Run (hpc.runs), which loads the monitor only at its first look at the tasks, and
+# hpc.remote to attach over ssh; the command loads no named cluster's module (hpc.remote) either
+@pytest.mark.parametrize("how,expected,also", [(COMMAND, [], ("hpc.remote",)), (API, ["hpc.runs"], ())],
+                         ids=["command", "api"])
+def test_a_real_submission_loads_the_launch_path_alone(slurm_cluster, tmp_path, how, expected, also):
     env = {**os.environ, "HPC_CACHE_DIR": str(tmp_path / "cache")}
-    script = f"ELSEWHERE = {ELSEWHERE!r}\n{how}{LOADED}"
+    script = f"ELSEWHERE = {ELSEWHERE + also!r}\n{how}{LOADED}"
     loaded = []
     for name in ("first", "second"):  # the first builds the config (OmegaConf), the second reads it back
         run_dir = tmp_path / name
