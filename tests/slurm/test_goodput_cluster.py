@@ -26,10 +26,10 @@ import hpc
 from hpc import status as status_cmd
 from hpc.cluster.preempt import job_field, preempt
 from hpc.monitor.goodput import PARTS
-from hpc.pipeline import plan
 from hpc.rundir import attempts
 from hpc.rundir.run import RunDir
 from hpc.slurm import scheduler
+from tests.slurm.pipelines import register
 from tests.slurm.requeue_helpers import release, wait_for
 from tests.test_notify import Hook
 
@@ -47,8 +47,7 @@ def progress(task: Path) -> dict:
 
 def test_a_preempted_hung_run_with_a_failed_task_tells_each_event_once_and_accounts_every_hour(
         slurm_cluster, tmp_path, monkeypatch, capsys, request):
-    monkeypatch.setitem(plan.PIPELINES, "gp", "tests.goodput_pipeline")
-    monkeypatch.chdir(ROOT)  # the job imports tests.goodput_pipeline from the submission directory
+    register(monkeypatch, gp="tests.goodput_pipeline")
     from hpc import submit
 
     run_dir, hook = tmp_path / "run", Hook()

@@ -19,7 +19,6 @@ import json
 import re
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
@@ -27,14 +26,13 @@ from hpc import logs as hpc_logs
 from hpc import submit
 from hpc.cluster.preempt import job_field, preempt
 from hpc.monitor import status
-from hpc.pipeline import plan
 from hpc.rundir.run import RunDir
 from hpc.slurm import gres, scheduler
 from tests.slurm.requeue_helpers import release, wait_for
-from tests.slurm.test_pipeline import tiny  # noqa: F401 (autouse: the tiny pipeline, run from the checkout)
+from tests.slurm.pipelines import use_pipelines
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slurm
+pipelines = use_pipelines(tiny="tests.tiny_pipeline", pk="tests.pack_pipeline")
 
 
 def ended(run):
@@ -85,7 +83,6 @@ def test_sixteen_one_gpu_items_packed_eight_per_whole_node_job_fail_alone_and_re
     if layout.gpus_per_node < 8 or layout.cpus_per_node < 8:
         pytest.skip(f"needs nodes of 8 GPUs and 8 CPUs; this cluster has {layout.gpus_per_node} and "
                     f"{layout.cpus_per_node} (tests/conftest.py gives the session cluster 8 of each)")
-    monkeypatch.setitem(plan.PIPELINES, "pk", "tests.pack_pipeline")
     run = RunDir(tmp_path / "packed")
     args = ["pk", "--cluster", "slurm", "--run-dir", str(run.path), "--no-snapshot", SIXTEEN, "pk.chain=true",
             "pk.steps=40", "pk.step_s=0.3", "stages.train.pack=8", "cluster.min_job_gpus=8"]
@@ -168,7 +165,6 @@ def test_a_preempted_packed_job_is_requeued_once_and_resumes_only_its_unfinished
     own checkpoint, and every item's weights are bitwise those of an unpacked run of it."""
     import torch
 
-    monkeypatch.setitem(plan.PIPELINES, "pk", "tests.pack_pipeline")
     ref = RunDir(tmp_path / "ref")  # the unpacked run: one item per job, never stopped
     assert submit.main(["pk", "--cluster", "local", "--run-dir", str(ref.path), "--no-snapshot", "pk.step_s=0",
                         "pk.short_items=[0]"]) == 0
@@ -209,7 +205,6 @@ def test_the_time_limit_signal_stops_both_items_of_a_packed_job_and_requeues_it_
     Restarts=1), and each resumes from its own checkpoint to the weights of an unpacked run."""
     import torch
 
-    monkeypatch.setitem(plan.PIPELINES, "pk", "tests.pack_pipeline")
     ref = RunDir(tmp_path / "ref")
     assert submit.main(["pk", "--cluster", "local", "--run-dir", str(ref.path), "--no-snapshot", "pk.step_s=0",
                         "pk.parts=[0,1]"]) == 0
