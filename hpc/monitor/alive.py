@@ -26,11 +26,12 @@ def local_process(job_id: str, logs: Path) -> bool:
     if not job_id.isdigit():
         return False
     try:
-        argv = Path("/proc", job_id, "cmdline").read_bytes().split(b"\0")
+        argv = [os.fsdecode(a) for a in Path("/proc", job_id, "cmdline").read_bytes().split(b"\0")]
     except OSError:  # no such process, or no /proc
         return False
-    folder = os.fsencode(str(logs))
-    return any(a == folder or a.startswith(folder + b"/") for a in argv)
+    folder = os.path.realpath(logs)  # as submitit's folder, whichever way either path was spelt
+    paths = [os.path.realpath(a) for a in argv if a.startswith(os.sep)]
+    return any(p == folder or p.startswith(folder + os.sep) for p in paths)
 
 
 class Alive:
