@@ -52,7 +52,8 @@ from hpc.rundir.codefiles import HINT, UNTRACKED_MAX_BYTES, SnapshotError, Sourc
 Stat = Tuple[int, int, str, int, int, int]  # (size, mtime_ns, digest, mode, ctime_ns, inode) of one file
 
 
-@dataclass(frozen=True)
+# never compared or printed: no generated __repr__ or __eq__ (a submission imports this module)
+@dataclass(frozen=True, repr=False, eq=False)
 class JobCode:
     """What a task needs to run the snapshot (pickled with each StageTask: paths only)."""
 
