@@ -72,7 +72,7 @@ class StageTask:
     def __call__(self) -> Any:
         # the job's own modules, loaded where it runs: a submission pickles tasks without them
         from hpc.config import resolved
-        from hpc.recovery import hostact
+        from hpc.recovery import hostact, submitstop
         from hpc.rundir import notify
         from hpc.runtime.envparse import from_environ
 
@@ -110,8 +110,9 @@ class StageTask:
         module, _, name = self.target.partition(":")
         func = getattr(importlib.import_module(module), name)
         cfg = resolved.read(run.config_path)  # without OmegaConf: see hpc.config.resolved
-        if dist.rank == 0:  # submitit's own requeue of a stage without hpc's loop: the run's sinks hear of it
-            notify.on_submitit_requeue(stage_dir, task_key(self.stage, self.item), dist.job_id, dist.restart_count)
+        if dist.rank == 0:  # a requeue of a stage without hpc's loop (submitit's, SLURM's own): its sinks hear which
+            submitstop.on_submitit_requeue(stage_dir, task_key(self.stage, self.item), dist.job_id,
+                                           dist.restart_count)
         ctx = StageContext(run.path, stage_dir, cfg, self.stage, self.task_index, self.item, dist)
         try:
             result = func(ctx)

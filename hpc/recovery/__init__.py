@@ -20,6 +20,7 @@ Parts::
     restart.py      a restart in place read, decided, recorded, and the next step's srun line
     watchdog.py     no step for watchdog_s: every rank's stacks, the stuck ranks named, a requeue
     hangs.py        what a hang leaves in the run directory
+    submitstop.py   which stop requeued a stage without hpc's loop (time limit, preemption, node failure), told
 
 The decisions are pure functions of SLURM's answers (documented from its observed states); the
 effects (scontrol calls, files) sit in one place each.

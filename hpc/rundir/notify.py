@@ -6,10 +6,12 @@ The config's `notify:` section (a profile can carry it) names the sinks: `webhoo
 a JSON body Slack, Mattermost and Discord accept ({"text": ..., "content": ...}, plus the event's
 fields) or `template` filled in ($text, $event, $run, $task; ntfy takes a plain text one), and
 `command`, an argv run with the text as its last argument. Events: a task failed (its error), a
-task requeued (preemption, time limit, hang: which), a hang verdict (the stuck ranks and hosts), a
+task requeued (preemption, time limit, hang, node failure: which; hpc.recovery.submitstop where
+neither hpc's loop nor a `run` stage's wrapper decided it), a hang verdict (the stuck ranks and hosts), a
 time-limit cap reached (not requeued), a stage completed, the run completed. They are sent by the
 job itself (rank 0 of the training loop or of a `run` stage's wrapper, the stage task for
-completions and for a requeue by submitit's own signal handler, the failing rank of a stage task or,
+completions and for a requeue by submitit's own signal handler or, at its next start, by SLURM
+itself, the failing rank of a stage task or,
 under hpc's srun wrapper, the wrapper once the job ends failed), so nothing runs on the login node;
 a site whose compute nodes reach no network can have SLURM mail instead (`notify.mail`: sbatch
 --mail-user and --mail-type, hpc.pipeline.sbatch.with_mail). The user's cluster file can hold a
@@ -170,40 +172,6 @@ def stop(task_dir: Path, decision: Any, task: str, job: str, restart: Any) -> No
         send(task_dir, "requeued", f"{task}-{job}-{restart}", f"{decision.kind}: {decision.why}", task)
     elif decision.kind == "timeout":
         send(task_dir, "time_limit_cap", f"{task}-{job}", decision.why, task)
-
-
-_submitit_task: Dict[str, Any] = {}  # the task this process runs, for the requeue that submitit's handler does
-
-
-def on_submitit_requeue(task_dir: Path, task: str, job: str, restart: Any) -> None:
-    """In a stage task's rank 0 of a run that names a sink: when submitit's own handler of the
-    time-limit or preemption signal requeues it (a stage without hpc's loop, whose stop flag takes
-    that signal instead), the sinks hear `requeued`, once per attempt and timeout count. Wraps the
-    job environment's _requeue, which the handler calls once it checkpointed: a requeue that the
-    host refuses raises there, and is not told."""
-    if os.environ.get("SUBMITIT_EXECUTOR") not in ("slurm", "local") or not settings(attempts.run_of(task_dir)[1]):
-        return  # the debug executor runs tasks in this process, and never requeues
-    import submitit  # loaded already: this process is submitit's task
-
-    _submitit_task.update(task_dir=task_dir, task=task, job=job, restart=restart)
-    env = type(submitit.JobEnvironment())
-    if getattr(env._requeue, "notifies", False):
-        return
-    requeue = env._requeue
-
-    def told(self: Any, countdown: int) -> None:
-        def tell() -> None:
-            t = _submitit_task
-            send(t["task_dir"], "requeued", f"{t['task']}-{t['job']}-{t['restart']}-t{countdown}",
-                 f"submitit: time limit or preemption signal, requeued ({countdown} timeouts left)", t["task"])
-        try:
-            requeue(self, countdown)
-        except SystemExit:  # the local executor's requeue: exit 144
-            tell()
-            raise
-        tell()
-    told.notifies = True  # type: ignore[attr-defined]
-    env._requeue = told
 
 
 HOLD_ENV = "HPC_HOLD_FAILURES"  # hpc's srun wrapper's step folder (hpc.afterstep): failures wait there for its verdict
