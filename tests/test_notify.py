@@ -255,3 +255,21 @@ def test_a_requeue_by_submitits_own_handler_is_told_once_per_attempt(tmp_path, t
         assert body["detail"].startswith("timeout: submitit: time limit near (") and \
             body["detail"].endswith(f"the signal due 55 s before it), requeued ({left} timeouts left)"), body
     assert "timed-out too many times" in hook.bodies[3]["detail"]
+
+
+@pytest.mark.parametrize("info, started, said", [
+    # a site with PreemptParameters=send_user_signal: the time-limit signal at a preemption, SLURM's PreemptTime set
+    ({"JobState": "RUNNING", "PreemptTime": "2026-11-28T10:00:00", "EndTime": "2026-11-28T10:00:30"}, 0.0,
+     ("preempt", "SLURM JobState=RUNNING, PreemptTime=2026-11-28T10:00:00")),
+    # no scontrol (a container): the signal 50 min before the 1-hour limit is not the time limit's, due 120 s before
+    (None, 1000.0 - 600, ("preempt", "preempted: the signal came 3000 s before the time limit")),
+    (None, 1000.0 - 3480, ("timeout", "time limit near (120 s left, the signal due 120 s before it)")),
+])
+def test_a_stop_signal_is_told_apart_by_slurms_preempt_time_or_its_timing(info, started, said):
+    """What hpc.recovery.submitstop says of the signal submitit's handler caught, where the sandbox's
+    SLURM cannot send it so (tests/slurm/test_requeue_kinds.py has the real time limit and preemption)."""
+    from hpc.recovery import submitstop
+
+    ask = (lambda *a, **k: dict(info)) if info else (lambda *a, **k: (_ for _ in ()).throw(RuntimeError("no scontrol")))
+    kind, why = submitstop.at_signal("42", 3600, 120, started, now=1000.0, ask=ask)
+    assert kind == said[0] and why.startswith(said[1]), why

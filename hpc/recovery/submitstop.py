@@ -27,6 +27,7 @@ from hpc.rundir import attempts, notify
 from hpc.slurm import jobcontrol, scheduler
 
 SLACK_S = 65  # SLURM sends the --signal up to 60 s before its time
+UNSET = ("", "None", "Unknown", "(null)")  # scontrol's words for a time not set
 ASK_S = 3.0  # scontrol's deadline in a signal handler: the checkpoint and the requeue need the grace time
 # sacct's State of an attempt that was requeued -> (kind, in words)
 STATES = {"PREEMPTED": ("preempt", "preempted"), "NODE_FAIL": ("node_fail", "its node failed"),
@@ -56,7 +57,7 @@ def at_signal(job_id: str, limit_s: float, delay_s: float, started: float, now: 
     left = None if end is None else end - now
     timing = "signal" if left is None else "timeout" if left <= delay_s + SLACK_S else "preempt"
     kind = verdict.classify(info, timing, int(info.get("Restarts") or 0))[0] if info else timing
-    if kind != timing:  # SLURM's word: a preemption's PreemptTime, a time limit reached
+    if kind != timing or info.get("PreemptTime", "None") not in UNSET:  # SLURM's word: its PreemptTime, ...
         return kind, f"SLURM JobState={info.get('JobState')}, PreemptTime={info.get('PreemptTime')}"
     if kind == "preempt":
         return kind, (f"preempted: the signal came {left:.0f} s before the time limit, not the {delay_s:g} s "
