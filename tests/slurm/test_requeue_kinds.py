@@ -6,25 +6,21 @@ submitit does not see: its next attempt tells it, from sacct). A webhook on 127.
 
     python -m pytest tests/slurm/test_requeue_kinds.py -m slurm
 """
-from pathlib import Path
-
 import pytest
 
 from hpc.cluster.preempt import job_field, preempt
-from hpc.pipeline import plan
 from hpc.rundir.run import RunDir
 from hpc.slurm import scheduler
+from tests.slurm.pipelines import register
 from tests.slurm.requeue_helpers import release, wait_for
 from tests.test_notify import Hook
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slurm
 
 
 def test_a_stage_without_hpcs_loop_says_time_limit_or_preemption_when_requeued(slurm_cluster, tmp_path,
                                                                               monkeypatch, request):
-    monkeypatch.setitem(plan.PIPELINES, "rq", "tests.requeue_pipeline")
-    monkeypatch.chdir(ROOT)  # the jobs import tests.requeue_pipeline from the submission directory
+    register(monkeypatch, rq="tests.requeue_pipeline")
     from hpc import submit
 
     hook = Hook()
