@@ -16,7 +16,9 @@ status. It acts on the job's SIGTERM and on srun's failure:
   in the user's code) is looked at once srun has returned: a failure the allocation can recover from
   starts a new srun step in the same job from the newest checkpoint (hpc.recovery.restart, within
   stages.X.max_restarts_in_place), else a node failure is requeued without the node; with spare
-  nodes (stages.X.spare_nodes) the steps run on the job's nodes less the spares.
+  nodes (stages.X.spare_nodes) the steps run on the job's nodes less the spares. An srun that waits
+  for a node that is gone (its slurmd lost: SLURM ends the step only SlurmdTimeout later) is ended
+  once SLURM shows the node not responding (hpc.recovery.restart.lost), and the step restarts without it.
 - A rank's stop decision (a preemption, the time limit: rank 0; a hang: the rank that decides), which
   ranks never carry out themselves under this wrapper, container or not: it makes the attempt's
   folder and names a request file in it in srun's environment (HPC_HOST_ACTS, hpc.recovery.hostact),
@@ -106,8 +108,9 @@ def steps(run_dir: str, argv: List[str], points: Optional[str], usable: Sequence
             return 1
         # srun's, and the ranks': their own retry deadline; where a failing rank's error waits for act()
         env = {**state["env"], HOST_ACTS: request, HOLD_FAILURES: os.path.dirname(request)}
-        state.update(started=time.time(), next=None)
-        code = supervise(argv, lambda why: act(run_dir, why, points, state), lambda: serve(request, state), env)
+        state.update(started=time.time(), next=None, failing_since=None, unlooked=False)
+        code = supervise(argv, lambda why: act(run_dir, why, points, state), lambda: serve(request, state), env,
+                         lambda: stuck(state))
         if state["next"] is None:  # the task had finished its work when a rank died (at exit): completed
             return 0 if state.get("finished") else code
         argv, state["number"] = state["next"], state["number"] + 1
@@ -164,6 +167,23 @@ def act(run_dir: str, why: str, points: Optional[str] = None, state: Optional[Di
         # the ranks' errors, held in the step's folder while a restart in place or a requeue could follow
         notify.told_failures(os.path.dirname(state["request"]))
     return action is not None and action.do != "none"
+
+
+def stuck(state: Dict[str, Any]) -> bool:
+    """Whether srun waits for a node that is gone (hpc.recovery.restart.lost): asked once a rank of its
+    step has failed (its error in the step's folder, hpc.rundir.notify) or hung (restarted in place)."""
+    try:
+        failing = "hang" in state or any(n.startswith("failed-") for n in os.listdir(os.path.dirname(state["request"])))
+        if not failing:
+            return False
+        from hpc.recovery import restart  # here, not at the top: only a failed step asks
+
+        return restart.lost(state, os.environ)
+    except Exception as err:  # SLURM gave no answer: srun ends when SLURM says the node is down
+        if not state.get("unlooked"):  # said once a step
+            print(f"[hpc] the step's nodes not looked at: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
+        state["unlooked"] = True
+        return False
 
 
 def serve(request: str, state: Optional[Dict[str, Any]] = None) -> bool:

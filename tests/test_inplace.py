@@ -53,8 +53,11 @@ def test_spare_nodes_leave_the_first_step_on_the_others():
     state = {}
     env = {"HPC_SPARE_NODES": "1", "HPC_NODES": "2", "SLURM_NTASKS_PER_NODE": "4", "SLURM_JOB_NODELIST": "n[1-3]"}
     argv = restart.first(["srun", "--unbuffered", "python", "x"], env, state)
-    assert argv == ["srun", "--nodes=2", "--ntasks=8", "--nodelist=n1,n2", "--unbuffered", "python", "x"]
-    assert state["training"] == ["n1", "n2"]
+    # the first node, which runs the batch script and its wrapper, is the spare
+    assert argv == ["srun", "--nodes=2", "--ntasks=8", "--nodelist=n2,n3", "--unbuffered", "python", "x"]
+    assert state["training"] == ["n2", "n3"]
+    assert restart.first(["srun", "x"], env, {}, usable=["n1", "n2"]) == ["srun", "--nodes=2", "--ntasks=8",
+                                                                          "--nodelist=n1,n2", "x"]
     assert restart.first(["srun", "x"], {**env, "HPC_SPARE_NODES": "0"}, {}) == ["srun", "x"]
 
 
@@ -114,3 +117,14 @@ def test_a_node_lost_in_an_earlier_step_stays_out_once_back_in_service(tmp_path)
     assert ok, why
     assert state["next"] == ["srun", "--open-mode=append", "--nodes=1", "--ntasks=2", "--nodelist=n3", "x"]
     assert state["lost"] == ["n1", "n2"]
+
+
+def test_a_step_left_on_a_lost_node_is_looked_for_only_after_a_while_and_overlapped_after(tmp_path):
+    state = {"argv": ["srun", "x"]}
+    assert not restart.lost(state, {}, now=100.0) and state["failing_since"] == 100.0  # srun ends by itself, mostly
+    assert not restart.lost(state, {}, now=100.0 + restart.LOST_AFTER_S - 1)  # SLURM not asked yet
+    env = {"HPC_NODES": "1", "SLURM_NTASKS_PER_NODE": "2"}
+    assert restart.next_line(state, ["n1"], env) == ["srun", "--open-mode=append", "--nodes=1", "--ntasks=2",
+                                                     "--nodelist=n1", "x"]
+    state["overlap"] = True  # set by lost() once a node was found gone: its step holds CPUs on the others
+    assert restart.next_line(state, ["n1"], env)[-2:] == ["--overlap", "x"]

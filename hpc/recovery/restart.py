@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from hpc.fs import atomic
 from hpc.recovery import deadline, hangs, hostact, inplace, nodefail, requeue
 from hpc.rundir import notify
-from hpc.slurm import hostlist
+from hpc.slurm import hostlist, scheduler
 
 DEPTH = 3  # how far below the task directory checkpoints are looked for (nodefail.progress_mark's)
 
@@ -36,7 +36,9 @@ def first(argv: Sequence[str], environ: Mapping[str, str], state: Dict[str, Any]
     if not spare or shape is None or len(allocation) <= spare:
         return list(argv)
     good = [n for n in allocation if n in usable] if usable else allocation
-    state["training"] = good[:len(allocation) - spare]
+    # the last nodes: the first, where this wrapper runs the batch script, is a spare while it can be; a
+    # training node lost for good (its slurmd gone, an OOM that takes all on it) then leaves the wrapper up
+    state["training"] = good[-(len(allocation) - spare):]
     return with_args(argv, inplace.srun_args(state["training"], shape[1])[1:])
 
 
@@ -71,7 +73,7 @@ def offer(state: Dict[str, Any], task_dir: Optional[Path], history: Dict[str, An
             return False, f"{len(allocation) - len(failed)} healthy node(s) left, {fewest} needed"
     if hang is not None:
         state["training"] = nodes
-        state["next"] = with_args(state["argv"], inplace.srun_args(nodes, _per_node(environ)))
+        state["next"] = next_line(state, nodes, environ)
         return True, hang
     mark = nodefail.progress_mark(task_dir) if task_dir else None
     kind = "node" if failed else "error" if notify.a_rank_failed(os.path.dirname(state["request"])) else "crash"
@@ -130,8 +132,38 @@ def _restart(state: Dict[str, Any], task_dir: Optional[Path], history: Dict[str,
                                    "why": why, "done": done})
     state["training"] = list(nodes) if nodes else None
     if not later:
-        state["next"] = with_args(state["argv"], inplace.srun_args(nodes, _per_node(environ)))
+        state["next"] = next_line(state, nodes, environ)
     return True, f"{why}: {done}"
+
+
+def next_line(state: Mapping[str, Any], nodes: Optional[Sequence[str]], environ: Mapping[str, str]) -> List[str]:
+    """The next step's srun line on `nodes`; with --overlap once a step was left on a lost node: SLURM
+    counts that step's CPUs on every node as taken until it sets the node DOWN (lost())."""
+    overlap = ["--overlap"] if state.get("overlap") else []
+    return with_args(state["argv"], [*inplace.srun_args(nodes, _per_node(environ)), *overlap])
+
+
+LOST_AFTER_S = 10.0  # srun ends a step within seconds of a rank's failure (--kill-on-bad-exit); later, it waits
+LOST_ASK_S = 5.0  # how often SLURM is asked meanwhile
+
+
+def lost(state: Dict[str, Any], environ: Mapping[str, str], now: Optional[float] = None) -> bool:
+    """Once a rank of the step has failed, while srun still runs: whether srun waits for a node that is
+    gone. A node whose slurmd died with the ranks on it is NOT_RESPONDING in SLURM soon after the step's
+    end was asked of it, but DOWN, which ends the step, only SlurmdTimeout later (300 s by default).
+    From LOST_AFTER_S after the failure was first seen (state['failing_since']) the step's nodes are
+    looked at every LOST_ASK_S; those that failed join state['lost'], and later steps run with
+    --overlap (next_line)."""
+    now = time.monotonic() if now is None else now
+    since = state["failing_since"] = state.get("failing_since") or now
+    if now - since < LOST_AFTER_S or now - state.get("lost_asked", 0.0) < LOST_ASK_S:
+        return False
+    state["lost_asked"] = now
+    nodes = state.get("training") or hostlist.expand(environ.get("SLURM_JOB_NODELIST", ""))
+    gone = nodefail.failed_nodes(scheduler.node_states(",".join(nodes)))
+    if gone:
+        state.update(lost=sorted(set(state.get("lost") or ()) | set(gone)), overlap=True)
+    return bool(gone)
 
 
 def measured(state: Dict[str, Any], task_dir: Optional[Path], now: float) -> float:

@@ -17,13 +17,14 @@ AFTER_SRUN_S = 3.0  # how long it is still listed once srun has ended, before no
 
 
 def supervise(argv: Sequence[str], on_end: Callable[[str], bool], poll: Optional[Callable[[], bool]] = None,
-              env: Optional[Mapping[str, str]] = None) -> int:
+              env: Optional[Mapping[str, str]] = None, stuck: Optional[Callable[[], bool]] = None) -> int:
     """Run argv (in `env`) to its end; call on_end(why) on each SIGTERM until it returns True (it
     acted), and once more if argv failed and nothing was done yet. `poll()` is called every POLL_S,
     and for AFTER_SRUN_S after argv ended, until it returns True (it carried out a rank's request),
     with SIGTERM ignored meanwhile: it runs before on_end, which then finds the job requeued.
-    Returns argv's exit status."""
-    acted, last = [False], [-POLL_S]
+    `stuck()`, every POLL_S while argv runs, says when argv will never end by itself (srun waiting
+    for the tasks of a node that is gone): argv is killed then. Returns argv's exit status."""
+    acted, last, ended = [False], [-POLL_S], [""]
 
     def polled() -> bool:
         held = signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -53,6 +54,9 @@ def supervise(argv: Sequence[str], on_end: Callable[[str], bool], poll: Optional
                 if time.monotonic() - last[0] >= POLL_S:
                     last[0] = time.monotonic()
                     poll = None if polled() else poll
+                    if stuck is not None and not ended[0] and stuck():
+                        proc.kill()  # its tasks elsewhere have ended: srun waits only for the lost node's
+                        ended[0] = "srun ended by hpc: it waited for a node that is gone"
         # A rank's request written just before srun ended, from another node, may reach this
         # node's view of the shared disk a little later: srun's end alone does not say "none".
         until = time.monotonic() + AFTER_SRUN_S
@@ -60,7 +64,7 @@ def supervise(argv: Sequence[str], on_end: Callable[[str], bool], poll: Optional
             time.sleep(POLL_S)
         if code != 0 and not acted[0]:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            on_end(f"srun exited {code}")
+            on_end(ended[0] or f"srun exited {code}")
     finally:
         signal.signal(signal.SIGTERM, before)
     return code if code >= 0 else 128 - code  # killed by a signal: as the shell would say it

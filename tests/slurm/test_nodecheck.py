@@ -129,10 +129,11 @@ def test_a_node_whose_gpu_device_file_is_gone_is_excluded_by_the_builtin_check(s
 def test_a_node_that_fails_its_check_is_replaced_by_a_spare_without_a_requeue(slurm_cluster, tmp_path):
     """The job holds one node more than it trains on (spare_nodes): the node that fails its check is
     left out and the ranks start on the healthy one, in the same job. The failing node is the job's
-    first, the one a step on "the nodes less the spares" would take."""
+    last, the one a step on "the nodes less the spares" would take (the first, which runs the batch
+    script, is the spare)."""
     import subprocess
 
-    bad, good = slurm_cluster.nodes[0], slurm_cluster.nodes[1]
+    good, bad = slurm_cluster.nodes[0], slurm_cluster.nodes[1]
     assert submit.main(["elastic", "--cluster", "slurm", "--run-dir", str(tmp_path / "run"), "stages.train.nodes=1",
                         "stages.train.spare_nodes=1", "elastic.steps=2", fails_on(bad).format("train")]) == 0
     run = RunDir(tmp_path / "run")

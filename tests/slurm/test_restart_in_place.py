@@ -12,6 +12,7 @@ there only the order of the ranks' gradient sums changes, and the comparison is 
 tests/slurm/test_elastic_cluster.py's ATOL. Each completes as ONE job: sacct shows it COMPLETED with
 no requeue (Restarts=0), except the fallback, which shows one.
 """
+import contextlib
 import json
 import os
 import signal
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from faults.nodes import bring_back
+from faults.nodes import bring_back, job_processes
 from hpc import submit
 from hpc.cluster.preempt import job_field
 from hpc.monitor import timeline
@@ -193,9 +194,10 @@ def failing(slurm_cluster):
         bring_back(slurm_cluster, node)
 
 
-def fail_training_node(slurm_cluster, out: Path, failing: list, which: int) -> str:
+def fail_training_node(slurm_cluster, out: Path, failing: list, which: int, lost: bool = False) -> str:
     """Once every rank of the first step waits at its hold: the `which`-th node its ranks run on fails
-    (its ranks killed, the node set FAIL by scontrol)."""
+    (its ranks killed, the node set FAIL by scontrol), or with `lost`, is lost for real: its slurmd
+    killed with every process of the job on it, and SLURM left to notice by itself."""
     (first,) = wait_until(lambda: attempts(out) if (out / "attempts.jsonl").exists() else None, 180,
                           "the first step's start")
     tag = first["tag"]
@@ -204,19 +206,29 @@ def fail_training_node(slurm_cluster, out: Path, failing: list, which: int) -> s
     node = sorted({p["node"] for p in pids})[which]
     wait_until(lambda: (out / "checkpoints" / "step-2" / "COMPLETE.json").is_file(), 120, "the checkpoint of step 2")
     failing.append(node)
+    if lost:
+        os.kill(int(slurm_cluster.layout.path("run", f"slurmd-{node}.pid").read_text()), signal.SIGKILL)
+        for pid in job_processes(first["tag"].split("-")[0], node):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return node
     slurm_cluster.run(["scontrol", "update", f"nodename={node}", "state=fail", "reason=hpc-restart-in-place-test"])
     kill_ranks_on(out, tag, node)
     return node
 
 
-def fail_mid_training(slurm_cluster, failing: list, tmp_path: Path, which: int, *overrides: str) -> tuple:
-    """A run held before step 3 whose `which`-th node fails then; (its task directory, the node)
-    once it has completed, and the restart in place recorded."""
+def fail_mid_training(slurm_cluster, failing: list, tmp_path: Path, which: int, *overrides: str,
+                      lost: bool = False) -> tuple:
+    """A run held before step 3 whose `which`-th node fails then (`lost`: see fail_training_node); (its
+    task directory, the restart's event) once it has completed, and the restart in place recorded."""
     release_file = tmp_path / "release"
     run = train(tmp_path / "run", "inplace.hold_at=3", f"inplace.release={release_file}", *overrides)
     out = run.task_dir("train")
-    node = fail_training_node(slurm_cluster, out, failing, which)
+    node = fail_training_node(slurm_cluster, out, failing, which, lost)
     release_file.touch()
+    if lost:  # restarted in place well before SlurmdTimeout; the job's end then waits for the node's answer
+        wait_until(lambda: (out / nodefail.HISTORY).is_file() and restarts_in_place(out), 90, "the restart in place")
+        bring_back(slurm_cluster, node)
     finished(run)
     (event,) = restarts_in_place(out)
     assert (event["failure"], event["failed_nodes"]) == ("node", [node]) and node not in event["nodes"], event
@@ -229,6 +241,19 @@ def test_a_failed_node_is_replaced_by_a_spare_in_place(slurm_cluster, reference,
     first, second = attempts(out)
     assert (first["world_size"], second["world_size"], second["resumed_from"]) == (2, 2, 2)
     same_training(out, reference)
+
+
+def test_a_node_lost_for_real_restarts_in_place_before_slurm_notices(slurm_cluster, reference, failing, tmp_path):
+    """The last node of a node range's job loses its slurmd with the ranks on it: SLURM sets the node DOWN
+    only SlurmdTimeout (300 s) later, and srun waits for it until then. Once the other ranks have failed,
+    the wrapper sees the node NOT_RESPONDING, ends srun, and restarts on the node left, beside the lost
+    node's step (--overlap)."""
+    out, event = fail_mid_training(slurm_cluster, failing, tmp_path, -1, "stages.train.nodes=1-2", lost=True)
+    assert event["nodes"] == [slurm_cluster.nodes[0]], event
+    first, second = attempts(out)
+    assert (first["world_size"], second["world_size"], second["resumed_from"]) == (4, 2, 2)
+    assert second["time"] - first["time"] < 150, (first, second)  # well before SlurmdTimeout's 300 s
+    same_training(out, reference, ATOL)
 
 
 def test_a_node_range_without_a_spare_shrinks_in_place(slurm_cluster, reference, failing, tmp_path):
