@@ -49,6 +49,7 @@ def test_a_failed_tasks_error_is_its_own_last_line_not_the_srun_wrappers_account
     log = tmp_path / "err"
     log.write_text("Traceback (most recent call last):\nRuntimeError: failing on request\n"
                    "srun: error: n1: task 1: Exited with exit code 1\n"
+                   "slurmstepd: error: *** STEP 7.1 ON n1 CANCELLED AT 2026-11-28T22:00:00 ***\n"
                    "[hpc] srun exited 1: not a node failure: left as it is (not restarted in place: same failure)\n")
     assert status_logs.last_error(log) == "RuntimeError: failing on request"
     log.write_text("[hpc] this task's pickle is not unpacked, so it cannot run: gone\n")  # the wrapper's alone

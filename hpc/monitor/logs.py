@@ -107,10 +107,11 @@ def last_progress(log: Path, tail_bytes: int = 4096) -> str:
 
 def last_error(log: Path, tail_bytes: int = 4096) -> str:
     """The last line a failed task's own code wrote to its error log: the srun wrapper's account of
-    what it did after the failure ('[hpc] srun exited 1: ...') comes after it, and is shown only where
+    what it did after the failure ('[hpc] srun exited 1: ...') and slurmstepd's notice of the step it
+    ended ('slurmstepd: error: *** STEP 7.0 ... CANCELLED ***') come after it, and are shown only where
     the task wrote nothing else (a task that never ran)."""
     lines = _lines(log, tail_bytes)
-    own = [ln for ln in lines if not ln.startswith(HPC_LINE)]
+    own = [ln for ln in lines if not ln.startswith((HPC_LINE, "slurmstepd: "))]
     return (own or lines or [""])[-1][:120]
 
 
