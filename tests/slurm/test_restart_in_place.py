@@ -32,6 +32,7 @@ from hpc.recovery.hangs import HANGS, REPORT
 from hpc.rundir.run import DONE, RunDir
 from hpc.slurm import hostlist
 from tests.box import boxed
+from tests.slurm.pipelines import use_pipelines
 from tests.slurm.requeue_helpers import release, steps_of, submit_run
 from tests.slurm.test_nodecheck import fails_on
 from tests.slurm.test_pipeline import ended, job_ids, wait_until
@@ -44,10 +45,7 @@ pytestmark = pytest.mark.slurm
 STEPS = 8
 
 
-@pytest.fixture(autouse=True)
-def inplace(monkeypatch):
-    monkeypatch.setitem(plan.PIPELINES, "inplace", "tests.inplace_pipeline")
-    monkeypatch.chdir(ROOT)  # jobs import tests.inplace_pipeline from the submission directory
+inplace = use_pipelines(inplace="tests.inplace_pipeline")
 
 
 def train(run_dir: Path, *overrides: str) -> RunDir:
