@@ -4,7 +4,8 @@
 
 A local task's job id is the pid of the submitit process that runs it (submitit.local), on the machine
 that submitted it: the task runs while that process lives and its command line names the stage's
-log folder (a pid reused by another process names none; a zombie has no command line). A here task
+log folder, for a sweep's point the sweep's folder of that stage (a pid reused by another process
+names none; a zombie has no command line). A here task
 (<allocation>.h<n>) runs while squeue lists its step among its allocation's (hpc.slurm.steps): one
 call for every here task of a run, made only when one of them has not left its outcome yet. Once
 either ended, its done marker or its result file tells COMPLETED or FAILED (hpc.monitor.status).
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Dict, Optional, Set
+from typing import Any, Callable, Dict, Optional, Set
 
 from hpc.rundir.run import RunDir
 from hpc.slurm import steps
@@ -35,17 +36,20 @@ def local_process(job_id: str, logs: Path) -> bool:
 
 
 class Alive:
-    """The liveness of one run's tasks; squeue is asked once, at the first here task asked about."""
+    """The liveness of one run's tasks; squeue is asked once, at the first here task asked about.
+    `in_sweep`: whether the run is a sweep's point, whose tasks log in the sweep's stage folders
+    (its own <stage>/logs is a link its task makes once started, hpc.rundir.sweepdir)."""
 
-    def __init__(self, run: RunDir):
-        self.run = run
+    def __init__(self, run: RunDir, in_sweep: Callable[[], bool] = lambda: False):
+        self.run, self.in_sweep = run, in_sweep
         self._steps: Optional[Set[str]] = None
 
     def running(self, t: Dict[str, Any]) -> bool:
         """Whether the latest job of manifest task `t` is running (only asked of one without an outcome)."""
         kind = t["jobs"][-1]["executor"]
         if kind == LOCAL:
-            return local_process(t["job_id"], self.run.path / t["stage"] / "logs")
+            return (local_process(t["job_id"], self.run.path / t["stage"] / "logs")
+                    or (self.in_sweep() and local_process(t["job_id"], self.run.path.parent / t["stage"] / "logs")))
         if kind == HERE:
             run_id = (self.run.manifest() or {}).get("run_id", "")
             return steps.name(t["stage"], run_id, t["job_id"]) in self._running_steps()

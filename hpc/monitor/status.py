@@ -87,7 +87,7 @@ def collect(run: RunDir, answer: Optional[Tuple[scheduler.Answer, Dict[str, Any]
     records, never = answer or query_run(run)
     in_sweep = functools.lru_cache(maxsize=None)(lambda: is_sweep(str(run.path.parent)))  # asked once, if ever
     folders: Dict[Path, Set[str]] = {}  # log folder -> its names: an array's tasks share one, listed once
-    alive = Alive(run)  # a local or here task without an outcome: its process or step (hpc.monitor.alive)
+    alive = Alive(run, in_sweep)  # a local or here task without an outcome: its process or step (hpc.monitor.alive)
     rows = [_row(run, t, records, in_sweep, folders, alive) for t in run.tasks()]
     rows += [_unsubmitted(run, stage, item) for stage, item in run.unsubmitted()]
     _explain(rows, records, never, run.job_tasks())
@@ -119,8 +119,8 @@ def _row(run: RunDir, t: Dict[str, Any], records: scheduler.Answer, in_sweep: Ca
     else:  # the stage's listing, and an array's folder, listed once for all its tasks
         logs = logdirs.folder(stage_logs, jid, _listed(stage_logs, folders))
         logged = _listed(logs, folders)
-    if not logged and rec and rec.state != "PENDING" and in_sweep():  # a sweep's task that failed before
-        logs = logdirs.folder(run.path.parent / stage / "logs", jid)  # it linked its point's logs (hpc.rundir.sweepdir)
+    if not logged and not (rec and rec.state == "PENDING") and in_sweep():  # a sweep's task that failed (or
+        logs = logdirs.folder(run.path.parent / stage / "logs", jid)  # runs) before it linked its point's logs
         logged = _listed(logs, folders)
     info = _read_done(task_dir) if DONE in here else {}
     result = logs / f"{jid}_0_result.pkl" if f"{jid}_0_result.pkl" in logged else None
@@ -222,10 +222,14 @@ def _world(info: Dict[str, Any], log: Optional[Path]) -> Tuple[Optional[int], Op
     return (int(found[1]), int(found[2])) if found else (None, None)
 
 
-def left_behind(run: RunDir, stage: str, item: Any, job_id: str) -> str:
-    """The state an ended job's files tell: its done marker, else rank 0's submitit result file."""
-    result = logdirs.folder(run.path / stage / "logs", job_id) / f"{job_id}_0_result.pkl"
-    return _left(run.is_done(stage, item), result if result.exists() else None)
+def left_behind(run: RunDir, stage: str, item: Any, job_id: str, running: Optional[Callable[[], bool]] = None,
+                in_sweep: bool = False) -> str:
+    """The state an ended job's files tell: its done marker, else rank 0's submitit result file, for
+    a sweep's point (`in_sweep`) in the sweep's folder where its task failed before linking its logs
+    (hpc.rundir.sweepdir); `running`: as _left's."""
+    roots = (run.path, run.path.parent) if in_sweep else (run.path,)
+    results = (logdirs.folder(root / stage / "logs", job_id) / f"{job_id}_0_result.pkl" for root in roots)
+    return _left(run.is_done(stage, item), next((r for r in results if r.exists()), None), running)
 
 
 def _left(done: bool, result: Optional[Path], running: Optional[Callable[[], bool]] = None) -> str:

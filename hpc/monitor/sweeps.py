@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 from hpc.monitor import lost, status, table
+from hpc.monitor.alive import Alive
 from hpc.rundir.sweepdir import SweepDir, describe
 from hpc.slurm import scheduler
 
@@ -48,8 +49,9 @@ def collect(sweep: SweepDir) -> List[PointStatus]:
     records, never = status.query_run(*runs)
     rows = []
     for (sig, entry), run in zip(points.items(), runs):
-        tasks = [("NEVER" if t["job_id"] in never else status.task_state(
-                  t, records, lambda t=t: status.left_behind(run, t["stage"], t["item"], t["job_id"])))
+        alive = Alive(run, lambda: True)  # a local task without an outcome: RUNNING while its process runs
+        tasks = [("NEVER" if t["job_id"] in never else status.task_state(t, records, lambda t=t: status.left_behind(
+                  run, t["stage"], t["item"], t["job_id"], lambda: alive.running(t), in_sweep=True)))
                  for t in run.tasks()]
         state = next((s for s in PRECEDENCE if s in tasks), "COMPLETED" if tasks else NOT_SUBMITTED)
         rows.append(PointStatus(sig, entry["overrides"], entry.get("in_grid", True), state,

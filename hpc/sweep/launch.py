@@ -5,8 +5,11 @@ each point's manifest written once.
 
 Per array: the file naming each task's point (SweepDir.write_points) and the file of its tasks'
 pickles (hpc.pipeline.arraytasks), one sbatch, then per point its jobs added to its manifest in
-memory; each point's manifest is written once, at the end. A point's link to its stage's logs is
-made by its task when it starts (hpc.pipeline.executor.StageTask), not here: 4 files per point.
+memory; each point's manifest is written once, at the end. Where nothing orders the stages (the
+local and debug executors) each array is waited for before the next starts: there a point's manifest
+is also written as each array starts, so that hpc.status shows its tasks running meanwhile. A point's
+link to its stage's logs is made by its task when it starts (hpc.pipeline.executor.StageTask), not
+here: 4 files per point.
 A failed array does not stop the later ones on the local executor: each task checks its own point's.
 """
 from __future__ import annotations
@@ -78,6 +81,8 @@ class SweepBook(launcher.Book):
             add_jobs(self.manifests[sig], job.stage, [(job.items[n][1], jid) for n, jid in own], kind,
                      ups.get(sig, []), [order.each[n] for n, _ in own] if order.each else (),
                      self.code.hash if self.code else None)
+            if kind != "slurm":  # the backend waits for these tasks to end: their points show them running
+                self.sweep.point(sig).write_manifest(self.manifests[sig])
 
     def close(self) -> None:
         for sig, data in self.manifests.items():
