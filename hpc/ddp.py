@@ -13,6 +13,13 @@ Rank 0 is named once (is_main); other ranks get a writer that does nothing and n
 bar. The process group has a timeout so a rank that dies fails the others instead of
 leaving them blocked in a collective. What the session offers inside (wrap, loader, collectives,
 writer) is hpc.runtime.session's Session; this module joins and leaves the group.
+
+Leaving waits for the gloo group's worker threads to go idle (settle_workers): a worker torch has
+not scheduled since its collective ended still holds that collective's tensors, and if it frees them
+once the interpreter has begun to end (the group outlives destroy_process_group wherever a DDP model
+or torch.distributed.nn still holds it), their Python objects need the GIL: Python ends the thread
+inside a C++ destructor and the whole process aborts ("terminate called without an active
+exception", SIGABRT) after its work was done, on the ordinary exit and on every preemption's.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import contextlib
 import datetime
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -41,6 +49,42 @@ log = logging.getLogger(__name__)
 # The rendezvous store outlives the group (torch's TCP store server is shared per port within a
 # process), so a second session here reaches the keys of the first: the generation keeps them apart.
 _generation = 0
+GLOO_WORKER = "pt_gloo_runloop"  # the name torch gives each worker thread of a gloo group
+SETTLE_S = 5.0  # the longest a session's exit waits for them; past it, it leaves all the same
+
+
+def busy_workers() -> list[int]:
+    """Thread ids of this process's gloo workers that are running or ready to run (Linux /proc;
+    none where it cannot be read). An idle worker sleeps on its queue."""
+    busy = []
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return busy
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                stat = f.read()
+        except OSError:  # the thread has just ended
+            continue
+        name, state = stat[stat.find("(") + 1:stat.rfind(")")], stat[stat.rfind(")") + 2:][:1]
+        if name == GLOO_WORKER and state == "R":
+            busy.append(int(tid))
+    return busy
+
+
+def settle_workers(timeout_s: float = SETTLE_S, pause_s: float = 0.002) -> bool:
+    """Wait, the GIL released, until no gloo worker has run for three looks in a row; False when
+    one still ran after timeout_s. A worker waiting for the GIL takes it during each pause."""
+    deadline, quiet = time.monotonic() + timeout_s, 0
+    while quiet < 3:
+        if time.monotonic() > deadline:
+            log.warning("gloo worker threads %s still running %g s after the session ended",
+                        busy_workers(), timeout_s)
+            return False
+        time.sleep(pause_s)
+        quiet = 0 if busy_workers() else quiet + 1
+    return True
 
 
 def _cuda_count() -> int:
@@ -113,3 +157,5 @@ def session(timeout_s: float = 600, backend: str | None = None, env: DistEnv | N
     finally:
         if owns_group and dist.is_initialized():
             dist.destroy_process_group()
+        if owns_group:
+            settle_workers()

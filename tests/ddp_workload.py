@@ -145,8 +145,32 @@ def stop(s, args):
     return {"stops": stops}
 
 
+def lagging(s, args):
+    """A gloo worker that torch has not scheduled since its collective ended, still running as the
+    session ends: here a thread under the workers' name that computes for args.lag_s without the GIL.
+    After the session, each rank records whether it had finished (hpc.ddp.settle_workers)."""
+    import ctypes
+    import hashlib
+    import threading
+
+    done = threading.Event()
+
+    def work() -> None:
+        ctypes.CDLL(None).prctl(15, hpc.ddp.GLOO_WORKER.encode(), 0, 0, 0)  # PR_SET_NAME: this thread
+        data, until = bytes(2**22), time.monotonic() + args.lag_s
+        while time.monotonic() < until:
+            hashlib.sha256(data).digest()  # without the GIL: the thread runs, as a late worker does
+        done.set()
+
+    threading.Thread(target=work, daemon=True).start()
+    s.barrier()
+    AFTER_SESSION.append(lambda: {"worker_done": done.is_set()})
+    return {}
+
+
 WORKLOADS = {"allreduce": allreduce, "train": train, "fail": fail, "hang": hang, "stop": stop,
-             "leave": leave}
+             "leave": leave, "lagging": lagging}
+AFTER_SESSION: list = []  # what a workload records once the session has ended: after-<rank>.json
 
 
 def main() -> int:
@@ -157,6 +181,7 @@ def main() -> int:
     parser.add_argument("--per-device-max", type=int, default=4)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--timeout", type=float, default=60)
+    parser.add_argument("--lag-s", type=float, default=1.0)
     args = parser.parse_args()
     with hpc.ddp.session(timeout_s=args.timeout) as s:
         result = WORKLOADS[args.workload](s, args)
@@ -165,6 +190,8 @@ def main() -> int:
                       source=s.env.source, master=f"{s.env.master_addr}:{s.env.master_port}")
         Path(args.out, f"rank-{s.rank}.json").write_text(json.dumps(result))
         Path(args.out, f"left-{s.rank}").touch()  # the last act inside the session
+    for after in AFTER_SESSION:
+        Path(args.out, f"after-{s.rank}.json").write_text(json.dumps(after()))
     return 0
 
 

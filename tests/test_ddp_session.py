@@ -149,6 +149,16 @@ def test_no_rank_tears_down_before_every_rank_has_finished(tmp_path):
         assert json.loads((tmp_path / f"teardown-{rank}.json").read_text()) == [0, 1, 2], rank
 
 
+def test_the_session_ends_only_once_the_gloo_workers_are_idle(tmp_path):
+    """A gloo worker still running as the session ends would free its collective's tensors while the
+    interpreter ends, and abort the process (SIGABRT) after its work was done. Each rank's worker
+    here computes for 1.5 s past the session's body; the session must return after it finished."""
+    codes, _, errors = run_local("lagging", 2, tmp_path, "--lag-s", "1.5")
+    assert codes == [0, 0], errors
+    for rank in range(2):
+        assert json.loads((tmp_path / f"after-{rank}.json").read_text()) == {"worker_done": True}, rank
+
+
 def test_a_peer_that_left_by_an_exception_delays_the_exit_by_the_bound_only(monkeypatch):
     """rendezvous_exit answers False (and the caller tears down) when a peer never checks in."""
     from hpc.runtime.teardown import rendezvous_exit
