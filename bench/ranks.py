@@ -10,11 +10,12 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import Callable, Dict, List, Sequence, TypeVar
 
 from bench.common import REPO, child_env, free_port
 
 WORLD = 2
+T = TypeVar("T")
 
 
 def start_ranks(module: str, args: List[str], world: int = WORLD,
@@ -51,15 +52,20 @@ def rank0_result(procs: List[subprocess.Popen], what: str, timeout: float = 600)
 
 def run_ranks(module: str, args: List[str], out: Path, what: str, repeated: List[str],
               world: int = WORLD) -> Dict:
-    """rank0_result of one launch, launched once more if a rank failed; `repeated` gets why.
-    The second launch starts from an empty `out`: a TrainLoop must not resume the first's."""
+    """rank0_result of one launch, launched once more if a rank failed (see twice)."""
+    return twice(lambda: rank0_result(start_ranks(module, args, world), what), out, repeated)
+
+
+def twice(launch: Callable[[], T], out: Path, repeated: List[str]) -> T:
+    """launch(), called once more if it raised RuntimeError (a rank failed); `repeated` gets why.
+    The second call starts from an empty `out`: a TrainLoop must not resume the first's."""
     try:
-        return rank0_result(start_ranks(module, args, world), what)
+        return launch()
     except RuntimeError as err:
         repeated.append(str(err)[-300:])
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir(parents=True)
-        return rank0_result(start_ranks(module, args, world), what)
+        return launch()
 
 
 def repeated_note(repeated: List[str]) -> List[str]:
