@@ -28,7 +28,7 @@ CALLERS: Dict[str, Set[Tuple[str, str]]] = {
 SUBMITIT = {("hpc.pipeline.executor", "submit_array"), ("hpc.afterstep", "resubmit_after")}
 STEP_PACKAGES = ("hpc.pipeline", "hpc.sweep", "hpc.here")  # where a Popen would start a stage's step
 STEP = {("hpc.here.steps", "start_step"),  # srun of one task's step
-        ("hpc.pipeline.packrun", "drive")}  # inside a packed job launch() submitted: each item's step
+        ("hpc.pipeline.packrun", "drive.start")}  # inside a packed job launch() submitted: each item's step
 
 
 def calls(path: Path) -> Iterator[Tuple[str, str, str]]:

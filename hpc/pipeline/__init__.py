@@ -26,6 +26,7 @@ Parts::
     packing.py     stages.X.pack: k items per job, planned against the partition's GPUs per node
     packrun.py     a packed job's driver: each unfinished item as its own srun step
     packstop.py    its items' stop requests settled as one: the job requeued once
+    packretry.py   a failed item's step alone started again in the job (a restart in place)
     options.py     Option: a pipeline's own options of python -m hpc.submit and hpc.submit(), as overrides
     request.py     Request: one submission, typed, as python -m hpc.submit takes it
     submission.py  start(): the engine python -m hpc.submit, hpc.submit() and sweeps call

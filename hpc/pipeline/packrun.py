@@ -24,6 +24,9 @@ items, each resuming from its own checkpoint. Items without hpc's loop end at th
 asking: once every step has ended, where SLURM shows the job preempted, the driver asks for them
 (packstop.Host.stand_in), and the job is requeued once all the same.
 
+An item whose step fails while the job runs is first offered a restart in place (packretry: its step
+alone started again, resuming from its own checkpoint, as hpc.recovery.inplace allows); its ranks'
+error waits in its request folder meanwhile and is told once it is left failed. Then
 stages.X.pack_fail: `continue` (an item that fails leaves its siblings running), or `stop` (its
 siblings' steps are ended: srun's double interrupt). The driver exits 0 when every item it ran is
 done, 1 otherwise; python -m hpc.status shows each item with the job they shared.
@@ -38,7 +41,8 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
-from hpc.pipeline import packing, packstop
+from hpc.pipeline import packing, packretry, packstop
+from hpc.rundir import notify
 
 POLL_S = 0.5  # how often the steps are looked at, and (every second look) their request folders
 
@@ -85,15 +89,18 @@ def item_argv(shape: Dict[str, Any], n: int, pickle: str, log: str) -> List[str]
     return [*argv, sys.executable, "-u", "-m", "hpc.pipeline.packrun", "--item", str(n), pickle]
 
 
-def item_env(environ: Dict[str, str], request: str, n: int) -> Dict[str, str]:
+def item_env(environ: Dict[str, str], request: str, n: int, in_place: int = 0) -> Dict[str, str]:
     """A step's environment: without the job's SLURM_GPUS_PER_NODE (with it, every step gets all the
-    job's GPUs: hpc.pipeline.packing), its own stop-request file and master port."""
+    job's GPUs: hpc.pipeline.packing), its own stop-request file and master port, its restart in place,
+    and the folder where a failing rank's error waits (told once the item is not restarted: packretry)."""
     # here, not at the top: only the driver derives ports
+    from hpc.recovery.inplace import ENV as IN_PLACE
     from hpc.runtime.distenv import PORT_BASE, PORT_SPAN, master_port_for
 
     env = {k: v for k, v in environ.items() if k != "SLURM_GPUS_PER_NODE"}
     port = PORT_BASE + (master_port_for(environ.get("SLURM_JOB_ID", "0")) - PORT_BASE + 1 + n) % PORT_SPAN
-    return {**env, packstop.HOST_ACTS: request, "HPC_MASTER_PORT": str(port)}
+    return {**env, packstop.HOST_ACTS: request, "HPC_MASTER_PORT": str(port), IN_PLACE: str(in_place),
+            notify.HOLD_ENV: os.path.dirname(request)}
 
 
 def drive(run_dir: str, pack: PackTask, pickle: str, shape: Dict[str, Any], environ: Dict[str, str]) -> int:
@@ -114,23 +121,45 @@ def drive(run_dir: str, pack: PackTask, pickle: str, shape: Dict[str, Any], envi
     # the array's id, as every task of the array (show job lists them all, requeue requeues them all)
     host = packstop.Host(run_dir, job or environ.get("SLURM_JOB_ID", "0"), environ.get("SLURM_RESTART_COUNT") or "0")
     steps: Dict[int, subprocess.Popen] = {}
-    for n, task in todo:
-        request = host.add(n)
+    started: Dict[int, float] = {}
+    key = job or environ.get("SLURM_JOB_ID", "0")
+
+    def start(n: int, task: Any, in_place: int = 0) -> None:
+        request = host.add(n, in_place)
         point = os.path.basename(task.run_dir) if sweep else None
-        log = os.path.join(logs, sweepdir.item_log(job or environ.get('SLURM_JOB_ID', '0'), task.item, point))
-        steps[n] = subprocess.Popen(item_argv(shape, n, pickle, log), env=item_env(environ, request, n))
-        print(f"[hpc] item {task.item}{f' of point {point}' if point else ''} (stage {task.stage}): step started, log {log}_0_log.out", file=sys.stderr,
+        log = os.path.join(logs, sweepdir.item_log(key, task.item, point))
+        started[n] = time.time()
+        steps[n] = subprocess.Popen(item_argv(shape, n, pickle, log), env=item_env(environ, request, n, in_place))
+        print(f"[hpc] item {task.item}{f' of point {point}' if point else ''} (stage {task.stage}): step started"
+              f"{f' again (restart in place {in_place})' if in_place else ''}, log {log}_0_log.out", file=sys.stderr,
               flush=True)
+
+    for n, task in todo:
+        start(n, task)
     codes: Dict[int, int] = {}
+    again: Dict[int, int] = {}  # item position -> its restarts in place
+    halted: set = set()  # items whose steps pack_fail=stop ended: never restarted
     looks = 0
     while len(codes) < len(steps) or host.waiting():
         time.sleep(POLL_S)
-        for n, proc in steps.items():
+        for n, proc in list(steps.items()):
             if n not in codes and proc.poll() is not None:
                 codes[n] = proc.returncode
-                failed = proc.returncode != 0 and not host.asked(n)
-                if failed and shape["fail"] == "stop":
-                    stop_siblings(steps, codes, pack.tasks[n].item)
+                task = pack.tasks[n]
+                if proc.returncode == 0 or host.asked(n) or n in halted or done(task):
+                    continue
+                ok, why = packretry.offer(RunDir(task.run_dir).task_dir(task.stage, task.item), key, environ,
+                                          started[n], host.paths[n])
+                print(f"[hpc] item {task.item} failed: {'' if ok else 'not restarted in place: '}{why}",
+                      file=sys.stderr, flush=True)
+                if ok:
+                    again[n] = again.get(n, 0) + 1
+                    del codes[n]
+                    start(n, task, again[n])
+                    continue
+                notify.told_failures(os.path.dirname(host.paths[n]))  # its ranks' errors, held while it could restart
+                if shape["fail"] == "stop":
+                    halted.update(stop_siblings(steps, codes, task.item))
         looks += 1
         if looks % 2 == 0 or len(codes) == len(steps):
             if len(codes) == len(steps) and not (host.said or host.stood_in):  # unfinished items that did not ask
@@ -144,14 +173,17 @@ def drive(run_dir: str, pack: PackTask, pickle: str, shape: Dict[str, Any], envi
     return 0 if len(finished) == len(todo) else 1
 
 
-def stop_siblings(steps: Dict[int, subprocess.Popen], codes: Dict[int, int], item: Any) -> None:
-    """stages.X.pack_fail=stop: end the other items' steps (srun's double interrupt ends a step)."""
+def stop_siblings(steps: Dict[int, subprocess.Popen], codes: Dict[int, int], item: Any) -> List[int]:
+    """stages.X.pack_fail=stop: end the other items' steps (srun's double interrupt ends a step); the
+    positions of those it ends."""
     print(f"[hpc] item {item} failed; pack_fail=stop: ending its siblings' steps", file=sys.stderr, flush=True)
+    ending = [n for n, proc in steps.items() if n not in codes and proc.poll() is None]
     for _ in range(2):
         for n, proc in steps.items():
             if n not in codes and proc.poll() is None:
                 proc.send_signal(signal.SIGINT)
         time.sleep(0.3)
+    return ending
 
 
 def run_item(n: int, pickle: str) -> int:

@@ -46,9 +46,9 @@ class Host:
         self.said = ""
         self.stood_in = False  # whether requests were written for items that did not ask
 
-    def add(self, n: int) -> str:
-        """The request file of item n's step, its folder made (the ranks write there)."""
-        path = hostact.request_path(self.run_dir, self.job_id, f"{self.restart}.pack{n}")
+    def add(self, n: int, in_place: int = 0) -> str:
+        """The request file of item n's step (`in_place`: its restart in place), its folder made (the ranks write there)."""
+        path = hostact.request_path(self.run_dir, self.job_id, f"{self.restart}.pack{n}" + f".{in_place}" * bool(in_place))
         os.makedirs(os.path.dirname(path), exist_ok=True)
         self.paths[n] = path
         return path

@@ -28,8 +28,8 @@ from hpc.cluster.preempt import job_field, preempt
 from hpc.monitor import status
 from hpc.rundir.run import RunDir
 from hpc.slurm import gres, scheduler
-from tests.slurm.requeue_helpers import release, wait_for
 from tests.slurm.pipelines import use_pipelines
+from tests.slurm.requeue_helpers import release, wait_for
 
 pytestmark = pytest.mark.slurm
 pipelines = use_pipelines(tiny="tests.tiny_pipeline", pk="tests.pack_pipeline")
@@ -74,8 +74,8 @@ def test_sixteen_one_gpu_items_packed_eight_per_whole_node_job_fail_alone_and_re
         slurm_cluster, tmp_path, monkeypatch, capsys):
     """The issue's case on nodes of 8 GPUs, at a site whose smallest job is 8 GPUs (a whole node):
     16 one-GPU items (tests/pack_pipeline.py, pk.chain: no torch, a checkpoint per step) packed 8
-    per job run as 2 jobs of one array, each item its own GPU; item 1 fails and its 7 siblings go
-    on; both jobs are preempted while 14 items are mid-way (items 0 and 8 done): each is requeued
+    per job run as 2 jobs of one array, each item its own GPU; item 1 fails, its step alone is started
+    again in place once, fails again and is left, and its 7 siblings go on; both jobs are preempted while 14 items are mid-way (items 0 and 8 done): each is requeued
     exactly once, its requeued attempt runs only its unfinished items, each resuming from its own
     checkpoint to the digest of an unpacked run of it. A resubmission then runs item 1 alone,
     packed again into a job of the site's 8 GPUs."""
@@ -92,9 +92,13 @@ def test_sixteen_one_gpu_items_packed_eight_per_whole_node_job_fail_alone_and_re
     assert {jobs[i] for i in range(8)} == {a} and {jobs[i] for i in range(8, 16)} == {b} and a != b  # 2, not 16
     assert a.split("_")[0] == b.split("_")[0]  # one array
     running = [i for i in range(16) if i not in (0, 1, 8)]
-    wait_for(lambda: run.is_done("train", 0) and run.is_done("train", 8) and attempts_of(run, 1)
-             and all(progress(run, i) >= 2 for i in running), "items 0 and 8 done, item 1 failed, the others mid-way")
     logs = run.path / "train" / "logs" / a.split("_")[0]
+    driver = logs / f"{a}_0_log.err"  # the pack's driver's log: the batch step's
+    wait_for(lambda: run.is_done("train", 0) and run.is_done("train", 8) and driver.exists()
+             and "item 1 failed: not restarted in place" in driver.read_text()
+             and all(progress(run, i) >= 2 for i in running), "items 0 and 8 done, item 1 failed, the others mid-way")
+    assert [x["restart"] for x in attempts_of(run, 1)] == [0, 0]  # restarted in place once, alone
+    assert "item 1 failed: a rank exited with an error: restart in place 1 of at most 3" in driver.read_text()
     for job, items in ((a, range(8)), (b, range(8, 16))):  # each item its own step and its own GPU
         devices = {re.search(r"CUDA_VISIBLE_DEVICES=(\S*)", (logs / f"{job}.item-{i}_0_log.out").read_text()).group(1)
                    for i in items}
@@ -110,7 +114,11 @@ def test_sixteen_one_gpu_items_packed_eight_per_whole_node_job_fail_alone_and_re
     assert [run.is_done("train", i) for i in range(16)] == [i != 1 for i in range(16)]  # 7 + 8 siblings done
     for item in (0, 8):  # done before the stop: not run again
         assert [x["restart"] for x in attempts_of(run, item)] == [0]
-    assert [x["restart"] for x in attempts_of(run, 1)] == [0, 1]  # unfinished: run again, and failed again
+    # unfinished: run again in the requeued job, restarted in place once there too, failed again
+    assert [x["restart"] for x in attempts_of(run, 1)] == [0, 0, 1, 1]
+    recovery = json.loads((run.task_dir("train", 1) / "recovery.json").read_text())
+    assert [(e["kind"], e["job"], e["restart"]) for e in recovery["events"]] == [("restart_in_place", a, 0)] * 1 + [
+        ("restart_in_place", a, 1)]
     for item in running:  # each resumed from its own checkpoint, no earlier than where it was stopped
         tried = attempts_of(run, item)
         assert [x["restart"] for x in tried] == [0, 1] and tried[1]["first"] >= stopped_at[item], (item, tried)
@@ -145,6 +153,9 @@ def test_with_pack_fail_stop_a_failed_item_ends_its_siblings_step(slurm_cluster,
                         "tiny.fail_items=[1]", "tiny.slow_items=[0]", "tiny.slow_s=30"]) == 0
     wait_for(lambda: ended(run), "the job to end", timeout=60)  # not item 0's 30 s more
     assert [run.is_done("second", i) for i in (0, 1)] == [False, False]
+    # item 1 restarted in place once first (then failed at the same point again); the sibling it ended is not
+    assert json.loads((run.task_dir("second", 1) / "recovery.json").read_text())["restarts_in_place"] == 1
+    assert not (run.task_dir("second", 0) / "recovery.json").exists()
 
 
 def progress(run, item):
