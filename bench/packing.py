@@ -5,9 +5,10 @@ items on 8-GPU nodes that are allocated whole, packed 8 per job against one item
 
 The table is computed by the planner (hpc.pipeline.plan.make_plan with stages.X.pack), not run: every
 figure is what the plan submits. Each item holds its GPU for HOURS; a job on a whole-node partition
-holds its node for as long as its longest item. Measured on the local cluster (its nodes have 2 fake
-GPUs, so 4 one-GPU items of tests/tiny_pipeline.py, packed 2 per job against one per job): each
-item's start-up, from its job's start (sacct, whole seconds) to its StageTask's start (its done
+holds its node for as long as its longest item. Measured on the local cluster (two nodes of as
+many fake GPUs as its layout gives: one-GPU items of tests/tiny_pipeline.py, two nodes' worth,
+packed a node's GPUs per job against one per job; `--cluster-dir` of a cluster of 8-GPU nodes
+measures the 16 items packed 8 per job of the tests): each item's start-up, from its job's start (sacct, whole seconds) to its StageTask's start (its done
 marker's `started`), and the SLURM steps each job ran (sacct): a packed item keeps its own srun step
 and StageTask and shares its job's batch step and the pack's driver with its siblings.
 """
@@ -30,7 +31,6 @@ from hpc.pipeline import plan
 from hpc.rundir.run import DONE, RunDir
 
 ITEMS, NODE_GPUS, PACK = 64, 8, 8
-SANDBOX_ITEMS, SANDBOX_PACK = 4, 2  # what the local cluster's 2-GPU nodes hold
 HOURS = 1.0  # one item's run time
 
 
@@ -76,16 +76,17 @@ def run(ctx: Context) -> Section:
     return sec
 
 
-def sandbox(ctx: Context, pack: int) -> tuple:
-    """4 one-GPU tiny items at `pack` per job on the local cluster: (start-up per item in s, SLURM steps per job)."""
+def sandbox(ctx: Context, pack: int, items: int) -> tuple:
+    """`items` one-GPU tiny items at `pack` per job on the local cluster: (start-up per item in s, SLURM steps
+    per job, jobs)."""
     env = ctx.slurm_env()
     run = RunDir(ctx.scratch(f"packing-{pack}") / "run")
     subprocess.run([sys.executable, "-m", "hpc.submit", "tests.tiny_pipeline", "--cluster", "slurm", "--run-dir",
-                    str(run.path), "--no-snapshot", f"tiny.parts={list(range(SANDBOX_ITEMS))}",
+                    str(run.path), "--no-snapshot", f"tiny.parts={list(range(items))}",
                     "stages.second.gpus_per_node=1", f"stages.second.pack={pack}"], cwd=REPO, env=env, check=True,
                    capture_output=True)
     for _ in range(600):
-        if all(run.is_done("second", i) for i in range(SANDBOX_ITEMS)):
+        if all(run.is_done("second", i) for i in range(items)):
             break
         time.sleep(0.5)
     else:
@@ -108,14 +109,15 @@ def sandbox(ctx: Context, pack: int) -> tuple:
 
 def measured(ctx: Context) -> list:
     try:
-        (one, one_steps, one_jobs), (packed, steps, jobs) = sandbox(ctx, 1), sandbox(ctx, SANDBOX_PACK)
+        pack = ctx.cluster().layout.gpus_per_node  # a whole node's GPUs per job
+        (one, one_steps, one_jobs), (packed, steps, jobs) = sandbox(ctx, 1, 2 * pack), sandbox(ctx, pack, 2 * pack)
     except (RuntimeError, subprocess.CalledProcessError, KeyError, ValueError) as err:
         return [f"start-up per item on the sandbox: not measured ({type(err).__name__}: {err})"]
-    return [f"measured on the sandbox, {SANDBOX_ITEMS} one-GPU items: start-up per item (its job's start to its "
-            f"task's start, median, whole-second job starts) {packed:.1f} s packed {SANDBOX_PACK} per job against "
+    return [f"measured on the sandbox (nodes of {pack} GPUs), {2 * pack} one-GPU items: start-up per item (its job's "
+            f"start to its task's start, median, whole-second job starts) {packed:.1f} s packed {pack} per job against "
             f"{one:.1f} s one per job; {jobs} jobs against {one_jobs}, 1 sbatch call for the stage either way",
             f"SLURM steps per job: {steps:g} packed (one srun --exact per item, started by the pack's driver in the "
-            f"batch step) against {one_steps:g}: one srun per item either way, {SANDBOX_PACK}x fewer jobs to start, "
+            f"batch step) against {one_steps:g}: one srun per item either way, {pack}x fewer jobs to start, "
             "track and account"]
 
 
