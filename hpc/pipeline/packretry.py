@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Mapping, Tuple
 
+ENDING = "SLURM is ending the job"  # offer's answer at a stop: the same for every item, asked of SLURM once
+
 
 def offer(task_dir: Path, key: str, environ: Mapping[str, str], started: float, request: str) -> Tuple[bool, str]:
     """(restart item's step in place?, why) after it failed; the restart recorded where it is one.
@@ -31,7 +33,8 @@ def offer(task_dir: Path, key: str, environ: Mapping[str, str], started: float, 
     info = preemption.job_info(key, tries=1)
     state = info.get("JobState", "").split("+")[0]
     if state != "RUNNING" or nodefail.preempted(info):
-        return False, f"SLURM is ending the job (JobState={state or '?'})"
+        preempted = f", PreemptTime={info.get('PreemptTime')}" if nodefail.preempted(info) else ""
+        return False, f"{ENDING} (JobState={state or '?'}{preempted})"
     attempt = int(environ.get("SLURM_RESTART_COUNT") or 0)
     history = nodefail.load(task_dir)
     before = [e for e in history.get("events", []) if e.get("kind") == inplace.KIND

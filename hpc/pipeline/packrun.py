@@ -139,6 +139,7 @@ def drive(run_dir: str, pack: PackTask, pickle: str, shape: Dict[str, Any], envi
     codes: Dict[int, int] = {}
     again: Dict[int, int] = {}  # item position -> its restarts in place
     halted: set = set()  # items whose steps pack_fail=stop ended: never restarted
+    ending = ""  # SLURM's stop of the job, once an item's failure found it: not asked again
     looks = 0
     while len(codes) < len(steps) or host.waiting():
         time.sleep(POLL_S)
@@ -148,8 +149,9 @@ def drive(run_dir: str, pack: PackTask, pickle: str, shape: Dict[str, Any], envi
                 task = pack.tasks[n]
                 if proc.returncode == 0 or host.asked(n) or n in halted or done(task):
                     continue
-                ok, why = packretry.offer(RunDir(task.run_dir).task_dir(task.stage, task.item), key, environ,
-                                          started[n], host.paths[n])
+                ok, why = (False, ending) if ending else packretry.offer(
+                    RunDir(task.run_dir).task_dir(task.stage, task.item), key, environ, started[n], host.paths[n])
+                ending = why if why.startswith(packretry.ENDING) else ""
                 print(f"[hpc] item {task.item} failed: {'' if ok else 'not restarted in place: '}{why}",
                       file=sys.stderr, flush=True)
                 if ok:
