@@ -74,8 +74,8 @@ def busy_workers() -> list[int]:
 
 
 def settle_workers(timeout_s: float = SETTLE_S, pause_s: float = 0.002) -> bool:
-    """Wait, the GIL released, until no gloo worker has run for three looks in a row; False when
-    one still ran after timeout_s. A worker waiting for the GIL takes it during each pause."""
+    """Wait, the GIL released, until no gloo worker is running or ready to run at three looks in a
+    row; False when one still was after timeout_s. A worker waiting for the GIL takes it in a pause."""
     deadline, quiet = time.monotonic() + timeout_s, 0
     while quiet < 3:
         if time.monotonic() > deadline:
