@@ -57,8 +57,11 @@ def stages(cfg: Any) -> List[StageDef]:
 
 
 def record_attempt(ctx: Any, first: int) -> None:
+    import hpc  # where this rank imports hpc from: the checkout, or a container's carried copy
+
     with open(ctx.stage_dir / "attempts.jsonl", "a") as f:
-        f.write(json.dumps({"job": ctx.env.job_id, "restart": ctx.env.restart_count, "first": first}) + "\n")
+        f.write(json.dumps({"job": ctx.env.job_id, "restart": ctx.env.restart_count, "first": first,
+                            "hpc": os.path.dirname(hpc.__file__)}) + "\n")
 
 
 def save(path: Any, state: dict) -> None:

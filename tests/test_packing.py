@@ -66,13 +66,24 @@ def test_the_last_group_holds_the_rest_and_a_resubmission_packs_only_what_is_lef
     (["stages.second.pack=2", "stages.second.nodes=2"], 8, "expected one-node items"),
     (["stages.second.pack_fail=maybe"], 8, "expected one of ['continue', 'stop']"),
     (["stages.second.pack=0"], 8, "expected 1 or more items per job"),
-    (["stages.second.pack=2", "stages.second.container.runtime=exec", "stages.second.container.prefix=[env]"], 8,
-     "stages.second.pack=2 with a container; expected packed items to run on the host"),
 ])
 def test_a_pack_that_does_not_fit_is_refused_with_the_numbers(overrides, node_gpus, seen):
     with pytest.raises(ConfigError) as err:
         make(SIXTEEN, *ONE_GPU, *overrides, node_gpus=node_gpus)
     assert seen in str(err.value) and "HINT:" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_packed_item_in_a_container_runs_its_ranks_in_it_as_an_unpacked_jobs_srun_line_does():
+    from hpc.pipeline import packrun
+
+    box = ["stages.second.container.runtime=exec", "stages.second.container.prefix=[env, X=1]"]
+    second = jobs(make(SIXTEEN, *ONE_GPU, "stages.second.pack=8", *box))["second"]
+    shape = packing.item_shape(second.resources)
+    argv = packrun.item_argv(shape, 3, "/r/p.pkl", "/r/log")
+    assert argv[0] == "srun" and "--gres=gpu:1" in argv and argv[-6:] == ["-u", "-m", "hpc.pipeline.packrun", "--item",
+                                                                          "3", "/r/p.pkl"]
+    assert argv[argv.index("env"):-6] == shlex.split(second.python), argv  # the job's own interpreter text
+    assert shape["srun_args"] == [] and "env X=1" in shape["python"]
 
 
 def test_partition_gpus_unknown_is_said_and_local_executors_run_items_one_by_one():

@@ -20,7 +20,8 @@ pairs it by that task's id (aftercorr), one array per position in the group.
 
 The job side (hpc.pipeline.packrun): a packed job's batch script runs, where other jobs' run srun
 under hpc.afterstep, the pack's driver (batch_setup), which starts each of its items not done yet
-as its own `srun --exact` step of the item's GPUs, ranks, CPUs and memory (HPC_PACK: item_shape),
+as its own `srun --exact` step of the item's GPUs, ranks, CPUs and memory (HPC_PACK: item_shape), its
+ranks in the stage's container where it has one (the srun options and interpreter of an unpacked job's line),
 and acts as the host of each item's stop requests: one requeue of the job for all of them. A SLURM
 gotcha seen on the sandbox: a step started in the batch script with `srun --exact --gres=gpu:1`
 inherits the job's SLURM_GPUS_PER_NODE and then gets all the job's GPUs (CUDA_VISIBLE_DEVICES=0,1
@@ -37,6 +38,7 @@ import sys
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from hpc.config.checks import ConfigError
+from hpc.container import spec
 from hpc.pipeline import arrays
 
 PACK_FAIL = ("continue", "stop")  # stages.X.pack_fail: an item's failure leaves its siblings running, or ends them
@@ -67,9 +69,6 @@ def check(key: str, is_array: bool, res: Mapping[str, Any], node_gpus: Optional[
     if str(res["nodes"]) != "1" or res.get("spare_nodes"):
         raise ConfigError(f"{where}.pack={k} with nodes={res['nodes']}, spare_nodes={res.get('spare_nodes') or 0}; "
                           f"expected one-node items without spare nodes. HINT: drop {where}.pack, or run each item on one node.")
-    if res.get("container"):  # the pack's driver starts each item's step on the host, not in the image
-        raise ConfigError(f"{where}.pack={k} with a container; expected packed items to run on the host: a packed "
-                          f"job's item steps are not started in an image yet. HINT: drop {where}.pack, or the container.")
     total = k * gpus
     if node_gpus is not None and gpus and total > node_gpus:
         raise ConfigError(f"{where}.pack={k}: {k} items x {gpus} GPU(s) = {total} GPUs per job; partition "
@@ -187,10 +186,15 @@ PACK_ENV = "HPC_PACK"  # the batch script's JSON of one item's shape, for hpc.pi
 
 def item_shape(res: Mapping[str, Any]) -> Dict[str, Any]:
     """One item's step, from the packed job's resources: its GPUs, ranks, CPUs per rank, memory,
-    and what an item's failure does to its siblings."""
+    what an item's failure does to its siblings, and in a container the srun options and interpreter
+    of its ranks (hpc.container.spec.launch, as an unpacked job's srun line has them)."""
     item = unscale(res)
-    return {"gpus": item["gpus_per_node"], "ranks": item["tasks_per_node"], "cpus": int(res["cpus_per_task"]),
-            "mem": item["mem"], "fail": str(res.get("pack_fail") or "continue")}
+    shape = {"gpus": item["gpus_per_node"], "ranks": item["tasks_per_node"], "cpus": int(res["cpus_per_task"]),
+             "mem": item["mem"], "fail": str(res.get("pack_fail") or "continue")}
+    if res.get("container"):
+        inside = spec.launch(res["container"], item["gpus_per_node"])
+        shape.update(srun_args=list(inside.srun_args), python=inside.python)
+    return shape
 
 
 def batch_setup(job: Any, params: Dict[str, Any], run_dir: str, tasks: Optional[str]) -> Dict[str, Any]:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -82,11 +83,13 @@ def load(path: str) -> PackTask:
 
 
 def item_argv(shape: Dict[str, Any], n: int, pickle: str, log: str) -> List[str]:
-    """One item's step: its own GPUs, ranks, CPUs and memory out of the job's (--exact)."""
+    """One item's step: its own GPUs, ranks, CPUs and memory out of the job's (--exact); its ranks in the
+    stage's container where it has one (the shape's srun options and interpreter)."""
     argv = ["srun", "--exact", "--nodes=1", f"--ntasks={shape['ranks']}", f"--cpus-per-task={shape['cpus']}",
             "--kill-on-bad-exit=1", "--unbuffered", f"--output={log}_%t_log.out", f"--error={log}_%t_log.err"]
     argv += [f"--gres=gpu:{shape['gpus']}"] * bool(shape["gpus"]) + [f"--mem={shape['mem']}"] * bool(shape["mem"])
-    return [*argv, sys.executable, "-u", "-m", "hpc.pipeline.packrun", "--item", str(n), pickle]
+    python = shlex.split(shape["python"]) if shape.get("python") else [sys.executable]  # in the stage's container
+    return [*argv, *shape.get("srun_args", ()), *python, "-u", "-m", "hpc.pipeline.packrun", "--item", str(n), pickle]
 
 
 def item_env(environ: Dict[str, str], request: str, n: int, in_place: int = 0) -> Dict[str, str]:
