@@ -5,11 +5,12 @@
 
 - A pack larger than the partition's GPUs per node (as sinfo reports them) is refused before any sbatch.
 - 16 items packed 8 per job (a site whose smallest job is 8 GPUs) run as 2 jobs (one array of 2
-  tasks), each item as its own srun step with its own GPU; an item that fails leaves its 7 siblings
-  running to completion (pack_fail: continue); both jobs preempted are requeued exactly once, and
-  each runs only its unfinished items, each from its own checkpoint, to an unpacked run's result;
+  tasks), each item as its own srun step with its own GPU; an item that fails is restarted in place
+  once, alone, and leaves its 7 siblings running to completion (pack_fail: continue); both jobs
+  preempted are requeued exactly once, and each runs only its unfinished items, each from its own
+  checkpoint, to an unpacked run's result;
   python -m hpc.status shows each item with the job it shared; a resubmission runs the failed item
-  alone, packed again. With pack_fail: stop a failed item ends its sibling.
+  alone, packed again. With pack_fail: stop a failed item ends its sibling, which is not restarted.
 - A preemption of packed jobs (tests/pack_pipeline.py: one item done, the others training) and the
   time-limit signal: every unfinished item checkpoints at its own step, the job is requeued once,
   and its requeued attempt trains only the unfinished items, each from its own checkpoint, to
