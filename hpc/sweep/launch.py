@@ -90,7 +90,7 @@ class SweepBook(launcher.Book):
 
 
 def _upstream(job: hplan.JobSpec, manifest: Mapping[str, Any], run: RunDir) -> List[str]:
-    """hpc.pipeline.submission.upstream for one point, from its manifest in memory (which holds this
+    """hpc.pipeline.runbook.upstream for one point, from its manifest in memory (which holds this
     submission's earlier arrays): the latest job of each task of `job.after` not done yet."""
     tasks = manifest.get("tasks", {}).values()
     return sorted({t["job_id"] for t in tasks if t["stage"] in job.after and not run.is_done(t["stage"], t["item"])})
