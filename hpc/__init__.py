@@ -66,6 +66,30 @@ API = {"submit": "hpc.submit", "Run": "hpc.runs", "Sweep": "hpc.runs", "ConfigEr
        "stage": "hpc.pipeline.short", "ResultError": "hpc.monitor.results"}
 
 
+class Frozen:
+    """The base of hpc's records that stay as made: a dataclass (declared without frozen=True) whose
+    __init__ sets each field once; setting a field again, or any other attribute, or deleting one raises
+    dataclasses.FrozenInstanceError, as on a frozen dataclass. For a frozen class dataclasses compiles
+    its own __setattr__ and __delattr__ at import; these are written once here, where a submission
+    imports 16 such records (BENCHMARKS.md, section 1)."""
+
+    __slots__ = ()
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name in self.__dict__ or name not in self.__dataclass_fields__:
+            _refuse(name)
+        object.__setattr__(self, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        _refuse(name)
+
+
+def _refuse(name: str) -> None:
+    from dataclasses import FrozenInstanceError  # on a refusal only: `import hpc` stays a few attributes
+
+    raise FrozenInstanceError(f"cannot assign to field {name!r}")
+
+
 def __getattr__(name: str):
     if name not in API:
         raise AttributeError(f"module 'hpc' has no attribute {name!r}")

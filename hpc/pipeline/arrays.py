@@ -22,11 +22,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
+from hpc import Frozen
 from hpc.rundir.run import task_key
 
 
-@dataclass(frozen=True)
-class Several:
+@dataclass(unsafe_hash=True)
+class Several(Frozen):
     """A packed group (hpc.pipeline.packing) whose items wait on several tasks: one job, afterok on each."""
 
     refs: Tuple[Union[Tuple[str, int], str], ...]
@@ -40,8 +41,8 @@ Ref = Union[Tuple[str, int], str, None, Several]
 PARALLELISM = 256
 
 
-@dataclass(frozen=True)
-class Part:
+@dataclass(unsafe_hash=True)
+class Part(Frozen):
     """One submission: its items, per item the task it waits for (all None: no wait), and per item
     its task id in the array (() : 0..n-1, submitit's numbering)."""
 

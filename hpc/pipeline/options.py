@@ -20,6 +20,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from hpc import Frozen
 from hpc.config.checks import ConfigError
 
 ONE, SEVERAL, QUOTED, SWITCH, REST = "one", "several", "quoted", "switch", "rest"
@@ -27,8 +28,8 @@ LISTS = (SEVERAL, QUOTED, REST)  # forms whose value is a list
 EXPECTED = {int: "an integer", float: "a number", str: "a string"}
 
 
-@dataclass(frozen=True, repr=False, eq=False)
-class Option:
+@dataclass(repr=False, eq=False)
+class Option(Frozen):
     """One option of a pipeline: `name=` in hpc.submit(), `--name-with-dashes` on the command line."""
 
     name: str

@@ -14,6 +14,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from hpc import Frozen
 from hpc.config.checks import ConfigError
 
 # name -> module path; the module defines PIPELINE. Tests and users may add entries.
@@ -25,8 +26,8 @@ PIPELINES: Dict[str, str] = {
 # A pipeline's classes are never compared or printed: no generated __repr__ or __eq__ (imports cost a submission)
 
 
-@dataclass(frozen=True, repr=False, eq=False)
-class StageDef:
+@dataclass(repr=False, eq=False)
+class StageDef(Frozen):
     """One stage: `target` ("module:function") is called with a StageContext in every task."""
 
     name: str
@@ -44,8 +45,8 @@ class StageDef:
     batch: Tuple[int, ...] = ()  # (global batch, most samples per device): the plan shows plan_batch per world size
 
 
-@dataclass(frozen=True, repr=False, eq=False)
-class PipelineDef:
+@dataclass(repr=False, eq=False)
+class PipelineDef(Frozen):
     name: str
     schema: type  # config dataclass checked by OmegaConf
     stages: Callable[[Any], List[StageDef]]  # cfg -> stages, in submission order

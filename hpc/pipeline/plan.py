@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple, Union
 
+from hpc import Frozen
 from hpc.config.checks import ConfigError
 from hpc.container import spec
 from hpc.pipeline import arrays, packing, resources, sbatch, worlds
@@ -26,8 +27,8 @@ TaskKey = Tuple[str, Any]  # (stage name, array item or None)
 # The plan's classes are never compared or printed: no generated __repr__ or __eq__ (imports cost a submission)
 
 
-@dataclass(frozen=True, repr=False, eq=False)
-class JobSpec:
+@dataclass(repr=False, eq=False)
+class JobSpec(Frozen):
     """One submission: a single job or one array over the items still to run."""
 
     stage: str
@@ -100,8 +101,8 @@ class JobSpec:
         return spec.launch(box, self.resources["gpus_per_node"]).python if box else None
 
 
-@dataclass(frozen=True, repr=False, eq=False)
-class Plan:
+@dataclass(repr=False, eq=False)
+class Plan(Frozen):
     pipeline: str
     run_dir: str
     kind: str

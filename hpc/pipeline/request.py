@@ -13,13 +13,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+from hpc import Frozen
 from hpc.pipeline import options as hoptions
 from hpc.pipeline.plan import get_pipeline
 
 
 # Request, Submitted: never compared or printed, so without a generated __repr__ and __eq__ (imports cost a submission)
-@dataclass(frozen=True, repr=False, eq=False)
-class Request:
+@dataclass(repr=False, eq=False)
+class Request(Frozen):
     """One submission, as `python -m hpc.submit` takes it (hpc.submit documents each option)."""
 
     pipeline: str  # a name in hpc.pipeline.plan.PIPELINES, or a module path ("mypkg.pipeline")
@@ -43,8 +44,8 @@ class Request:
         return out + (["run.snapshot=false"] if self.no_snapshot else [])
 
 
-@dataclass(frozen=True, repr=False, eq=False)
-class Submitted:
+@dataclass(repr=False, eq=False)
+class Submitted(Frozen):
     """What a submission did: the run (or sweep) directory, the executor kind, and stage (or array
     label) -> the job ids submitted now; empty for a dry run, or when everything was done or queued."""
 

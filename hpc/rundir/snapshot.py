@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Tuple
 
+from hpc import Frozen
 from hpc.fs import atomic
 from hpc.rundir import snapcache, treecopy
 from hpc.rundir.codefiles import HINT, UNTRACKED_MAX_BYTES, SnapshotError, Source, listing, load_table, unchanged
@@ -53,8 +54,8 @@ Stat = Tuple[int, int, str, int, int, int]  # (size, mtime_ns, digest, mode, cti
 
 
 # never compared or printed: no generated __repr__ or __eq__ (a submission imports this module)
-@dataclass(frozen=True, repr=False, eq=False)
-class JobCode:
+@dataclass(repr=False, eq=False)
+class JobCode(Frozen):
     """What a task needs to run the snapshot (pickled with each StageTask: paths only)."""
 
     dir: str  # <root>/.hpc-snapshots/<hash> (hpc.rundir.snapcache)

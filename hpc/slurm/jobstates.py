@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence
 
+from hpc import Frozen
+
 # SLURM state (first word of sacct's State, squeue's %T) -> hpc state
 STATES: Dict[str, str] = {
     "PENDING": "PENDING", "REQUEUED": "PENDING", "REQUEUE_HOLD": "PENDING", "REQUEUE_FED": "PENDING",
@@ -39,8 +41,8 @@ HISTORY_FIELDS = ("JobID", "Submit", "Eligible", "Start", "End", "State", "Reaso
 SQUEUE_FIELDS = ("JobArrayID", "State", "Reason", "TimeUsed", "StartTime", "EndTime", "NodeList", "RestartCnt")
 
 
-@dataclass(frozen=True)
-class JobRecord:
+@dataclass(unsafe_hash=True)
+class JobRecord(Frozen):
     job_id: str
     state: str  # hpc state (STATES values, or UNKNOWN)
     slurm_state: str
