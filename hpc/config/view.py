@@ -13,7 +13,6 @@ rendered by OmegaConf when the config was built.
 """
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from typing import Any, Dict, Iterator, Optional
 
@@ -88,7 +87,17 @@ class ConfigView(Mapping):
 
 # functions, not methods: a config may have a key of any name
 def to_dict(view: ConfigView) -> Dict[str, Any]:
-    return copy.deepcopy(view._data)
+    return _copy(view._data)
+
+
+def _copy(value: Any) -> Any:
+    """A deep copy of plain data (dicts, lists, scalars: all a view holds), without copy.deepcopy's
+    bookkeeping for objects of any kind."""
+    if isinstance(value, dict):
+        return {k: _copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_copy(v) for v in value]
+    return value
 
 
 def to_yaml(view: ConfigView) -> str:
