@@ -84,6 +84,32 @@ class Frozen:
         _refuse(name)
 
 
+class Record(Frozen):
+    """A Frozen record that is a value: compared, hashed and printed by its fields, as a dataclass with
+    frozen=True and eq=True would be (declare it with eq=False, repr=False: these three are written
+    once here rather than compiled for each class at import)."""
+
+    __slots__ = ()
+
+    def _fields(self, flag: str) -> tuple:
+        from dataclasses import fields  # loaded already: the subclass is a dataclass
+
+        return tuple((f.name, getattr(self, f.name)) for f in fields(self)
+                     if (f.compare if flag == "hash" and f.hash is None else getattr(f, flag)))
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self._fields("compare") == other._fields("compare")
+
+    def __hash__(self) -> int:
+        return hash(tuple(value for _, value in self._fields("hash")))
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{name}={value!r}" for name, value in self._fields("repr"))
+        return f"{self.__class__.__qualname__}({inner})"
+
+
 def _refuse(name: str) -> None:
     from dataclasses import FrozenInstanceError  # on a refusal only: `import hpc` stays a few attributes
 

@@ -35,6 +35,8 @@ def test_records_compared_by_their_fields_still_are_and_hash_alike():
     record = JobRecord(*[f"v{i}" for i in range(len(dataclasses.fields(JobRecord)))])
     twin = dataclasses.replace(record)
     assert record == twin and hash(record) == hash(twin) and len({record, twin}) == 1
+    assert record != dataclasses.replace(record, state="RUNNING") and record != tuple(vars(record).values())
+    assert repr(record).startswith("JobRecord(job_id='v0', state='v1', ")
     with pytest.raises(dataclasses.FrozenInstanceError):
         record.state = "RUNNING"
     assert Part((0, 1), (None, None)) == Part((0, 1), (None, None))

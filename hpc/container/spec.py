@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from hpc import Frozen
+from hpc import Record
 from hpc.config.checks import ConfigError
 from hpc.config.schema import to_dict
 from hpc.rundir import snapcache
@@ -72,8 +72,8 @@ OWN_MOUNTS = {"run": ("the run directory", "pass --run-dir (or run.root=) a path
               "data": ("a path in the config", "move or link it to a path without them and give that one")}
 
 
-@dataclass(unsafe_hash=True)
-class Launch(Frozen):
+@dataclass(eq=False, repr=False)
+class Launch(Record):
     """What the batch script gets: srun options, the interpreter text before `-u -m ...`, and shell lines."""
 
     srun_args: Tuple[str, ...]

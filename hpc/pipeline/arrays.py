@@ -22,12 +22,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from hpc import Frozen
+from hpc import Record
 from hpc.rundir.run import task_key
 
 
-@dataclass(unsafe_hash=True)
-class Several(Frozen):
+@dataclass(eq=False, repr=False)
+class Several(Record):
     """A packed group (hpc.pipeline.packing) whose items wait on several tasks: one job, afterok on each."""
 
     refs: Tuple[Union[Tuple[str, int], str], ...]
@@ -41,8 +41,8 @@ Ref = Union[Tuple[str, int], str, None, Several]
 PARALLELISM = 256
 
 
-@dataclass(unsafe_hash=True)
-class Part(Frozen):
+@dataclass(eq=False, repr=False)
+class Part(Record):
     """One submission: its items, per item the task it waits for (all None: no wait), and per item
     its task id in the array (() : 0..n-1, submitit's numbering)."""
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple
 
-from hpc import Frozen
+from hpc import Record
 from hpc.config.checks import ConfigError
 from hpc.container import spec
 from hpc.pipeline import arraytasks
@@ -39,8 +39,8 @@ from hpc.slurm.submitenv import submission_env
 Started = Sequence[Tuple[int, str]]  # (position in job.items, its job or task id)
 
 
-@dataclass(unsafe_hash=True)
-class Order(Frozen):
+@dataclass(eq=False, repr=False)
+class Order(Record):
     """What a job's tasks wait for (SLURM only; an empty Order elsewhere)."""
 
     dependency: Optional[str] = None  # sbatch --dependency

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
-from hpc import Frozen
+from hpc import Record
 from hpc.fs.filestamp import RACY_NS  # a file modified this close before its listing is racy
 from hpc.rundir.run import MANIFEST
 from hpc.rundir.snapcache import STORE
@@ -43,8 +43,8 @@ class SnapshotError(RuntimeError):
     """The code cannot be snapshotted as it is: what was seen, the limit, and a HINT."""
 
 
-@dataclass(unsafe_hash=True)
-class Source(Frozen):
+@dataclass(eq=False, repr=False)
+class Source(Record):
     """The live tree a snapshot copies: a git checkout's top level, or a directory without git."""
 
     root: Path

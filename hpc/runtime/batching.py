@@ -14,13 +14,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from hpc import Frozen
+from hpc import Record
 
 __all__ = ["BatchPlan", "plan_batch", "scale_lr", "LR_RULES"]
 
 
-@dataclass(unsafe_hash=True)
-class BatchPlan(Frozen):
+@dataclass(eq=False, repr=False)
+class BatchPlan(Record):
     micro_batch: int  # samples per device per forward/backward
     accum_steps: int  # forward/backward passes per optimizer step (DDP syncs on the last)
     world_size: int

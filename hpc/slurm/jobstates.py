@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence
 
-from hpc import Frozen
+from hpc import Record
 
 # SLURM state (first word of sacct's State, squeue's %T) -> hpc state
 STATES: Dict[str, str] = {
@@ -41,8 +41,8 @@ HISTORY_FIELDS = ("JobID", "Submit", "Eligible", "Start", "End", "State", "Reaso
 SQUEUE_FIELDS = ("JobArrayID", "State", "Reason", "TimeUsed", "StartTime", "EndTime", "NodeList", "RestartCnt")
 
 
-@dataclass(unsafe_hash=True)
-class JobRecord(Frozen):
+@dataclass(eq=False, repr=False)
+class JobRecord(Record):
     job_id: str
     state: str  # hpc state (STATES values, or UNKNOWN)
     slurm_state: str

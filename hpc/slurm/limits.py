@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from hpc import Frozen
+from hpc import Record
 from hpc.fs import usercache
 from hpc.fs.usercache import cache_dir
 from hpc.slurm.cli import run as _run
@@ -45,8 +45,8 @@ ECHO = "sacctmgr: "  # sacctmgr reading commands from stdin echoes each one befo
 OFF = "HPC_SUBMIT_LIMITS"  # =off: no check before the first sbatch (sbatch still enforces the limits)
 
 
-@dataclass(unsafe_hash=True)
-class SubmitLimit(Frozen):
+@dataclass(eq=False, repr=False)
+class SubmitLimit(Record):
     """The most jobs (array tasks counted one by one) this user may have queued or running in `qos`
     (of == "qos") or in `account` (of == "account"); both name what the limit was read for."""
 
