@@ -110,7 +110,7 @@ def steps(run_dir: str, argv: List[str], points: Optional[str], usable: Sequence
         env = {**state["env"], HOST_ACTS: request, HOLD_FAILURES: os.path.dirname(request)}
         state.update(started=time.time(), next=None, failing_since=None, unlooked=False)
         code = supervise(argv, lambda why: act(run_dir, why, points, state), lambda: serve(request, state), env,
-                         lambda: stuck(state))
+                         lambda: stuck(state), lambda: termed(request))
         if state["next"] is None:  # the task had finished its work when a rank died (at exit): completed
             return 0 if state.get("finished") else code
         argv, state["number"] = state["next"], state["number"] + 1
@@ -169,6 +169,13 @@ def act(run_dir: str, why: str, points: Optional[str] = None, state: Optional[Di
     return action is not None and action.do != "none"
 
 
+def termed(request: str) -> bool:
+    """Whether a rank's step was sent SIGTERM (its mark beside `request`, hpc.recovery.hostact.mark_step_term)."""
+    from hpc.fs import sharedfs  # here, not at the top: asked once, after srun ended
+
+    return "sigterm" in sharedfs.listed(os.path.dirname(request))  # hpc.recovery.hostact.STEP_TERM
+
+
 def stuck(state: Dict[str, Any]) -> bool:
     """Whether srun waits for a node that is gone (hpc.recovery.restart.lost): asked once a rank of its
     step has failed (its error in the step's folder, hpc.rundir.notify) or hung (restarted in place)."""
@@ -201,8 +208,9 @@ def answer_end(request: str) -> None:
     """Tell the rank that asked (hpc.recovery.hostact.ask_end) the job's EndTime, read from SLURM here."""
     try:
         from hpc.recovery import hostact, preemption  # here: only a `run` stage's stop asks
+        from hpc.slurm import scheduler
 
-        hostact.answer_end(request, lambda: preemption.job_info(os.environ.get("SLURM_JOB_ID", ""), tries=1))
+        hostact.answer_end(request, lambda: preemption.job_info(scheduler.running_job(), tries=1))
     except Exception as err:  # the rank keeps its fallback deadline
         print(f"[hpc] the job's EndTime not told to the ranks: {type(err).__name__}: {err}", file=sys.stderr,
               flush=True)

@@ -87,6 +87,7 @@ class StageTask:
                                f"hpc.status {run.path.parent}, then resubmit the sweep")
         if hostact.ENV in os.environ:  # under hpc's srun wrapper: its requeues, submitit's too, go to the host
             hostact.requeue_on_host()
+            hostact.mark_step_term()  # a preempted step that still ends 0 is requeued by the host
         quiet_sigcont()
         dist = _local_env() or from_environ()
         if dist.source != "single":

@@ -110,6 +110,7 @@ def drive(run_dir: str, pack: PackTask, pickle: str, shape: Dict[str, Any], envi
     """Every item not done as its own step, side by side; their stops settled as one; 0 when all are done."""
     from hpc.rundir import sweepdir  # here: --item's ranks need none of it
     from hpc.rundir.run import RunDir
+    from hpc.slurm import scheduler
 
     def done(task: Any) -> bool:  # a sweep's packed points: each its own run directory
         return RunDir(task.run_dir).is_done(task.stage, task.item)
@@ -119,13 +120,10 @@ def drive(run_dir: str, pack: PackTask, pickle: str, shape: Dict[str, Any], envi
     skipped = len(pack.tasks) - len(todo)
     print(f"[hpc] packed job: {len(todo)} item(s) to run, {skipped} done already", file=sys.stderr, flush=True)
     logs = os.path.dirname(pickle)
-    job = environ.get("SLURM_ARRAY_JOB_ID") and f"{environ['SLURM_ARRAY_JOB_ID']}_{environ['SLURM_ARRAY_TASK_ID']}"
-    # an array task by its array's name (J_T): scontrol reads the raw id of an array's last task, which is
-    # the array's id, as every task of the array (show job lists them all, requeue requeues them all)
-    host = packstop.Host(run_dir, job or environ.get("SLURM_JOB_ID", "0"), environ.get("SLURM_RESTART_COUNT") or "0")
+    key = scheduler.running_job(environ) or "0"  # an array task as J_T: see hpc.slurm.jobcontrol.running_job
+    host = packstop.Host(run_dir, key, environ.get("SLURM_RESTART_COUNT") or "0")
     steps: Dict[int, subprocess.Popen] = {}
     started: Dict[int, float] = {}
-    key = job or environ.get("SLURM_JOB_ID", "0")
 
     def start(n: int, task: Any, in_place: int = 0) -> None:
         request = host.add(n, in_place)

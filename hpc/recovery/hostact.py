@@ -34,6 +34,7 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Mapping, Optional
@@ -49,6 +50,7 @@ REQUEST = "request.json"  # the request's name in its attempt's folder (request_
 END_ASK, END = "end.ask", "end.json"  # a rank's question for the job's EndTime, and the host's answer
 ASKED = "asked"  # the answer's field naming the question it answers (ask_end's token)
 TAKEN = END_ASK + ".taken"  # a question the host is answering (take_end_ask)
+STEP_TERM = "sigterm"  # a rank's mark that its step was sent SIGTERM (mark_step_term), looked at once srun ends
 # How often each side lists the folder: one listing a second per task keeps a 1000-task array to
 # 1000 metadata reads a second on the shared filesystem, and the host still answers within seconds.
 POLL_S = 1.0
@@ -186,3 +188,22 @@ def requeue_on_host() -> None:
             log.warning("time limit: %s (%d timeouts left); exiting for the rerun", outcome.get("why"), countdown)
 
     slurm.SlurmJobEnvironment._requeue = ask_host
+
+
+def mark_step_term() -> None:
+    """In a task under hpc's srun wrapper: the step's SIGTERM (a preemption's, at the start of GraceTime)
+    leaves STEP_TERM in the attempt's folder, then goes on to the handler that was there (submitit's
+    ignores it). A stage without hpc's loop works on, and a step that ends after that exits 0: SLURM
+    requeues no job that ends in its GraceTime, and one ending past it is left TIMEOUT. The host
+    (hpc.afterstep) sees the mark once srun has ended, and requeues it where SLURM shows it preempted."""
+    mark, before = Path(os.environ[ENV]).with_name(STEP_TERM), signal.getsignal(signal.SIGTERM)
+
+    def on_term(signum: int, frame: Any) -> None:
+        with contextlib.suppress(OSError):
+            mark.touch()
+        if callable(before):
+            before(signum, frame)
+        elif before != signal.SIG_IGN:  # the default: end as the signal would have
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+    signal.signal(signal.SIGTERM, on_term)

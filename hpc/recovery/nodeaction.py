@@ -33,8 +33,7 @@ Resubmit = Callable[[str, str, str, Sequence[str], Mapping[str, str]], str]
 def located(run: RunDir, env: Mapping[str, str], points: Optional[str] = None) -> tuple:
     """(run, key, stage, task dir or None) of the task this job runs: `key` its id as the manifest has
     it; `points`: a sweep array's file naming each task's point (hpc.rundir.sweepdir.run_for)."""
-    array_task = env.get("SLURM_ARRAY_TASK_ID")
-    key = f"{env['SLURM_ARRAY_JOB_ID']}_{array_task}" if array_task else env["SLURM_JOB_ID"]
+    key = scheduler.running_job(env)
     run = sweepdir.run_for(run.path, key, points)  # a sweep's array task: the run directory of its point
     task = next((t for t in run.tasks() if any(j["job_id"] == key for j in t["jobs"])), None)
     stage = task["stage"] if task else env.get("SLURM_JOB_NAME", "?")
@@ -48,17 +47,18 @@ def after_step(run: RunDir, env: Mapping[str, str], resubmit_after: Resubmit, sr
     steps (hpc.recovery.restart), None where nothing restarts in place.
     `resubmit_after(job_id, run_dir, stage, exclude, info)` submits the job that submits the stage
     again once this one has ended, where SLURM refuses the requeue; it returns that job's id."""
-    job_id = env["SLURM_JOB_ID"]
-    stop = (state or {}).get("request") or hostact.request_path(str(run.path), job_id,
+    job_id = scheduler.running_job(env)  # what scontrol is told: J_T in an array, never the array's J
+    stop = (state or {}).get("request") or hostact.request_path(str(run.path), env["SLURM_JOB_ID"],
                                                                  env.get("SLURM_RESTART_COUNT") or "0")
     run, key, stage, task_dir = located(run, env, points)
-    if state is not None and srun_ended and task_dir is not None and (task_dir / DONE).is_file():
+    restart = int(env.get("SLURM_RESTART_COUNT") or 0)
+    info = preemption.job_info(job_id)
+    if state is not None and srun_ended and task_dir is not None and (task_dir / DONE).is_file() \
+            and not nodefail.preempted(info):  # preempted, it would end TIMEOUT: requeued, its rerun ends at once
         # its rank 0 wrote the done marker: the work is whole (a rank that died at exit, after training)
         state["finished"] = True
         return nodefail.Action("none", "finished"), ("the task had finished its work (its done marker is "
                                                      "written): nothing is run again, and the job ends completed")
-    restart = int(env.get("SLURM_RESTART_COUNT") or 0)
-    info = preemption.job_info(job_id)
     failed = nodefail.failed_nodes(scheduler.node_states(env["SLURM_JOB_NODELIST"]))
     history = nodefail.load(task_dir) if task_dir else {}
     mark = nodefail.progress_mark(task_dir) if task_dir else None
@@ -165,7 +165,7 @@ def in_place(request: Mapping[str, Any], state: Dict[str, Any]) -> Optional[Dict
     counted in the stop record as a requeue's is (max_hangs); None where it falls back to a requeue.
     A `run` script's runner asks the same for a SIGTERM: where SLURM shows no stop of the job, it is
     srun ending the step after a rank failed (--kill-on-bad-exit), which restart.offer looks at next."""
-    env = {**state.get("env", {}), "SLURM_JOB_ID": str(request["job_id"])}
+    env = {"SLURM_JOB_ID": str(request["job_id"]), **state.get("env", {})}  # the raw id names its folders
     info = preemption.job_info(str(request["job_id"]))
     if request["reason"] != "hang":  # a SIGTERM: SLURM's stop of the job, srun ending the step (a rank died), or yours
         ended = nodefail.preempted(info) or info.get("JobState", "").split("+")[0] != "RUNNING" \

@@ -17,15 +17,16 @@ from typing import Callable, Mapping, Optional, Sequence
 from hpc.recovery import nodeaction, nodefail, preemption
 from hpc.recovery import nodecheckrecord as record
 from hpc.rundir.run import RunDir
+from hpc.slurm import scheduler
 
 
 def requeue_without(run_dir: str, env: Mapping[str, str], exclude: Sequence[str], why: str,
                     resubmit_after: Callable[..., str], points: Optional[str] = None) -> str:
     """Requeue this job without `exclude` (or stop it past the limit); what was done, in words. SIGTERM
     is ignored from then on: the requeue sends it to this process too (as hpc.afterstep does once it acted)."""
-    job_id = env["SLURM_JOB_ID"]
+    job_id = scheduler.running_job(env)
     limit = nodefail.env_limit(env)
-    if record.requeues(run_dir, job_id) >= limit:
+    if record.requeues(run_dir, env["SLURM_JOB_ID"]) >= limit:
         return (f"stopped: requeued {limit} time(s) already for failed node checks (stages.X.max_node_failures)."
                 " HINT: check the nodes (sinfo -R) and the stage's node_check.command, then resubmit with --run-dir")
     run, _, stage, _ = nodeaction.located(RunDir(run_dir), env, points)  # a sweep's task: its point's run

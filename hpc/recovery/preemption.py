@@ -102,7 +102,7 @@ def handle_stop(request: StopRequest, history: str | os.PathLike, job_id: str | 
     writes the request, the wrapper on the host reads SLURM, records and requeues (settle), and this
     rank returns what the host did (hpc.recovery.hostact.answer; without an answer, what the table
     predicts from the signal and the history); without the wrapper this rank settles it itself."""
-    job_id = job_id or os.environ.get("SLURM_JOB_ID")
+    job_id = job_id or scheduler.running_job()  # J_T in an array: see running_job
     if not job_id:
         return Decision(False, None, "not running under SLURM; nothing to requeue", request.reason)
     # a step of an salloc shell's run (--cluster here) is never requeued, which would end the allocation:

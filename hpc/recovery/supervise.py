@@ -17,14 +17,16 @@ AFTER_SRUN_S = 3.0  # how long it is still listed once srun has ended, before no
 
 
 def supervise(argv: Sequence[str], on_end: Callable[[str], bool], poll: Optional[Callable[[], bool]] = None,
-              env: Optional[Mapping[str, str]] = None, stuck: Optional[Callable[[], bool]] = None) -> int:
+              env: Optional[Mapping[str, str]] = None, stuck: Optional[Callable[[], bool]] = None,
+              termed: Optional[Callable[[], bool]] = None) -> int:
     """Run argv (in `env`) to its end; call on_end(why) on each SIGTERM until it returns True (it
-    acted), and once more if argv failed and nothing was done yet. `poll()` is called every POLL_S,
-    and for AFTER_SRUN_S after argv ended, until it returns True (it carried out a rank's request),
+    acted), and once more if argv failed, or ended after a SIGTERM (this process's, or one that
+    `termed()`, asked then, says its ranks had), and nothing was done yet: SLURM requeues no preempted
+    job that ends in its GraceTime. `poll()` is called every POLL_S, and for AFTER_SRUN_S after argv ended, until it returns True (it carried out a rank's request),
     with SIGTERM ignored meanwhile: it runs before on_end, which then finds the job requeued.
     `stuck()`, every POLL_S while argv runs, says when argv will never end by itself (srun waiting
     for the tasks of a node that is gone): argv is killed then. Returns argv's exit status."""
-    acted, last, ended = [False], [-POLL_S], [""]
+    acted, last, ended, sigterm = [False], [-POLL_S], [""], [False]
 
     def polled() -> bool:
         held = signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -35,6 +37,7 @@ def supervise(argv: Sequence[str], on_end: Callable[[str], bool], poll: Optional
 
     def on_term(signum: int, frame: Any) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        sigterm[0] = True
         acted[0] = acted[0] or on_end("SIGTERM")
         signal.signal(signal.SIGTERM, signal.SIG_IGN if acted[0] else on_term)
 
@@ -62,9 +65,9 @@ def supervise(argv: Sequence[str], on_end: Callable[[str], bool], poll: Optional
         until = time.monotonic() + AFTER_SRUN_S
         while poll is not None and not polled() and time.monotonic() < until:
             time.sleep(POLL_S)
-        if code != 0 and not acted[0]:
+        if not acted[0] and (code != 0 or sigterm[0] or (termed is not None and termed())):
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            on_end(ended[0] or f"srun exited {code}")
+            on_end(ended[0] or f"srun exited {code}" + " after SIGTERM" * (code == 0))
     finally:
         signal.signal(signal.SIGTERM, before)
     return code if code >= 0 else 128 - code  # killed by a signal: as the shell would say it

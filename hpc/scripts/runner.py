@@ -28,6 +28,7 @@ from hpc.fs import atomic
 from hpc.recovery import deadline, hostact, preemption, scriptproc, verdict
 from hpc.rundir import attempts, notify
 from hpc.scripts import scriptexit
+from hpc.slurm import scheduler
 
 # Rank 0's stop decision for the attempt that wrote it, in the task's checkpoint directory.
 DECISION_FILE = "stop-decision.json"
@@ -127,7 +128,7 @@ def _deadline_passed(flag: Any) -> Any:
                 hostact.ask_end(host, _token(received))
                 fields: Mapping[str, str] = {}
             else:
-                fields = preemption.job_info(os.environ.get("SLURM_JOB_ID", ""), preemption.shielded(
+                fields = preemption.job_info(scheduler.running_job(), preemption.shielded(
                     subprocess.run), tries=1) if os.environ.get("SLURM_JOB_ID") else {}
             settle(fields, received)
             state["waiting"] = bool(host)

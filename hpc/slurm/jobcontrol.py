@@ -9,6 +9,7 @@ caller bounded by a grace time passes what it has left.
 """
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional
@@ -16,13 +17,25 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional
 from hpc.slurm.cli import SlurmExit, run
 
 
+def running_job(environ: Mapping[str, str] = os.environ) -> str:
+    """The job this process runs in, as the scheduler must be told it: J_T in task T of array J, else
+    SLURM_JOB_ID ('' outside SLURM). One task of an array (the one holding the array's own record, often
+    the last to start) has SLURM_JOB_ID == SLURM_ARRAY_JOB_ID, and `scontrol requeue J` or `show job J`
+    then acts on, or answers for, every task of the array."""
+    array, task = environ.get("SLURM_ARRAY_JOB_ID"), environ.get("SLURM_ARRAY_TASK_ID")
+    return f"{array}_{task}" if array and task else environ.get("SLURM_JOB_ID", "")
+
+
 def job_info(job_id: str, env: Optional[Mapping[str, str]] = None, timeout_s: float = 30,
              runner: Callable[..., Any] = subprocess.run, deadline_s: Optional[float] = None) -> Dict[str, str]:
     """`scontrol -o show job JOBID` as a dict (JobState, Reason, Restarts, PreemptTime, ...): hpc's one
     parser of it. Raises SlurmExit, with SLURM's words, if the job is unknown; RuntimeError if SLURM
-    cannot be asked. `runner` runs the command (subprocess.run's arguments)."""
+    cannot be asked. `runner` runs the command (subprocess.run's arguments). An array's id answers
+    one line per task: the record is the line of the job asked for (JobId, or ArrayJobId_ArrayTaskId)."""
     out = run(["scontrol", "-o", "show", "job", str(job_id)], env, timeout_s, runner, deadline_s)
-    return dict(tok.split("=", 1) for tok in out.split() if "=" in tok)
+    rows = [dict(tok.split("=", 1) for tok in line.split() if "=" in tok) for line in out.splitlines() if line.strip()]
+    named = [r for r in rows if str(job_id) in (r.get("JobId"), f"{r.get('ArrayJobId')}_{r.get('ArrayTaskId')}")]
+    return (named or rows or [{}])[0]
 
 
 def requeue(job_id: str, env: Optional[Mapping[str, str]] = None,

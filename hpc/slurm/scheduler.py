@@ -30,7 +30,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from hpc.slurm.cli import PING_TIMEOUT_S, Kind, SlurmExit, detect, ping  # noqa: F401 (re-exported)
 from hpc.slurm.cli import run as _run
-from hpc.slurm.jobcontrol import cancel, job_info, node_states, requeue, start_now, update_job  # noqa: F401 (re-exported)
+from hpc.slurm.jobcontrol import cancel, job_info, node_states, requeue, running_job, start_now, update_job  # noqa: F401 (re-exported)
 from hpc.slurm.jobstates import (  # noqa: F401 (re-exported)
     ACTIVE,
     BREAKS_AFTEROK,

@@ -6,10 +6,13 @@ k waits only for second[k].
 """
 import re
 import subprocess
+import threading
+import time
 from datetime import datetime
 
 import pytest
 
+from hpc.cluster.preempt import job_field, preempt
 from hpc.slurm import scheduler
 from tests.slurm.test_pipeline import counting_path, ended, job_ids, run_tiny, wait_until
 from tests.slurm.pipelines import use_pipelines
@@ -171,3 +174,31 @@ def test_a_sweeps_next_stage_waits_point_by_point(max_array_size_4, tmp_path, mo
             assert at(records[seconds[p]], "start") >= at(records[firsts[p]], "end")
     finally:
         subprocess.run(["scancel", *sorted({j.split("_")[0] for i in ids for j in i.values()})], check=False)
+
+
+def test_the_array_task_holding_the_arrays_record_is_requeued_alone_when_preempted_as_it_ends(
+        slurm_cluster, tmp_path):
+    """Two tasks of `second` without hpc's loop, each a whole node. The task holding the array's own record
+    (SLURM_JOB_ID == SLURM_ARRAY_JOB_ID: the last to start) is preempted and its item ends within GraceTime,
+    exiting 0: SLURM requeues no such job, and leaves it TIMEOUT where it ends past its EndTime before
+    SLURM's preemption kill (its dependents never run). hpc requeues it, as J_T, never as J, which scontrol
+    reads as every task (its sibling would run again). About 30 s."""
+    release = tmp_path / "release"
+    run = run_tiny(tmp_path / "run", "tiny.parts=[0,1]", "tiny.slow_items=[0,1]", f"tiny.release_file={release}",
+                   "stages.second.nodes=1", "stages.second.tasks_per_node=1", "stages.second.cpus_per_task=8")
+    tasks = {i: job_ids(run)[("second", i)] for i in (0, 1)}
+    wait_until(lambda: all(job_field(slurm_cluster, t, "JobState") == "RUNNING" for t in tasks.values()),
+               what="both tasks of `second` to run, one per node")
+    assert job_field(slurm_cluster, tasks[1], "JobId") == tasks[1].split("_")[0]  # task 1 holds the array's record
+    preemption = threading.Thread(target=preempt, args=(slurm_cluster, tasks[1]), daemon=True)
+    preemption.start()
+    wait_until(lambda: job_field(slurm_cluster, tasks[1], "PreemptTime") not in ("", "None"), timeout_s=30,
+               what="the preemption of task 1")
+    time.sleep(1)  # its step has had the SIGTERM: the item now ends within GraceTime, exiting 0
+    release.write_text("")
+    records = wait_until(lambda: ended(run), timeout_s=120, what="every job to end")
+    preemption.join(timeout=30)
+    assert {i: records[t].state for i, t in tasks.items()} == {0: "COMPLETED", 1: "COMPLETED"}
+    assert [job_field(slurm_cluster, t, "Restarts") for t in tasks.values()] == ["0", "1"]
+    assert f"requeued as job {tasks[1]}" in run.log_path("second", tasks[1], stream="err").read_text()
+    assert run.log_path("second", tasks[0]).read_text().count("[hpc] stage second item 0 rank 0/1") == 1
