@@ -79,3 +79,31 @@ def test_a_task_starts_without_omegaconf(tmp_path):
     loaded = _modules(code)
     assert "omegaconf" not in loaded and "hpc.config.schema" not in loaded
     assert run.is_done("first")
+
+
+def test_a_task_runs_again_within_its_own_attempt_and_never_after_its_done_marker_in_a_later_one(tmp_path):
+    """Rank 0 may write the done marker before a slower rank of the same step starts: that rank still
+    runs. A requeue (SLURM_RESTART_COUNT) or a restart in place (a new SLURM_STEP_ID) finds the
+    marker of an earlier attempt and runs nothing."""
+    (tmp_path / "counted_target.py").write_text(
+        "import os\ndef main(ctx):\n    with open(os.path.join(os.path.dirname(__file__), 'calls'), 'a') as f:\n"
+        "        f.write('x')\n    return 7\n")
+    run = RunDir(tmp_path / "run")
+    run.start("tiny", hconfig.to_yaml(OmegaConf.create({"tiny": {}})), "slurm")
+    code = (f"import sys; sys.path.insert(0, {str(tmp_path)!r})\n"
+            "from hpc.pipeline.executor import StageTask\n"
+            f"print('result', StageTask({str(run.path)!r}, 'first', 'counted_target:main')())\n")
+
+    def attempt(restart: str, step: str) -> str:
+        env = {k: v for k, v in __import__("os").environ.items() if not k.startswith(("SLURM_", "SUBMITIT_"))}
+        env.update(SLURM_JOB_ID="77", SLURM_RESTART_COUNT=restart, SLURM_STEP_ID=step)
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return out.stdout
+
+    calls = tmp_path / "calls"
+    assert "result 7" in attempt("0", "0") and calls.read_text() == "x"
+    assert "result 7" in attempt("0", "0") and calls.read_text() == "xx"  # the same step's slower rank
+    for restart, step in (("0", "1"), ("1", "0")):  # a restart in place, a requeue
+        out = attempt(restart, step)
+        assert "result 7" in out and "finished already" in out and calls.read_text() == "xx", out

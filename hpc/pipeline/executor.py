@@ -78,8 +78,9 @@ class StageTask:
 
         started = time.time()
         run = RunDir(self.run_dir)
-        if run.is_done(self.stage, self.item):  # a requeue or restart of a job whose task had finished its work
-            return _recorded(run, self.stage, self.item)
+        earlier = _done_earlier(run, self.stage, self.item)
+        if earlier is not None:  # a requeue or restart of a job whose task had finished its work
+            return earlier.get("result")
         missing = [task_key(*k) for k in getattr(self, "needs", ()) if not run.is_done(*k)]  # older pickles: none
         if missing:
             raise RuntimeError(f"{task_key(self.stage, self.item)} did not run: {', '.join(missing)} has no done "
@@ -128,7 +129,7 @@ class StageTask:
         if dist.rank == 0:
             run.mark_done(self.stage, self.item, {"started": started, "finished": time.time(), "job_id": dist.job_id,
                                                   "world_size": dist.world_size, "nodes": dist.num_nodes,
-                                                  "result": result})
+                                                  "attempt": _attempt(), "result": result})
             notify.task_done(run.path, self.stage)  # its stage, or the run, completed: told once
         print(f"[hpc] stage {self.stage} item {self.item} rank {dist.rank} finished", flush=True)
         return result
@@ -142,19 +143,33 @@ class StageTask:
             getattr(self, "code", None), getattr(self, "run_id", "")))
 
 
-def _recorded(run: RunDir, stage: str, item: Any) -> Any:
-    """The result a finished task recorded in its done marker, said in one line: its job requeued or
-    restarted after the work was whole (a rank that died at interpreter exit, a preemption within the
-    last step) runs nothing again."""
+# What names one attempt of a task alike on its ranks and differently on its requeues and restarts in place.
+ATTEMPT_VARS = ("SLURM_JOB_ID", "SLURM_RESTART_COUNT", "SLURM_STEP_ID", "SUBMITIT_LOCAL_JOB_ID")
+
+
+def _attempt() -> str:
+    """This attempt of the task: its job, requeue and step (a restart in place is a new step)."""
+    return "/".join(os.environ.get(key, "") for key in ATTEMPT_VARS)
+
+
+def _done_earlier(run: RunDir, stage: str, item: Any) -> Optional[Dict[str, Any]]:
+    """The done marker's record where an earlier attempt wrote it, said in one line; None when there is
+    none, or when it is this attempt's own (rank 0 may finish before a slower rank starts). A job
+    requeued or restarted after the work was whole (a rank that died at interpreter exit, a preemption
+    within the last step) runs nothing again. A marker without an attempt is older than this one."""
     path = run.task_dir(stage, item) / DONE
     try:
         info = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
     except (OSError, ValueError):
         info = {}
     info = info if isinstance(info, dict) else {}
+    if info.get("attempt") == _attempt():
+        return None
     print(f"[hpc] {task_key(stage, item)} finished already (its done marker {path}, written by job "
           f"{info.get('job_id', '?')}): not run again", flush=True)
-    return info.get("result")
+    return info
 
 
 def _local_env() -> Any:
