@@ -23,6 +23,8 @@ keeps it so):
     rundir/ slurm/     the run directory's records, code snapshot | SLURM's clients and their answers
     fs/                atomic writes, shared filesystems (python -m hpc.fs PATH)
 
+Frozen and Record, below: the bases of hpc's immutable records (dataclasses), importable by every layer.
+
 The Python API (hpc.api, hpc.runs, hpc.pipeline.short) is reached from here by name, loaded on first
 use so that `import hpc` stays a few attributes (jobs unpickle their tasks through it):
 

@@ -27,7 +27,7 @@ LAYERS: List[Set[str]] = [
     {"hpc.config"},
     {"hpc.rundir", "hpc.slurm"},
     {"hpc.fs"},
-    {"hpc"},  # the root package: __version__, and the names of modules that moved (hpc.MOVED)
+    {"hpc"},  # the root package: __version__, the names of modules that moved (hpc.MOVED), hpc.Frozen and Record
 ]
 
 
