@@ -273,3 +273,25 @@ def test_a_stop_signal_is_told_apart_by_slurms_preempt_time_or_its_timing(info, 
     ask = (lambda *a, **k: dict(info)) if info else (lambda *a, **k: (_ for _ in ()).throw(RuntimeError("no scontrol")))
     kind, why = submitstop.at_signal("42", 3600, 120, started, now=1000.0, ask=ask)
     assert kind == said[0] and why.startswith(said[1]), why
+
+
+def test_an_array_tasks_previous_attempt_is_asked_of_slurm_as_its_array_task(tmp_path, monkeypatch):
+    """The task holding an array's own record has SLURM_JOB_ID == SLURM_ARRAY_JOB_ID; sacct and scontrol
+    asked for that id answer for the whole array, so the previous attempt is asked for as J_T."""
+    import submitit
+
+    from hpc.recovery import submitstop
+
+    run = tmp_path / "run"
+    (run / "first" / "task-1").mkdir(parents=True)
+    (run / "config.yaml").write_text("notify:\n  webhook: http://127.0.0.1:9/\nstages: {}\n")
+    (run / "manifest.json").write_text("{}")
+    asked = []
+    monkeypatch.setattr(submitstop, "previous", lambda job, restart: asked.append(job) or ("preempt", "said"))
+    monkeypatch.setattr(submitstop.notify, "send", lambda *a, **k: None)
+    for key, value in {"SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "40", "SLURM_ARRAY_JOB_ID": "40",
+                       "SLURM_ARRAY_TASK_ID": "1"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(type(submitit.JobEnvironment()), "_requeue", lambda self, countdown: None)
+    submitstop.on_submitit_requeue(run / "first" / "task-1", "first[1]", "40", 1)
+    assert asked == ["40_1"]

@@ -104,10 +104,12 @@ def on_submitit_requeue(task_dir: Path, task: str, job: str, restart: Any) -> No
         return  # the debug executor runs tasks in this process, and never requeues
     import submitit  # loaded already: this process is submitit's task
 
-    _task.update(task_dir=task_dir, task=task, job=job, restart=restart, started=time.time(),
+    # asked of SLURM as J_T in an array's task: the raw id of the task holding the array's record names all
+    asked = jobcontrol.running_job() if executor == "slurm" else ""
+    _task.update(task_dir=task_dir, task=task, job=job, asked=asked or str(job), restart=restart, started=time.time(),
                  limits=limits(cfg, task.partition("[")[0]), slurm=executor == "slurm")
     if int(restart or 0) > 0 and not _told(run, task_dir, f"{task}-{job}-{int(restart) - 1}"):
-        kind, why = previous(str(job), int(restart))
+        kind, why = previous(asked or str(job), int(restart))
         notify.send(task_dir, "requeued", f"{task}-{job}-{int(restart) - 1}", f"{kind}: {why}", task)
     env = type(submitit.JobEnvironment())
     if getattr(env._requeue, "notifies", False):
@@ -116,7 +118,7 @@ def on_submitit_requeue(task_dir: Path, task: str, job: str, restart: Any) -> No
 
     def told(self: Any, countdown: int) -> None:
         t = _task
-        kind, why = at_signal(str(t["job"]), *t["limits"], t["started"], **({} if t["slurm"] else {"ask": None}))
+        kind, why = at_signal(t["asked"], *t["limits"], t["started"], **({} if t["slurm"] else {"ask": None}))
 
         def tell() -> None:
             notify.send(t["task_dir"], "requeued", f"{t['task']}-{t['job']}-{t['restart']}-t{countdown}",
