@@ -23,7 +23,6 @@ of its own, UNSUBMITTED.
 from __future__ import annotations
 
 import functools
-import json
 import re
 import time
 from dataclasses import dataclass
@@ -102,7 +101,7 @@ def collect(run: RunDir, answer: Optional[Tuple[scheduler.Answer, Dict[str, Any]
 def _unsubmitted(run: RunDir, stage: str, item: Any) -> TaskStatus:
     """The row of a task no job was recorded for: COMPLETED by its done marker, else UNSUBMITTED."""
     here = listed(run.task_dir(stage, item))
-    info = _read_done(run.task_dir(stage, item)) if DONE in here else {}
+    info = done_info(run, stage, item) if DONE in here else {}
     state = "COMPLETED" if DONE in here else UNSUBMITTED
     return TaskStatus(task_key(stage, item), stage, item, "-", state, 0, _elapsed(info), "", outputs(here),
                       "" if DONE in here else NOT_SUBMITTED, *_world(info, None))
@@ -122,7 +121,7 @@ def _row(run: RunDir, t: Dict[str, Any], records: scheduler.Answer, in_sweep: Ca
     if not logged and not (rec and rec.state == "PENDING") and in_sweep():  # a sweep's task that failed (or
         logs = logdirs.folder(run.path.parent / stage / "logs", jid)  # runs) before it linked its point's logs
         logged = _listed(logs, folders)
-    info = _read_done(task_dir) if DONE in here else {}
+    info = done_info(run, stage, item) if DONE in here else {}
     result = logs / f"{jid}_0_result.pkl" if f"{jid}_0_result.pkl" in logged else None
     state = task_state(t, records, lambda: _left(DONE in here, result, lambda: alive.running(t)))
     tried = attempts.load(task_dir) if attempts.ATTEMPTS in here else []  # rank 0's records, if any
@@ -183,15 +182,7 @@ def ended_unstarted(records: scheduler.Answer, after: Dict[str, List[str]]) -> D
 
 def done_info(run: RunDir, stage: str, item: Any) -> Dict[str, Any]:
     """A task's done marker ({} when there is none or it does not read)."""
-    return _read_done(run.task_dir(stage, item))
-
-
-def _read_done(task_dir: Path) -> Dict[str, Any]:
-    try:
-        info = json.loads((task_dir / DONE).read_text())
-    except (OSError, ValueError):
-        return {}
-    return info if isinstance(info, dict) else {}
+    return run.done_info(stage, item) or {}
 
 
 def _elapsed(info: Dict[str, Any]) -> str:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import json
 import os
 import time
 from dataclasses import dataclass
@@ -157,17 +156,11 @@ def _done_earlier(run: RunDir, stage: str, item: Any) -> Optional[Dict[str, Any]
     none, or when it is this attempt's own (rank 0 may finish before a slower rank starts). A job
     requeued or restarted after the work was whole (a rank that died at interpreter exit, a preemption
     within the last step) runs nothing again. A marker without an attempt is older than this one."""
-    path = run.task_dir(stage, item) / DONE
-    try:
-        info = json.loads(path.read_text())
-    except FileNotFoundError:
+    info = run.done_info(stage, item)
+    if info is None or info.get("attempt") == _attempt():
         return None
-    except (OSError, ValueError):
-        info = {}
-    info = info if isinstance(info, dict) else {}
-    if info.get("attempt") == _attempt():
-        return None
-    print(f"[hpc] {task_key(stage, item)} finished already (its done marker {path}, written by job "
+    print(f"[hpc] {task_key(stage, item)} finished already (its done marker {run.task_dir(stage, item) / DONE}, "
+          f"written by job "
           f"{info.get('job_id', '?')}): not run again", flush=True)
     return info
 
@@ -280,4 +273,3 @@ def quiet_sigcont() -> None:
 
     if signal.getsignal(signal.SIGCONT) not in (signal.SIG_DFL, None):
         signal.signal(signal.SIGCONT, signal.SIG_DFL)
-

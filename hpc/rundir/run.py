@@ -88,6 +88,16 @@ class RunDir:
     def is_done(self, stage: str, item: Any = None) -> bool:
         return (self.task_dir(stage, item) / DONE).exists()
 
+    def done_info(self, stage: str, item: Any = None) -> Optional[Dict[str, Any]]:
+        """The task's done marker as written: None when there is none, {} when it does not read."""
+        try:
+            info = json.loads((self.task_dir(stage, item) / DONE).read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            return {}
+        return info if isinstance(info, dict) else {}
+
     def mark_done(self, stage: str, item: Any, info: Dict[str, Any]) -> None:
         atomic.write_text(self.task_dir(stage, item) / DONE, json.dumps(info, default=str, indent=1))
 
