@@ -28,6 +28,8 @@ import threading
 from pathlib import Path
 from typing import Any, Dict, Mapping
 
+from hpc.fs import atomic
+
 ENV = "HPC_EXIT_RECORD"  # the folder a script's interpreter writes <pid>.json into at a clean exit
 DESTROY_WAIT_S = 10.0  # how long a normal exit waits for the process group's destruction
 TEARDOWN_SIGNALS = (signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS)  # how a teardown crash ends a process
@@ -53,10 +55,9 @@ def at_exit(folder: str, seen: Mapping[str, Any]) -> None:
         return  # a forked child, or a failure: its status stands, and a peer may be dead
     group = destroy_group()
     if folder:
-        try:
-            path = Path(folder) / f"{os.getpid()}.json"
-            path.with_suffix(".tmp").write_text(json.dumps({"pid": os.getpid(), "group": group}))
-            os.replace(path.with_suffix(".tmp"), path)
+        try:  # read by the wrapper on this node once the process has ended: whole, not durable
+            atomic.write_text(Path(folder) / f"{os.getpid()}.json", json.dumps({"pid": os.getpid(), "group": group}),
+                              durable=False)
         except OSError:
             pass  # no record: a crash at exit then counts as a failure, as without hpc
 
