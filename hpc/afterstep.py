@@ -172,8 +172,9 @@ def act(run_dir: str, why: str, points: Optional[str] = None, state: Optional[Di
 def termed(request: str) -> bool:
     """Whether a rank's step was sent SIGTERM (its mark beside `request`, hpc.recovery.hostact.mark_step_term)."""
     from hpc.fs import sharedfs  # here, not at the top: asked once, after srun ended
+    from hpc.recovery.hostact import STEP_TERM
 
-    return "sigterm" in sharedfs.listed(os.path.dirname(request))  # hpc.recovery.hostact.STEP_TERM
+    return STEP_TERM in sharedfs.listed(os.path.dirname(request))
 
 
 def stuck(state: Dict[str, Any]) -> bool:
